@@ -1,0 +1,103 @@
+"""Executor configuration: dataclasses built from Python or from YAML, validated with clear errors."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"config key {key!r}: got {value!r}; allowed: {allowed}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(slots=True)
+class ExecutorConfig:
+    """How the executor loads the model and sizes its batch and KV cache."""
+
+    model: str | None = None  #: HF directory, GGUF file, or None for the embedded SmolLM2-135M-Instruct
+    dtype: str = "float32"  #: weights and KV cache: float32, bfloat16, float16, float64
+    device: str = "auto"  #: "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:N"
+    device_map: str | None = None  #: accelerate placement over several devices, e.g. "auto"
+    max_batch_size: int = 16  #: requests in one forward at most
+    max_num_tokens: int = 512  #: tokens in one forward at most (prefill chunks + decode + draft tokens)
+    max_model_len: int | None = None  #: context length; None = the model's, capped by the KV pool
+    block_size: int = 16  #: tokens per KV page
+    kv_cache_memory_gb: float = 1.0  #: KV pool budget in GiB (ignored when num_kv_blocks is set)
+    num_kv_blocks: int | None = None  #: exact number of KV pages (tests use small pools)
+    capture_hidden_layers: list[int] = field(default_factory=list)  #: hidden_states indices to capture
+    cache_dir: str | None = None  #: where converted GGUF models are cached (default ~/.cache/specexec)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        _check(self.model is None or isinstance(self.model, str), "model", self.model, "a path or null")
+        _check(self.dtype in DTYPES, "dtype", self.dtype, ", ".join(DTYPES))
+        _check(
+            isinstance(self.device, str)
+            and (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")),
+            "device",
+            self.device,
+            "auto, cpu, cuda, cuda:N",
+        )
+        for key in ("max_batch_size", "max_num_tokens", "block_size"):
+            value = getattr(self, key)
+            _check(_is_int(value) and value > 0, key, value, "an integer > 0")
+        _check(
+            self.max_model_len is None or (_is_int(self.max_model_len) and self.max_model_len > 1),
+            "max_model_len",
+            self.max_model_len,
+            "null or an integer > 1",
+        )
+        _check(
+            isinstance(self.kv_cache_memory_gb, (int, float)) and self.kv_cache_memory_gb > 0,
+            "kv_cache_memory_gb",
+            self.kv_cache_memory_gb,
+            "a number > 0",
+        )
+        _check(
+            self.num_kv_blocks is None or (_is_int(self.num_kv_blocks) and self.num_kv_blocks > 0),
+            "num_kv_blocks",
+            self.num_kv_blocks,
+            "null or an integer > 0",
+        )
+        _check(
+            isinstance(self.capture_hidden_layers, (list, tuple))
+            and all(_is_int(i) and i >= 0 for i in self.capture_hidden_layers),
+            "capture_hidden_layers",
+            self.capture_hidden_layers,
+            "a list of layer indices >= 0",
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExecutorConfig:
+        if not isinstance(data, dict):
+            raise ValueError(f"config must be a mapping of keys to values, got {type(data).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in data:
+            if key not in names:
+                raise ValueError(f"unknown config key {key!r}; allowed keys: {', '.join(names)}")
+        return cls(**data)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> ExecutorConfig:
+        import yaml
+
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ValueError(f"cannot read config file {str(path)!r}: {exc.strerror}") from exc
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
+        return cls.from_dict(data)

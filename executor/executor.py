@@ -1,0 +1,288 @@
+"""The executor loop. One `step()` runs the stages of the speculative design, each a short method:
+
+_prepare_draft_requests  reserve draft slots (hook relay)   _schedule          batch + KV pages
+_prepare_draft_tokens    drafter fills drafts (hook relay)  _forward           one target forward
+_wait_for_masks          grammar masks ready                _sample            pick / verify tokens
+_update_requests         append tokens, stop checks         _free_resources    rewind, release
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..plugins import get_plugin_manager
+from ..sampling import Sampler, SamplingParams
+from .block_manager import BlockManager
+from .config import ExecutorConfig
+from .inputs import InvalidRequestError, as_request, check_length, tokenize_prompt
+from .kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
+from .model_runner import ForwardOutput, ModelRunner, SequenceInput
+from .output_processor import OutputProcessor
+from .request import FinishReason, Prompt, Request, RequestOutput, RequestState, TokenEvent
+from .scheduler import ScheduledRequest, Scheduler
+
+logger = logging.getLogger("specexec")
+
+
+@dataclass(slots=True)
+class StepResources:
+    """What drafters may use during a step."""
+
+    target: ModelRunner  #: the target model's runner (its KV cache, captured hidden states)
+    tokenizer: object | None
+    vocab_size: int  #: the target's vocabulary size
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _eos_token_ids(model, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    for value in (
+        getattr(model.generation_config, "eos_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+    ):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(value)
+    return frozenset(ids)
+
+
+class Executor:
+    """Runs generation requests over a paged KV cache with continuous batching.
+
+    ``model`` is a path (HF directory or GGUF file), None for the embedded SmolLM2-135M-Instruct,
+    or an already loaded ``PreTrainedModel`` (then pass its ``tokenizer``, or submit token ids).
+    """
+
+    def __init__(
+        self,
+        model=None,
+        config: ExecutorConfig | None = None,
+        *,
+        tokenizer=None,
+    ) -> None:
+        self.config = config = config or ExecutorConfig()
+        self.model, self.tokenizer = self._load(model, tokenizer)
+        device = next(self.model.parameters()).device
+        spec = KVCacheSpec.from_model_config(self.model.config, next(self.model.parameters()).dtype)
+        num_blocks = config.num_kv_blocks or num_blocks_for_budget(
+            spec, config.block_size, int(config.kv_cache_memory_gb * 2**30)
+        )
+        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.kv_cache = KVCache(spec, num_blocks, config.block_size, device)
+        self.runner = ModelRunner(
+            self.model, self.kv_cache, config.max_num_tokens, tuple(config.capture_hidden_layers)
+        )
+        self.scheduler = Scheduler(self.block_manager, config.max_batch_size, config.max_num_tokens)
+        self.vocab_size = self.model.config.get_text_config().vocab_size
+        self.max_draft_len = 0
+        self.max_model_len = self._max_model_len()
+        self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.sampler = Sampler()
+        self.plugins = get_plugin_manager()
+        self.resources = StepResources(self.runner, self.tokenizer, self.vocab_size)
+        self.eos_token_ids = _eos_token_ids(self.model, self.tokenizer)
+        self._ids = itertools.count()
+        self._streaming = False
+        self._pending_events: list[TokenEvent] = []
+
+    def _load(self, model, tokenizer):
+        if isinstance(model, torch.nn.Module):
+            return model.eval(), tokenizer
+        from .model_loader import load_model
+
+        cfg = self.config
+        loaded = load_model(
+            model if model is not None else cfg.model,
+            dtype=cfg.dtype,
+            device=str(_resolve_device(cfg.device)),
+            device_map=cfg.device_map,
+            cache_dir=cfg.cache_dir,
+        )
+        logger.info("loaded %s", loaded.source)
+        return loaded.model, tokenizer or loaded.tokenizer
+
+    def _max_model_len(self) -> int:
+        text_config = self.model.config.get_text_config()
+        model_len = (
+            self.config.max_model_len or getattr(text_config, "max_position_embeddings", None) or 2**31
+        )
+        pool_len = self.block_manager.capacity_tokens - self.max_draft_len - 1
+        if pool_len < model_len:
+            logger.info(
+                "context capped at %d tokens by the KV pool (%d pages)",
+                pool_len,
+                self.block_manager.num_blocks,
+            )
+        return min(model_len, pool_len)
+
+    # ---- submitting -------------------------------------------------------------------------------
+    def add_request(
+        self, request: Request | Prompt, sampling_params: SamplingParams | None = None
+    ) -> RequestState:
+        """Queue one request; a bad one is finished at once with ``finish_reason="error"``."""
+        request = as_request(request, sampling_params or SamplingParams())
+        params = request.sampling_params
+        state = RequestState(
+            request_id=request.request_id or f"req-{next(self._ids)}",
+            token_ids=[],
+            num_prompt_tokens=0,
+            sampling_params=params,
+            eos_token_ids=self.eos_token_ids,
+        )
+        try:
+            if not isinstance(params, SamplingParams):
+                raise InvalidRequestError(
+                    f"sampling_params must be SamplingParams, got {type(params).__name__}"
+                )
+            params.validate()
+            state.token_ids = tokenize_prompt(request.prompt, self.tokenizer, self.vocab_size)
+            state.num_prompt_tokens = state.metrics.num_prompt_tokens = len(state.token_ids)
+            check_length(state.num_prompt_tokens, self.max_model_len)
+            state.generator = params.make_generator(self.kv_cache.kv.device)
+        except ValueError as exc:  # InvalidRequestError, and SamplingParams.validate's errors
+            self._finish_with_error(state, str(exc))
+            return state
+        self.scheduler.add(state)
+        return state
+
+    def _finish_with_error(self, state: RequestState, message: str) -> None:
+        state.finish_reason, state.error = FinishReason.ERROR, message
+        self.scheduler.finish(state)
+        state.metrics.finish_time = state.metrics.arrival_time
+        logger.warning("request %s: %s", state.request_id, message)
+        self._pending_events.append(self.output_processor.make_event(state, [], self._streaming))
+
+    # ---- running ----------------------------------------------------------------------------------
+    def run(
+        self, requests: Iterable[Request | Prompt], sampling_params: SamplingParams | None = None
+    ) -> list[RequestOutput]:
+        """Run requests to completion; outputs come back in the order the requests were given."""
+        states = [self.add_request(r, sampling_params) for r in requests]
+        while self.scheduler.has_unfinished():
+            self.step()
+        self._pending_events.clear()
+        return [self.output_processor.make_output(s) for s in states]
+
+    def stream(
+        self, requests: Iterable[Request | Prompt], sampling_params: SamplingParams | None = None
+    ) -> Iterator[TokenEvent]:
+        """Run requests, yielding each request's new tokens and text as they are generated."""
+        self._streaming = True
+        try:
+            for r in requests:
+                self.add_request(r, sampling_params)
+            while self._pending_events or self.scheduler.has_unfinished():
+                yield from self.step()
+        finally:
+            self._streaming = False
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Convenience: one prompt or a list, with one SamplingParams for all or one each."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], (int, dict))):
+            prompts = [prompts]  # a single prompt
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(sampling_params)} sampling params")
+        return self.run(Request(p, sp) for p, sp in zip(prompts, sampling_params))
+
+    def step(self) -> list[TokenEvent]:
+        """One iteration of the loop; returns the token events it produced."""
+        events, self._pending_events = self._pending_events, []
+        self._prepare_draft_requests()
+        batch = self._schedule()
+        if not batch:
+            return events
+        self._prepare_draft_tokens(batch)
+        output = self._forward(batch)
+        self._wait_for_masks(batch)
+        sampled = self._sample(batch, output)
+        events += self._update_requests(batch, sampled)
+        self._free_resources(batch)
+        return events
+
+    # ---- the stages -------------------------------------------------------------------------------
+    def _prepare_draft_requests(self) -> None:
+        decoding = [r for r in self.scheduler.running if r.num_uncomputed_tokens == 1]
+        for request in self.scheduler.running:
+            request.num_draft_slots = 0
+            request.draft_token_ids = []
+        if decoding:
+            self.plugins.hook.specexec_prepare_draft_requests(requests=decoding)
+
+    def _schedule(self) -> list[ScheduledRequest]:
+        return self.scheduler.schedule()
+
+    def _prepare_draft_tokens(self, batch: list[ScheduledRequest]) -> None:
+        drafting = [s for s in batch if s.num_draft_slots]
+        if drafting:
+            self.plugins.hook.specexec_prepare_draft_tokens(
+                scheduled_requests=drafting, resources=self.resources
+            )
+        for s in batch:
+            s.request.draft_token_ids = s.request.draft_token_ids[: s.num_draft_slots]
+
+    def _forward(self, batch: list[ScheduledRequest]) -> ForwardOutput:
+        seqs = []
+        for s in batch:
+            r = s.request
+            start = r.num_computed_tokens
+            tokens = r.token_ids[start : start + s.num_new_tokens] + r.draft_token_ids
+            num_rows = 1 + len(r.draft_token_ids) if s.completes_sequence else 0
+            seqs.append(SequenceInput(tokens, start, self.block_manager.block_tables[r.request_id], num_rows))
+            r.metrics.num_forwards += 1
+        return self.runner.forward(seqs)
+
+    def _wait_for_masks(self, batch: list[ScheduledRequest]) -> None:
+        """Grammar masks are joined here; requests without a grammar need none."""
+
+    def _sample(self, batch: list[ScheduledRequest], output: ForwardOutput) -> list[list[int]]:
+        """The tokens each scheduled request gains this step (empty for a mid-prompt chunk)."""
+        rows = [output.cu_logit_rows[i] for i, s in enumerate(batch) if s.completes_sequence]
+        producing = [s.request for s in batch if s.completes_sequence]
+        if not rows:
+            return [[] for _ in batch]
+        logits = output.logits[torch.tensor(rows, device=output.logits.device)]  # [num_producing, vocab]
+        tokens = self.sampler.sample(
+            logits, [r.sampling_params for r in producing], [r.generator for r in producing]
+        ).tolist()
+        by_request = dict(zip((r.request_id for r in producing), tokens))
+        return [[by_request[s.request.request_id]] if s.completes_sequence else [] for s in batch]
+
+    def _update_requests(self, batch: list[ScheduledRequest], sampled: list[list[int]]) -> list[TokenEvent]:
+        events = []
+        for s, tokens in zip(batch, sampled):
+            r = s.request
+            r.num_computed_tokens += s.num_new_tokens
+            if not tokens:
+                continue
+            kept = self.output_processor.append_tokens(r, tokens)
+            if r.finish_reason is not None:
+                r.metrics.finish_time = time.perf_counter()
+            events.append(self.output_processor.make_event(r, kept, self._streaming))
+        return events
+
+    def _free_resources(self, batch: list[ScheduledRequest]) -> None:
+        for s in batch:
+            r = s.request
+            if s.num_draft_slots:
+                self.block_manager.rewind(r.request_id, s.num_draft_slots)
+            if r.finish_reason is not None:
+                self.scheduler.finish(r)
+                self.plugins.hook.specexec_release_request(request=r)

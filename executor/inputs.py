@@ -1,0 +1,71 @@
+"""Turns what users submit into token ids, with a clear error for each bad request."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .request import Prompt, Request
+
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
+class InvalidRequestError(ValueError):
+    """This request cannot run; the others in the same call go on."""
+
+
+def as_request(item: Request | Prompt, default_params) -> Request:
+    if isinstance(item, Request):
+        return item
+    return Request(prompt=item, sampling_params=default_params)
+
+
+def _check_messages(messages: Sequence[Any]) -> None:
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+            raise InvalidRequestError(f"chat message {i} must be a dict with 'role' and 'content'")
+        if message["role"] not in CHAT_ROLES:
+            raise InvalidRequestError(
+                f"chat message {i} has unknown role {message['role']!r}; allowed: {', '.join(CHAT_ROLES)}"
+            )
+
+
+def _render_chat(tokenizer, messages: list[dict[str, Any]]) -> list[int]:
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise InvalidRequestError("chat messages need a tokenizer with a chat template; this model has none")
+    _check_messages(messages)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def tokenize_prompt(prompt: Prompt, tokenizer, vocab_size: int) -> list[int]:
+    """Token ids of a prompt given as text, token ids or chat messages."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequestError("empty prompt")
+        if tokenizer is None:
+            raise InvalidRequestError("a text prompt needs a tokenizer; pass token ids instead")
+        return list(tokenizer(prompt)["input_ids"])
+    if not isinstance(prompt, (list, tuple)) or not prompt:
+        raise InvalidRequestError(
+            "prompt must be non-empty text, a list of token ids or a list of chat messages, "
+            f"got {type(prompt).__name__} {prompt!r:.60}"
+        )
+    if all(isinstance(t, dict) for t in prompt):
+        return _render_chat(tokenizer, list(prompt))
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        raise InvalidRequestError("a list prompt must hold only token ids (int) or only chat messages (dict)")
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequestError(f"token ids outside the vocabulary 0..{vocab_size - 1}: {bad[:5]}")
+    return list(prompt)
+
+
+def check_length(num_prompt_tokens: int, max_model_len: int) -> None:
+    if num_prompt_tokens >= max_model_len:
+        raise InvalidRequestError(
+            f"prompt has {num_prompt_tokens} tokens; the context holds {max_model_len}, "
+            "with room for at least one output token"
+        )

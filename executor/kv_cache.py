@@ -1,0 +1,60 @@
+"""The paged KV pool of one model: one tensor, pre-allocated from a memory budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class KVCacheSpec:
+    """Shape of one model's KV entries."""
+
+    num_layers: int  #: attention layers that own a cache
+    num_kv_heads: int  #: key/value heads per layer
+    head_dim: int  #: size of one head
+    dtype: torch.dtype  #: element type of the pool
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+
+    @classmethod
+    def from_model_config(cls, config, dtype: torch.dtype) -> KVCacheSpec:
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        num_heads = text_config.num_attention_heads
+        head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // num_heads
+        num_kv_heads = getattr(text_config, "num_key_value_heads", None) or num_heads
+        return cls(text_config.num_hidden_layers, num_kv_heads, head_dim, dtype)
+
+
+def num_blocks_for_budget(spec: KVCacheSpec, block_size: int, memory_bytes: int) -> int:
+    return max(memory_bytes // (spec.bytes_per_token * block_size), 1)
+
+
+class KVCache:
+    """``kv[layer, 0 | 1, slot, kv_head, head_dim]``: keys (0) and values (1) for every slot of every page.
+
+    Slots are pages laid end to end (``slot = block * block_size + offset``), so a write is one
+    ``index_copy_`` and a read one gather, whatever the request's pages are.
+    """
+
+    def __init__(self, spec: KVCacheSpec, num_blocks: int, block_size: int, device: torch.device) -> None:
+        self.spec = spec
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        num_slots = num_blocks * block_size
+        # [layers, 2, num_slots, kv_heads, head_dim]
+        self.kv = torch.zeros(
+            spec.num_layers, 2, num_slots, spec.num_kv_heads, spec.head_dim, dtype=spec.dtype, device=device
+        )
+
+    def write(self, layer: int, slot_mapping: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Store new entries. slot_mapping [num_tokens]; key, value [num_tokens, kv_heads, head_dim]."""
+        self.kv[layer, 0].index_copy_(0, slot_mapping, key.to(self.spec.dtype))
+        self.kv[layer, 1].index_copy_(0, slot_mapping, value.to(self.spec.dtype))
+
+    def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Read entries. slots [...]; returns key, value [..., kv_heads, head_dim]."""
+        return self.kv[layer, 0][slots], self.kv[layer, 1][slots]

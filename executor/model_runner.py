@@ -1,0 +1,128 @@
+"""Runs one model's forward over a flattened, ragged batch on its paged KV cache.
+
+The inputs of every forward live in persistent buffers sized for the largest batch and are filled in
+place, so a CUDA graph captured for a batch size can replay on the same memory (CPU uses the same
+buffers and runs eagerly).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .attention_metadata import AttentionMetadata, SequenceSlice
+from .kv_cache import KVCache
+from .paged_attention import register_paged_attention
+
+
+@dataclass(slots=True)
+class SequenceInput:
+    """One request's share of a forward."""
+
+    token_ids: list[int]  #: new tokens (uncomputed tokens, then draft tokens)
+    start_pos: int  #: position of token_ids[0]
+    block_table: list[int]  #: the request's pages (already sized for start_pos + len(token_ids))
+    num_logit_rows: int  #: logits wanted for the last this-many tokens (0 for a mid-prompt chunk)
+
+
+@dataclass(slots=True)
+class ForwardOutput:
+    logits: torch.Tensor  # [num_logit_rows, vocab] rows of all sequences, in order
+    cu_logit_rows: list[int]  # [batch + 1] offsets of each sequence's rows in `logits`
+    hidden_states: dict[int, torch.Tensor]  # layer index -> [num_tokens, hidden] (captured layers only)
+    cu_tokens: list[int]  # [batch + 1] offsets of each sequence's tokens in the flat batch
+
+
+def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: cannot find its decoder layers (expected `.layers`)")
+    return layers
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        kv_cache: KVCache,
+        max_num_tokens: int,
+        capture_layers: tuple[int, ...] = (),
+    ) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = kv_cache.block_size
+        self.max_num_tokens = max_num_tokens
+        self.device = kv_cache.kv.device
+        model.set_attn_implementation(register_paged_attention())
+        self.input_ids = torch.zeros(max_num_tokens, dtype=torch.long, device=self.device)  # [max_num_tokens]
+        self.positions = torch.zeros(max_num_tokens, dtype=torch.long, device=self.device)  # [max_num_tokens]
+        self.slot_mapping = torch.zeros(
+            max_num_tokens, dtype=torch.long, device=self.device
+        )  # [max_num_tokens]
+        self.logit_indices = torch.zeros(
+            max_num_tokens, dtype=torch.long, device=self.device
+        )  # [max_num_tokens]
+        self._captured: dict[int, torch.Tensor] = {}
+        self._hooks = [self._capture_hook(i) for i in capture_layers]
+
+    def _capture_hook(self, index: int):
+        """Record ``hidden_states[index]`` as transformers numbers it: 0 = embeddings, i = output of layer
+        i-1, and the last (i = num_layers) after the final norm."""
+        layers = _decoder_layers(self.model)
+        if not 0 <= index <= len(layers):
+            raise ValueError(f"capture layer {index} is out of range 0..{len(layers)}")
+        decoder = self.model.get_decoder()
+        if index == 0:
+            module = decoder.embed_tokens
+        elif index == len(layers):
+            module = decoder.norm
+        else:
+            module = layers[index - 1]
+
+        def hook(_module, _args, output):
+            hidden = output[0] if isinstance(output, tuple) else output
+            self._captured[index] = hidden[0]  # [num_tokens, hidden]
+
+        return module.register_forward_hook(hook)
+
+    def _fill_inputs(self, seqs: list[SequenceInput]) -> tuple[list[SequenceSlice], list[int], list[int]]:
+        slices, cu_tokens, cu_rows, logit_rows = [], [0], [0], []
+        ids, positions, slots = [], [], []
+        bs = self.block_size
+        for seq in seqs:
+            start, n = cu_tokens[-1], len(seq.token_ids)
+            slices.append(SequenceSlice(start, n, seq.start_pos, seq.block_table))
+            ids.extend(seq.token_ids)
+            pos = range(seq.start_pos, seq.start_pos + n)
+            positions.extend(pos)
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in pos)
+            logit_rows.extend(range(start + n - seq.num_logit_rows, start + n))
+            cu_tokens.append(start + n)
+            cu_rows.append(cu_rows[-1] + seq.num_logit_rows)
+        num_tokens = cu_tokens[-1]
+        if num_tokens > self.max_num_tokens:
+            raise ValueError(f"batch of {num_tokens} tokens exceeds max_num_tokens={self.max_num_tokens}")
+        self.input_ids[:num_tokens].copy_(torch.tensor(ids))
+        self.positions[:num_tokens].copy_(torch.tensor(positions))
+        self.slot_mapping[:num_tokens].copy_(torch.tensor(slots))
+        self.logit_indices[: len(logit_rows)].copy_(torch.tensor(logit_rows, dtype=torch.long))
+        return slices, cu_tokens, cu_rows
+
+    @torch.inference_mode()
+    def forward(self, seqs: list[SequenceInput]) -> ForwardOutput:
+        slices, cu_tokens, cu_rows = self._fill_inputs(seqs)
+        num_tokens, num_rows = cu_tokens[-1], cu_rows[-1]
+        meta = AttentionMetadata.build(self.kv_cache, self.slot_mapping[:num_tokens], slices, self.block_size)
+        self._captured = {}
+        out = self.model(
+            input_ids=self.input_ids[:num_tokens].unsqueeze(0),
+            position_ids=self.positions[:num_tokens].unsqueeze(0),
+            use_cache=False,
+            logits_to_keep=self.logit_indices[:num_rows],
+            paged_metadata=meta,
+        )
+        logits = out.logits[0]  # [num_rows, vocab]
+        return ForwardOutput(logits, cu_rows, dict(self._captured), cu_tokens)

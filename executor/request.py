@@ -1,0 +1,134 @@
+"""Requests: what a user submits (`Request`), the executor's state for it (`RequestState`), and what
+comes back (`RequestOutput`, and `TokenEvent` when streaming)."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..sampling import SamplingParams
+
+#: a prompt is text, token ids, or chat messages ({"role": ..., "content": ...})
+Prompt = str | list[int] | list[dict[str, Any]]
+
+
+@dataclass(slots=True)
+class Request:
+    """One generation request as the user gives it."""
+
+    prompt: Prompt  #: text, token ids, or chat messages (rendered with the tokenizer's chat template)
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)  #: how to sample, when to stop
+    request_id: str | None = None  #: any unique name; the executor numbers requests that have none
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  #: EOS, a stop token or a stop string
+    LENGTH = "length"  #: max_tokens or the model's context
+    ERROR = "error"  #: bad input for this request; see `error`
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    """Timings (seconds, `time.perf_counter`) and counts for one request."""
+
+    num_prompt_tokens: int = 0  #: tokens in the rendered prompt
+    num_output_tokens: int = 0  #: tokens generated
+    arrival_time: float = 0.0  #: when the executor accepted it
+    first_token_time: float | None = None  #: when its first output token was sampled
+    finish_time: float | None = None  #: when it finished
+    num_forwards: int = 0  #: target forwards it took part in
+    num_preemptions: int = 0  #: times its pages were taken back and its tokens recomputed
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def time_per_output_token(self) -> float | None:
+        """Mean time between output tokens after the first."""
+        if self.first_token_time is None or self.finish_time is None or self.num_output_tokens < 2:
+            return None
+        return (self.finish_time - self.first_token_time) / (self.num_output_tokens - 1)
+
+    @property
+    def latency(self) -> float | None:
+        return None if self.finish_time is None else self.finish_time - self.arrival_time
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """The result of one request."""
+
+    request_id: str
+    text: str  #: decoded output (a matched stop string is cut off)
+    token_ids: list[int]  #: output token ids
+    finish_reason: FinishReason
+    prompt_token_ids: list[int] = field(default_factory=list)
+    error: str | None = None  #: what was wrong, when finish_reason is "error"
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    """Streaming: the tokens one request gained in one step."""
+
+    request_id: str
+    token_ids: list[int]  #: new token ids
+    text: str  #: new text (held back while it ends inside a multi-byte character)
+    finished: bool = False
+    output: RequestOutput | None = None  #: the full output, on the event that finishes the request
+
+
+class RequestStatus(enum.Enum):
+    WAITING = enum.auto()  #: not scheduled yet, or preempted (to recompute)
+    RUNNING = enum.auto()  #: holds KV pages
+    FINISHED = enum.auto()
+
+
+@dataclass(eq=False)
+class RequestState:
+    """The executor's view of a request: its tokens, its progress through the cache, its stop state."""
+
+    request_id: str
+    token_ids: list[int]  #: prompt followed by output
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    generator: torch.Generator | None = None
+    eos_token_ids: frozenset[int] = frozenset()
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0  #: tokens whose K/V are in the cache
+    draft_token_ids: list[int] = field(default_factory=list)  #: this step's draft tokens
+    num_draft_slots: int = 0  #: draft slots reserved for this step
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    text: str = ""  #: decoded output, kept up to date only when needed (stop strings, streaming)
+    num_text_sent: int = 0  #: characters of `text` already streamed
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+
+    def __post_init__(self) -> None:
+        self.metrics.num_prompt_tokens = self.num_prompt_tokens
+        self.metrics.arrival_time = time.perf_counter()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens

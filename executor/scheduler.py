@@ -1,0 +1,116 @@
+"""Continuous batching: which requests run in the next forward, and with how many tokens.
+
+Each step every running request gets its uncomputed tokens (1 when decoding, plus its reserved draft
+slots; a chunk of its prompt when prefilling), in admission order, under the token budget
+``max_num_tokens``; then waiting requests are admitted while the budget, ``max_batch_size`` and the
+KV pool allow. A long prompt is prefilled in chunks across steps. When pages run out, draft slots go
+first, then the newest running request is preempted: its pages are freed and it waits to be recomputed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .block_manager import BlockManager
+from .request import RequestState, RequestStatus
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    request: RequestState
+    num_new_tokens: int  #: uncomputed tokens fed this step (not counting drafts)
+    num_draft_slots: int  #: draft slots reserved this step (the drafter may fill fewer)
+
+    @property
+    def completes_sequence(self) -> bool:
+        """True when this step reaches the end of the known tokens, so it yields new tokens."""
+        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_batch_size: int, max_num_tokens: int) -> None:
+        self.block_manager = block_manager
+        self.max_batch_size = max_batch_size
+        self.max_num_tokens = max_num_tokens
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []  # admission order: the newest is last
+        #: pages kept free at admission so running requests can grow without preempting at once
+        self.watermark_blocks = max(1, block_manager.num_blocks // 100)
+        self._has_preempted = False
+
+    def add(self, request: RequestState) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledRequest]:
+        budget = self.max_num_tokens
+        scheduled: list[ScheduledRequest] = []
+        self._has_preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            item = self._schedule_running(self.running[i], budget)
+            if item is None:  # it was preempted itself: it was the newest, nothing runs after it
+                break
+            scheduled.append(item)
+            budget -= item.num_new_tokens + item.num_draft_slots
+            i += 1
+        if not self._has_preempted:  # pages are short: admit nobody this step
+            scheduled += self._admit_waiting(budget)
+        return scheduled
+
+    def _schedule_running(self, request: RequestState, budget: int) -> ScheduledRequest | None:
+        num_new = min(request.num_uncomputed_tokens, budget)
+        is_decoding = num_new == request.num_uncomputed_tokens == 1
+        num_drafts = min(request.num_draft_slots, budget - num_new) if is_decoding else 0
+        bm = self.block_manager
+        while not bm.can_append(request.request_id, num_new + num_drafts):
+            if num_drafts and bm.can_append(request.request_id, num_new):
+                num_drafts = 0
+                break
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is request:
+                return None
+        bm.append(request.request_id, num_new + num_drafts)
+        return ScheduledRequest(request, num_new, num_drafts)
+
+    def _admit_waiting(self, budget: int) -> list[ScheduledRequest]:
+        admitted = []
+        bm = self.block_manager
+        while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
+            request = self.waiting[0]
+            num_new = min(request.num_uncomputed_tokens, budget)
+            blocks = -(-num_new // bm.block_size)
+            if blocks + self.watermark_blocks > bm.num_free_blocks and self.running:
+                break
+            if not bm.can_allocate(num_new):
+                break
+            self.waiting.popleft()
+            bm.allocate(request.request_id, num_new)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            admitted.append(ScheduledRequest(request, num_new, 0))
+            budget -= num_new
+        return admitted
+
+    def preempt(self, request: RequestState) -> None:
+        """Take a running request's pages back; it waits at the front to be recomputed."""
+        self.running.remove(request)
+        self.block_manager.free(request.request_id)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        request.metrics.num_preemptions += 1
+        self._has_preempted = True
+        self.waiting.appendleft(request)
+
+    def finish(self, request: RequestState) -> None:
+        """Remove a finished request and free its pages."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.block_manager.free(request.request_id)
+        request.status = RequestStatus.FINISHED

@@ -1,0 +1,33 @@
+"""The hooks the executor loop calls. Drafters implement them (with ``specexec.hookimpl``).
+
+Each hook is called with keyword arguments. With no drafter registered, the draft stages do nothing
+and every request decodes one token per step.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("specexec")
+
+
+@hookspec
+def specexec_prepare_draft_requests(requests: list) -> None:
+    """Before scheduling: set ``request.num_draft_slots`` on the decoding requests a drafter serves,
+    so the scheduler's token budget and the KV cache count the draft tokens."""
+
+
+@hookspec
+def specexec_prepare_draft_tokens(scheduled_requests: list, resources: object) -> None:
+    """After scheduling: fill ``request.draft_token_ids`` (at most its reserved draft slots) for each
+    scheduled decoding request."""
+
+
+@hookspec
+def specexec_on_verified(request: object, num_accepted: int) -> None:
+    """After verification: how many of the request's draft tokens the target accepted."""
+
+
+@hookspec
+def specexec_release_request(request: object) -> None:
+    """The request finished (or was preempted): drop any state kept for it."""

@@ -1,0 +1,7 @@
+"""Token sampling: per-request parameters, logit filters and the batch sampler."""
+
+from .logits import apply_sampling_filters, compute_probs
+from .params import SamplingParams
+from .sampler import Sampler, sample_from_probs
+
+__all__ = ["SamplingParams", "Sampler", "apply_sampling_filters", "compute_probs", "sample_from_probs"]

@@ -1,0 +1,103 @@
+"""Per-request sampling parameters."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from numbers import Integral, Real
+from typing import Any
+
+import torch
+
+# torch.Generator.manual_seed accepts this range (negative seeds are wrapped).
+_SEED_MIN = -(2**63)
+_SEED_MAX = 2**64 - 1
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How one request picks its tokens and when it stops.
+
+    Construction never raises for bad values; call `validate()` (the executor does, per request).
+    """
+
+    max_tokens: int = 128  #: maximum number of output tokens (> 0)
+    temperature: float = 0.0  #: 0 means greedy (argmax); > 0 samples
+    top_k: int = 0  #: keep the k most likely tokens; 0 = off
+    top_p: float = 1.0  #: nucleus: keep the smallest set with cumulative prob >= top_p; 1.0 = off
+    min_p: float = 0.0  #: drop tokens with prob < min_p * max prob; 0 = off
+    seed: int | None = None  #: per-request seed (its own torch.Generator); None = global RNG
+    stop: list[str] = field(default_factory=list)  #: stop strings (not included in the output text)
+    stop_token_ids: list[int] = field(default_factory=list)  #: extra token ids that end the request
+    ignore_eos: bool = False  #: keep going past EOS
+
+    def __post_init__(self) -> None:
+        # Only normalise types here; validate() reports bad values.
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        elif isinstance(self.stop, (list, tuple)):
+            self.stop = list(self.stop)
+        if isinstance(self.stop_token_ids, (list, tuple)):
+            self.stop_token_ids = list(self.stop_token_ids)
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when tokens are picked by argmax (temperature == 0)."""
+        return self.temperature == 0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field and its allowed values."""
+        if not _is_int(self.max_tokens) or self.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be an int > 0, got {self.max_tokens!r}")
+        if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(
+                f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}"
+            )
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
+        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be a number with 0 < top_p <= 1 (1 = off), got {self.top_p!r}")
+        if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be a number with 0 <= min_p <= 1 (0 = off), got {self.min_p!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not _SEED_MIN <= self.seed <= _SEED_MAX):
+            raise ValueError(f"seed must be None or an int in [-2**63, 2**64 - 1], got {self.seed!r}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+        if not isinstance(self.stop_token_ids, list) or not all(
+            _is_int(t) and t >= 0 for t in self.stop_token_ids
+        ):
+            raise ValueError(f"stop_token_ids must be a list of ints >= 0, got {self.stop_token_ids!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SamplingParams:
+        """Build from a mapping (e.g. a JSON request); rejects unknown keys, then validates."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"sampling parameters must be a mapping, got {type(d).__name__}")
+        allowed = sorted(f.name for f in fields(cls))
+        unknown = sorted(str(k) for k in d if k not in allowed)
+        if unknown:
+            raise ValueError(
+                f"unknown sampling parameter(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}"
+            )
+        params = cls(**d)
+        params.validate()
+        return params
+
+    def make_generator(self, device: torch.device | str) -> torch.Generator | None:
+        """A generator seeded with `seed` on `device`, or None (use the global RNG) when unseeded."""
+        if self.seed is None:
+            return None
+        generator = torch.Generator(device=device)
+        generator.manual_seed(self.seed)
+        return generator
