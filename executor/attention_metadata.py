@@ -41,6 +41,7 @@ class AttentionGroup:
     valid_rows: torch.Tensor  # [num_valid] rows of the padded [group * max_query] output that are real
     out_index: torch.Tensor  # [num_valid] flat token index of each real row
     kv_slots: torch.Tensor  # [group, max_kv] cache slot of each key position (padding: a valid slot)
+    kv_slice: slice | None  #: a lone request on consecutive pages: its keys are one slice of the pool
     query_pos: torch.Tensor  # [group, max_query, 1] position of each query
     key_pos: torch.Tensor  # [1, 1, max_kv]
     base_mask: torch.Tensor | None  # [group, 1, max_query, max_kv] True = attend; None = attend to all
@@ -89,6 +90,7 @@ def build_group(seqs: list[SequenceSlice], block_size: int, device: torch.device
         seqs[i].query_start == seqs[0].query_start + i * max_q for i in range(num)
     )
     query_slice = slice(seqs[0].query_start, seqs[0].query_start + num * max_q) if uniform else None
+    kv_slice = _consecutive_slots(seqs[0], block_size) if num == 1 else None
     valid_rows = q_valid.flatten().nonzero().squeeze(1)
     return AttentionGroup(
         query_slice=query_slice,
@@ -98,11 +100,21 @@ def build_group(seqs: list[SequenceSlice], block_size: int, device: torch.device
         valid_rows=valid_rows.to(device),
         out_index=query_index.flatten()[valid_rows].to(device),
         kv_slots=kv_slots.to(device),
+        kv_slice=kv_slice,
         query_pos=query_pos.unsqueeze(-1).to(device),
         key_pos=key_pos.view(1, 1, -1).to(device),
         base_mask=base_mask,
         max_query_pos=int(query_pos.max()),
     )
+
+
+def _consecutive_slots(seq: SequenceSlice, block_size: int) -> slice | None:
+    """The slots of a request whose pages are consecutive, as one slice; else None."""
+    first = seq.block_table[0]
+    num_blocks = -(-seq.kv_len // block_size)
+    if seq.block_table[:num_blocks] != list(range(first, first + num_blocks)):
+        return None
+    return slice(first * block_size, first * block_size + seq.kv_len)
 
 
 def group_sequences(seqs: list[SequenceSlice]) -> list[list[SequenceSlice]]:

@@ -55,6 +55,7 @@ class KVCache:
         self.kv[layer, 0].index_copy_(0, slot_mapping, key.to(self.spec.dtype))
         self.kv[layer, 1].index_copy_(0, slot_mapping, value.to(self.spec.dtype))
 
-    def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Read entries. slots [...]; returns key, value [..., kv_heads, head_dim]."""
-        return self.kv[layer, 0][slots], self.kv[layer, 1][slots]
+    def gather(self, layer: int, slots: torch.Tensor | slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """Read entries. slots [...] (a gather) or a slice (a view); returns key, value
+        [..., kv_heads, head_dim]."""
+        return self.kv[layer, 0, slots], self.kv[layer, 1, slots]

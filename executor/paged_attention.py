@@ -50,7 +50,11 @@ def _attend_group(
         q = query[group.query_slice].view(num, max_q, *query.shape[1:])
     else:
         q = query[group.query_index]  # [group, max_q, heads, head_dim]
-    key, value = meta.kv_cache.gather(layer, group.kv_slots)  # [group, max_kv, kv_heads, head_dim]
+    if group.kv_slice is not None:
+        key, value = meta.kv_cache.gather(layer, group.kv_slice)  # [max_kv, kv_heads, head_dim]
+        key, value = key.unsqueeze(0), value.unsqueeze(0)  # [1, max_kv, kv_heads, head_dim]
+    else:
+        key, value = meta.kv_cache.gather(layer, group.kv_slots)  # [group, max_kv, kv_heads, head_dim]
     o = _attend(
         q.transpose(1, 2),
         key.transpose(1, 2),

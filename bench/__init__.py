@@ -1,0 +1,1 @@
+"""Benchmarks for specexec (run as `python -m specexec.bench.<name>`)."""

@@ -1,0 +1,103 @@
+"""The `specexec` command line. Heavy imports happen inside the commands, so `--help` answers fast."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="HF directory or GGUF file (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--config", help="YAML file with executor settings (see ExecutorConfig)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"], help="overrides the config")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specexec", description="Speculative-decoding executor for HF models.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the executor does")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="generate from one prompt, streaming the text")
+    run.add_argument("--prompt", required=True, help="the prompt text ('-' reads it from standard input)")
+    _add_model_args(run)
+    run.add_argument("--max-tokens", type=int, default=128, help="output tokens at most (default 128)")
+    run.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    run.add_argument("--top-p", type=float, default=1.0)
+    run.add_argument("--top-k", type=int, default=0)
+    run.add_argument("--seed", type=int, default=None)
+    run.add_argument("--raw", action="store_true", help="send the prompt as plain text, not as a chat message")
+    run.add_argument("--system", help="system message for the chat template")
+    return parser
+
+
+def _load_config(args: argparse.Namespace):
+    from .executor.config import ExecutorConfig
+
+    config = ExecutorConfig.from_yaml(args.config) if args.config else ExecutorConfig()
+    if args.model:
+        config.model = args.model
+    if args.dtype:
+        config.dtype = args.dtype
+    return config
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
+    from .sampling import SamplingParams
+
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
+    )
+    params.validate()
+    config = _load_config(args)
+    from .executor.executor import Executor
+
+    executor = Executor(config=config)
+    prompt = prompt_text
+    if not args.raw and getattr(executor.tokenizer, "chat_template", None):
+        prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": prompt_text}
+        ]
+    output = None
+    for event in executor.stream([prompt], params):
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+        output = event.output or output
+    sys.stdout.write("\n")
+    if output is None:
+        return 1
+    if output.error:
+        print(f"error: {output.error}", file=sys.stderr)
+        return 1
+    _print_metrics(output)
+    return 0
+
+
+def _print_metrics(output) -> None:
+    m = output.metrics
+    parts = [f"finish={output.finish_reason.value}", f"prompt={m.num_prompt_tokens}", f"output={m.num_output_tokens}"]
+    if m.time_to_first_token is not None:
+        parts.append(f"ttft={m.time_to_first_token * 1000:.0f}ms")
+    if m.time_per_output_token:
+        parts.append(f"tpot={m.time_per_output_token * 1000:.1f}ms ({1 / m.time_per_output_token:.1f} tok/s)")
+    parts.append(f"forwards={m.num_forwards}")
+    print("[" + " ".join(parts) + "]", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    if not args.verbose:
+        logging.getLogger("specexec").setLevel(logging.WARNING)
+    try:
+        return {"run": _cmd_run}[args.command](args)
+    except ValueError as exc:  # bad config, bad flags, a model that cannot load
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
