@@ -8,13 +8,19 @@ import sys
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="HF directory or GGUF file (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument(
+        "--model", help="HF directory or GGUF file (default: the embedded SmolLM2-135M-Instruct)"
+    )
     parser.add_argument("--config", help="YAML file with executor settings (see ExecutorConfig)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"], help="overrides the config")
+    parser.add_argument(
+        "--dtype", choices=["float32", "bfloat16", "float16", "float64"], help="overrides the config"
+    )
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specexec", description="Speculative-decoding executor for HF models.")
+    parser = argparse.ArgumentParser(
+        prog="specexec", description="Speculative-decoding executor for HF models."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the executor does")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="generate from one prompt, streaming the text")
@@ -25,7 +31,9 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--top-p", type=float, default=1.0)
     run.add_argument("--top-k", type=int, default=0)
     run.add_argument("--seed", type=int, default=None)
-    run.add_argument("--raw", action="store_true", help="send the prompt as plain text, not as a chat message")
+    run.add_argument(
+        "--raw", action="store_true", help="send the prompt as plain text, not as a chat message"
+    )
     run.add_argument("--system", help="system message for the chat template")
     return parser
 
@@ -46,7 +54,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .sampling import SamplingParams
 
     params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
     )
     params.validate()
     config = _load_config(args)
@@ -75,7 +87,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _print_metrics(output) -> None:
     m = output.metrics
-    parts = [f"finish={output.finish_reason.value}", f"prompt={m.num_prompt_tokens}", f"output={m.num_output_tokens}"]
+    parts = [
+        f"finish={output.finish_reason.value}",
+        f"prompt={m.num_prompt_tokens}",
+        f"output={m.num_output_tokens}",
+    ]
     if m.time_to_first_token is not None:
         parts.append(f"ttft={m.time_to_first_token * 1000:.0f}ms")
     if m.time_per_output_token:
@@ -86,7 +102,9 @@ def _print_metrics(output) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s"
+    )
     if not args.verbose:
         logging.getLogger("specexec").setLevel(logging.WARNING)
     try:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .speculative_config import SpeculativeConfig
+
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
@@ -35,8 +37,12 @@ class ExecutorConfig:
     num_kv_blocks: int | None = None  #: exact number of KV pages (tests use small pools)
     capture_hidden_layers: list[int] = field(default_factory=list)  #: hidden_states indices to capture
     cache_dir: str | None = None  #: where converted GGUF models are cached (default ~/.cache/specexec)
+    #: drafter settings (trtllm-bench's block): {decoding_type: NGram, max_draft_len: 3, ...}; None = off
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.speculative_config, dict):
+            self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         self.validate()
 
     def validate(self) -> None:
@@ -76,6 +82,12 @@ class ExecutorConfig:
             "capture_hidden_layers",
             self.capture_hidden_layers,
             "a list of layer indices >= 0",
+        )
+        _check(
+            self.speculative_config is None or isinstance(self.speculative_config, SpeculativeConfig),
+            "speculative_config",
+            self.speculative_config,
+            "null or a mapping with decoding_type, max_draft_len and drafter options",
         )
 
     @classmethod

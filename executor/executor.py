@@ -13,19 +13,24 @@ import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from ..drafters.base import Drafter, DrafterContext
 from ..plugins import get_plugin_manager
-from ..sampling import Sampler, SamplingParams
+from ..sampling import SamplingParams
+from ..sampling.rejection import RejectionSampler, Verification
 from .block_manager import BlockManager
 from .config import ExecutorConfig
+from .draft_length import DraftLengthPolicy, ForwardCostModel, cost_cache_key, default_cache_dir
 from .inputs import InvalidRequestError, as_request, check_length, tokenize_prompt
 from .kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from .model_runner import ForwardOutput, ModelRunner, SequenceInput
 from .output_processor import OutputProcessor
 from .request import FinishReason, Prompt, Request, RequestOutput, RequestState, TokenEvent
 from .scheduler import ScheduledRequest, Scheduler
+from .speculation import SpeculationStage, build_drafter
 
 logger = logging.getLogger("specexec")
 
@@ -71,6 +76,7 @@ class Executor:
         config: ExecutorConfig | None = None,
         *,
         tokenizer=None,
+        drafter: Drafter | None = None,
     ) -> None:
         self.config = config = config or ExecutorConfig()
         self.model, self.tokenizer = self._load(model, tokenizer)
@@ -86,11 +92,11 @@ class Executor:
         )
         self.scheduler = Scheduler(self.block_manager, config.max_batch_size, config.max_num_tokens)
         self.vocab_size = self.model.config.get_text_config().vocab_size
-        self.max_draft_len = 0
+        self.plugins = get_plugin_manager()
+        self.speculation = self._setup_speculation(drafter)
         self.max_model_len = self._max_model_len()
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
-        self.sampler = Sampler()
-        self.plugins = get_plugin_manager()
+        self.rejection_sampler = RejectionSampler()
         self.resources = StepResources(self.runner, self.tokenizer, self.vocab_size)
         self.eos_token_ids = _eos_token_ids(self.model, self.tokenizer)
         self._ids = itertools.count()
@@ -113,12 +119,42 @@ class Executor:
         logger.info("loaded %s", loaded.source)
         return loaded.model, tokenizer or loaded.tokenizer
 
+    def _setup_speculation(self, drafter: Drafter | None) -> SpeculationStage:
+        spec = self.config.speculative_config
+        if drafter is None and spec is not None:
+            context = DrafterContext(self.model, self.tokenizer, self.vocab_size, self.config)
+            drafter = build_drafter(spec, context, self.plugins)
+        if drafter is None:
+            return SpeculationStage(self.plugins, None, spec, self.vocab_size)
+        if not isinstance(drafter, Drafter):
+            raise ValueError(f"drafter must be a specexec Drafter, got {type(drafter).__name__}")
+        self.plugins.register(drafter, name="drafter")
+        policy = None
+        if spec is not None and spec.draft_len_policy != "fixed":
+            cost = ForwardCostModel.linear()
+            if spec.draft_len_policy == "auto":
+                cache_dir = Path(self.config.cache_dir) if self.config.cache_dir else default_cache_dir()
+                cost = ForwardCostModel.cached(cost_cache_key(self.model), self._time_forward, cache_dir)
+            policy = DraftLengthPolicy(drafter.max_draft_len, cost)
+        return SpeculationStage(self.plugins, drafter, spec, self.vocab_size, policy)
+
+    def _time_forward(self, num_tokens: int, context_len: int = 128) -> None:
+        """One target forward over ``num_tokens`` new tokens after ``context_len`` cached ones (for the
+        cost model; the scratch pages are freed at once)."""
+        scratch = "__forward_cost__"
+        self.block_manager.allocate(scratch, context_len + num_tokens)
+        try:
+            table = self.block_manager.block_tables[scratch]
+            self.runner.forward([SequenceInput([0] * num_tokens, context_len, table, num_tokens)])
+        finally:
+            self.block_manager.free(scratch)
+
     def _max_model_len(self) -> int:
         text_config = self.model.config.get_text_config()
         model_len = (
             self.config.max_model_len or getattr(text_config, "max_position_embeddings", None) or 2**31
         )
-        pool_len = self.block_manager.capacity_tokens - self.max_draft_len - 1
+        pool_len = self.block_manager.capacity_tokens - self.speculation.max_draft_len - 1
         if pool_len < model_len:
             logger.info(
                 "context capped at %d tokens by the KV pool (%d pages)",
@@ -212,31 +248,20 @@ class Executor:
         self._prepare_draft_tokens(batch)
         output = self._forward(batch)
         self._wait_for_masks(batch)
-        sampled = self._sample(batch, output)
-        events += self._update_requests(batch, sampled)
-        self._free_resources(batch)
+        verifications = self._sample(batch, output)
+        events += self._update_requests(batch, verifications)
+        self._free_resources(batch, verifications)
         return events
 
     # ---- the stages -------------------------------------------------------------------------------
     def _prepare_draft_requests(self) -> None:
-        decoding = [r for r in self.scheduler.running if r.num_uncomputed_tokens == 1]
-        for request in self.scheduler.running:
-            request.num_draft_slots = 0
-            request.draft_token_ids = []
-        if decoding:
-            self.plugins.hook.specexec_prepare_draft_requests(requests=decoding)
+        self.speculation.reserve_slots(self.scheduler.running, self.max_model_len)
 
     def _schedule(self) -> list[ScheduledRequest]:
         return self.scheduler.schedule()
 
     def _prepare_draft_tokens(self, batch: list[ScheduledRequest]) -> None:
-        drafting = [s for s in batch if s.num_draft_slots]
-        if drafting:
-            self.plugins.hook.specexec_prepare_draft_tokens(
-                scheduled_requests=drafting, resources=self.resources
-            )
-        for s in batch:
-            s.request.draft_token_ids = s.request.draft_token_ids[: s.num_draft_slots]
+        self.speculation.collect_drafts(batch, self.resources)
 
     def _forward(self, batch: list[ScheduledRequest]) -> ForwardOutput:
         seqs = []
@@ -247,42 +272,62 @@ class Executor:
             num_rows = 1 + len(r.draft_token_ids) if s.completes_sequence else 0
             seqs.append(SequenceInput(tokens, start, self.block_manager.block_tables[r.request_id], num_rows))
             r.metrics.num_forwards += 1
-        return self.runner.forward(seqs)
+        start = time.perf_counter()
+        output = self.runner.forward(seqs)
+        self.speculation.stats.target_time += time.perf_counter() - start
+        self.speculation.stats.num_target_forwards += 1
+        return output
 
     def _wait_for_masks(self, batch: list[ScheduledRequest]) -> None:
         """Grammar masks are joined here; requests without a grammar need none."""
 
-    def _sample(self, batch: list[ScheduledRequest], output: ForwardOutput) -> list[list[int]]:
-        """The tokens each scheduled request gains this step (empty for a mid-prompt chunk)."""
-        rows = [output.cu_logit_rows[i] for i, s in enumerate(batch) if s.completes_sequence]
-        producing = [s.request for s in batch if s.completes_sequence]
-        if not rows:
-            return [[] for _ in batch]
-        logits = output.logits[torch.tensor(rows, device=output.logits.device)]  # [num_producing, vocab]
-        tokens = self.sampler.sample(
-            logits, [r.sampling_params for r in producing], [r.generator for r in producing]
-        ).tolist()
-        by_request = dict(zip((r.request_id for r in producing), tokens))
-        return [[by_request[s.request.request_id]] if s.completes_sequence else [] for s in batch]
+    def _sample(self, batch: list[ScheduledRequest], output: ForwardOutput) -> list[Verification | None]:
+        """Verify each request's drafts (none: just sample); None for a mid-prompt chunk."""
+        producing = [i for i, s in enumerate(batch) if s.completes_sequence]
+        if not producing:
+            return [None] * len(batch)
+        requests = [batch[i].request for i in producing]
+        cu = output.cu_logit_rows  # mid-prompt chunks own no rows, so the producing offsets suffice
+        verifications = self.rejection_sampler.verify_batch(
+            output.logits,
+            [cu[i] for i in producing] + [cu[producing[-1] + 1]],
+            [r.draft_token_ids for r in requests],
+            [r.draft_probs for r in requests],
+            [r.sampling_params for r in requests],
+            [r.generator for r in requests],
+        )
+        results: list[Verification | None] = [None] * len(batch)
+        for i, v in zip(producing, verifications):
+            results[i] = v
+        return results
 
-    def _update_requests(self, batch: list[ScheduledRequest], sampled: list[list[int]]) -> list[TokenEvent]:
+    def _update_requests(
+        self, batch: list[ScheduledRequest], verifications: list[Verification | None]
+    ) -> list[TokenEvent]:
         events = []
-        for s, tokens in zip(batch, sampled):
+        for s, v in zip(batch, verifications):
             r = s.request
             r.num_computed_tokens += s.num_new_tokens
-            if not tokens:
+            if v is None:
                 continue
-            kept = self.output_processor.append_tokens(r, tokens)
+            r.num_computed_tokens += v.num_accepted  # accepted drafts' K/V were written by this forward
+            if r.num_output_tokens:  # a decode step (the first token comes from prefill)
+                r.metrics.record_verification(len(r.draft_token_ids), v.num_accepted)
+            kept = self.output_processor.append_tokens(r, v.token_ids)
+            self.speculation.observe(r, len(r.draft_token_ids), v.num_accepted)
             if r.finish_reason is not None:
                 r.metrics.finish_time = time.perf_counter()
             events.append(self.output_processor.make_event(r, kept, self._streaming))
         return events
 
-    def _free_resources(self, batch: list[ScheduledRequest]) -> None:
-        for s in batch:
+    def _free_resources(
+        self, batch: list[ScheduledRequest], verifications: list[Verification | None]
+    ) -> None:
+        for s, v in zip(batch, verifications):
             r = s.request
-            if s.num_draft_slots:
-                self.block_manager.rewind(r.request_id, s.num_draft_slots)
+            num_rejected = s.num_draft_slots - (v.num_accepted if v else 0)
+            if num_rejected and r.finish_reason is None:
+                self.block_manager.rewind(r.request_id, num_rejected)
             if r.finish_reason is not None:
                 self.scheduler.finish(r)
-                self.plugins.hook.specexec_release_request(request=r)
+                self.speculation.release(r)

@@ -42,6 +42,13 @@ def _render_chat(tokenizer, messages: list[dict[str, Any]]) -> list[int]:
 
 def tokenize_prompt(prompt: Prompt, tokenizer, vocab_size: int) -> list[int]:
     """Token ids of a prompt given as text, token ids or chat messages."""
+    ids = _to_token_ids(prompt, tokenizer, vocab_size)
+    if not ids:
+        raise InvalidRequestError("empty prompt: it has no tokens after tokenization (nothing to condition on)")
+    return ids
+
+
+def _to_token_ids(prompt: Prompt, tokenizer, vocab_size: int) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidRequestError("empty prompt")

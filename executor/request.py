@@ -42,6 +42,35 @@ class RequestMetrics:
     finish_time: float | None = None  #: when it finished
     num_forwards: int = 0  #: target forwards it took part in
     num_preemptions: int = 0  #: times its pages were taken back and its tokens recomputed
+    num_decode_steps: int = 0  #: forwards that verified drafts or decoded one token
+    num_draft_tokens: int = 0  #: draft tokens proposed and verified
+    num_accepted_tokens: int = 0  #: draft tokens the target accepted
+    #: [max_draft_len] how often the draft token at position i was proposed / accepted
+    proposed_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens gained per decode step: accepted drafts plus the recovered or bonus token."""
+        if not self.num_decode_steps:
+            return None
+        return (self.num_accepted_tokens + self.num_decode_steps) / self.num_decode_steps
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    def record_verification(self, num_drafts: int, num_accepted: int) -> None:
+        self.num_decode_steps += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        if len(self.proposed_per_position) < num_drafts:
+            grow = num_drafts - len(self.proposed_per_position)
+            self.proposed_per_position += [0] * grow
+            self.accepted_per_position += [0] * grow
+        for i in range(num_drafts):
+            self.proposed_per_position[i] += 1
+            self.accepted_per_position[i] += i < num_accepted
 
     @property
     def time_to_first_token(self) -> float | None:
@@ -102,6 +131,7 @@ class RequestState:
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0  #: tokens whose K/V are in the cache
     draft_token_ids: list[int] = field(default_factory=list)  #: this step's draft tokens
+    draft_probs: torch.Tensor | None = None  # [num_drafts, vocab] this step's draft distribution q, if any
     num_draft_slots: int = 0  #: draft slots reserved for this step
     finish_reason: FinishReason | None = None
     error: str | None = None

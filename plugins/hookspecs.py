@@ -18,9 +18,10 @@ def specexec_prepare_draft_requests(requests: list) -> None:
 
 
 @hookspec
-def specexec_prepare_draft_tokens(scheduled_requests: list, resources: object) -> None:
-    """After scheduling: fill ``request.draft_token_ids`` (at most its reserved draft slots) for each
-    scheduled decoding request."""
+def specexec_prepare_draft_tokens(scheduled_requests: list, resources: object) -> dict:
+    """After scheduling: propose drafts for the scheduled decoding requests (``.request``, with
+    ``.num_draft_slots`` reserved). Returns ``{request_id: DraftProposal}``; the executor cuts
+    proposals to the reserved slots and drops token ids outside the vocabulary."""
 
 
 @hookspec
@@ -31,3 +32,9 @@ def specexec_on_verified(request: object, num_accepted: int) -> None:
 @hookspec
 def specexec_release_request(request: object) -> None:
     """The request finished (or was preempted): drop any state kept for it."""
+
+
+@hookspec
+def specexec_drafter_factories() -> dict:
+    """Drafters this plugin provides: ``{decoding_type name: factory}``. A factory is called as
+    ``factory(spec_config=SpeculativeConfig, context=DrafterContext)`` and returns a ``Drafter``."""

@@ -12,7 +12,7 @@ from . import hookspecs
 #: set to 1 to skip loading plugins from the `specexec` entry-point group
 DISABLE_AUTOLOAD_ENV = "SPECEXEC_DISABLE_PLUGIN_AUTOLOAD"
 #: modules registered in every manager
-BUILTIN_PLUGINS: tuple[str, ...] = ()
+BUILTIN_PLUGINS: tuple[str, ...] = ("specexec.drafters.builtin",)
 
 
 def get_plugin_manager() -> pluggy.PluginManager:

@@ -14,7 +14,15 @@ from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
 from specexec.executor.request import FinishReason, Request
 from specexec.sampling import SamplingParams
-from tiny_models import ARCHS, SLIDING_ARCHS, SLIDING_WINDOW, hf_greedy, make_prompts, make_tiny_model
+from tiny_models import (
+    ARCHS,
+    EXTRA_ARCHS,
+    SLIDING_ARCHS,
+    SLIDING_WINDOW,
+    hf_greedy,
+    make_prompts,
+    make_tiny_model,
+)
 
 MAX_TOKENS = 12
 #: 8 prompts of mixed lengths 1..40 (several longer than the sliding window, one longer than 32)
@@ -33,7 +41,7 @@ def greedy(max_tokens: int = MAX_TOKENS) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, ignore_eos=True)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(arch: str, prompts: tuple[tuple[int, ...], ...], max_tokens: int = MAX_TOKENS):
     """HF greedy outputs, computed once per (arch, prompts)."""
     ref, _ = make_tiny_model(arch)
@@ -43,7 +51,9 @@ def reference(arch: str, prompts: tuple[tuple[int, ...], ...], max_tokens: int =
 def run_executor(arch: str, prompts: list[list[int]], config: ExecutorConfig, max_tokens: int = MAX_TOKENS):
     _, model = make_tiny_model(arch)
     executor = Executor(model, config)
-    outputs = executor.run([Request(p, greedy(max_tokens), request_id=f"r{i}") for i, p in enumerate(prompts)])
+    outputs = executor.run(
+        [Request(p, greedy(max_tokens), request_id=f"r{i}") for i, p in enumerate(prompts)]
+    )
     bm = executor.block_manager
     assert bm.num_free_blocks == bm.num_blocks, "pages leaked after run()"
     assert not bm.block_tables
@@ -102,7 +112,23 @@ def test_chunked_prefill_preemption_and_batch_cap_together_match_hf_generate(arc
     config = make_config(num_kv_blocks=20, max_num_tokens=16, max_batch_size=3)
     executor, outputs = run_executor(arch, prompts, config)
     assert_matches_reference(arch, prompts, outputs)
-    assert sum(o.metrics.num_forwards for o in outputs) > 8 * MAX_TOKENS
+    assert sum(o.metrics.num_forwards for o in outputs) > 8 * MAX_TOKENS  # some prompts were chunked
+    assert max(o.metrics.num_preemptions for o in outputs) >= 1
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_long_prefills_joining_decoding_requests_match_hf_generate(arch):
+    """Prompts over 64 tokens get their own attention group; here they are prefilled in the same
+    forwards as other requests' decode steps (max_batch_size 2 staggers the admissions)."""
+    prompts = make_prompts(4, [5, 90, 70, 2], seed=6)
+    max_tokens = [3, MAX_TOKENS, 6, MAX_TOKENS]
+    _, model = make_tiny_model(arch)
+    executor = Executor(model, make_config(max_num_tokens=256, max_batch_size=2))
+    outputs = executor.run(Request(p, greedy(n)) for p, n in zip(prompts, max_tokens))
+    expected = reference(arch, tuple(map(tuple, prompts)))
+    for out, want, n in zip(outputs, expected, max_tokens):
+        assert out.token_ids == want[:n]
+    assert executor.block_manager.num_free_blocks == executor.block_manager.num_blocks
 
 
 @pytest.mark.parametrize("arch", SLIDING_ARCHS)
@@ -117,6 +143,40 @@ def test_sliding_window_changes_the_output_so_the_tests_above_exercise_it(arch):
         overrides = {"layer_types": ["full_attention"] * 4}
     unwindowed_model, _ = make_tiny_model(arch, **overrides)
     assert windowed != hf_greedy(unwindowed_model, prompt, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize(
+    ("block_size", "num_kv_blocks", "max_num_tokens", "max_batch_size"),
+    [
+        (1, 120, 64, 8),  # one token per page
+        (3, 40, 64, 8),  # pages that do not divide the window or the prompts
+        (16, 8, 64, 8),  # pages larger than the window; preempts
+        (4, 30, 1, 8),  # one token per forward
+        (4, 30, 5, 1),  # one request at a time
+        (2, 40, 7, 3),  # chunks, preemption and a batch cap at once
+    ],
+)
+def test_page_size_and_budget_extremes_match_hf_generate(
+    arch, block_size, num_kv_blocks, max_num_tokens, max_batch_size
+):
+    prompts = make_prompts(8, MIXED_LENGTHS, seed=2)
+    config = make_config(
+        block_size=block_size,
+        num_kv_blocks=num_kv_blocks,
+        max_num_tokens=max_num_tokens,
+        max_batch_size=max_batch_size,
+    )
+    _, outputs = run_executor(arch, prompts, config)
+    assert_matches_reference(arch, prompts, outputs)
+
+
+@pytest.mark.parametrize("arch", EXTRA_ARCHS)
+def test_softcapped_attention_with_preemption_matches_hf_generate(arch):
+    prompts = make_prompts(8, MIXED_LENGTHS, seed=2)
+    _, outputs = run_executor(arch, prompts, make_config(num_kv_blocks=24, max_num_tokens=32))
+    assert max(o.metrics.num_preemptions for o in outputs) >= 1
+    assert_matches_reference(arch, prompts, outputs)
 
 
 def test_float32_model_matches_hf_generate_too():

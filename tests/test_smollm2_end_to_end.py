@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from specexec import Executor, ExecutorConfig, SamplingParams
 from specexec.executor.model_loader import load_model
 

@@ -12,6 +12,8 @@ import copy
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     LlamaConfig,
@@ -29,6 +31,8 @@ ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
 #: archs whose tiny config has a sliding window (prompt + generation must exceed it)
 SLIDING_WINDOW = 8
 SLIDING_ARCHS = ("mistral", "gemma3")
+#: more archs, not in the main matrix: gemma2 exercises the attention-logit softcap path
+EXTRA_ARCHS = ("gemma2",)
 
 _COMMON = dict(
     vocab_size=256,
@@ -62,15 +66,25 @@ _BUILDERS = {
             "query_pre_attn_scalar": 8,
         },
     ),
+    "gemma2": (
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        {
+            "sliding_window": SLIDING_WINDOW,
+            "query_pre_attn_scalar": 8,
+            "attn_logit_softcapping": 5.0,
+            "final_logit_softcapping": 3.0,
+        },
+    ),
 }
 
 
 def make_tiny_config(arch: str, **overrides):
     if arch not in _BUILDERS:
-        raise ValueError(f"unknown arch {arch!r}; known: {', '.join(ARCHS)}")
+        raise ValueError(f"unknown arch {arch!r}; known: {', '.join(_BUILDERS)}")
     config_cls, _, extra = _BUILDERS[arch]
     kwargs = {**_COMMON, **extra, **overrides}
-    if "num_hidden_layers" in overrides and "layer_types" in kwargs and arch == "gemma3":
+    if arch == "gemma3" and "num_hidden_layers" in overrides and "layer_types" not in overrides:
         pattern = extra["layer_types"]
         kwargs["layer_types"] = [pattern[i % len(pattern)] for i in range(overrides["num_hidden_layers"])]
     return config_cls(**kwargs)

@@ -1,0 +1,93 @@
+"""The `Drafter` base class: what every drafter (built-in or plugin) implements.
+
+A drafter proposes up to ``max_draft_len`` tokens per decoding request each step; the target verifies
+them in one forward. The executor reaches drafters only through the pluggy hook relay: the
+``specexec_*`` methods below are the hook implementations and call the plain methods a subclass
+overrides (``propose``, or ``prepare_draft_tokens`` for batched drafters).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..plugins import hookimpl
+
+
+@dataclass(slots=True)
+class DraftProposal:
+    """One request's drafts for one step."""
+
+    token_ids: list[int]  #: at most the request's reserved draft slots
+    probs: torch.Tensor | None = None  # [len(token_ids), vocab] draft distribution q, for rejection sampling
+
+
+@dataclass(slots=True)
+class DrafterContext:
+    """What a drafter factory gets to build a drafter."""
+
+    target_model: torch.nn.Module  #: the target model (a draft may share its embeddings or copy it)
+    tokenizer: object | None  #: the target's tokenizer
+    vocab_size: int  #: the target's vocabulary size
+    executor_config: object  #: the ExecutorConfig (dtype, device, KV budget, block size)
+
+
+class Drafter:
+    """Base class of drafters. Subclasses set the capability flags and override `propose`."""
+
+    #: drafts are a deterministic function of the context (verified by sampling p and comparing)
+    is_deterministic: bool = True
+    #: proposals carry the draft distribution q (verified with min(1, p/q) rejection sampling)
+    returns_draft_probs: bool = False
+    #: the drafter applies grammar masks to its own drafting steps
+    accepts_grammar_masks: bool = False
+    #: target `hidden_states` indices (transformers numbering) it reads from the verifying forward
+    hidden_state_layers: tuple[int, ...] = ()
+    #: it keeps a KV cache of its own (rewound with the target's)
+    owns_kv_cache: bool = False
+
+    def __init__(self, max_draft_len: int) -> None:
+        if not isinstance(max_draft_len, int) or not 1 <= max_draft_len <= 32:
+            raise ValueError(f"max_draft_len must be an integer in 1..32, got {max_draft_len!r}")
+        self.max_draft_len = max_draft_len
+
+    # ---- what subclasses override -------------------------------------------------------------
+    def num_draft_slots(self, request) -> int:
+        """Draft slots to reserve for this request this step (0 = decode without drafts)."""
+        return self.max_draft_len
+
+    def propose(self, request, num_slots: int, resources) -> DraftProposal:
+        """Draft tokens for one request, at most ``num_slots``."""
+        raise NotImplementedError(f"{type(self).__name__} must override propose() or prepare_draft_tokens()")
+
+    def prepare_draft_tokens(self, scheduled_requests: list, resources) -> dict[str, DraftProposal]:
+        """Draft for every scheduled request (batched drafters override this); keyed by request id."""
+        return {
+            s.request.request_id: self.propose(s.request, s.num_draft_slots, resources)
+            for s in scheduled_requests
+        }
+
+    def on_verified(self, request, num_accepted: int) -> None:
+        """Feedback after verification (dynamic draft length, cache bookkeeping)."""
+
+    def release(self, request) -> None:
+        """Forget a finished or preempted request."""
+
+    # ---- hook implementations (the executor calls these through the plugin manager) ------------
+    @hookimpl
+    def specexec_prepare_draft_requests(self, requests: list) -> None:
+        for request in requests:
+            request.num_draft_slots = min(self.num_draft_slots(request), self.max_draft_len)
+
+    @hookimpl
+    def specexec_prepare_draft_tokens(self, scheduled_requests: list, resources) -> dict[str, DraftProposal]:
+        return self.prepare_draft_tokens(scheduled_requests, resources)
+
+    @hookimpl
+    def specexec_on_verified(self, request, num_accepted: int) -> None:
+        self.on_verified(request, num_accepted)
+
+    @hookimpl
+    def specexec_release_request(self, request) -> None:
+        self.release(request)

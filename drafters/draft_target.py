@@ -1,0 +1,161 @@
+"""Draft/target speculation: a second (smaller or quantized) model with the target's tokenizer drafts.
+
+The draft model has its own paged KV cache. Each step it first catches up on the tokens the target
+accepted since its last step (plus the bonus token), in the same forward that yields its first draft;
+then it feeds each draft token to get the next. Its cache is kept in step by comparing the tokens it
+has fed with the request's verified tokens and rewinding past the first difference, so rejections and
+preemptions need no extra bookkeeping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..executor.block_manager import BlockManager
+from ..executor.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
+from ..executor.model_runner import ModelRunner, SequenceInput
+from ..sampling import compute_probs, sample_from_probs
+from .base import Drafter, DraftProposal
+
+
+def check_vocab_compatible(
+    draft_model, target_vocab_size: int, draft_tokenizer=None, target_tokenizer=None
+) -> None:
+    draft_vocab = draft_model.config.get_text_config().vocab_size
+    if draft_vocab != target_vocab_size:
+        raise ValueError(
+            f"draft model vocabulary ({draft_vocab} tokens) differs from the target's ({target_vocab_size}); "
+            "a draft model must use the target's tokenizer"
+        )
+    both = draft_tokenizer is not None and target_tokenizer is not None
+    if both and draft_tokenizer.get_vocab() != target_tokenizer.get_vocab():
+        raise ValueError(
+            "draft and target tokenizers map tokens to different ids; use the target's tokenizer"
+        )
+
+
+@dataclass(slots=True)
+class _DraftState:
+    fed: list[int] = field(default_factory=list)  #: tokens whose K/V are in the draft cache, in order
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class DraftTargetDrafter(Drafter):
+    owns_kv_cache = True
+
+    def __init__(
+        self,
+        draft_model: torch.nn.Module,
+        max_draft_len: int,
+        target_vocab_size: int,
+        *,
+        sample_drafts: bool = False,
+        kv_cache_memory_gb: float = 0.25,
+        num_kv_blocks: int | None = None,
+        block_size: int = 16,
+        max_num_tokens: int = 512,
+    ) -> None:
+        super().__init__(max_draft_len)
+        check_vocab_compatible(draft_model, target_vocab_size)
+        self.vocab_size = target_vocab_size
+        #: sampled drafts carry q and are verified with min(1, p/q); greedy drafts are deterministic
+        self.returns_draft_probs = sample_drafts
+        self.is_deterministic = not sample_drafts
+        param = next(draft_model.parameters())
+        spec = KVCacheSpec.from_model_config(draft_model.config, _activation_dtype(draft_model))
+        num_blocks = num_kv_blocks or num_blocks_for_budget(spec, block_size, int(kv_cache_memory_gb * 2**30))
+        self.block_manager = BlockManager(num_blocks, block_size)
+        self.runner = ModelRunner(
+            draft_model, KVCache(spec, num_blocks, block_size, param.device), max_num_tokens
+        )
+        self._states: dict[str, _DraftState] = {}
+
+    # ---- drafting -------------------------------------------------------------------------------
+    def prepare_draft_tokens(self, scheduled_requests: list, resources) -> dict[str, DraftProposal]:
+        active = [(s.request, s.num_draft_slots) for s in scheduled_requests if self._sync(s.request)]
+        drafts: dict[str, list[int]] = {r.request_id: [] for r, _ in active}
+        probs: dict[str, list[torch.Tensor]] = {r.request_id: [] for r, _ in active}
+        feeds = {r.request_id: r.token_ids[len(self._states[r.request_id].fed) :] for r, _ in active}
+        while active:
+            active = [(r, n) for r, n in active if self._reserve(r, len(feeds[r.request_id]))]
+            if not active:
+                break
+            out = self.runner.forward([self._input(r, feeds[r.request_id]) for r, _ in active])
+            logits = out.logits[:, : self.vocab_size]  # [num_active, vocab]
+            for row, (r, _) in enumerate(active):
+                self._states[r.request_id].fed += feeds[r.request_id]
+                token, q = self._pick(logits[row], r)
+                drafts[r.request_id].append(token)
+                if q is not None:
+                    probs[r.request_id].append(q)
+                feeds[r.request_id] = [token]
+            active = [(r, n) for r, n in active if len(drafts[r.request_id]) < n]
+        return {
+            rid: DraftProposal(tokens, torch.stack(probs[rid]) if probs[rid] else None)
+            for rid, tokens in drafts.items()
+        }
+
+    def _sync(self, request) -> bool:
+        """Rewind the draft cache to the longest prefix it shares with the verified tokens."""
+        state = self._states.setdefault(request.request_id, _DraftState())
+        keep = min(_common_prefix(state.fed, request.token_ids), len(request.token_ids) - 1)
+        if request.request_id in self.block_manager.block_tables:
+            self.block_manager.rewind(
+                request.request_id, self.block_manager.num_slots[request.request_id] - keep
+            )
+        del state.fed[keep:]
+        return True
+
+    def _reserve(self, request, num_tokens: int) -> bool:
+        """Pages for the next draft forward; a full draft pool ends this request's drafting early."""
+        rid = request.request_id
+        bm = self.block_manager
+        if rid not in bm.block_tables:
+            if not bm.can_allocate(num_tokens):
+                return False
+            bm.allocate(rid, num_tokens)
+            return True
+        if not bm.can_append(rid, num_tokens):
+            return False
+        bm.append(rid, num_tokens)
+        return True
+
+    def _input(self, request, tokens: list[int]) -> SequenceInput:
+        start = len(self._states[request.request_id].fed)
+        return SequenceInput(tokens, start, self.block_manager.block_tables[request.request_id], 1)
+
+    def _pick(self, logits: torch.Tensor, request) -> tuple[int, torch.Tensor | None]:
+        """Greedy draft token, or one sampled from q (kept for rejection sampling)."""
+        params = request.sampling_params
+        if not self.returns_draft_probs or params.is_greedy:
+            return int(logits.argmax()), None
+        dev = logits.device
+        q = compute_probs(
+            logits[None],
+            torch.tensor([params.temperature], device=dev),
+            torch.tensor([params.top_k], device=dev),
+            torch.tensor([params.top_p], device=dev),
+            torch.tensor([params.min_p], device=dev),
+        )[0]  # [vocab]
+        return sample_from_probs(q, request.generator), q
+
+    def release(self, request) -> None:
+        self._states.pop(request.request_id, None)
+        self.block_manager.free(request.request_id)
+
+
+def _activation_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype the model computes in (a quantized model's int8 buffers do not count)."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32

@@ -1,0 +1,149 @@
+"""Dynamic draft length: per request, the k that maximizes expected tokens per second.
+
+With a per-token acceptance rate ``a`` (running estimate per request), a step with k drafts yields
+``E(k) = 1 + a + ... + a^k`` tokens and costs ``C(batch tokens) / batch + k * d`` seconds per request,
+where ``C(n)`` is the target's forward time over n tokens and ``d`` the drafter's time per draft token.
+The policy picks ``argmax_k E(k) / cost(k)``; k = 0 (stop drafting) when no k beats plain decoding,
+with a one-token probe every ``probe_interval`` steps so a request whose text turns predictable again
+gets drafts back.
+
+``C`` comes from `ForwardCostModel`: measured once on this machine for this model and dtype (mode
+"auto"), or a linear guess where each extra token costs ``DEFAULT_TOKEN_COST`` of a one-token forward
+(mode "acceptance").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("specexec")
+
+DEFAULT_TOKEN_COST = 0.25  #: extra token's cost relative to a one-token forward, when not measured
+MEASURED_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(slots=True)
+class ForwardCostModel:
+    """Seconds of one target forward over n new tokens, interpolated between measured sizes."""
+
+    num_tokens: list[int]
+    seconds: list[float]
+
+    def cost(self, n: int) -> float:
+        xs, ys = self.num_tokens, self.seconds
+        if n <= xs[0]:
+            return ys[0]
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if n <= x1:
+                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return ys[-1] + slope * (n - xs[-1])
+
+    @classmethod
+    def linear(cls, token_cost: float = DEFAULT_TOKEN_COST) -> ForwardCostModel:
+        return cls([1, 2], [1.0, 1.0 + token_cost])
+
+    @classmethod
+    def measure(cls, forward_n_tokens, sizes=MEASURED_SIZES, repeats: int = 3) -> ForwardCostModel:
+        """``forward_n_tokens(n)`` runs one forward over n new tokens; the median of repeats is kept."""
+        seconds = []
+        for n in sizes:
+            forward_n_tokens(n)  # warm-up
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                forward_n_tokens(n)
+                times.append(time.perf_counter() - start)
+            seconds.append(sorted(times)[len(times) // 2])
+        return cls(list(sizes), seconds)
+
+    @classmethod
+    def cached(cls, key: str, forward_n_tokens, cache_dir: Path) -> ForwardCostModel:
+        path = cache_dir / f"forward-cost-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+        try:
+            data = json.loads(path.read_text())
+            return cls(data["num_tokens"], data["seconds"])
+        except (OSError, ValueError, KeyError):
+            pass
+        logger.info(
+            "measuring the target's forward cost over 1..%d tokens (once; cached at %s)",
+            MEASURED_SIZES[-1],
+            path,
+        )
+        model = cls.measure(forward_n_tokens)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(
+                json.dumps({"key": key, "num_tokens": model.num_tokens, "seconds": model.seconds})
+            )
+        except OSError as exc:
+            logger.warning("could not cache the forward cost at %s: %s", path, exc)
+        return model
+
+
+def cost_cache_key(model: torch.nn.Module) -> str:
+    param = next(model.parameters())
+    num_params = sum(p.numel() for p in model.parameters())
+    name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+    return f"{name}|{num_params}|{param.dtype}|{param.device}|threads={torch.get_num_threads()}"
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("SPECEXEC_CACHE_DIR", Path.home() / ".cache" / "specexec"))
+
+
+@dataclass(slots=True)
+class _Acceptance:
+    rate: float  #: running per-token acceptance estimate
+    steps_without_drafts: int = 0
+
+
+@dataclass
+class DraftLengthPolicy:
+    max_draft_len: int
+    cost_model: ForwardCostModel
+    initial_rate: float = 0.6  #: optimistic start, so a new request drafts
+    decay: float = 0.7  #: weight of the old estimate per observation
+    probe_interval: int = 8  #: steps at k = 0 before a one-token probe
+    _requests: dict[str, _Acceptance] = field(default_factory=dict)
+
+    def expected_tokens(self, rate: float, k: int) -> float:
+        return sum(rate**i for i in range(k + 1))
+
+    def choose(self, request_id: str, batch_size: int, draft_cost_per_token: float = 0.0) -> int:
+        state = self._requests.setdefault(request_id, _Acceptance(self.initial_rate))
+        best_k, best = 0, 0.0
+        for k in range(self.max_draft_len + 1):
+            step_cost = self.cost_model.cost(batch_size * (1 + k)) / batch_size + k * draft_cost_per_token
+            value = self.expected_tokens(state.rate, k) / step_cost
+            if value > best * (1 + 1e-9):
+                best_k, best = k, value
+        if best_k == 0:
+            state.steps_without_drafts += 1
+            if state.steps_without_drafts >= self.probe_interval:
+                state.steps_without_drafts = 0
+                return 1
+        else:
+            state.steps_without_drafts = 0
+        return best_k
+
+    def observe(self, request_id: str, num_drafts: int, num_accepted: int) -> None:
+        """Fold one verification into the request's acceptance estimate."""
+        if num_drafts <= 0:
+            return
+        state = self._requests.setdefault(request_id, _Acceptance(self.initial_rate))
+        # per-token rate of this step: accepted tokens over the positions that were tried
+        tried = num_accepted + (1 if num_accepted < num_drafts else 0)
+        observed = num_accepted / tried
+        state.rate = self.decay * state.rate + (1 - self.decay) * observed
+
+    def forget(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)

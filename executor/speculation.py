@@ -1,0 +1,165 @@
+"""The executor's side of drafting: find the drafter, reserve draft slots, check what it proposes.
+
+A drafter never gets to emit a token: proposals are cut to the reserved slots and at the first id
+outside the vocabulary, a drafter that raises leaves its requests without drafts for that step (logged
+once), and every draft token is verified by the target.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..drafters.base import Drafter, DrafterContext, DraftProposal
+from .draft_length import DraftLengthPolicy
+from .request import RequestState
+from .scheduler import ScheduledRequest
+from .speculative_config import SpeculativeConfig
+
+logger = logging.getLogger("specexec")
+
+
+@dataclass(slots=True)
+class SpeculationStats:
+    """Aggregate drafting figures of one executor."""
+
+    num_draft_steps: int = 0  #: request-steps that carried drafts
+    drafting_time: float = 0.0  #: seconds spent in the drafter
+    num_drafter_errors: int = 0  #: steps where the drafter raised
+    num_draft_tokens: int = 0  #: draft tokens proposed (after checks)
+    target_time: float = 0.0  #: seconds spent in target forwards
+    num_target_forwards: int = 0
+
+
+def known_drafters(plugins) -> dict[str, object]:
+    factories: dict[str, object] = {}
+    for result in plugins.hook.specexec_drafter_factories():
+        factories.update(result or {})
+    return factories
+
+
+def build_drafter(spec: SpeculativeConfig, context: DrafterContext, plugins) -> Drafter:
+    """The drafter named by ``spec.decoding_type`` (case-insensitive), from the built-ins or a plugin."""
+    factories = known_drafters(plugins)
+    by_lower = {name.lower(): factory for name, factory in factories.items()}
+    factory = by_lower.get(spec.decoding_type.lower())
+    if factory is None:
+        plugin_names = sorted(n for n, _ in plugins.list_name_plugin() if n and not n.startswith("specexec."))
+        raise ValueError(
+            f"unknown speculative_config.decoding_type {spec.decoding_type!r}; known: {', '.join(sorted(factories))}"
+            f"; installed plugins: {', '.join(plugin_names) or 'none'}"
+        )
+    drafter = factory(spec_config=spec, context=context)
+    if not isinstance(drafter, Drafter):
+        raise ValueError(
+            f"drafter factory for {spec.decoding_type!r} returned {type(drafter).__name__}, not a Drafter"
+        )
+    return drafter
+
+
+class SpeculationStage:
+    def __init__(
+        self,
+        plugins,
+        drafter: Drafter | None,
+        spec: SpeculativeConfig | None,
+        vocab_size: int,
+        policy: DraftLengthPolicy | None = None,
+    ) -> None:
+        self.plugins = plugins
+        self.drafter = drafter
+        self.spec = spec
+        self.vocab_size = vocab_size
+        self.policy = policy
+        self.stats = SpeculationStats()
+        self._logged_error = False
+
+    @property
+    def max_draft_len(self) -> int:
+        return self.drafter.max_draft_len if self.drafter else 0
+
+    def reserve_slots(self, running: list[RequestState], max_model_len: int) -> None:
+        """Before scheduling: reset drafts, let the drafter size each decoding request's slots, cap them."""
+        for request in running:
+            request.num_draft_slots = 0
+            request.draft_token_ids = []
+            request.draft_probs = None
+        decoding = [r for r in running if r.num_uncomputed_tokens == 1]
+        if not decoding or self.drafter is None:
+            return
+        self.plugins.hook.specexec_prepare_draft_requests(requests=decoding)
+        batch_len = self.spec.draft_len_for_batch(len(running)) if self.spec else self.max_draft_len
+        for r in decoding:
+            room = min(r.sampling_params.max_tokens - r.num_output_tokens, max_model_len - r.num_tokens) - 1
+            r.num_draft_slots = max(0, min(r.num_draft_slots, batch_len, room))
+            if self.policy is not None and r.num_draft_slots:
+                chosen = self.policy.choose(r.request_id, len(running), self._draft_cost_per_token())
+                r.num_draft_slots = min(r.num_draft_slots, chosen)
+
+    def _draft_cost_per_token(self) -> float:
+        """The drafter's time per proposed token, in the cost model's units (a one-token forward = cost(1))."""
+        st = self.stats
+        if not st.num_draft_tokens or not st.num_target_forwards or self.policy is None:
+            return 0.0
+        per_token = st.drafting_time / st.num_draft_tokens
+        per_forward = st.target_time / st.num_target_forwards
+        return per_token / per_forward * self.policy.cost_model.cost(1)
+
+    def observe(self, request: RequestState, num_drafts: int, num_accepted: int) -> None:
+        """After verification: feed the acceptance to the policy and the drafter."""
+        if self.policy is not None:
+            self.policy.observe(request.request_id, num_drafts, num_accepted)
+        if num_drafts:
+            self.plugins.hook.specexec_on_verified(request=request, num_accepted=num_accepted)
+
+    def release(self, request: RequestState) -> None:
+        if self.policy is not None:
+            self.policy.forget(request.request_id)
+        self.plugins.hook.specexec_release_request(request=request)
+
+    def collect_drafts(self, batch: list[ScheduledRequest], resources) -> None:
+        """After scheduling: ask the drafter, then keep only what is safe to verify."""
+        drafting = [s for s in batch if s.num_draft_slots]
+        if not drafting:
+            return
+        start = time.perf_counter()
+        try:
+            proposals: dict[str, DraftProposal] = {}
+            for result in self.plugins.hook.specexec_prepare_draft_tokens(
+                scheduled_requests=drafting, resources=resources
+            ):
+                proposals.update(result or {})
+        except Exception:  # a faulty drafter costs its requests their drafts, never their output
+            self.stats.num_drafter_errors += 1
+            if not self._logged_error:
+                logger.exception(
+                    "drafter %s raised; its requests continue without drafts", type(self.drafter).__name__
+                )
+                self._logged_error = True
+            proposals = {}
+        for s in drafting:
+            proposal = proposals.get(s.request.request_id)
+            s.request.draft_token_ids, s.request.draft_probs = self._checked(proposal, s.num_draft_slots)
+            self.stats.num_draft_steps += bool(s.request.draft_token_ids)
+            self.stats.num_draft_tokens += len(s.request.draft_token_ids)
+        self.stats.drafting_time += time.perf_counter() - start
+
+    def _checked(
+        self, proposal: DraftProposal | None, num_slots: int
+    ) -> tuple[list[int], torch.Tensor | None]:
+        if proposal is None or not isinstance(proposal, DraftProposal):
+            return [], None
+        tokens = []
+        for t in list(proposal.token_ids)[:num_slots]:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
+                break  # cut at the first id that is not a token of this vocabulary
+            tokens.append(t)
+        probs = proposal.probs
+        if probs is not None:
+            if probs.dim() != 2 or probs.shape[0] < len(tokens) or probs.shape[1] < self.vocab_size:
+                return [], None  # q that does not match the drafts cannot be verified losslessly
+            probs = probs[: len(tokens), : self.vocab_size]
+        return tokens, probs
