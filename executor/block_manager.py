@@ -43,6 +43,10 @@ class BlockManager:
         """Give a new request pages for its first ``num_tokens`` tokens."""
         if request_id in self.block_tables:
             raise KeyError(f"request {request_id!r} already holds pages")
+        if not self.can_allocate(num_tokens):
+            raise RuntimeError(
+                f"out of KV pages: need {cdiv(num_tokens, self.block_size)}, {len(self._free)} free"
+            )
         self.block_tables[request_id] = []
         self.num_slots[request_id] = 0
         self.append(request_id, num_tokens)

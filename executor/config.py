@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,10 @@ class ExecutorConfig:
             "null or an integer > 1",
         )
         _check(
-            isinstance(self.kv_cache_memory_gb, (int, float)) and self.kv_cache_memory_gb > 0,
+            isinstance(self.kv_cache_memory_gb, (int, float))
+            and not isinstance(self.kv_cache_memory_gb, bool)
+            and math.isfinite(self.kv_cache_memory_gb)
+            and self.kv_cache_memory_gb > 0,
             "kv_cache_memory_gb",
             self.kv_cache_memory_gb,
             "a number > 0",

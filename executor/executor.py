@@ -183,6 +183,8 @@ class Executor:
                     f"sampling_params must be SamplingParams, got {type(params).__name__}"
                 )
             params.validate()
+            if request.request_id is not None and self.scheduler.has_request(request.request_id):
+                raise InvalidRequestError(f"request_id {request.request_id!r} is already in use")
             state.token_ids = tokenize_prompt(request.prompt, self.tokenizer, self.vocab_size)
             state.num_prompt_tokens = state.metrics.num_prompt_tokens = len(state.token_ids)
             check_length(state.num_prompt_tokens, self.max_model_len)
@@ -216,13 +218,19 @@ class Executor:
     ) -> Iterator[TokenEvent]:
         """Run requests, yielding each request's new tokens and text as they are generated."""
         self._streaming = True
+        added = []
         try:
             for r in requests:
-                self.add_request(r, sampling_params)
+                added.append(self.add_request(r, sampling_params))
             while self._pending_events or self.scheduler.has_unfinished():
                 yield from self.step()
         finally:
             self._streaming = False
+            for state in added:  # the consumer stopped early: cancel what is left
+                if not state.is_finished:
+                    self.scheduler.finish(state)
+                    self.speculation.release(state)
+            self._pending_events.clear()
 
     def generate(
         self,

@@ -34,7 +34,12 @@ def _render_chat(tokenizer, messages: list[dict[str, Any]]) -> list[int]:
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise InvalidRequestError("chat messages need a tokenizer with a chat template; this model has none")
     _check_messages(messages)
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    from jinja2 import TemplateError
+
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    except TemplateError as exc:  # a template's raise_exception(...), e.g. roles out of order
+        raise InvalidRequestError(f"the chat template rejected the messages: {exc}") from exc
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return list(ids)
@@ -42,13 +47,16 @@ def _render_chat(tokenizer, messages: list[dict[str, Any]]) -> list[int]:
 
 def tokenize_prompt(prompt: Prompt, tokenizer, vocab_size: int) -> list[int]:
     """Token ids of a prompt given as text, token ids or chat messages."""
-    ids = _to_token_ids(prompt, tokenizer, vocab_size)
+    ids = _tokenize(prompt, tokenizer)
     if not ids:
-        raise InvalidRequestError("empty prompt: it has no tokens after tokenization (nothing to condition on)")
+        raise InvalidRequestError("prompt is empty after tokenization")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequestError(f"token ids outside the vocabulary 0..{vocab_size - 1}: {bad[:5]}")
     return ids
 
 
-def _to_token_ids(prompt: Prompt, tokenizer, vocab_size: int) -> list[int]:
+def _tokenize(prompt: Prompt, tokenizer) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidRequestError("empty prompt")
@@ -64,9 +72,6 @@ def _to_token_ids(prompt: Prompt, tokenizer, vocab_size: int) -> list[int]:
         return _render_chat(tokenizer, list(prompt))
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         raise InvalidRequestError("a list prompt must hold only token ids (int) or only chat messages (dict)")
-    bad = [t for t in prompt if not 0 <= t < vocab_size]
-    if bad:
-        raise InvalidRequestError(f"token ids outside the vocabulary 0..{vocab_size - 1}: {bad[:5]}")
     return list(prompt)
 
 

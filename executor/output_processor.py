@@ -37,9 +37,9 @@ class OutputProcessor:
 
     def _stop_reason(self, request: RequestState, token: int) -> FinishReason | None:
         params = request.sampling_params
-        if (token in request.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+        if params.stop and self._hit_stop_string(request):  # first: it keeps request.text current
             return FinishReason.STOP
-        if params.stop and self._hit_stop_string(request):
+        if (token in request.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
             return FinishReason.STOP
         if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
@@ -63,8 +63,15 @@ class OutputProcessor:
         if not request.sampling_params.stop:  # stop-string requests keep their text current already
             request.text = self.decode(request.output_token_ids)
         text = request.text
-        if not request.finish_reason and text.endswith(INCOMPLETE_CHAR):
-            return ""
+        if not request.finish_reason:
+            if text.endswith(INCOMPLETE_CHAR):
+                return ""
+            # hold back a tail that may be the start of a stop string
+            held = max(
+                (k for stop in request.sampling_params.stop for k in range(1, len(stop)) if text.endswith(stop[:k])),
+                default=0,
+            )
+            text = text[: len(text) - held]
         delta = text[request.num_text_sent :]
         request.num_text_sent = len(text)
         return delta

@@ -42,6 +42,9 @@ class Scheduler:
     def add(self, request: RequestState) -> None:
         self.waiting.append(request)
 
+    def has_request(self, request_id: str) -> bool:
+        return any(r.request_id == request_id for r in (*self.running, *self.waiting))
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -51,7 +54,7 @@ class Scheduler:
         self._has_preempted = False
         i = 0
         while i < len(self.running) and budget > 0:
-            item = self._schedule_running(self.running[i], budget)
+            item = self._schedule_running(self.running[i], budget, scheduled)
             if item is None:  # it was preempted itself: it was the newest, nothing runs after it
                 break
             scheduled.append(item)
@@ -61,15 +64,22 @@ class Scheduler:
             scheduled += self._admit_waiting(budget)
         return scheduled
 
-    def _schedule_running(self, request: RequestState, budget: int) -> ScheduledRequest | None:
+    def _schedule_running(
+        self, request: RequestState, budget: int, scheduled: list[ScheduledRequest]
+    ) -> ScheduledRequest | None:
         num_new = min(request.num_uncomputed_tokens, budget)
         is_decoding = num_new == request.num_uncomputed_tokens == 1
         num_drafts = min(request.num_draft_slots, budget - num_new) if is_decoding else 0
         bm = self.block_manager
         while not bm.can_append(request.request_id, num_new + num_drafts):
-            if num_drafts and bm.can_append(request.request_id, num_new):
+            if num_drafts:  # drafts are optional: this request's go first,
                 num_drafts = 0
-                break
+                continue
+            drafted = next((s for s in reversed(scheduled) if s.num_draft_slots), None)
+            if drafted is not None:  # then those of requests scheduled before it,
+                bm.rewind(drafted.request.request_id, drafted.num_draft_slots)
+                drafted.num_draft_slots = 0
+                continue
             victim = self.running[-1]
             self.preempt(victim)
             if victim is request:
@@ -110,7 +120,7 @@ class Scheduler:
         """Remove a finished request and free its pages."""
         if request in self.running:
             self.running.remove(request)
+            self.block_manager.free(request.request_id)  # only a running request holds pages
         elif request in self.waiting:
             self.waiting.remove(request)
-        self.block_manager.free(request.request_id)
         request.status = RequestStatus.FINISHED
