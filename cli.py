@@ -35,6 +35,11 @@ def _build_parser() -> argparse.ArgumentParser:
         "--raw", action="store_true", help="send the prompt as plain text, not as a chat message"
     )
     run.add_argument("--system", help="system message for the chat template")
+    run.add_argument(
+        "--decoding-type",
+        help="speculative drafter: NGram, DraftTarget, UserProvided or a plugin's name (default off)",
+    )
+    run.add_argument("--max-draft-len", type=int, default=None, help="draft tokens per step (default 3)")
     return parser
 
 
@@ -46,6 +51,19 @@ def _load_config(args: argparse.Namespace):
         config.model = args.model
     if args.dtype:
         config.dtype = args.dtype
+    if getattr(args, "decoding_type", None):
+        from .executor.speculative_config import SpeculativeConfig
+
+        config.speculative_config = SpeculativeConfig(
+            args.decoding_type,
+            args.max_draft_len or 3,
+            options=dict(getattr(config.speculative_config, "options", {}) or {}),
+        )
+    elif getattr(args, "max_draft_len", None) is not None:
+        if config.speculative_config is None:
+            raise ValueError("--max-draft-len needs --decoding-type or a speculative_config in --config")
+        config.speculative_config.max_draft_len = args.max_draft_len
+        config.speculative_config.__post_init__()
     return config
 
 
@@ -97,6 +115,11 @@ def _print_metrics(output) -> None:
     if m.time_per_output_token:
         parts.append(f"tpot={m.time_per_output_token * 1000:.1f}ms ({1 / m.time_per_output_token:.1f} tok/s)")
     parts.append(f"forwards={m.num_forwards}")
+    if m.num_draft_tokens:
+        parts.append(
+            f"drafted={m.num_draft_tokens} accepted={m.num_accepted_tokens} "
+            f"acceptance_length={m.mean_acceptance_length:.2f}"
+        )
     print("[" + " ".join(parts) + "]", file=sys.stderr)
 
 

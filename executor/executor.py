@@ -30,7 +30,7 @@ from .model_runner import ForwardOutput, ModelRunner, SequenceInput
 from .output_processor import OutputProcessor
 from .request import FinishReason, Prompt, Request, RequestOutput, RequestState, TokenEvent
 from .scheduler import ScheduledRequest, Scheduler
-from .speculation import SpeculationStage, build_drafter
+from .speculation import SpeculationStage, build_drafter, find_drafter_factory
 
 logger = logging.getLogger("specexec")
 
@@ -79,6 +79,9 @@ class Executor:
         drafter: Drafter | None = None,
     ) -> None:
         self.config = config = config or ExecutorConfig()
+        self.plugins = get_plugin_manager()
+        if config.speculative_config is not None and drafter is None:
+            find_drafter_factory(config.speculative_config, self.plugins)  # fail before loading a model
         self.model, self.tokenizer = self._load(model, tokenizer)
         device = next(self.model.parameters()).device
         spec = KVCacheSpec.from_model_config(self.model.config, next(self.model.parameters()).dtype)
@@ -92,7 +95,6 @@ class Executor:
         )
         self.scheduler = Scheduler(self.block_manager, config.max_batch_size, config.max_num_tokens)
         self.vocab_size = self.model.config.get_text_config().vocab_size
-        self.plugins = get_plugin_manager()
         self.speculation = self._setup_speculation(drafter)
         self.max_model_len = self._max_model_len()
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)

@@ -68,7 +68,12 @@ class OutputProcessor:
                 return ""
             # hold back a tail that may be the start of a stop string
             held = max(
-                (k for stop in request.sampling_params.stop for k in range(1, len(stop)) if text.endswith(stop[:k])),
+                (
+                    k
+                    for stop in request.sampling_params.stop
+                    for k in range(1, len(stop))
+                    if text.endswith(stop[:k])
+                ),
                 default=0,
             )
             text = text[: len(text) - held]

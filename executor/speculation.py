@@ -41,18 +41,22 @@ def known_drafters(plugins) -> dict[str, object]:
     return factories
 
 
-def build_drafter(spec: SpeculativeConfig, context: DrafterContext, plugins) -> Drafter:
-    """The drafter named by ``spec.decoding_type`` (case-insensitive), from the built-ins or a plugin."""
+def find_drafter_factory(spec: SpeculativeConfig, plugins):
+    """The factory named by ``spec.decoding_type`` (case-insensitive); a clear error when unknown."""
     factories = known_drafters(plugins)
-    by_lower = {name.lower(): factory for name, factory in factories.items()}
-    factory = by_lower.get(spec.decoding_type.lower())
+    factory = {name.lower(): f for name, f in factories.items()}.get(spec.decoding_type.lower())
     if factory is None:
         plugin_names = sorted(n for n, _ in plugins.list_name_plugin() if n and not n.startswith("specexec."))
         raise ValueError(
-            f"unknown speculative_config.decoding_type {spec.decoding_type!r}; known: {', '.join(sorted(factories))}"
-            f"; installed plugins: {', '.join(plugin_names) or 'none'}"
+            f"unknown speculative_config.decoding_type {spec.decoding_type!r}; "
+            f"known: {', '.join(sorted(factories))}; installed plugins: {', '.join(plugin_names) or 'none'}"
         )
-    drafter = factory(spec_config=spec, context=context)
+    return factory
+
+
+def build_drafter(spec: SpeculativeConfig, context: DrafterContext, plugins) -> Drafter:
+    """The drafter named by ``spec.decoding_type``, from the built-ins or a plugin."""
+    drafter = find_drafter_factory(spec, plugins)(spec_config=spec, context=context)
     if not isinstance(drafter, Drafter):
         raise ValueError(
             f"drafter factory for {spec.decoding_type!r} returned {type(drafter).__name__}, not a Drafter"
