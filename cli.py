@@ -40,6 +40,10 @@ def _build_parser() -> argparse.ArgumentParser:
         help="speculative drafter: NGram, DraftTarget, UserProvided or a plugin's name (default off)",
     )
     run.add_argument("--max-draft-len", type=int, default=None, help="draft tokens per step (default 3)")
+    bench = sub.add_parser("bench", help="measure configurations and baselines side by side")
+    from .bench.command import add_arguments
+
+    add_arguments(bench)
     return parser
 
 
@@ -103,6 +107,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench.command import run
+
+    return run(args)
+
+
 def _print_metrics(output) -> None:
     m = output.metrics
     parts = [
@@ -131,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         logging.getLogger("specexec").setLevel(logging.WARNING)
     try:
-        return {"run": _cmd_run}[args.command](args)
+        return {"run": _cmd_run, "bench": _cmd_bench}[args.command](args)
     except ValueError as exc:  # bad config, bad flags, a model that cannot load
         print(f"error: {exc}", file=sys.stderr)
         return 2

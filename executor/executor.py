@@ -136,11 +136,11 @@ class Executor:
             cost = ForwardCostModel.linear()
             if spec.draft_len_policy == "auto":
                 cache_dir = Path(self.config.cache_dir) if self.config.cache_dir else default_cache_dir()
-                cost = ForwardCostModel.cached(cost_cache_key(self.model), self._time_forward, cache_dir)
+                cost = ForwardCostModel.cached(cost_cache_key(self.model), self.time_forward, cache_dir)
             policy = DraftLengthPolicy(drafter.max_draft_len, cost)
         return SpeculationStage(self.plugins, drafter, spec, self.vocab_size, policy)
 
-    def _time_forward(self, num_tokens: int, context_len: int = 128) -> None:
+    def time_forward(self, num_tokens: int, context_len: int = 128) -> None:
         """One target forward over ``num_tokens`` new tokens after ``context_len`` cached ones (for the
         cost model; the scratch pages are freed at once)."""
         scratch = "__forward_cost__"

@@ -1,0 +1,191 @@
+"""`specexec bench`: every configuration and baseline on the same prompts, in one process.
+
+    specexec bench --dataset extraction --num-requests 8 --concurrency 1,4 \\
+        --config ngram.yaml --config self_draft.yaml --baseline none,hf --output r.json --plot r.png
+
+A ``--config`` file holds executor keys (``speculative_config:`` as in trtllm-bench's extra options)
+and an optional ``name``; or ``configs:``, a list of such blocks sharing the file's other keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import logging
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger("specexec")
+BASELINES = ("none", "hf")
+
+
+@dataclass(slots=True)
+class NamedConfig:
+    name: str
+    config: object  #: ExecutorConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", action="append", default=[], help="YAML with executor settings; repeatable"
+    )
+    parser.add_argument(
+        "--model", help="HF directory or GGUF file (default: the embedded SmolLM2-135M-Instruct)"
+    )
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="overrides every config")
+    parser.add_argument(
+        "--decoding-type", help="add one configuration with this drafter (NGram, DraftTarget, ...)"
+    )
+    parser.add_argument("--max-draft-len", type=int, default=3, help="with --decoding-type (default 3)")
+    parser.add_argument(
+        "--dataset",
+        default="extraction",
+        help="extraction, specbench[:cat], jsonschemabench:<split>, bfcl, humaneval or a .jsonl file",
+    )
+    parser.add_argument("--num-requests", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens per request")
+    parser.add_argument("--concurrency", default="1", help="comma-separated, e.g. 1,2,4,8")
+    parser.add_argument("--warmup", type=int, default=1, help="warm-up requests per engine (not timed)")
+    parser.add_argument(
+        "--baseline", default="none", help="comma-separated: none (specexec without drafts), hf"
+    )
+    parser.add_argument(
+        "--hf-prompt-lookup-tokens", type=int, default=3, help="HF prompt lookup draft length"
+    )
+    parser.add_argument("--output", help="write every number to this JSON file")
+    parser.add_argument("--plot", help="write the plots to this PNG file")
+
+
+def _parse_int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"{flag} takes integers >= 1, got {text!r}")
+    return values
+
+
+def load_configs(args) -> list[NamedConfig]:
+    """Every configuration to run, validated before any model is loaded."""
+    import yaml
+
+    from ..executor.config import ExecutorConfig
+
+    configs: list[NamedConfig] = []
+    for path in args.config:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except OSError as exc:
+            raise ValueError(f"cannot read config {path!r}: {exc.strerror}") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"config {path!r} must be a mapping")
+        blocks = data.pop("configs", None) or [{}]
+        for i, block in enumerate(blocks):
+            merged = {**data, **block}
+            name = merged.pop("name", None) or (
+                Path(path).stem if len(blocks) == 1 else f"{Path(path).stem}-{i}"
+            )
+            configs.append(NamedConfig(str(name), ExecutorConfig.from_dict(merged)))
+    if args.decoding_type:
+        spec = {"decoding_type": args.decoding_type, "max_draft_len": args.max_draft_len}
+        name = f"{args.decoding_type.lower()}-k{args.max_draft_len}"
+        configs.append(NamedConfig(name, ExecutorConfig(speculative_config=spec)))
+    baselines = [b for b in args.baseline.split(",") if b]
+    for b in baselines:
+        if b not in BASELINES:
+            raise ValueError(f"--baseline {b!r}: choose from {', '.join(BASELINES)}")
+    if "none" in baselines or not configs:
+        base = copy.deepcopy(configs[0].config) if configs else ExecutorConfig()
+        base.speculative_config = None
+        configs.insert(0, NamedConfig("none", base))
+    for c in configs:
+        if args.model:
+            c.config.model = args.model
+        if args.dtype:
+            c.config.dtype = args.dtype
+    names = [c.name for c in configs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"configuration names must differ: {names}")
+    return configs
+
+
+def _check_drafters(configs: list[NamedConfig]) -> None:
+    from ..executor.speculation import find_drafter_factory
+    from ..plugins import get_plugin_manager
+
+    plugins = get_plugin_manager()
+    for c in configs:
+        if c.config.speculative_config is not None:
+            find_drafter_factory(c.config.speculative_config, plugins)
+
+
+def run(args) -> int:
+    concurrencies = _parse_int_list(args.concurrency, "--concurrency")
+    if args.num_requests < 1 or args.max_tokens < 1:
+        raise ValueError("--num-requests and --max-tokens must be >= 1")
+    configs = load_configs(args)
+    _check_drafters(configs)
+    from .datasets import load_dataset
+
+    prompts = load_dataset(args.dataset, args.num_requests)
+    from .runner import BenchRunner
+
+    runner = BenchRunner(args, configs, prompts, concurrencies, [b for b in args.baseline.split(",") if b])
+    interrupted = False
+    try:
+        runner.run_all()
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ninterrupted: reporting what was measured", file=sys.stderr)
+    rows = runner.finish()
+    from .report import format_table, plot, write_json
+
+    print(format_table(rows))
+    if runner.forward_cost:
+        fc = runner.forward_cost
+        pairs = ", ".join(f"{n}: {r:.2f}x" for n, r in zip(fc["num_tokens"], fc["relative_to_one"]))
+        print(f"target forward over n new tokens vs one (context {fc['context_tokens']}): {pairs}")
+    if args.output:
+        meta = {
+            "command": " ".join(["specexec", "bench", *sys.argv[2:]]),
+            "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "interrupted": interrupted,
+            "dataset": args.dataset,
+            "max_tokens": args.max_tokens,
+            "temperature": args.temperature,
+            "machine": _machine(),
+            "forward_cost": runner.forward_cost,
+        }
+        write_json(args.output, rows, meta)
+        print(f"wrote {args.output}", file=sys.stderr)
+    if args.plot and rows:
+        plot(args.plot, rows)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 130 if interrupted else 0
+
+
+def _machine() -> dict:
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), "")
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": cpu,
+        "time": time.time(),
+    }
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []

@@ -1,0 +1,146 @@
+"""Benchmark datasets, chosen by name, turned into chat prompts (and, where they have one, a schema)."""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+JSONSCHEMABENCH_SPLITS = ("Github_trivial", "Github_easy", "Github_medium", "Glaiveai2K", "Kubernetes")
+DATASETS = (
+    "extraction",
+    "deepjsoneval",
+    "specbench[:category]",
+    "jsonschemabench:<split>",
+    "bfcl",
+    "humaneval",
+)
+
+
+@dataclass(slots=True)
+class BenchPrompt:
+    id: str
+    messages: list[dict[str, str]]  #: chat messages, rendered with the model's chat template
+    schema: dict[str, Any] | None = None  #: JSON schema the output should follow, if any
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _extraction() -> list[BenchPrompt]:
+    prompts = []
+    for r in _read_jsonl(DATA_DIR / "deepjsoneval_en.jsonl"):
+        user = (
+            "Extract the information from the text below into JSON that follows this JSON schema.\n\n"
+            f"Schema:\n{json.dumps(r['schema'])}\n\nText:\n{r['text'].strip()}\n\n"
+            "Answer with the JSON only."
+        )
+        prompts.append(BenchPrompt(r["id"], [{"role": "user", "content": user}], r["schema"]))
+    return prompts
+
+
+def _specbench(category: str | None) -> list[BenchPrompt]:
+    records = _read_jsonl(DATA_DIR / "specbench_questions.jsonl")
+    categories = sorted({r["category"] for r in records})
+    if category is not None and category not in categories:
+        raise ValueError(f"unknown specbench category {category!r}; known: {', '.join(categories)}")
+    return [
+        BenchPrompt(f"specbench/{r['id']}", [{"role": "user", "content": r["turns"][0]}])
+        for r in records
+        if category is None or r["category"] == category
+    ]
+
+
+def _jsonschemabench(split: str) -> list[BenchPrompt]:
+    if split not in JSONSCHEMABENCH_SPLITS:
+        raise ValueError(
+            f"unknown jsonschemabench split {split!r}; known: {', '.join(JSONSCHEMABENCH_SPLITS)}"
+        )
+    system = "You need to generate a JSON object that matches the schema below."
+    return [
+        BenchPrompt(
+            r["id"],
+            [{"role": "system", "content": system}, {"role": "user", "content": json.dumps(r["schema"])}],
+            r["schema"],
+        )
+        for r in _read_jsonl(DATA_DIR / "jsonschemabench" / f"{split}.jsonl")
+    ]
+
+
+def _bfcl() -> list[BenchPrompt]:
+    prompts = []
+    for r in _read_jsonl(DATA_DIR / "bfcl_v4_subset.jsonl"):
+        functions = r["functions"] if isinstance(r["functions"], str) else json.dumps(r["functions"])
+        system = (r["system"] if r["system"] not in (None, "None") else "You are a helpful assistant.") + (
+            '\nYou can call these functions; answer with one JSON object {"name": ..., "arguments": {...}}:\n'
+            + functions
+        )
+        schema = r["schema"] if isinstance(r["schema"], dict) else ast.literal_eval(r["schema"])
+        prompts.append(
+            BenchPrompt(
+                r["id"],
+                [{"role": "system", "content": system}, {"role": "user", "content": r["user"]}],
+                schema,
+            )
+        )
+    return prompts
+
+
+def _humaneval() -> list[BenchPrompt]:
+    return [
+        BenchPrompt(
+            r["task_id"],
+            [{"role": "user", "content": "Complete this Python function:\n\n" + r["prompt"]}],
+        )
+        for r in _read_jsonl(DATA_DIR / "humaneval_prompts.jsonl")
+    ]
+
+
+def _user_file(path: Path) -> list[BenchPrompt]:
+    prompts = []
+    for i, r in enumerate(_read_jsonl(path)):
+        if "prompt" not in r:
+            raise ValueError(f"{path}: line {i + 1} has no 'prompt'")
+        prompt = r["prompt"]
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        schema = r.get("schema")
+        fmt = r.get("response_format")
+        if schema is None and isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+            schema = fmt.get("json_schema", {}).get("schema")
+        prompts.append(BenchPrompt(str(r.get("id", f"{path.stem}/{i}")), messages, schema))
+    return prompts
+
+
+def load_dataset(name: str, num_requests: int | None = None) -> list[BenchPrompt]:
+    """Prompts of a named dataset (see `DATASETS`) or of a JSONL file with `prompt` per line."""
+    base, _, arg = name.partition(":")
+    if base in ("extraction", "deepjsoneval") and not arg:
+        prompts = _extraction()
+    elif base == "specbench":
+        prompts = _specbench(arg or None)
+    elif base == "jsonschemabench" and arg:
+        prompts = _jsonschemabench(arg)
+    elif base == "bfcl" and not arg:
+        prompts = _bfcl()
+    elif base == "humaneval" and not arg:
+        prompts = _humaneval()
+    elif name.endswith(".jsonl") and Path(name).is_file():
+        prompts = _user_file(Path(name))
+    else:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}, or a .jsonl file")
+    if not prompts:
+        raise ValueError(f"dataset {name!r} has no prompts")
+    return spread(prompts, num_requests) if num_requests else prompts
+
+
+def spread(prompts: list[BenchPrompt], num_requests: int) -> list[BenchPrompt]:
+    """Up to num_requests prompts taken evenly across the list (every category gets a share)."""
+    if num_requests >= len(prompts):
+        return prompts
+    step = len(prompts) / num_requests
+    return [prompts[int(i * step)] for i in range(num_requests)]

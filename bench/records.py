@@ -1,0 +1,100 @@
+"""What the benchmark measures: one record per request, aggregated per (configuration, concurrency)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    id: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    latency_ms: float
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    finish_reason: str = "length"
+    num_decode_steps: int = 0  #: target forwards after the first token
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    proposed_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    schema_valid: bool | None = None  #: None when the prompt has no schema
+    text: str = ""
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    pos = (len(values) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+def _position_rates(records: list[RequestRecord]) -> list[float]:
+    size = max((len(r.proposed_per_position) for r in records), default=0)
+    proposed, accepted = [0] * size, [0] * size
+    for r in records:
+        for i, (p, a) in enumerate(zip(r.proposed_per_position, r.accepted_per_position)):
+            proposed[i] += p
+            accepted[i] += a
+    return [a / p if p else 0.0 for p, a in zip(proposed, accepted)]
+
+
+def summarize(
+    name: str, concurrency: int, records: list[RequestRecord], wall_s: float, extra: dict | None = None
+):
+    """The result row of one configuration at one concurrency."""
+    out_tokens = sum(r.num_output_tokens for r in records)
+    steps = sum(r.num_decode_steps for r in records)
+    accepted = sum(r.num_accepted_tokens for r in records)
+    drafted = sum(r.num_draft_tokens for r in records)
+    per_user = [1000.0 / r.tpot_ms for r in records if r.tpot_ms]
+    valid = [r.schema_valid for r in records if r.schema_valid is not None]
+    row: dict[str, Any] = {
+        "name": name,
+        "concurrency": concurrency,
+        "num_requests": len(records),
+        "wall_s": wall_s,
+        "output_tokens": out_tokens,
+        "output_tokens_per_s": out_tokens / wall_s if wall_s > 0 else None,
+        "per_user_tokens_per_s": sum(per_user) / len(per_user) if per_user else None,
+        "mean_acceptance_length": (steps + accepted) / steps if steps and drafted else None,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "acceptance_per_position": _position_rates(records),
+        "schema_valid_rate": sum(valid) / len(valid) if valid else None,
+        "speedup": {},
+    }
+    for key, values in (
+        ("ttft_ms", [r.ttft_ms for r in records]),
+        ("tpot_ms", [r.tpot_ms for r in records]),
+        ("latency_ms", [r.latency_ms for r in records]),
+    ):
+        for q in (50, 90, 99):
+            row[f"{key}_p{q}"] = percentile(values, q)
+    row.update(extra or {})
+    row["requests"] = [asdict(r) for r in records]
+    return row
+
+
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
+
+
+def schema_valid(text: str, schema: dict | None) -> bool | None:
+    """Does the output (or the JSON inside a code fence in it) validate against the schema?"""
+    if schema is None:
+        return None
+    import jsonschema
+
+    match = _FENCE.search(text)
+    candidate = (match.group(1) if match else text).strip()
+    try:
+        jsonschema.validate(json.loads(candidate), schema)
+    except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
+        return False
+    return True

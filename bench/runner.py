@@ -1,0 +1,145 @@
+"""Runs the configured engines over the workload, one after the other in one process."""
+
+from __future__ import annotations
+
+import gc
+import logging
+
+from tqdm import tqdm
+
+from .engines import Workload, run_hf_generate, run_hf_generate_batch, run_specexec
+from .records import summarize
+from .report import add_speedups
+
+logger = logging.getLogger("specexec")
+
+
+class BenchRunner:
+    def __init__(self, args, configs, prompts, concurrencies: list[int], baselines: list[str]) -> None:
+        self.args = args
+        self.configs = configs
+        self.prompts = prompts
+        self.concurrencies = concurrencies
+        self.baselines = baselines
+        self.rows: list[dict] = []
+        self.forward_cost: dict | None = None  #: target forward time over n tokens, relative to n = 1
+        self._models: dict[tuple, object] = {}
+        self._tokenizer = None
+
+    # ---- models ---------------------------------------------------------------------------------
+    def _load(self, model: str | None, dtype: str, *, fresh: bool = False):
+        """The target, loaded once per (path, dtype); ``fresh`` gives an extra copy for HF."""
+        from ..executor.model_loader import load_model
+
+        key = (model, dtype)
+        if fresh or key not in self._models:
+            loaded = load_model(model, dtype=dtype, progress=False)
+            self._tokenizer = self._tokenizer or loaded.tokenizer
+            if fresh:
+                return loaded.model
+            self._models[key] = loaded.model
+        return self._models[key]
+
+    def _workload(self) -> Workload:
+        tok = self._tokenizer
+        ids = [
+            list(
+                tok.apply_chat_template(
+                    p.messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            )
+            for p in self.prompts
+        ]
+        a = self.args
+        return Workload(self.prompts, ids, a.max_tokens, a.temperature, a.ignore_eos)
+
+    def _num_runs(self) -> int:
+        hf = 0
+        if "hf" in self.baselines:
+            hf = (3 if 1 in self.concurrencies else 0) + sum(c > 1 for c in self.concurrencies)
+        return (len(self.configs) * len(self.concurrencies) + hf) * len(self.prompts)
+
+    # ---- running --------------------------------------------------------------------------------
+    def run_all(self) -> None:
+        with tqdm(total=self._num_runs(), desc="bench", unit="req", dynamic_ncols=True) as bar:
+            for named in self.configs:
+                self._run_specexec(named, bar)
+            if "hf" in self.baselines:
+                self._run_hf(bar)
+
+    def _run_specexec(self, named, bar) -> None:
+        from ..executor.executor import Executor
+
+        cfg = named.config
+        model = self._load(cfg.model, cfg.dtype)
+        executor = Executor(model, cfg, tokenizer=self._tokenizer)
+        work = self._workload()
+        self._warm_up(lambda w: run_specexec(executor, w, 1))
+        if self.forward_cost is None:
+            self._measure_forward_cost(executor)
+        for c in self.concurrencies:
+            bar.set_postfix_str(f"{named.name} c={c}")
+            stats = executor.speculation.stats
+            draft0, target0 = stats.drafting_time, stats.target_time
+            records, wall = run_specexec(executor, work, c, bar.update)
+            drafting, target = stats.drafting_time - draft0, stats.target_time - target0
+            extra = {
+                "drafting_share": drafting / (drafting + target) if drafting + target else None,
+                "engine": "specexec",
+            }
+            self.rows.append(summarize(named.name, c, records, wall, extra))
+        gc.collect()
+
+    def _measure_forward_cost(self, executor) -> None:
+        """How much one target forward over 1 + k tokens costs against one token (decides how far
+        speculation can go), at a context of about the workload's prompt length."""
+        from ..executor.draft_length import ForwardCostModel
+
+        context = max(16, sum(len(t) for t in self._workload().token_ids) // len(self.prompts))
+        cost = ForwardCostModel.measure(
+            lambda n: executor.time_forward(n, context), sizes=(1, 2, 4, 6, 8, 16)
+        )
+        self.forward_cost = {
+            "context_tokens": context,
+            "num_tokens": cost.num_tokens,
+            "ms": [s * 1000 for s in cost.seconds],
+            "relative_to_one": [s / cost.seconds[0] for s in cost.seconds],
+        }
+
+    def _run_hf(self, bar) -> None:
+        dtype = self.args.dtype or self.configs[0].config.dtype
+        model = self._load(self.configs[0].config.model, dtype, fresh=True)
+        tok = self._tokenizer
+        work = self._workload()
+        if 1 in self.concurrencies:
+            from ..drafters.quantize import quantized_copy
+
+            variants = {
+                "hf": {},
+                "hf-prompt-lookup": {"prompt_lookup_num_tokens": self.args.hf_prompt_lookup_tokens},
+                "hf-assisted": {"assistant_model": quantized_copy(model)},
+            }
+            for name, kwargs in variants.items():
+                bar.set_postfix_str(f"{name} c=1")
+                self._warm_up(lambda w, kw=kwargs: run_hf_generate(model, tok, w, kw))
+                records, wall = run_hf_generate(model, tok, work, kwargs, bar.update)
+                self.rows.append(summarize(name, 1, records, wall, {"engine": "transformers generate"}))
+        for c in (c for c in self.concurrencies if c > 1):
+            bar.set_postfix_str(f"hf-batch c={c}")
+            records, wall = run_hf_generate_batch(model, tok, work, bar.update)
+            self.rows.append(
+                summarize("hf-batch", c, records, wall, {"engine": "transformers generate_batch"})
+            )
+
+    def _warm_up(self, fn) -> None:
+        if self.args.warmup <= 0:
+            return
+        work = self._workload()
+        work.prompts, work.token_ids = work.prompts[: self.args.warmup], work.token_ids[: self.args.warmup]
+        work.max_tokens = min(work.max_tokens, 8)
+        fn(work)
+
+    def finish(self) -> list[dict]:
+        baselines = {c: {"none": "none", "hf": "hf" if c == 1 else "hf-batch"} for c in self.concurrencies}
+        add_speedups(self.rows, baselines)
+        return self.rows

@@ -1,0 +1,208 @@
+"""Sampling with speculation is lossless: at temperature 1 the generated sequences are distributed
+exactly as the target model's own samples, whatever the drafter.
+
+The target is a tiny float64 llama with an 8-token vocabulary. The exact distribution of its first
+``MAX_TOKENS`` generated tokens after a fixed prompt is the product of its conditionals, computed from
+one Hugging Face forward over every prefix. One executor run samples ``NUM_SAMPLES`` requests (one seed
+each) with a drafter, and a chi-square test compares the counts of whole generated sequences with the
+exact probabilities (cells with a small expected count are merged).
+
+With ``MAX_TOKENS = 4`` the first token comes from the prefill, the second step carries two drafts
+(verified with or without q), and a rejected step is followed by a one-draft step: acceptance, the
+recovered token and the bonus token all shape the sampled sequences.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections import Counter
+
+import pytest
+import torch
+from specexec.drafters.base import Drafter, DraftProposal
+from specexec.drafters.draft_target import DraftTargetDrafter
+from specexec.drafters.ngram import NGramConfig, NGramDrafter
+from specexec.executor.config import ExecutorConfig
+from specexec.executor.executor import Executor
+from specexec.executor.request import Request
+from specexec.sampling import SamplingParams
+from tiny_models import make_tiny_model
+
+VOCAB = 8
+#: a wider init than the default, so the distribution has most of its mass in a few dozen sequences
+INIT_RANGE = 0.4
+PROMPT = [1, 2, 3, 4, 1, 2, 3]  # repetitive, so the NGram drafter always finds a match
+MAX_TOKENS = 4
+MAX_DRAFT_LEN = 2
+NUM_SAMPLES = 4000
+MIN_EXPECTED = 5.0  #: cells expected to be rarer than this are merged
+P_VALUE_THRESHOLD = 1e-3
+
+
+def make_target():
+    return make_tiny_model("llama", vocab_size=VOCAB, initializer_range=INIT_RANGE)
+
+
+def make_config(**overrides) -> ExecutorConfig:
+    settings = dict(
+        num_kv_blocks=2048,
+        block_size=4,
+        max_num_tokens=4096,
+        max_batch_size=512,
+        dtype="float64",
+        device="cpu",
+    )
+    settings.update(overrides)
+    return ExecutorConfig(**settings)
+
+
+def make_requests(n: int, temperature: float = 1.0) -> list[Request]:
+    return [
+        Request(PROMPT, SamplingParams(max_tokens=MAX_TOKENS, temperature=temperature, seed=1_000 + i))
+        for i in range(n)
+    ]
+
+
+@functools.cache
+def exact_distribution(temperature: float = 1.0) -> dict[tuple[int, ...], float]:
+    """P(x_1..x_T | PROMPT) for every sequence of T = MAX_TOKENS tokens: the product of the target's
+    conditionals, read off one forward over all V**(T-1) prefixes."""
+    reference, _ = make_target()
+    prefixes = list(itertools.product(range(VOCAB), repeat=MAX_TOKENS - 1))
+    with torch.no_grad():
+        logits = reference(torch.tensor([PROMPT + list(p) for p in prefixes])).logits  # [rows, P+T-1, V]
+    logp = torch.log_softmax(logits.double() / temperature, dim=-1)
+    start = len(PROMPT) - 1  # position whose logits give the first generated token
+    dist = {}
+    for row, prefix in enumerate(prefixes):
+        head = sum(logp[row, start + t, x].item() for t, x in enumerate(prefix))
+        last = logp[row, start + MAX_TOKENS - 1]  # [V]
+        for x in range(VOCAB):
+            dist[(*prefix, x)] = math.exp(head + last[x].item())
+    return dist
+
+
+def chi_square_p_value(counts: Counter, probs: dict[tuple[int, ...], float]) -> tuple[float, int]:
+    """p-value of the counts under ``probs`` (cells expected below MIN_EXPECTED merged into one)."""
+    n = sum(counts.values())
+    assert set(counts) <= set(probs), "a generated sequence is not a sequence of MAX_TOKENS vocabulary ids"
+    big = [cell for cell, p in probs.items() if n * p >= MIN_EXPECTED]
+    observed = [counts.get(cell, 0) for cell in big]
+    expected = [n * probs[cell] for cell in big]
+    rest_expected = n - sum(expected)
+    if rest_expected >= 1e-9:
+        observed.append(n - sum(observed))
+        expected.append(rest_expected)
+    stat = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
+    dof = len(observed) - 1
+    p_value = torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2))
+    return float(p_value), len(observed)
+
+
+def sample_sequences(drafter: Drafter | None = None, temperature: float = 1.0, **config_overrides):
+    _, model = make_target()
+    executor = Executor(model, make_config(**config_overrides), drafter=drafter)
+    outputs = executor.run(make_requests(NUM_SAMPLES, temperature))
+    assert all(len(o.token_ids) == MAX_TOKENS for o in outputs)
+    bm = executor.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+    draft_bm = getattr(executor.speculation.drafter, "block_manager", None)
+    if draft_bm is not None:
+        assert draft_bm.num_free_blocks == draft_bm.num_blocks
+    assert executor.speculation.stats.num_drafter_errors == 0
+    return executor, outputs, Counter(tuple(o.token_ids) for o in outputs)
+
+
+# ---- drafters --------------------------------------------------------------------------------------------
+
+
+class FixedTokenDrafter(Drafter):
+    """Always proposes the same token (a deterministic drafter: verified by sampling p)."""
+
+    def __init__(self, max_draft_len: int, token: int) -> None:
+        super().__init__(max_draft_len)
+        self.token = token
+
+    def propose(self, request, num_slots, resources) -> DraftProposal:
+        return DraftProposal([self.token] * num_slots)
+
+
+def likeliest_second_token() -> int:
+    """The token most often generated second: the fixed drafter is accepted about half the time."""
+    marginal = Counter()
+    for seq, p in exact_distribution().items():
+        marginal[seq[1]] += p
+    return marginal.most_common(1)[0][0]
+
+
+def make_drafter(kind: str) -> tuple[Drafter | None, dict | None]:
+    """(drafter instance, speculative_config) for one of DRAFTERS."""
+    if kind == "fixed-token":
+        return FixedTokenDrafter(MAX_DRAFT_LEN, likeliest_second_token()), None
+    if kind == "ngram":
+        return NGramDrafter(NGramConfig(max_draft_len=MAX_DRAFT_LEN)), None
+    if kind == "int8-self-draft-q":
+        spec = {"decoding_type": "DraftTarget", "max_draft_len": MAX_DRAFT_LEN, "sample_drafts": True}
+        return None, spec
+    # an independent draft model: same vocabulary, other weights, one layer; q differs from p
+    _, draft = make_tiny_model(
+        "llama", vocab_size=VOCAB, initializer_range=INIT_RANGE, seed=5, num_hidden_layers=1
+    )
+    drafter = DraftTargetDrafter(
+        draft, MAX_DRAFT_LEN, VOCAB, sample_drafts=True, num_kv_blocks=4096, block_size=4, max_num_tokens=4096
+    )
+    return drafter, None
+
+
+DRAFTERS = ["fixed-token", "ngram", "int8-self-draft-q", "independent-draft-q"]
+
+
+# ---- the reference and the test's power ------------------------------------------------------------------
+
+
+def test_exact_distribution_is_a_distribution_with_mass_on_few_sequences():
+    dist = exact_distribution()
+    assert len(dist) == VOCAB**MAX_TOKENS
+    assert sum(dist.values()) == pytest.approx(1.0, abs=1e-9)
+    top = sorted(dist.values(), reverse=True)
+    assert sum(top[:200]) > 0.8, "too flat: the chi-square test would have little power"
+    assert top[0] < 0.5, "too peaked: drafts would nearly always be accepted"
+
+
+def test_sampling_without_speculation_matches_the_exact_distribution():
+    _, _, counts = sample_sequences()
+    p_value, cells = chi_square_p_value(counts, exact_distribution())
+    assert cells > 30
+    assert p_value > P_VALUE_THRESHOLD, p_value
+
+
+def test_chi_square_test_detects_a_slightly_different_temperature():
+    """Power check: samples at temperature 0.85 must fail the test against temperature 1."""
+    _, _, counts = sample_sequences(temperature=0.85)
+    p_value, _ = chi_square_p_value(counts, exact_distribution())
+    assert p_value < P_VALUE_THRESHOLD, p_value
+
+
+# ---- with speculation -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", DRAFTERS)
+def test_speculative_sampling_matches_the_target_distribution(kind):
+    drafter, spec = make_drafter(kind)
+    executor, outputs, counts = sample_sequences(drafter, speculative_config=spec)
+    drafter = executor.speculation.drafter
+    if kind.endswith("-q"):
+        assert drafter.returns_draft_probs and not drafter.is_deterministic
+    proposed = sum(o.metrics.num_draft_tokens for o in outputs)
+    accepted = sum(o.metrics.num_accepted_tokens for o in outputs)
+    at_second_position = sum(sum(o.metrics.proposed_per_position[1:]) for o in outputs)
+    assert accepted > 0, "no draft accepted: acceptance and the bonus token were not exercised"
+    assert proposed - accepted >= 20, "too few rejections: the recovered token was barely exercised"
+    assert at_second_position > 0, "no two-draft step"
+    p_value, cells = chi_square_p_value(counts, exact_distribution())
+    assert p_value > P_VALUE_THRESHOLD, (
+        f"{kind}: sequences not distributed as the target's (p = {p_value:.2e} over {cells} cells; "
+        f"{accepted}/{proposed} drafts accepted)"
+    )

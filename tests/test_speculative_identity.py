@@ -1,0 +1,441 @@
+"""Greedy decoding with speculation emits exactly the tokens of greedy decoding without it.
+
+Every drafter here is run on tiny float64 models (llama, and gemma3 for its sliding-window layers),
+for one request and for eight requests of mixed prompt lengths (some repetitive, so the NGram drafter
+finds matches and the target accepts some drafts). Whatever the drafter proposes (good drafts, random
+ids, garbage, or an exception), the output must equal the no-speculation output token for token, and
+every KV page, of the target and of a draft model, must be back in its pool after the run.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+
+import numpy as np
+import pytest
+import torch
+from specexec.drafters.base import Drafter, DraftProposal
+from specexec.drafters.draft_target import DraftTargetDrafter
+from specexec.drafters.ngram import NGramConfig, NGramDrafter
+from specexec.drafters.quantize import quantized_copy
+from specexec.executor.config import ExecutorConfig
+from specexec.executor.executor import Executor
+from specexec.executor.request import FinishReason, Request
+from specexec.sampling import SamplingParams
+from tiny_models import make_prompts, make_tiny_model
+
+ARCHS = ("llama", "gemma3")
+VOCAB = 256
+MAX_TOKENS = 16
+#: one repetitive prompt: the NGram drafter matches it and both archs accept some of its drafts
+SINGLE_PROMPT = [9, 10, 11] * 6
+
+
+def make_batch_prompts() -> list[list[int]]:
+    """8 prompts, 1..30 tokens (96 in all, so one step admits them all), three of them repetitive."""
+    prompts = make_prompts(8, [1, 30, 5, 17, 2, 12, 9, 20], seed=3)
+    prompts[1] = [5, 6, 7, 8] * 7 + [5, 6]
+    prompts[3] = [9, 10, 11] * 5 + [9, 10]
+    prompts[7] = prompts[7][:5] * 4
+    return prompts
+
+
+BATCHES = {"batch1": [SINGLE_PROMPT], "batch8": make_batch_prompts()}
+
+
+def make_config(**overrides) -> ExecutorConfig:
+    settings = dict(
+        num_kv_blocks=128, block_size=4, max_num_tokens=128, max_batch_size=8, dtype="float64", device="cpu"
+    )
+    settings.update(overrides)
+    return ExecutorConfig(**settings)
+
+
+def make_requests(prompts: list[list[int]], max_tokens=MAX_TOKENS) -> list[Request]:
+    """Greedy requests; ``max_tokens`` is one number or one per prompt."""
+    if isinstance(max_tokens, int):
+        max_tokens = [max_tokens] * len(prompts)
+    return [
+        Request(p, SamplingParams(max_tokens=m, ignore_eos=True), request_id=f"r{i}")
+        for i, (p, m) in enumerate(zip(prompts, max_tokens))
+    ]
+
+
+@functools.cache
+def _reference(arch: str, prompts: tuple[tuple[int, ...], ...], max_tokens: tuple[int, ...]):
+    _, model = make_tiny_model(arch)
+    executor = Executor(model, make_config())
+    outputs = executor.run(make_requests([list(p) for p in prompts], list(max_tokens)))
+    return [o.token_ids for o in outputs]
+
+
+def reference(arch: str, prompts: list[list[int]], max_tokens=MAX_TOKENS) -> list[list[int]]:
+    """Greedy output without speculation (computed once per arch, prompts and lengths)."""
+    if isinstance(max_tokens, int):
+        max_tokens = [max_tokens] * len(prompts)
+    return _reference(arch, tuple(map(tuple, prompts)), tuple(max_tokens))
+
+
+def assert_all_pages_free(executor: Executor) -> None:
+    bm = executor.block_manager
+    assert bm.num_free_blocks == bm.num_blocks, "target pages leaked"
+    assert not bm.block_tables and not bm.num_slots
+    assert not executor.scheduler.has_unfinished()
+    draft_bm = getattr(executor.speculation.drafter, "block_manager", None)
+    if draft_bm is not None:
+        assert draft_bm.num_free_blocks == draft_bm.num_blocks, "draft model pages leaked"
+        assert not draft_bm.block_tables and not draft_bm.num_slots
+
+
+def run_speculative(
+    arch: str,
+    prompts: list[list[int]],
+    *,
+    drafter: Drafter | None = None,
+    max_tokens=MAX_TOKENS,
+    expect_drafter_errors: bool = False,
+    **config_overrides,
+):
+    """Run with speculation, check identity with the reference and that every page is free again."""
+    _, model = make_tiny_model(arch)
+    executor = Executor(model, make_config(**config_overrides), drafter=drafter)
+    assert executor.speculation.drafter is not None
+    outputs = executor.run(make_requests(prompts, max_tokens))
+    expected = reference(arch, prompts, max_tokens)
+    for i, (out, want) in enumerate(zip(outputs, expected)):
+        assert out.finish_reason is FinishReason.LENGTH, (i, out.error)
+        assert out.token_ids == want, f"request {i} ({len(prompts[i])}-token prompt) differs without drafts"
+    assert_all_pages_free(executor)
+    if not expect_drafter_errors:
+        assert executor.speculation.stats.num_drafter_errors == 0, "the drafter raised"
+    return executor, outputs
+
+
+def num_accepted(outputs) -> int:
+    return sum(o.metrics.num_accepted_tokens for o in outputs)
+
+
+def num_drafted(outputs) -> int:
+    return sum(o.metrics.num_draft_tokens for o in outputs)
+
+
+def make_independent_draft_model():
+    """A tiny model of the target's vocabulary with other weights, another arch and fewer layers."""
+    _, draft = make_tiny_model("qwen3", seed=7, num_hidden_layers=2)
+    return draft
+
+
+# ---- test drafters ---------------------------------------------------------------------------------------
+
+
+class RandomDrafter(Drafter):
+    """Proposes uniformly random token ids (seeded)."""
+
+    def __init__(self, max_draft_len: int, vocab_size: int = VOCAB, seed: int = 0) -> None:
+        super().__init__(max_draft_len)
+        self.vocab_size = vocab_size
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def propose(self, request, num_slots, resources) -> DraftProposal:
+        return DraftProposal(
+            torch.randint(0, self.vocab_size, (num_slots,), generator=self.generator).tolist()
+        )
+
+
+class AdversarialDrafter(Drafter):
+    """Good NGram drafts mixed with garbage: ids outside the vocabulary, negative ids, non-int values,
+    more tokens than slots, probs of the wrong shape or full of NaN, entries for unknown requests and
+    proposals that are not DraftProposals. Cycles through these modes, one per request-step."""
+
+    NUM_MODES = 13
+
+    def __init__(self, max_draft_len: int, vocab_size: int = VOCAB) -> None:
+        super().__init__(max_draft_len)
+        self.vocab_size = vocab_size
+        self.ngram = NGramDrafter(NGramConfig(max_draft_len=max_draft_len))
+        self.steps = itertools.count()
+        self.modes_used: set[int] = set()
+
+    def prepare_draft_tokens(self, scheduled_requests, resources):
+        proposals = {
+            s.request.request_id: self._one(s.request, s.num_draft_slots) for s in scheduled_requests
+        }
+        proposals["no-such-request"] = DraftProposal([1, 2, 3])
+        return proposals
+
+    def _one(self, request, num_slots):
+        good = list(self.ngram.propose(request, num_slots).token_ids) or [0]
+        mode = next(self.steps) % self.NUM_MODES
+        self.modes_used.add(mode)
+        v = self.vocab_size
+        if mode == 0:
+            return DraftProposal(good)
+        if mode == 1:
+            return DraftProposal(good[:1] + [v] + good)  # the first id past the vocabulary
+        if mode == 2:
+            return DraftProposal(good[:1] + [v + 10**6, 3])
+        if mode == 3:
+            return DraftProposal([-1] + good)
+        if mode == 4:
+            return DraftProposal(good[:1] + [-(10**9), 2])
+        if mode == 5:
+            return DraftProposal([float(t) for t in good])  # floats, even integral ones
+        if mode == 6:
+            return DraftProposal(good[:1] + [True, "7", None, np.int64(3), torch.tensor(4)])
+        if mode == 7:
+            return DraftProposal(good * 10 + list(range(40)))  # far more than the reserved slots
+        if mode == 8:
+            return DraftProposal(good, torch.full((len(good), v - 1), 1 / v))  # q too narrow
+        if mode == 9:
+            return DraftProposal(good, torch.full((v,), 1 / v))  # q not 2-d
+        if mode == 10:
+            return DraftProposal(good + [1], torch.full((len(good), v), 1 / v))  # q rows < drafts
+        if mode == 11:
+            return DraftProposal(good, torch.full((len(good), v), float("nan")))  # right shape, NaN
+        return good  # not a DraftProposal at all
+
+
+class FlakyNGramDrafter(NGramDrafter):
+    """An NGram drafter whose ``hook`` raises on every third call."""
+
+    def __init__(self, hook: str, max_draft_len: int = 3) -> None:
+        super().__init__(NGramConfig(max_draft_len=max_draft_len))
+        self.hook = hook
+        self.calls = itertools.count(1)
+
+    def _maybe_raise(self, hook: str) -> None:
+        if hook == self.hook and next(self.calls) % 3 == 0:
+            raise RuntimeError(f"flaky drafter: {hook} failed")
+
+    def prepare_draft_tokens(self, scheduled_requests, resources):
+        self._maybe_raise("prepare_draft_tokens")
+        return super().prepare_draft_tokens(scheduled_requests, resources)
+
+    def num_draft_slots(self, request) -> int:
+        self._maybe_raise("num_draft_slots")
+        return super().num_draft_slots(request)
+
+    def on_verified(self, request, num_accepted: int) -> None:
+        self._maybe_raise("on_verified")
+
+
+class BatchSpyNGramDrafter(NGramDrafter):
+    """Records the running batch size and the reserved slots whenever it is asked for drafts."""
+
+    def __init__(self, max_draft_len: int) -> None:
+        super().__init__(NGramConfig(max_draft_len=max_draft_len))
+        self.executor: Executor | None = None
+        self.calls: list[tuple[int, list[int]]] = []
+
+    def prepare_draft_tokens(self, scheduled_requests, resources):
+        assert self.executor is not None
+        running = len(self.executor.scheduler.running)
+        self.calls.append((running, [s.num_draft_slots for s in scheduled_requests]))
+        return super().prepare_draft_tokens(scheduled_requests, resources)
+
+
+# ---- NGram -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("public_pool", [True, False], ids=["public", "private"])
+@pytest.mark.parametrize("max_draft_len", [3, 5])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_ngram_drafts_keep_greedy_output_identical(arch, max_draft_len, public_pool, batch):
+    spec = {"decoding_type": "NGram", "max_draft_len": max_draft_len, "is_public_pool": public_pool}
+    executor, outputs = run_speculative(arch, BATCHES[batch], speculative_config=spec)
+    assert num_drafted(outputs) > 0
+    assert num_accepted(outputs) > 0, "no NGram draft was accepted: the test no longer exercises acceptance"
+    assert max(len(o.metrics.proposed_per_position) for o in outputs) <= max_draft_len
+    assert executor.speculation.stats.num_draft_tokens >= num_drafted(outputs)
+
+
+# ---- DraftTarget -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_int8_self_draft_keeps_greedy_output_identical(arch, batch):
+    spec = {"decoding_type": "DraftTarget", "max_draft_len": 4}
+    executor, outputs = run_speculative(arch, BATCHES[batch], speculative_config=spec)
+    assert isinstance(executor.speculation.drafter, DraftTargetDrafter)
+    assert num_accepted(outputs) > 0, "the int8 copy of the target should agree with it most of the time"
+    assert num_accepted(outputs) < num_drafted(outputs) or len(BATCHES[batch]) == 1
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_independent_draft_model_keeps_greedy_output_identical(arch, batch):
+    drafter = DraftTargetDrafter(make_independent_draft_model(), 4, VOCAB, num_kv_blocks=128, block_size=4)
+    _, outputs = run_speculative(arch, BATCHES[batch], drafter=drafter)
+    assert num_drafted(outputs) > 0
+
+
+# ---- drafters that propose junk or fail ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_random_drafts_keep_greedy_output_identical(arch, batch):
+    executor, outputs = run_speculative(arch, BATCHES[batch], drafter=RandomDrafter(4))
+    assert num_drafted(outputs) > 0
+    # with 4 slots every decode step but the last few carries drafts
+    assert executor.speculation.stats.num_draft_steps >= len(BATCHES[batch]) * (MAX_TOKENS - 5)
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_adversarial_drafts_are_cut_and_never_emitted(arch, batch):
+    drafter = AdversarialDrafter(4)
+    executor, outputs = run_speculative(arch, BATCHES[batch], drafter=drafter)
+    assert drafter.modes_used == set(range(AdversarialDrafter.NUM_MODES)), "not every mode was exercised"
+    for out in outputs:
+        assert all(isinstance(t, int) and 0 <= t < VOCAB for t in out.token_ids)
+        assert len(out.metrics.proposed_per_position) <= 4, "more drafts verified than slots reserved"
+    assert num_drafted(outputs) > 0
+
+
+@pytest.mark.parametrize(
+    "bad_proposal",
+    [
+        pytest.param(lambda good: DraftProposal(None), id="token_ids-None"),
+        pytest.param(lambda good: DraftProposal(5), id="token_ids-int"),
+        pytest.param(lambda good: DraftProposal(good, [[0.5] * VOCAB] * len(good)), id="probs-list"),
+        pytest.param(lambda good: DraftProposal(good, np.ones((len(good), VOCAB))), id="probs-ndarray"),
+    ],
+)
+def test_malformed_proposal_objects_cost_only_the_drafts(bad_proposal):
+    """A proposal whose fields have the wrong type must be dropped like one of the wrong shape, not
+    crash the run (the speculation stage promises to keep only what is safe to verify)."""
+
+    class MalformedDrafter(NGramDrafter):
+        def propose(self, request, num_slots, resources=None):
+            good = super().propose(request, num_slots, resources).token_ids
+            return bad_proposal(good)
+
+    run_speculative("llama", BATCHES["batch8"], drafter=MalformedDrafter(NGramConfig(max_draft_len=3)))
+
+
+def test_drafter_that_raises_sometimes_costs_only_drafts_and_is_logged_once(caplog):
+    drafter = FlakyNGramDrafter("prepare_draft_tokens")
+    with caplog.at_level(logging.ERROR, logger="specexec"):
+        executor, outputs = run_speculative(
+            "llama", BATCHES["batch8"], drafter=drafter, expect_drafter_errors=True
+        )
+    stats = executor.speculation.stats
+    assert stats.num_drafter_errors > 1
+    assert num_accepted(outputs) > 0, "the calls that did not raise should still have drafted"
+    errors = [r for r in caplog.records if r.name == "specexec" and r.levelno >= logging.ERROR]
+    assert len(errors) == 1, [r.getMessage() for r in errors]
+    assert "FlakyNGramDrafter" in errors[0].getMessage()
+    assert errors[0].exc_info is not None and "prepare_draft_tokens failed" in str(errors[0].exc_info[1])
+
+
+@pytest.mark.parametrize("hook", ["num_draft_slots", "on_verified"])
+def test_drafter_that_raises_in_its_other_hooks_costs_only_drafts(hook, caplog):
+    """The other per-step drafter hooks (slot reservation, verification feedback) may fail too."""
+    drafter = FlakyNGramDrafter(hook)
+    with caplog.at_level(logging.ERROR, logger="specexec"):
+        executor, _ = run_speculative("llama", BATCHES["batch8"], drafter=drafter, expect_drafter_errors=True)
+    assert executor.speculation.stats.num_drafter_errors > 0
+
+
+# ---- page pressure and chunked prefill ---------------------------------------------------------------------
+
+
+def _draft_target_cases(kind: str) -> Drafter | None:
+    if kind == "ngram":
+        return NGramDrafter(NGramConfig(max_draft_len=4))
+    if kind == "int8-self-draft":
+        return None  # built from speculative_config
+    return DraftTargetDrafter(make_independent_draft_model(), 4, VOCAB, num_kv_blocks=128, block_size=4)
+
+
+DRAFTER_KINDS = ["ngram", "int8-self-draft", "independent-draft"]
+SELF_DRAFT_SPEC = {"decoding_type": "DraftTarget", "max_draft_len": 4}
+
+
+@pytest.mark.parametrize("kind", DRAFTER_KINDS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_preemption_while_drafting_keeps_greedy_output_identical(arch, kind):
+    # 40 pages of 4 tokens: the 8 requests need ~96 prompt + 128 output tokens plus draft slots
+    drafter = _draft_target_cases(kind)
+    spec = SELF_DRAFT_SPEC if drafter is None else None
+    executor, outputs = run_speculative(
+        arch, BATCHES["batch8"], drafter=drafter, speculative_config=spec, num_kv_blocks=40
+    )
+    assert sum(o.metrics.num_preemptions for o in outputs) > 0, "the small pool should force preemptions"
+    assert num_drafted(outputs) > 0
+    if kind != "independent-draft":
+        assert num_accepted(outputs) > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_full_draft_model_pool_ends_drafting_early_without_leaks(arch):
+    # 12 pages of 4 tokens for the draft model: not enough to cache all 8 requests
+    draft = quantized_copy(make_tiny_model(arch)[1])
+    drafter = DraftTargetDrafter(draft, 4, VOCAB, num_kv_blocks=12, block_size=4)
+    _, outputs = run_speculative(arch, BATCHES["batch8"], drafter=drafter)
+    assert num_accepted(outputs) > 0
+    assert sum(1 for o in outputs if o.metrics.num_draft_tokens) < len(outputs), "the pool was big enough"
+
+
+@pytest.mark.parametrize("kind", DRAFTER_KINDS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_chunked_prefill_keeps_greedy_output_identical(arch, kind):
+    # 16 tokens per forward: the 30-, 20-, 17-token prompts are prefilled in chunks
+    drafter = _draft_target_cases(kind)
+    spec = SELF_DRAFT_SPEC if drafter is None else None
+    executor, outputs = run_speculative(
+        arch, BATCHES["batch8"], drafter=drafter, speculative_config=spec, max_num_tokens=16
+    )
+    assert max(o.metrics.num_forwards for o in outputs) > MAX_TOKENS - 1
+    assert num_drafted(outputs) > 0
+    if kind != "independent-draft":
+        assert num_accepted(outputs) > 0
+
+
+# ---- draft length schedule and policy ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_draft_len_schedule_turns_drafting_off_for_big_batches(arch):
+    spec = {"decoding_type": "NGram", "max_draft_len": 3, "draft_len_schedule": {1: 3, 4: 0}}
+    # batch of 8 that all finish together: never fewer than 4 running, so never a draft
+    drafter = BatchSpyNGramDrafter(3)
+    _, model = make_tiny_model(arch)
+    executor = Executor(model, make_config(speculative_config=spec), drafter=drafter)
+    drafter.executor = executor
+    outputs = executor.run(make_requests(BATCHES["batch8"]))
+    assert [o.token_ids for o in outputs] == reference(arch, BATCHES["batch8"])
+    assert drafter.calls == [] and num_drafted(outputs) == 0
+    assert_all_pages_free(executor)
+
+    # staggered lengths: the batch shrinks, and drafts come back once fewer than 4 run
+    max_tokens = [4, 6, 8, 10, 12, 14, 16, 24]
+    drafter = BatchSpyNGramDrafter(3)
+    _, model = make_tiny_model(arch)
+    executor = Executor(model, make_config(speculative_config=spec), drafter=drafter)
+    drafter.executor = executor
+    outputs = executor.run(make_requests(BATCHES["batch8"], max_tokens))
+    assert [o.token_ids for o in outputs] == reference(arch, BATCHES["batch8"], max_tokens)
+    assert_all_pages_free(executor)
+    assert drafter.calls, "with fewer than 4 requests running, drafting should resume"
+    for running, slots in drafter.calls:
+        assert running < 4 and all(1 <= n <= 3 for n in slots), (running, slots)
+    assert num_drafted(outputs) > 0
+
+
+@pytest.mark.parametrize("kind", ["ngram", "int8-self-draft"])
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_acceptance_draft_len_policy_keeps_greedy_output_identical(arch, batch, kind):
+    decoding_type = "NGram" if kind == "ngram" else "DraftTarget"
+    spec = {"decoding_type": decoding_type, "max_draft_len": 4, "draft_len_policy": "acceptance"}
+    executor, outputs = run_speculative(arch, BATCHES[batch], speculative_config=spec)
+    assert executor.speculation.policy is not None
+    assert num_drafted(outputs) > 0
+    if kind == "int8-self-draft":
+        assert num_accepted(outputs) > 0
