@@ -89,11 +89,9 @@ class DraftTargetDrafter(Drafter):
             active = [(r, n) for r, n in active if self._reserve(r, len(feeds[r.request_id]))]
             if not active:
                 break
-            out = self.runner.forward([self._input(r, feeds[r.request_id]) for r, _ in active])
-            logits = out.logits[:, : self.vocab_size]  # [num_active, vocab]
-            for row, (r, _) in enumerate(active):
-                self._states[r.request_id].fed += feeds[r.request_id]
-                token, q = self._pick(logits[row], r)
+            logits = self._feed([(r, feeds[r.request_id]) for r, _ in active])
+            for r, _ in active:
+                token, q = self._pick(logits[r.request_id], r)
                 drafts[r.request_id].append(token)
                 if q is not None:
                     probs[r.request_id].append(q)
@@ -103,6 +101,42 @@ class DraftTargetDrafter(Drafter):
             rid: DraftProposal(tokens, torch.stack(probs[rid]) if probs[rid] else None)
             for rid, tokens in drafts.items()
         }
+
+    def _feed(self, items: list[tuple[object, list[int]]]) -> dict[str, torch.Tensor]:
+        """Feed each request its tokens; the logits [vocab] after each one's last token. Forwards hold
+        at most the runner's max_num_tokens tokens: a long catch-up is fed in chunks."""
+        budget = self.runner.max_num_tokens
+        logits: dict[str, torch.Tensor] = {}
+        pending = [(r, list(tokens)) for r, tokens in items]
+        while pending:
+            seqs, fed, rest, used = [], [], [], 0
+            for r, tokens in pending:
+                take = min(len(tokens), budget - used)
+                if take <= 0:
+                    rest.append((r, tokens))
+                    continue
+                chunk, left = tokens[:take], tokens[take:]
+                seqs.append(
+                    SequenceInput(
+                        chunk,
+                        len(self._states[r.request_id].fed),
+                        self.block_manager.block_tables[r.request_id],
+                        0 if left else 1,
+                    )
+                )
+                fed.append((r, chunk, not left))
+                used += take
+                if left:
+                    rest.append((r, left))
+            out = self.runner.forward(seqs)
+            row = 0
+            for r, chunk, done in fed:
+                self._states[r.request_id].fed += chunk
+                if done:
+                    logits[r.request_id] = out.logits[row, : self.vocab_size]
+                    row += 1
+            pending = rest
+        return logits
 
     def _sync(self, request) -> bool:
         """Rewind the draft cache to the longest prefix it shares with the verified tokens."""
@@ -128,10 +162,6 @@ class DraftTargetDrafter(Drafter):
             return False
         bm.append(rid, num_tokens)
         return True
-
-    def _input(self, request, tokens: list[int]) -> SequenceInput:
-        start = len(self._states[request.request_id].fed)
-        return SequenceInput(tokens, start, self.block_manager.block_tables[request.request_id], 1)
 
     def _pick(self, logits: torch.Tensor, request) -> tuple[int, torch.Tensor | None]:
         """Greedy draft token, or one sampled from q (kept for rejection sampling)."""

@@ -66,7 +66,7 @@ class ForwardCostModel:
         return cls(list(sizes), seconds)
 
     @classmethod
-    def cached(cls, key: str, forward_n_tokens, cache_dir: Path) -> ForwardCostModel:
+    def cached(cls, key: str, forward_n_tokens, cache_dir: Path, sizes=MEASURED_SIZES) -> ForwardCostModel:
         path = cache_dir / f"forward-cost-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
         try:
             data = json.loads(path.read_text())
@@ -75,10 +75,10 @@ class ForwardCostModel:
             pass
         logger.info(
             "measuring the target's forward cost over 1..%d tokens (once; cached at %s)",
-            MEASURED_SIZES[-1],
+            sizes[-1],
             path,
         )
-        model = cls.measure(forward_n_tokens)
+        model = cls.measure(forward_n_tokens, sizes)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(

@@ -23,7 +23,13 @@ from ..sampling import SamplingParams
 from ..sampling.rejection import RejectionSampler, Verification
 from .block_manager import BlockManager
 from .config import ExecutorConfig
-from .draft_length import DraftLengthPolicy, ForwardCostModel, cost_cache_key, default_cache_dir
+from .draft_length import (
+    MEASURED_SIZES,
+    DraftLengthPolicy,
+    ForwardCostModel,
+    cost_cache_key,
+    default_cache_dir,
+)
 from .inputs import InvalidRequestError, as_request, check_length, tokenize_prompt
 from .kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from .model_runner import ForwardOutput, ModelRunner, SequenceInput
@@ -136,7 +142,11 @@ class Executor:
             cost = ForwardCostModel.linear()
             if spec.draft_len_policy == "auto":
                 cache_dir = Path(self.config.cache_dir) if self.config.cache_dir else default_cache_dir()
-                cost = ForwardCostModel.cached(cost_cache_key(self.model), self.time_forward, cache_dir)
+                limit = min(self.config.max_num_tokens, self.block_manager.capacity_tokens)
+                sizes = tuple(n for n in MEASURED_SIZES if n <= limit) or (1,)
+                cost = ForwardCostModel.cached(
+                    cost_cache_key(self.model), self.time_forward, cache_dir, sizes
+                )
             policy = DraftLengthPolicy(drafter.max_draft_len, cost)
         return SpeculationStage(self.plugins, drafter, spec, self.vocab_size, policy)
 
@@ -144,6 +154,7 @@ class Executor:
         """One target forward over ``num_tokens`` new tokens after ``context_len`` cached ones (for the
         cost model; the scratch pages are freed at once)."""
         scratch = "__forward_cost__"
+        context_len = max(0, min(context_len, self.block_manager.capacity_tokens - num_tokens))
         self.block_manager.allocate(scratch, context_len + num_tokens)
         try:
             table = self.block_manager.block_tables[scratch]

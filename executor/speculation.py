@@ -94,7 +94,13 @@ class SpeculationStage:
         decoding = [r for r in running if r.num_uncomputed_tokens == 1]
         if not decoding or self.drafter is None:
             return
-        self.plugins.hook.specexec_prepare_draft_requests(requests=decoding)
+        try:
+            self.plugins.hook.specexec_prepare_draft_requests(requests=decoding)
+        except Exception:  # no drafts this step
+            self._drafter_failed("specexec_prepare_draft_requests")
+            for r in decoding:
+                r.num_draft_slots = 0
+            return
         batch_len = self.spec.draft_len_for_batch(len(running)) if self.spec else self.max_draft_len
         for r in decoding:
             room = min(r.sampling_params.max_tokens - r.num_output_tokens, max_model_len - r.num_tokens) - 1
@@ -117,7 +123,20 @@ class SpeculationStage:
         if self.policy is not None:
             self.policy.observe(request.request_id, num_drafts, num_accepted)
         if num_drafts:
-            self.plugins.hook.specexec_on_verified(request=request, num_accepted=num_accepted)
+            try:
+                self.plugins.hook.specexec_on_verified(request=request, num_accepted=num_accepted)
+            except Exception:
+                self._drafter_failed("specexec_on_verified")
+
+    def _drafter_failed(self, hook: str) -> None:
+        self.stats.num_drafter_errors += 1
+        if not self._logged_error:
+            logger.exception(
+                "drafter %s raised in %s; its requests continue without drafts",
+                type(self.drafter).__name__,
+                hook,
+            )
+            self._logged_error = True
 
     def release(self, request: RequestState) -> None:
         if self.policy is not None:
@@ -137,12 +156,7 @@ class SpeculationStage:
             ):
                 proposals.update(result or {})
         except Exception:  # a faulty drafter costs its requests their drafts, never their output
-            self.stats.num_drafter_errors += 1
-            if not self._logged_error:
-                logger.exception(
-                    "drafter %s raised; its requests continue without drafts", type(self.drafter).__name__
-                )
-                self._logged_error = True
+            self._drafter_failed("specexec_prepare_draft_tokens")
             proposals = {}
         for s in drafting:
             proposal = proposals.get(s.request.request_id)
@@ -156,14 +170,23 @@ class SpeculationStage:
     ) -> tuple[list[int], torch.Tensor | None]:
         if proposal is None or not isinstance(proposal, DraftProposal):
             return [], None
+        try:
+            candidates = list(proposal.token_ids)[:num_slots]
+        except TypeError:  # token_ids is not a sequence
+            return [], None
         tokens = []
-        for t in list(proposal.token_ids)[:num_slots]:
+        for t in candidates:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
                 break  # cut at the first id that is not a token of this vocabulary
             tokens.append(t)
         probs = proposal.probs
         if probs is not None:
-            if probs.dim() != 2 or probs.shape[0] < len(tokens) or probs.shape[1] < self.vocab_size:
+            if (
+                not isinstance(probs, torch.Tensor)
+                or probs.dim() != 2
+                or probs.shape[0] < len(tokens)
+                or probs.shape[1] < self.vocab_size
+            ):
                 return [], None  # q that does not match the drafts cannot be verified losslessly
             probs = probs[: len(tokens), : self.vocab_size]
         return tokens, probs

@@ -101,6 +101,13 @@ def chi_square_p_value(counts: Counter, probs: dict[tuple[int, ...], float]) -> 
     return float(p_value), len(observed)
 
 
+@functools.cache
+def plain_samples() -> list[list[int]]:
+    """Each request's tokens without speculation (same seeds)."""
+    _, outputs, _ = sample_sequences()
+    return [o.token_ids for o in outputs]
+
+
 def sample_sequences(drafter: Drafter | None = None, temperature: float = 1.0, **config_overrides):
     _, model = make_target()
     executor = Executor(model, make_config(**config_overrides), drafter=drafter)
@@ -127,6 +134,18 @@ class FixedTokenDrafter(Drafter):
 
     def propose(self, request, num_slots, resources) -> DraftProposal:
         return DraftProposal([self.token] * num_slots)
+
+
+class MislabelledQDrafter(FixedTokenDrafter):
+    """Always proposes the same token but claims it drew it from the uniform distribution: its q is
+    not the distribution of its drafts, so min(1, p/q) verification is biased (used to show the test
+    has the power to see a broken q path)."""
+
+    is_deterministic = False
+    returns_draft_probs = True
+
+    def propose(self, request, num_slots, resources) -> DraftProposal:
+        return DraftProposal([self.token] * num_slots, torch.full((num_slots, VOCAB), 1 / VOCAB))
 
 
 def likeliest_second_token() -> int:
@@ -172,7 +191,7 @@ def test_exact_distribution_is_a_distribution_with_mass_on_few_sequences():
 
 
 def test_sampling_without_speculation_matches_the_exact_distribution():
-    _, _, counts = sample_sequences()
+    counts = Counter(map(tuple, plain_samples()))
     p_value, cells = chi_square_p_value(counts, exact_distribution())
     assert cells > 30
     assert p_value > P_VALUE_THRESHOLD, p_value
@@ -185,13 +204,27 @@ def test_chi_square_test_detects_a_slightly_different_temperature():
     assert p_value < P_VALUE_THRESHOLD, p_value
 
 
+def test_chi_square_test_detects_drafts_verified_against_a_wrong_q():
+    """Power check: a drafter whose q is not what its drafts are drawn from biases the output."""
+    drafter = MislabelledQDrafter(MAX_DRAFT_LEN, likeliest_second_token())
+    _, _, counts = sample_sequences(drafter)
+    p_value, _ = chi_square_p_value(counts, exact_distribution())
+    assert p_value < P_VALUE_THRESHOLD, p_value
+
+
 # ---- with speculation -------------------------------------------------------------------------------------
+
+
+@functools.cache
+def speculative_samples(kind: str):
+    """(executor, outputs, counts) of one run with the drafter ``kind`` (each run done once)."""
+    drafter, spec = make_drafter(kind)
+    return sample_sequences(drafter, speculative_config=spec)
 
 
 @pytest.mark.parametrize("kind", DRAFTERS)
 def test_speculative_sampling_matches_the_target_distribution(kind):
-    drafter, spec = make_drafter(kind)
-    executor, outputs, counts = sample_sequences(drafter, speculative_config=spec)
+    executor, outputs, counts = speculative_samples(kind)
     drafter = executor.speculation.drafter
     if kind.endswith("-q"):
         assert drafter.returns_draft_probs and not drafter.is_deterministic
@@ -206,3 +239,14 @@ def test_speculative_sampling_matches_the_target_distribution(kind):
         f"{kind}: sequences not distributed as the target's (p = {p_value:.2e} over {cells} cells; "
         f"{accepted}/{proposed} drafts accepted)"
     )
+
+
+@pytest.mark.parametrize("kind", ["fixed-token", "ngram"])
+def test_deterministic_drafts_reproduce_the_plain_samples_seed_for_seed(kind):
+    """Deterministic drafts are verified by drawing x_i ~ p_i with the request's generator, one draw
+    per emitted token as plain sampling does; so a seeded request gets the very same tokens with or
+    without such a drafter."""
+    _, outputs, _ = speculative_samples(kind)
+    assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
+    mismatches = [i for i, (o, want) in enumerate(zip(outputs, plain_samples())) if o.token_ids != want]
+    assert not mismatches, f"{len(mismatches)} seeded requests changed, e.g. request {mismatches[0]}"

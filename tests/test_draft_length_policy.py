@@ -1,0 +1,347 @@
+"""Dynamic draft length (executor/draft_length.py): the forward cost model, the policy's choice of k
+from acceptance and cost, probing after a collapse, the acceptance estimate, and the on-disk cache of
+measured costs. Plus the executor's "auto" policy set-up on a tiny model.
+
+Cost curves are real CPU measurements of one model (milliseconds per forward over n tokens): in
+bfloat16 the forward is weight-bound and nearly flat in n, in float32 it grows steeply.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import types
+
+import pytest
+from specexec.executor import draft_length
+from specexec.executor.config import ExecutorConfig
+from specexec.executor.draft_length import (
+    MEASURED_SIZES,
+    DraftLengthPolicy,
+    ForwardCostModel,
+    cost_cache_key,
+    default_cache_dir,
+)
+from specexec.executor.executor import Executor
+from specexec.executor.request import Request
+from specexec.sampling import SamplingParams
+from tiny_models import make_tiny_model
+
+BF16_LIKE = ForwardCostModel([1, 4, 8, 16], [76.5, 78.0, 85.1, 88.8])
+FP32_LIKE = ForwardCostModel([1, 4, 8, 16], [55.7, 115.7, 142.7, 151.9])
+
+
+def make_policy(cost_model=BF16_LIKE, max_draft_len: int = 8, rate: float | None = None, **kwargs):
+    policy = DraftLengthPolicy(max_draft_len, cost_model, **kwargs)
+    if rate is not None:
+        policy.initial_rate = rate
+    return policy
+
+
+def best_k_by_definition(cost_model, rate: float, batch: int, max_draft_len: int, draft_cost: float = 0.0):
+    """argmax_k E(k) / cost(k), written out from the module docstring."""
+
+    def value(k):
+        expected = sum(rate**i for i in range(k + 1))
+        return expected / (cost_model.cost(batch * (1 + k)) / batch + k * draft_cost)
+
+    return max(range(max_draft_len + 1), key=value)
+
+
+def collapse(policy: DraftLengthPolicy, request_id: str, steps: int = 30) -> None:
+    for _ in range(steps):
+        policy.observe(request_id, num_drafts=4, num_accepted=0)
+
+
+# ---- ForwardCostModel ---------------------------------------------------------------------------------
+
+
+def test_cost_model_returns_measured_points_exactly():
+    for n, seconds in zip(FP32_LIKE.num_tokens, FP32_LIKE.seconds):
+        assert FP32_LIKE.cost(n) == pytest.approx(seconds)
+
+
+def test_cost_model_interpolates_linearly_between_measured_points():
+    assert FP32_LIKE.cost(2) == pytest.approx(55.7 + (115.7 - 55.7) / 3)
+    assert FP32_LIKE.cost(6) == pytest.approx((115.7 + 142.7) / 2)
+    assert FP32_LIKE.cost(12) == pytest.approx((142.7 + 151.9) / 2)
+    costs = [FP32_LIKE.cost(n) for n in range(1, 17)]
+    assert costs == sorted(costs), "a monotone curve must interpolate monotonically"
+
+
+def test_cost_model_clamps_below_and_extrapolates_the_last_slope_above():
+    assert FP32_LIKE.cost(0) == pytest.approx(55.7)
+    assert FP32_LIKE.cost(-3) == pytest.approx(55.7)
+    slope = (151.9 - 142.7) / 8
+    assert FP32_LIKE.cost(24) == pytest.approx(151.9 + 8 * slope)
+    assert FP32_LIKE.cost(64) == pytest.approx(151.9 + 48 * slope)
+
+
+def test_linear_cost_model_charges_a_quarter_forward_per_extra_token():
+    model = ForwardCostModel.linear()
+    assert model.cost(1) == pytest.approx(1.0)
+    assert model.cost(2) == pytest.approx(1.25)
+    assert model.cost(9) == pytest.approx(3.0)
+    assert ForwardCostModel.linear(0.5).cost(5) == pytest.approx(3.0)
+
+
+# ---- choosing k -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cost_model", [BF16_LIKE, FP32_LIKE], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("rate", [0.0, 0.2, 0.5, 0.6, 0.8, 0.95])
+@pytest.mark.parametrize("batch", [1, 2, 4, 8])
+def test_choice_maximises_expected_tokens_per_cost(cost_model, rate, batch):
+    policy = make_policy(cost_model, rate=rate, probe_interval=10**6)
+    chosen = policy.choose("r", batch)
+    assert chosen == best_k_by_definition(cost_model, rate, batch, 8)
+
+
+def test_high_acceptance_on_a_flat_cost_curve_drafts_the_maximum():
+    policy = make_policy(BF16_LIKE, rate=0.9)
+    assert policy.choose("r", batch_size=1) == 8
+
+
+def test_steep_cost_curve_drafts_less_than_a_flat_one():
+    flat = make_policy(BF16_LIKE, rate=0.6).choose("r", batch_size=1)
+    steep = make_policy(FP32_LIKE, rate=0.6).choose("r", batch_size=1)
+    assert 1 <= steep < flat
+    assert steep == 1 and flat >= 4
+
+
+def test_higher_acceptance_drafts_longer():
+    choices = [make_policy(BF16_LIKE, rate=r).choose("r", 1) for r in (0.2, 0.4, 0.6, 0.8, 0.95)]
+    assert choices == sorted(choices) and choices[0] < choices[-1]
+
+
+def test_drafter_time_per_token_shortens_the_drafts():
+    policy = make_policy(BF16_LIKE, rate=0.8)
+    free = policy.choose("a", 1, draft_cost_per_token=0.0)
+    costly = policy.choose("b", 1, draft_cost_per_token=10.0)
+    assert costly < free
+    assert costly == best_k_by_definition(BF16_LIKE, 0.8, 1, 8, draft_cost=10.0)
+
+
+def test_choice_never_exceeds_max_draft_len():
+    policy = make_policy(ForwardCostModel([1, 64], [1.0, 1.0]), max_draft_len=3, rate=0.99)
+    assert policy.choose("r", 1) == 3
+
+
+def test_collapsed_acceptance_stops_drafting():
+    for cost_model in (BF16_LIKE, FP32_LIKE):
+        policy = make_policy(cost_model, probe_interval=10**6)
+        assert policy.choose("r", 1) > 0
+        collapse(policy, "r")
+        assert policy._requests["r"].rate < 0.01
+        assert policy.choose("r", 1) == 0
+
+
+def test_probe_with_one_draft_after_probe_interval_steps_at_zero():
+    policy = make_policy(FP32_LIKE, probe_interval=5)
+    collapse(policy, "r")
+    choices = [policy.choose("r", 1) for _ in range(15)]
+    assert choices == [0, 0, 0, 0, 1] * 3
+
+
+def test_successful_probes_bring_the_drafts_back():
+    policy = make_policy(FP32_LIKE, probe_interval=3)
+    collapse(policy, "r")
+    chosen = []
+    for _ in range(40):
+        k = policy.choose("r", 1)
+        chosen.append(k)
+        policy.observe("r", num_drafts=k, num_accepted=k)  # everything proposed is accepted
+    assert chosen[:2] == [0, 0] and chosen[2] == 1
+    assert chosen[-1] >= 2, chosen
+
+
+# ---- the acceptance estimate ------------------------------------------------------------------------------
+
+
+def test_observe_moves_the_estimate_towards_the_observed_rate():
+    policy = make_policy(rate=0.6, decay=0.7)
+    policy.observe("r", num_drafts=4, num_accepted=4)  # all accepted: observed rate 1
+    assert policy._requests["r"].rate == pytest.approx(0.7 * 0.6 + 0.3 * 1.0)
+    policy.observe("r", num_drafts=4, num_accepted=2)  # 2 accepted of 3 tried positions
+    assert policy._requests["r"].rate == pytest.approx(0.7 * 0.72 + 0.3 * (2 / 3))
+    policy.observe("r", num_drafts=3, num_accepted=0)
+    assert policy._requests["r"].rate == pytest.approx(0.7 * (0.7 * 0.72 + 0.2))
+
+
+def test_observe_without_drafts_changes_nothing():
+    policy = make_policy(rate=0.6)
+    policy.observe("r", num_drafts=0, num_accepted=0)
+    assert "r" not in policy._requests
+    policy.choose("r", 1)
+    policy.observe("r", num_drafts=0, num_accepted=0)
+    assert policy._requests["r"].rate == pytest.approx(0.6)
+
+
+def test_requests_have_separate_estimates_and_forget_resets_one():
+    policy = make_policy(FP32_LIKE, probe_interval=10**6)
+    collapse(policy, "bad")
+    assert policy.choose("bad", 1) == 0
+    assert policy.choose("good", 1) > 0
+    policy.forget("bad")
+    assert policy.choose("bad", 1) == policy.choose("good", 1)
+    policy.forget("never-seen")  # no error
+
+
+# ---- measuring and caching the cost curve -------------------------------------------------------------------
+
+
+class FakeForward:
+    """A forward over n tokens that takes ``base + per_token * n`` seconds on a fake clock."""
+
+    def __init__(self, base: float = 0.05, per_token: float = 0.001) -> None:
+        self.clock = 0.0
+        self.base, self.per_token = base, per_token
+        self.calls: list[int] = []
+
+    def perf_counter(self) -> float:
+        return self.clock
+
+    def __call__(self, n: int) -> None:
+        self.calls.append(n)
+        self.clock += self.base + self.per_token * n
+
+
+@pytest.fixture
+def fake_forward(monkeypatch) -> FakeForward:
+    fake = FakeForward()
+    monkeypatch.setattr(draft_length, "time", types.SimpleNamespace(perf_counter=fake.perf_counter))
+    return fake
+
+
+def refuse_to_measure(n: int) -> None:
+    raise AssertionError("measured again instead of reading the cache")
+
+
+def test_measure_keeps_one_timing_per_size(fake_forward):
+    model = ForwardCostModel.measure(fake_forward, sizes=(1, 8, 32), repeats=3)
+    assert model.num_tokens == [1, 8, 32]
+    assert model.seconds == pytest.approx([0.051, 0.058, 0.082])
+    assert fake_forward.calls == [1] * 4 + [8] * 4 + [32] * 4  # a warm-up, then the repeats
+
+
+def test_cached_measures_once_writes_json_then_reuses_it(tmp_path, fake_forward, caplog):
+    with caplog.at_level(logging.INFO, logger="specexec"):
+        first = ForwardCostModel.cached("tiny|float64", fake_forward, tmp_path)
+    assert fake_forward.calls, "nothing measured"
+    assert any("measuring" in r.getMessage() for r in caplog.records)
+    (path,) = tmp_path.glob("forward-cost-*.json")
+    data = json.loads(path.read_text())
+    assert data["key"] == "tiny|float64"
+    assert data["num_tokens"] == list(MEASURED_SIZES)
+    assert data["seconds"] == pytest.approx([0.05 + 0.001 * n for n in MEASURED_SIZES])
+
+    second = ForwardCostModel.cached("tiny|float64", refuse_to_measure, tmp_path)
+    assert second == first
+    assert second.cost(3) == pytest.approx(first.cost(3))
+
+
+def test_cached_measures_again_for_another_key(tmp_path, fake_forward):
+    ForwardCostModel.cached("model-a", fake_forward, tmp_path)
+    num_calls = len(fake_forward.calls)
+    ForwardCostModel.cached("model-b", fake_forward, tmp_path)
+    assert len(fake_forward.calls) == 2 * num_calls
+    assert len(list(tmp_path.glob("forward-cost-*.json"))) == 2
+
+
+@pytest.mark.parametrize("content", ["", "{not json", '{"num_tokens": [1, 2]}'])
+def test_cached_remeasures_over_an_unreadable_file(tmp_path, fake_forward, content):
+    ForwardCostModel.cached("k", fake_forward, tmp_path)
+    (path,) = tmp_path.glob("forward-cost-*.json")
+    path.write_text(content)
+    model = ForwardCostModel.cached("k", fake_forward, tmp_path)
+    assert model.num_tokens == list(MEASURED_SIZES)
+    assert json.loads(path.read_text())["num_tokens"] == list(MEASURED_SIZES)
+
+
+def test_cached_still_returns_the_measurement_when_the_cache_is_not_writable(tmp_path, fake_forward, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache directory should be")
+    with caplog.at_level(logging.WARNING, logger="specexec"):
+        model = ForwardCostModel.cached("k", fake_forward, blocker / "cache")
+    assert model.num_tokens == list(MEASURED_SIZES)
+    assert any("could not cache" in r.getMessage() for r in caplog.records)
+
+
+def test_cache_key_names_model_size_dtype_and_threads():
+    _, model = make_tiny_model("llama")
+    key = cost_cache_key(model)
+    assert "torch.float64" in key and "cpu" in key and "threads=" in key
+    assert str(sum(p.numel() for p in model.parameters())) in key
+    _, other = make_tiny_model("llama", num_hidden_layers=2)
+    assert cost_cache_key(other) != key
+
+
+def test_default_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECEXEC_CACHE_DIR", str(tmp_path))
+    assert default_cache_dir() == tmp_path
+    monkeypatch.delenv("SPECEXEC_CACHE_DIR")
+    assert default_cache_dir().name == "specexec"
+
+
+# ---- the executor's policies -----------------------------------------------------------------------------
+
+
+def make_policy_executor(policy: str, cache_dir, **overrides) -> Executor:
+    _, model = make_tiny_model("llama")
+    settings = dict(
+        num_kv_blocks=128,
+        block_size=4,
+        max_num_tokens=128,
+        max_batch_size=8,
+        dtype="float64",
+        device="cpu",
+        cache_dir=str(cache_dir),
+        speculative_config={"decoding_type": "NGram", "max_draft_len": 4, "draft_len_policy": policy},
+    )
+    settings.update(overrides)
+    return Executor(model, ExecutorConfig(**settings))
+
+
+def test_acceptance_policy_uses_the_linear_cost_guess(tmp_path):
+    executor = make_policy_executor("acceptance", tmp_path)
+    assert executor.speculation.policy.cost_model == ForwardCostModel.linear()
+    assert executor.speculation.policy.max_draft_len == 4
+    assert not list(tmp_path.iterdir()), "the acceptance policy must not measure"
+
+
+def test_fixed_policy_has_no_policy(tmp_path):
+    assert make_policy_executor("fixed", tmp_path).speculation.policy is None
+
+
+def test_auto_policy_measures_once_and_reuses_the_cache(tmp_path, monkeypatch):
+    first = make_policy_executor("auto", tmp_path)
+    (path,) = tmp_path.glob("forward-cost-*.json")
+    measured = first.speculation.policy.cost_model
+    assert measured.num_tokens == list(MEASURED_SIZES) and all(s > 0 for s in measured.seconds)
+    assert first.block_manager.num_free_blocks == first.block_manager.num_blocks, "scratch pages leaked"
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("the second executor measured again")
+
+    monkeypatch.setattr(ForwardCostModel, "measure", classmethod(no_measuring))
+    second = make_policy_executor("auto", tmp_path)
+    assert second.speculation.policy.cost_model == measured
+    assert json.loads(path.read_text())["key"] == cost_cache_key(second.model)
+    out = second.run([Request([9, 10, 11] * 6, SamplingParams(max_tokens=8, ignore_eos=True))])
+    assert len(out[0].token_ids) == 8
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param(dict(max_num_tokens=32), id="token-budget-below-64"),
+        pytest.param(dict(num_kv_blocks=40), id="kv-pool-below-192-tokens"),
+    ],
+)
+def test_auto_policy_starts_with_a_small_token_budget_or_kv_pool(tmp_path, overrides):
+    """Measuring must fit the executor's own limits: a config that runs with the fixed policy must
+    also start with "auto" (measuring fewer sizes, or a shorter context, where needed)."""
+    make_policy_executor("fixed", tmp_path, **overrides)  # a valid configuration
+    executor = make_policy_executor("auto", tmp_path, **overrides)
+    out = executor.run([Request([9, 10, 11] * 6, SamplingParams(max_tokens=8, ignore_eos=True))])
+    assert len(out[0].token_ids) == 8
