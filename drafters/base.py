@@ -33,6 +33,19 @@ class DrafterContext:
     executor_config: object  #: the ExecutorConfig (dtype, device, KV budget, block size)
 
 
+def grammar_valid_prefix(request, token_ids) -> int:
+    """How many leading tokens of ``token_ids`` the request's grammar accepts (all of them when the
+    request is not guided)."""
+    grammar = getattr(request, "grammar", None)
+    if grammar is None:
+        return len(token_ids)
+    matcher = grammar.fork_for_drafting()
+    for i, token in enumerate(token_ids):
+        if matcher.is_terminated() or not matcher.accept_token(int(token)):
+            return i
+    return len(token_ids)
+
+
 class Drafter:
     """Base class of drafters. Subclasses set the capability flags and override `propose`."""
 

@@ -16,6 +16,7 @@ import torch
 from ..executor.block_manager import BlockManager
 from ..executor.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from ..executor.model_runner import ModelRunner, SequenceInput
+from ..kernels import apply_mask_inplace
 from ..sampling import compute_probs, sample_from_probs
 from .base import Drafter, DraftProposal
 
@@ -51,6 +52,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 class DraftTargetDrafter(Drafter):
     owns_kv_cache = True
+    accepts_grammar_masks = True  #: each drafting step of a guided request is masked by its grammar
 
     def __init__(
         self,
@@ -78,6 +80,7 @@ class DraftTargetDrafter(Drafter):
             draft_model, KVCache(spec, num_blocks, block_size, param.device), max_num_tokens
         )
         self._states: dict[str, _DraftState] = {}
+        self._bitmask = torch.full((1, -(-target_vocab_size // 32)), -1, dtype=torch.int32)  # [1, words]
 
     # ---- drafting -------------------------------------------------------------------------------
     def prepare_draft_tokens(self, scheduled_requests: list, resources) -> dict[str, DraftProposal]:
@@ -85,18 +88,32 @@ class DraftTargetDrafter(Drafter):
         drafts: dict[str, list[int]] = {r.request_id: [] for r, _ in active}
         probs: dict[str, list[torch.Tensor]] = {r.request_id: [] for r, _ in active}
         feeds = {r.request_id: r.token_ids[len(self._states[r.request_id].fed) :] for r, _ in active}
+        grammars = {r.request_id: r.grammar.fork_for_drafting() for r, _ in active if r.grammar is not None}
+        stopped: set[str] = set()
         while active:
             active = [(r, n) for r, n in active if self._reserve(r, len(feeds[r.request_id]))]
             if not active:
                 break
             logits = self._feed([(r, feeds[r.request_id]) for r, _ in active])
             for r, _ in active:
+                matcher = grammars.get(r.request_id)
+                if matcher is not None:  # draft-side mask: the drafts stay grammar-valid
+                    if matcher.is_terminated():
+                        stopped.add(r.request_id)
+                        continue
+                    matcher.fill_next_token_bitmask(self._bitmask, 0)
+                    apply_mask_inplace(logits[r.request_id][None], self._bitmask)
                 token, q = self._pick(logits[r.request_id], r)
+                if matcher is not None and not matcher.accept_token(token):
+                    stopped.add(r.request_id)  # (cannot happen after the mask)
+                    continue
                 drafts[r.request_id].append(token)
                 if q is not None:
                     probs[r.request_id].append(q)
                 feeds[r.request_id] = [token]
-            active = [(r, n) for r, n in active if len(drafts[r.request_id]) < n]
+            active = [
+                (r, n) for r, n in active if len(drafts[r.request_id]) < n and r.request_id not in stopped
+            ]
         return {
             rid: DraftProposal(tokens, torch.stack(probs[rid]) if probs[rid] else None)
             for rid, tokens in drafts.items()

@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .base import Drafter, DraftProposal
+from .base import Drafter, DraftProposal, grammar_valid_prefix
 
 Key = tuple[int, ...]
 Continuation = tuple[int, ...]
@@ -140,6 +140,7 @@ class NGramDrafter(Drafter):
 
     is_deterministic = True
     returns_draft_probs = False
+    accepts_grammar_masks = True  #: guided requests get the longest grammar-valid stored candidate
 
     def __init__(self, config: NGramConfig | None = None, **options) -> None:
         if config is None:
@@ -225,14 +226,30 @@ class NGramDrafter(Drafter):
     def num_draft_slots(self, request) -> int:
         """Exactly as many slots as there are drafts: 0 when nothing matches."""
         tokens, pool = self._update(request)
-        drafts = self._best(tokens, pool)
+        drafts = (
+            self._best(tokens, pool)
+            if getattr(request, "grammar", None) is None
+            else self._best_valid(request)
+        )
         self._planned[request.request_id] = (len(tokens), drafts)
         return len(drafts)
+
+    def _best_valid(self, request) -> Continuation:
+        """Guided requests: the longest grammar-valid prefix among all stored candidates (longest key
+        first, so ties keep the usual preference), each cut at its first token the grammar rejects."""
+        best: Continuation = ()
+        for candidate in self.propose_candidates(request, all_keys=True):
+            valid = candidate[: grammar_valid_prefix(request, candidate)]
+            if len(valid) > len(best):
+                best = valid
+        return best
 
     def propose(self, request, num_slots: int, resources=None) -> DraftProposal:
         planned = self._planned.pop(request.request_id, None)
         if planned is not None and planned[0] == len(request.token_ids):
             drafts = planned[1]
+        elif getattr(request, "grammar", None) is not None:
+            drafts = self._best_valid(request)
         else:
             tokens, pool = self._update(request)
             drafts = self._best(tokens, pool)

@@ -8,6 +8,7 @@ _update_requests         append tokens, stop checks         _free_resources    r
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import logging
 import time
@@ -30,6 +31,7 @@ from .draft_length import (
     cost_cache_key,
     default_cache_dir,
 )
+from .guided import GuidedDecodingStage
 from .inputs import InvalidRequestError, as_request, check_length, tokenize_prompt
 from .kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from .model_runner import ForwardOutput, ModelRunner, SequenceInput
@@ -107,6 +109,9 @@ class Executor:
         self.rejection_sampler = RejectionSampler()
         self.resources = StepResources(self.runner, self.tokenizer, self.vocab_size)
         self.eos_token_ids = _eos_token_ids(self.model, self.tokenizer)
+        self.guided = GuidedDecodingStage(
+            self.tokenizer, self.vocab_size, self.eos_token_ids, config.max_num_tokens, device
+        )
         self._ids = itertools.count()
         self._streaming = False
         self._pending_events: list[TokenEvent] = []
@@ -202,6 +207,8 @@ class Executor:
             state.num_prompt_tokens = state.metrics.num_prompt_tokens = len(state.token_ids)
             check_length(state.num_prompt_tokens, self.max_model_len)
             state.generator = params.make_generator(self.kv_cache.kv.device)
+            if request.response_format is not None:
+                self.guided.submit(state, request.response_format)  # compiles off the loop
         except ValueError as exc:  # InvalidRequestError, and SamplingParams.validate's errors
             self._finish_with_error(state, str(exc))
             return state
@@ -261,14 +268,16 @@ class Executor:
 
     def step(self) -> list[TokenEvent]:
         """One iteration of the loop; returns the token events it produced."""
-        events, self._pending_events = self._pending_events, []
         self._prepare_draft_requests()
         batch = self._schedule()
+        events, self._pending_events = self._pending_events, []
         if not batch:
+            self._wait_for_grammars()
             return events
         self._prepare_draft_tokens(batch)
+        self.guided.start_masks(batch)  # the mask worker builds the grammar masks during the forward
         output = self._forward(batch)
-        self._wait_for_masks(batch)
+        self._wait_for_masks(output)
         verifications = self._sample(batch, output)
         events += self._update_requests(batch, verifications)
         self._free_resources(batch, verifications)
@@ -279,7 +288,15 @@ class Executor:
         self.speculation.reserve_slots(self.scheduler.running, self.max_model_len)
 
     def _schedule(self) -> list[ScheduledRequest]:
+        for state, message in self.guided.resolve(list(self.scheduler.waiting)):
+            self._finish_with_error(state, message)
         return self.scheduler.schedule()
+
+    def _wait_for_grammars(self) -> None:
+        """Nothing could run: block briefly on the grammars still compiling instead of spinning."""
+        futures = [r.grammar_future for r in self.scheduler.waiting if not r.is_ready]
+        if futures:
+            concurrent.futures.wait(futures, timeout=0.1, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def _prepare_draft_tokens(self, batch: list[ScheduledRequest]) -> None:
         self.speculation.collect_drafts(batch, self.resources)
@@ -299,8 +316,9 @@ class Executor:
         self.speculation.stats.num_target_forwards += 1
         return output
 
-    def _wait_for_masks(self, batch: list[ScheduledRequest]) -> None:
-        """Grammar masks are joined here; requests without a grammar need none."""
+    def _wait_for_masks(self, output: ForwardOutput) -> None:
+        """Join the mask worker (the mask-ready event) and mask the logits of guided requests."""
+        self.guided.apply_masks(output.logits)
 
     def _sample(self, batch: list[ScheduledRequest], output: ForwardOutput) -> list[Verification | None]:
         """Verify each request's drafts (none: just sample); None for a mid-prompt chunk."""
@@ -336,6 +354,8 @@ class Executor:
                 r.metrics.record_verification(len(r.draft_token_ids), v.num_accepted)
             kept = self.output_processor.append_tokens(r, v.token_ids)
             self.speculation.observe(r, len(r.draft_token_ids), v.num_accepted)
+            if r.finish_reason is None:
+                self.guided.after_verification(r, v.num_accepted, v.token_ids)
             if r.finish_reason is not None:
                 r.metrics.finish_time = time.perf_counter()
             events.append(self.output_processor.make_event(r, kept, self._streaming))

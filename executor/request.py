@@ -23,6 +23,9 @@ class Request:
     prompt: Prompt  #: text, token ids, or chat messages (rendered with the tokenizer's chat template)
     sampling_params: SamplingParams = field(default_factory=SamplingParams)  #: how to sample, when to stop
     request_id: str | None = None  #: any unique name; the executor numbers requests that have none
+    #: guided decoding, OpenAI shape: {"type": "json_schema", "json_schema": {"schema": {...}}},
+    #: {"type": "json_object"}; also {"type": "regex", "regex": ...}, {"type": "grammar", "grammar": EBNF}
+    response_format: dict | None = None
 
 
 class FinishReason(str, enum.Enum):
@@ -48,6 +51,12 @@ class RequestMetrics:
     #: [max_draft_len] how often the draft token at position i was proposed / accepted
     proposed_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
+
+    num_grammar_rejected_drafts: int = 0  #: drafts rejected because the grammar forbids them
+    num_target_rejected_drafts: int = 0  #: grammar-valid drafts the target rejected
+    mask_build_ms: float = 0.0  #: grammar mask building (on the worker thread), this request's share
+    mask_wait_ms: float = 0.0  #: time the loop waited for masks after the forward, this request's share
+    num_mask_rows_skipped: int = 0  #: verify rows that needed no mask (after a grammar-rejected draft)
 
     @property
     def mean_acceptance_length(self) -> float | None:
@@ -135,6 +144,9 @@ class RequestState:
     num_draft_slots: int = 0  #: draft slots reserved for this step
     finish_reason: FinishReason | None = None
     error: str | None = None
+    grammar_future: Any = None  #: Future of the compiled grammar, for guided requests
+    grammar: Any = None  #: RequestGrammar once compiled
+    grammar_fill: Any = None  #: this step's RowFill (which rows were masked)
     text: str = ""  #: decoded output, kept up to date only when needed (stop strings, streaming)
     num_text_sent: int = 0  #: characters of `text` already streamed
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
@@ -158,6 +170,11 @@ class RequestState:
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
+
+    @property
+    def is_ready(self) -> bool:
+        """False while its grammar is still compiling."""
+        return self.grammar_future is None or self.grammar is not None
 
     @property
     def num_uncomputed_tokens(self) -> int:

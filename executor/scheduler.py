@@ -90,15 +90,18 @@ class Scheduler:
     def _admit_waiting(self, budget: int) -> list[ScheduledRequest]:
         admitted = []
         bm = self.block_manager
-        while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
-            request = self.waiting[0]
+        for request in list(self.waiting):  # in order; requests still compiling a grammar wait
+            if budget <= 0 or len(self.running) >= self.max_batch_size:
+                break
+            if not request.is_ready:
+                continue
             num_new = min(request.num_uncomputed_tokens, budget)
             blocks = -(-num_new // bm.block_size)
             if blocks + self.watermark_blocks > bm.num_free_blocks and self.running:
                 break
             if not bm.can_allocate(num_new):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(request)
             bm.allocate(request.request_id, num_new)
             request.status = RequestStatus.RUNNING
             self.running.append(request)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafters.base import Drafter, DrafterContext, DraftProposal
+from ..drafters.base import Drafter, DrafterContext, DraftProposal, grammar_valid_prefix
 from .draft_length import DraftLengthPolicy
 from .request import RequestState
 from .scheduler import ScheduledRequest
@@ -161,9 +161,19 @@ class SpeculationStage:
         for s in drafting:
             proposal = proposals.get(s.request.request_id)
             s.request.draft_token_ids, s.request.draft_probs = self._checked(proposal, s.num_draft_slots)
+            if s.request.grammar is not None and not self.drafter.accepts_grammar_masks:
+                self._cut_to_grammar(s.request)
             self.stats.num_draft_steps += bool(s.request.draft_token_ids)
             self.stats.num_draft_tokens += len(s.request.draft_token_ids)
         self.stats.drafting_time += time.perf_counter() - start
+
+    def _cut_to_grammar(self, request: RequestState) -> None:
+        """Drop drafts from the first one the request's grammar rejects (it could never be accepted)."""
+        keep = grammar_valid_prefix(request, request.draft_token_ids)
+        request.metrics.num_grammar_rejected_drafts += len(request.draft_token_ids) - keep
+        request.draft_token_ids = request.draft_token_ids[:keep]
+        if request.draft_probs is not None:
+            request.draft_probs = request.draft_probs[:keep]
 
     def _checked(
         self, proposal: DraftProposal | None, num_slots: int
