@@ -1,0 +1,158 @@
+"""RequestGrammar: mask rows for a draft, rollback after verification, termination."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import xgrammar as xgr
+from specexec.grammar import GrammarError, RequestGrammar, RowFill
+from test_grammar_support import (
+    EOS,
+    VALID_JSON,
+    allowed,
+    allowed_ids,
+    encode,
+    new_bitmask,
+    reference_mask,
+    schema_grammar,
+)
+
+
+def assert_rows_match(bm, row0, fill, prefix, drafts):
+    """Row r of the fill equals a fresh matcher fed prefix + drafts[:r]."""
+    for r in range(fill.num_rows_filled):
+        ref, terminated = reference_mask(schema_grammar(), prefix + list(drafts[:r]))
+        assert not terminated and torch.equal(bm[row0 + r], ref), f"row {r}"
+
+
+def test_fill_rows_all_drafts_valid():
+    ids = encode(VALID_JSON)
+    rg = RequestGrammar(schema_grammar())
+    bm = new_bitmask(8)
+    fill = rg.fill_rows(bm, 1, ids[:5])
+    assert fill == RowFill(6, 5, None, False)
+    assert_rows_match(bm, 1, fill, [], ids[:5])
+    assert all(allowed(bm[1 + i], t) for i, t in enumerate(ids[:5]))
+    assert (bm[0] == 0x5A5A5A5A).all() and (bm[7] == 0x5A5A5A5A).all()  # other rows untouched
+
+
+def test_fill_rows_stops_at_first_invalid_draft():
+    ids = encode(VALID_JSON)  # '{"', 'a', '":', ' ', '1', ...
+    bad = encode("hello")[0]  # letters cannot start the integer value
+    drafts = ids[:3] + [bad] + ids[4:6]
+    rg = RequestGrammar(schema_grammar())
+    bm = new_bitmask(len(drafts) + 1)
+    fill = rg.fill_rows(bm, 0, drafts)
+    assert fill == RowFill(4, 3, 3, False)
+    assert not allowed(bm[3], bad)  # the row of the rejected draft forbids it
+    assert (bm[4:] == 0x5A5A5A5A).all()
+    assert_rows_match(bm, 0, fill, [], drafts)
+    rg.after_verification(3, ids[3])  # the target rejected `bad` and emitted the right token
+    ref, _ = reference_mask(schema_grammar(), ids[:4])
+    fill = rg.fill_rows(bm, 0, [])
+    assert fill == RowFill(1, 0, None, False) and torch.equal(bm[0], ref)
+
+
+def _pick(rng: random.Random, row: torch.Tensor) -> int:
+    """A random allowed token, mostly from a pool of JSON-ish tokens so the walk can terminate."""
+    ids = allowed_ids(row).tolist()
+    pool = set(encode('{"a": -305, "b": "hi \\"x\\""}') + encode('{"a":7,"b":""}') + [EOS])
+    preferred = [t for t in ids if t in pool]
+    return rng.choice(preferred if preferred and rng.random() < 0.8 else ids)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_rollback_invariant_random_steps(seed):
+    rng = random.Random(seed)
+    compiled = schema_grammar()
+    rg = RequestGrammar(compiled)
+    truth: list[int] = []  # verified tokens (the last may still be rg.pending_token)
+    bm, scratch = new_bitmask(8), new_bitmask(1)
+    for _step in range(60):
+        # 30%: draft from rg's own fork (that path flushes the pending token early)
+        drafter = rg.fork_for_drafting() if rng.random() < 0.3 else reference_matcher(compiled, truth)
+        drafts = []
+        for _ in range(rng.randint(0, 5)):
+            if drafter.is_terminated():
+                break
+            drafter.fill_next_token_bitmask(scratch)
+            tok = rng.randrange(49152) if rng.random() < 0.15 else _pick(rng, scratch[0])
+            drafts.append(tok)
+            if not drafter.accept_token(tok):
+                drafts += [rng.randrange(49152) for _ in range(rng.randint(0, 2))]
+                break
+        row0 = rng.randint(0, 7 - len(drafts))
+        fill = rg.fill_rows(bm, row0, drafts)
+        assert_rows_match(bm, row0, fill, truth, drafts)
+        n_acc = rng.randint(0, fill.num_drafts_accepted_by_grammar)
+        truth += drafts[:n_acc]
+        if fill.terminated and n_acc == fill.num_drafts_accepted_by_grammar:
+            rg.after_verification(n_acc, None)  # the stop token was verified: the request ends
+            assert rg.is_terminated() and reference_mask(compiled, truth)[1]
+            return
+        emitted = _pick(rng, bm[row0 + n_acc])
+        truth.append(emitted)
+        rg.after_verification(n_acc, emitted)
+        assert rg.pending_token == emitted
+        ref, ref_terminated = reference_mask(compiled, truth)
+        if ref_terminated:
+            assert rg.is_terminated()
+            return
+    ref, _ = reference_mask(compiled, truth)
+    rg.fork_for_drafting().fill_next_token_bitmask(scratch)
+    assert torch.equal(scratch[0], ref)
+
+
+def reference_matcher(compiled, tokens):
+    m = xgr.GrammarMatcher(compiled)
+    assert all(m.accept_token(t) for t in tokens)
+    return m
+
+
+def test_terminated_matcher_is_never_filled():
+    ids = encode(VALID_JSON)
+    rg = RequestGrammar(schema_grammar())
+    rg.accept_now(ids)
+    bm = new_bitmask(4)
+    fill = rg.fill_rows(bm, 0, [EOS, 5])  # EOS accepted as a draft: nothing after it is filled
+    assert fill == RowFill(1, 1, None, True)
+    assert allowed_ids(bm[0]).tolist() == [EOS] and (bm[1:] == 0x5A5A5A5A).all()
+    rg.after_verification(0, EOS)  # rollback of the draft EOS, then the verified EOS is pending
+    bm = new_bitmask(4)
+    assert rg.fill_rows(bm, 0, [7, 8]) == RowFill(0, 0, None, True)
+    assert (bm == 0x5A5A5A5A).all()
+    rg.after_verification(0, None)
+    assert rg.is_terminated() and rg.jump_forward_string() == ""
+
+
+def test_protocol_errors():
+    ids = encode(VALID_JSON)
+    rg = RequestGrammar(schema_grammar())
+    with pytest.raises(GrammarError, match="position 1"):
+        rg.accept_now([ids[0], encode("hello")[0]])
+    rg = RequestGrammar(schema_grammar())
+    bm = new_bitmask(4)
+    with pytest.raises(ValueError, match="do not fit"):
+        rg.fill_rows(bm, 1, ids[:3])
+    rg.fill_rows(bm, 0, ids[:2])
+    with pytest.raises(RuntimeError, match="after_verification"):
+        rg.fill_rows(bm, 0, [])
+    with pytest.raises(GrammarError, match="accepted only 2"):
+        rg.after_verification(3, ids[3])
+    rg.after_verification(2, encode("hello")[0])  # an emitted token the grammar forbids
+    with pytest.raises(GrammarError, match="rejected the emitted token"):
+        rg.fill_rows(bm, 0, [])
+
+
+def test_fork_and_jump_forward_use_the_pending_token():
+    ids = encode(VALID_JSON)
+    rg = RequestGrammar(schema_grammar())
+    rg.after_verification(0, ids[0])  # '{"' pending
+    assert rg.jump_forward_string() == reference_matcher(schema_grammar(), ids[:1]).find_jump_forward_string()
+    fork = rg.fork_for_drafting()
+    assert fork.accept_token(ids[1]) and fork.accept_token(ids[2])
+    bm = new_bitmask(1)
+    rg.fill_rows(bm, 0, [])  # the fork's tokens did not reach rg
+    assert torch.equal(bm[0], reference_mask(schema_grammar(), ids[:1])[0])
