@@ -14,6 +14,7 @@ import copy
 import datetime
 import logging
 import platform
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -50,6 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens per request")
+    parser.add_argument(
+        "--guided",
+        action="store_true",
+        help="constrain each output to its prompt's JSON schema (HF baselines are skipped)",
+    )
     parser.add_argument("--concurrency", default="1", help="comma-separated, e.g. 1,2,4,8")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up requests per engine (not timed)")
     parser.add_argument(
@@ -139,6 +145,7 @@ def run(args) -> int:
 
     runner = BenchRunner(args, configs, prompts, concurrencies, [b for b in args.baseline.split(",") if b])
     interrupted = False
+    _stop_cleanly_on_signals()
     try:
         runner.run_all()
     except KeyboardInterrupt:
@@ -169,6 +176,17 @@ def run(args) -> int:
         plot(args.plot, rows)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 130 if interrupted else 0
+
+
+def _stop_cleanly_on_signals() -> None:
+    """Ctrl-C (even when started in the background, where SIGINT comes ignored) and SIGTERM stop the
+    run the same way: what was measured is still reported and written."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def _machine() -> dict:

@@ -27,6 +27,7 @@ class Workload:
     max_tokens: int
     temperature: float
     ignore_eos: bool = False  #: exactly max_tokens per request (throughput runs)
+    guided: bool = False  #: constrain outputs to each prompt's schema (prompts without one run free)
 
     def sampling_params(self, i: int) -> SamplingParams:
         return SamplingParams(
@@ -47,6 +48,10 @@ def _record(prompt: BenchPrompt, out: RequestOutput) -> RequestRecord:
         num_decode_steps=m.num_decode_steps,
         num_draft_tokens=m.num_draft_tokens,
         num_accepted_tokens=m.num_accepted_tokens,
+        num_grammar_rejected_drafts=m.num_grammar_rejected_drafts,
+        num_forced_tokens=m.num_forced_tokens,
+        mask_wait_ms=m.mask_wait_ms,
+        error=out.error,
         proposed_per_position=list(m.proposed_per_position),
         accepted_per_position=list(m.accepted_per_position),
         schema_valid=schema_valid(out.text, prompt.schema),
@@ -65,7 +70,10 @@ def run_specexec(
     while pending or in_flight:
         while pending and len(in_flight) < concurrency:
             i = pending.popleft()
-            state = executor.add_request(Request(work.token_ids[i], work.sampling_params(i), f"bench-{i}"))
+            schema = work.prompts[i].schema if work.guided else None
+            response_format = {"type": "json_schema", "json_schema": {"schema": schema}} if schema else None
+            request = Request(work.token_ids[i], work.sampling_params(i), f"bench-{i}", response_format)
+            state = executor.add_request(request)
             in_flight[state.request_id] = i
         for event in executor.step():
             if event.finished and event.output is not None and event.request_id in in_flight:

@@ -21,6 +21,10 @@ class RequestRecord:
     num_decode_steps: int = 0  #: target forwards after the first token
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    num_grammar_rejected_drafts: int = 0  #: drafts dropped or rejected because the grammar forbids them
+    num_forced_tokens: int = 0  #: grammar-forced (jump-forward) tokens proposed as drafts
+    mask_wait_ms: float = 0.0  #: time the loop waited for this request's grammar masks
+    error: str | None = None
     proposed_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     schema_valid: bool | None = None  #: None when the prompt has no schema

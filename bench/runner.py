@@ -51,11 +51,11 @@ class BenchRunner:
             for p in self.prompts
         ]
         a = self.args
-        return Workload(self.prompts, ids, a.max_tokens, a.temperature, a.ignore_eos)
+        return Workload(self.prompts, ids, a.max_tokens, a.temperature, a.ignore_eos, a.guided)
 
     def _num_runs(self) -> int:
         hf = 0
-        if "hf" in self.baselines:
+        if "hf" in self.baselines and not self.args.guided:
             hf = (3 if 1 in self.concurrencies else 0) + sum(c > 1 for c in self.concurrencies)
         return (len(self.configs) * len(self.concurrencies) + hf) * len(self.prompts)
 
@@ -64,7 +64,7 @@ class BenchRunner:
         with tqdm(total=self._num_runs(), desc="bench", unit="req", dynamic_ncols=True) as bar:
             for named in self.configs:
                 self._run_specexec(named, bar)
-            if "hf" in self.baselines:
+            if "hf" in self.baselines and not self.args.guided:
                 self._run_hf(bar)
 
     def _run_specexec(self, named, bar) -> None:
@@ -86,6 +86,11 @@ class BenchRunner:
             extra = {
                 "drafting_share": drafting / (drafting + target) if drafting + target else None,
                 "engine": "specexec",
+                "guided": self.args.guided,
+                "mask_wait_ms_total": sum(r.mask_wait_ms for r in records),
+                "grammar_compile_ms": executor.guided.pool.compile_time_percentiles()
+                if self.args.guided
+                else None,
             }
             self.rows.append(summarize(named.name, c, records, wall, extra))
         gc.collect()

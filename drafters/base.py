@@ -33,10 +33,9 @@ class DrafterContext:
     executor_config: object  #: the ExecutorConfig (dtype, device, KV budget, block size)
 
 
-def grammar_valid_prefix(request, token_ids) -> int:
-    """How many leading tokens of ``token_ids`` the request's grammar accepts (all of them when the
-    request is not guided)."""
-    grammar = getattr(request, "grammar", None)
+def grammar_valid_prefix(grammar, token_ids) -> int:
+    """How many leading tokens of ``token_ids`` a request's grammar (a RequestGrammar) accepts; all of
+    them when there is no grammar."""
     if grammar is None:
         return len(token_ids)
     matcher = grammar.fork_for_drafting()
@@ -59,6 +58,12 @@ class Drafter:
     hidden_state_layers: tuple[int, ...] = ()
     #: it keeps a KV cache of its own (rewound with the target's)
     owns_kv_cache: bool = False
+    #: set by the executor: False turns draft-side grammar masks off (for the ablation)
+    use_grammar_masks: bool = True
+
+    def grammar_of(self, request):
+        """The request's grammar when draft-side masks are on and the request is guided, else None."""
+        return getattr(request, "grammar", None) if self.use_grammar_masks else None
 
     def __init__(self, max_draft_len: int) -> None:
         if not isinstance(max_draft_len, int) or not 1 <= max_draft_len <= 32:

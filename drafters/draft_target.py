@@ -88,7 +88,9 @@ class DraftTargetDrafter(Drafter):
         drafts: dict[str, list[int]] = {r.request_id: [] for r, _ in active}
         probs: dict[str, list[torch.Tensor]] = {r.request_id: [] for r, _ in active}
         feeds = {r.request_id: r.token_ids[len(self._states[r.request_id].fed) :] for r, _ in active}
-        grammars = {r.request_id: r.grammar.fork_for_drafting() for r, _ in active if r.grammar is not None}
+        grammars = {
+            r.request_id: self.grammar_of(r).fork_for_drafting() for r, _ in active if self.grammar_of(r)
+        }
         stopped: set[str] = set()
         while active:
             active = [(r, n) for r, n in active if self._reserve(r, len(feeds[r.request_id]))]

@@ -226,11 +226,7 @@ class NGramDrafter(Drafter):
     def num_draft_slots(self, request) -> int:
         """Exactly as many slots as there are drafts: 0 when nothing matches."""
         tokens, pool = self._update(request)
-        drafts = (
-            self._best(tokens, pool)
-            if getattr(request, "grammar", None) is None
-            else self._best_valid(request)
-        )
+        drafts = self._best(tokens, pool) if self.grammar_of(request) is None else self._best_valid(request)
         self._planned[request.request_id] = (len(tokens), drafts)
         return len(drafts)
 
@@ -239,7 +235,7 @@ class NGramDrafter(Drafter):
         first, so ties keep the usual preference), each cut at its first token the grammar rejects."""
         best: Continuation = ()
         for candidate in self.propose_candidates(request, all_keys=True):
-            valid = candidate[: grammar_valid_prefix(request, candidate)]
+            valid = candidate[: grammar_valid_prefix(self.grammar_of(request), candidate)]
             if len(valid) > len(best):
                 best = valid
         return best
@@ -248,7 +244,7 @@ class NGramDrafter(Drafter):
         planned = self._planned.pop(request.request_id, None)
         if planned is not None and planned[0] == len(request.token_ids):
             drafts = planned[1]
-        elif getattr(request, "grammar", None) is not None:
+        elif self.grammar_of(request) is not None:
             drafts = self._best_valid(request)
         else:
             tokens, pool = self._update(request)

@@ -129,12 +129,20 @@ class AttentionMetadata:
     """What the paged attention function needs for one forward; passed through the model's ``**kwargs``."""
 
     kv_cache: object  #: the model's KVCache
-    slot_mapping: torch.Tensor  # [num_tokens] cache slot where each new token's K/V goes
+    slot_mapping: torch.Tensor | slice  # [num_tokens] cache slot of each new token's K/V (a slice when
+    #                                     they are consecutive: one lone request on consecutive pages)
     groups: list[AttentionGroup]
     num_tokens: int
+    is_single_view: bool  #: one group whose queries are the whole batch in order: its output is the output
 
     @classmethod
     def build(cls, kv_cache, slot_mapping: torch.Tensor, seqs: list[SequenceSlice], block_size: int):
         device = slot_mapping.device
+        num_tokens = int(slot_mapping.shape[0])
         groups = [build_group(g, block_size, device) for g in group_sequences(seqs)]
-        return cls(kv_cache, slot_mapping, groups, int(slot_mapping.shape[0]))
+        lone = groups[0] if len(groups) == 1 else None
+        writes: torch.Tensor | slice = slot_mapping
+        if lone is not None and lone.kv_slice is not None:
+            writes = slice(lone.kv_slice.stop - num_tokens, lone.kv_slice.stop)
+        single = lone is not None and lone.query_slice == slice(0, num_tokens)
+        return cls(kv_cache, writes, groups, num_tokens, single)

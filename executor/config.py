@@ -40,6 +40,11 @@ class ExecutorConfig:
     cache_dir: str | None = None  #: where converted GGUF models are cached (default ~/.cache/specexec)
     #: drafter settings (trtllm-bench's block): {decoding_type: NGram, max_draft_len: 3, ...}; None = off
     speculative_config: SpeculativeConfig | None = None
+    #: guided requests: mask each drafting step with the grammar (off only for the ablation)
+    draft_side_grammar_masks: bool = True
+    #: JSON schemas: longest run of whitespace allowed (small models otherwise loop on whitespace);
+    #: 0 = compact JSON, null = unlimited
+    guided_json_max_whitespace: int | None = 16
 
     def __post_init__(self) -> None:
         if isinstance(self.speculative_config, dict):
@@ -86,6 +91,12 @@ class ExecutorConfig:
             "capture_hidden_layers",
             self.capture_hidden_layers,
             "a list of layer indices >= 0",
+        )
+        _check(
+            isinstance(self.draft_side_grammar_masks, bool),
+            "draft_side_grammar_masks",
+            self.draft_side_grammar_masks,
+            "true or false",
         )
         _check(
             self.speculative_config is None or isinstance(self.speculative_config, SpeculativeConfig),

@@ -110,7 +110,12 @@ class Executor:
         self.resources = StepResources(self.runner, self.tokenizer, self.vocab_size)
         self.eos_token_ids = _eos_token_ids(self.model, self.tokenizer)
         self.guided = GuidedDecodingStage(
-            self.tokenizer, self.vocab_size, self.eos_token_ids, config.max_num_tokens, device
+            self.tokenizer,
+            self.vocab_size,
+            self.eos_token_ids,
+            config.max_num_tokens,
+            device,
+            config.guided_json_max_whitespace,
         )
         self._ids = itertools.count()
         self._streaming = False
@@ -142,6 +147,7 @@ class Executor:
         if not isinstance(drafter, Drafter):
             raise ValueError(f"drafter must be a specexec Drafter, got {type(drafter).__name__}")
         self.plugins.register(drafter, name="drafter")
+        drafter.use_grammar_masks = self.config.draft_side_grammar_masks
         policy = None
         if spec is not None and spec.draft_len_policy != "fixed":
             cost = ForwardCostModel.linear()
@@ -286,6 +292,7 @@ class Executor:
     # ---- the stages -------------------------------------------------------------------------------
     def _prepare_draft_requests(self) -> None:
         self.speculation.reserve_slots(self.scheduler.running, self.max_model_len)
+        self.guided.reserve_forced(self.scheduler.running, self.max_model_len)
 
     def _schedule(self) -> list[ScheduledRequest]:
         for state, message in self.guided.resolve(list(self.scheduler.waiting)):
@@ -300,6 +307,7 @@ class Executor:
 
     def _prepare_draft_tokens(self, batch: list[ScheduledRequest]) -> None:
         self.speculation.collect_drafts(batch, self.resources)
+        self.guided.use_forced(batch)
 
     def _forward(self, batch: list[ScheduledRequest]) -> ForwardOutput:
         seqs = []

@@ -15,6 +15,9 @@ from .scheduler import ScheduledRequest
 
 logger = logging.getLogger("specexec")
 
+#: longest grammar-forced run proposed as drafts in one step
+MAX_FORCED_TOKENS = 16
+
 
 @dataclass(slots=True)
 class GuidedStats:
@@ -27,8 +30,15 @@ class GuidedStats:
 
 class GuidedDecodingStage:
     def __init__(
-        self, tokenizer, vocab_size: int, eos_token_ids: frozenset[int], max_rows: int, device
+        self,
+        tokenizer,
+        vocab_size: int,
+        eos_token_ids: frozenset[int],
+        max_rows: int,
+        device,
+        max_json_whitespace: int | None = None,
     ) -> None:
+        self.max_json_whitespace = max_json_whitespace  #: JSON whitespace run limit (0 = compact)
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
@@ -47,7 +57,12 @@ class GuidedDecodingStage:
 
             if self.tokenizer is None:
                 raise ValueError("guided decoding needs the model's tokenizer")
-            self._pool = GrammarCompilerPool(self.tokenizer, self.vocab_size, self.eos_token_ids)
+            self._pool = GrammarCompilerPool(
+                self.tokenizer,
+                self.vocab_size,
+                self.eos_token_ids,
+                max_json_whitespace=self.max_json_whitespace,
+            )
         return self._pool
 
     def submit(self, state: RequestState, response_format) -> None:
@@ -75,6 +90,35 @@ class GuidedDecodingStage:
             if r.num_output_tokens:  # recomputed after preemption: replay what it already emitted
                 r.grammar.accept_now(r.output_token_ids)
         return failed
+
+    # ---- grammar-forced tokens as drafts ---------------------------------------------------------
+    def reserve_forced(self, running: list[RequestState], max_model_len: int) -> None:
+        """Where the grammar allows exactly one continuation (xgrammar's jump-forward string), its
+        tokens become this step's drafts: the masked target can only accept them."""
+        from ..drafters.base import grammar_valid_prefix
+
+        for r in running:
+            r.forced_token_ids = []
+            if r.grammar is None or r.num_uncomputed_tokens != 1 or self.tokenizer is None:
+                continue
+            text = r.grammar.jump_forward_string()
+            if not text:
+                continue
+            tokens = self.tokenizer.encode(text, add_special_tokens=False)[:MAX_FORCED_TOKENS]
+            room = min(r.sampling_params.max_tokens - r.num_output_tokens, max_model_len - r.num_tokens) - 1
+            forced = tokens[: max(0, min(grammar_valid_prefix(r.grammar, tokens), room))]
+            if forced:
+                r.forced_token_ids = forced
+                r.num_draft_slots = max(r.num_draft_slots, len(forced))
+
+    def use_forced(self, batch: list[ScheduledRequest]) -> None:
+        """Forced tokens take the place of the drafter's proposal (they are at least as likely)."""
+        for s in batch:
+            r = s.request
+            if r.forced_token_ids and s.num_draft_slots and len(r.forced_token_ids) >= len(r.draft_token_ids):
+                r.draft_token_ids = r.forced_token_ids[: s.num_draft_slots]
+                r.draft_probs = None
+                r.metrics.num_forced_tokens += len(r.draft_token_ids)
 
     # ---- masks ------------------------------------------------------------------------------------
     @property

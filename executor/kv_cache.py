@@ -50,8 +50,15 @@ class KVCache:
             spec.num_layers, 2, num_slots, spec.num_kv_heads, spec.head_dim, dtype=spec.dtype, device=device
         )
 
-    def write(self, layer: int, slot_mapping: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Store new entries. slot_mapping [num_tokens]; key, value [num_tokens, kv_heads, head_dim]."""
+    def write(
+        self, layer: int, slot_mapping: torch.Tensor | slice, key: torch.Tensor, value: torch.Tensor
+    ) -> None:
+        """Store new entries. slot_mapping [num_tokens] (or a slice of consecutive slots); key, value
+        [num_tokens, kv_heads, head_dim]."""
+        if isinstance(slot_mapping, slice):
+            self.kv[layer, 0, slot_mapping].copy_(key)
+            self.kv[layer, 1, slot_mapping].copy_(value)
+            return
         self.kv[layer, 0].index_copy_(0, slot_mapping, key.to(self.spec.dtype))
         self.kv[layer, 1].index_copy_(0, slot_mapping, value.to(self.spec.dtype))
 

@@ -13,6 +13,9 @@ import torch.nn.functional as F
 from .attention_metadata import AttentionGroup, AttentionMetadata
 
 PAGED_ATTENTION = "specexec_paged"
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+#: short low-precision queries (decode, verification rows) use the matmul path on CPU
+MAX_MATMUL_QUERY_LEN = 64
 
 
 def _attend(
@@ -23,16 +26,34 @@ def _attend(
     scaling: float,
     softcap: float | None,
 ) -> torch.Tensor:  # [group, heads, max_q, head_dim]
-    if softcap is None:
+    short_low_precision = (
+        query.device.type == "cpu" and query.dtype in LOW_PRECISION and query.shape[2] <= MAX_MATMUL_QUERY_LEN
+    )
+    if softcap is None and not short_low_precision:
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, scale=scaling, enable_gqa=True
         )
-    groups = query.shape[1] // key.shape[1]
-    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    scores = torch.tanh(query @ key.transpose(-1, -2) * scaling / softcap) * softcap
+    return _attend_matmul(query, key, value, mask, scaling, softcap)
+
+
+def _attend_matmul(query, key, value, mask, scaling: float, softcap: float | None) -> torch.Tensor:
+    """Attention as two matmuls, the query heads of each KV head stacked as rows (no K/V repeat).
+    On CPU this beats SDPA several times over for short bfloat16 queries, and it does softcapping."""
+    num, heads, max_q, head_dim = query.shape
+    kv_heads = key.shape[1]
+    rep = heads // kv_heads
+    q = query.reshape(num, kv_heads, rep * max_q, head_dim)  # [group, kv_heads, rep*max_q, head_dim]
+    scores = (q @ key.transpose(-1, -2)).float() * scaling  # [group, kv_heads, rep*max_q, max_kv]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype) @ value
+        # [group, 1, max_q, max_kv] -> [group, 1, rep*max_q, max_kv]: every stacked head sees its query's row
+        stacked = (
+            mask.unsqueeze(2).expand(num, 1, rep, max_q, mask.shape[-1]).reshape(num, 1, rep * max_q, -1)
+        )
+        scores = scores.masked_fill(~stacked, float("-inf"))
+    probs = scores.softmax(-1).to(query.dtype)
+    return (probs @ value).reshape(num, heads, max_q, head_dim)
 
 
 def _attend_group(
@@ -40,11 +61,11 @@ def _attend_group(
     layer: int,
     meta: AttentionMetadata,
     query: torch.Tensor,  # [num_tokens, heads, head_dim]
-    out: torch.Tensor,  # [num_tokens, heads, head_dim]
+    out: torch.Tensor | None,  # [num_tokens, heads, head_dim]; None: return the group's output as is
     scaling: float,
     sliding_window: int | None,
     softcap: float | None,
-) -> None:
+) -> torch.Tensor:
     num, max_q = group.num_queries, group.max_query_len
     if group.query_slice is not None:
         q = query[group.query_slice].view(num, max_q, *query.shape[1:])
@@ -63,10 +84,13 @@ def _attend_group(
         scaling,
         softcap,
     ).transpose(1, 2)  # [group, max_q, heads, head_dim]
+    if out is None:
+        return o  # [group, max_q, heads, head_dim]: the caller's whole output
     if group.query_slice is not None:
         out[group.query_slice] = o.reshape(num * max_q, *o.shape[2:])
     else:
         out.index_copy_(0, group.out_index, o.reshape(num * max_q, *o.shape[2:])[group.valid_rows])
+    return o
 
 
 def paged_attention_forward(
@@ -98,6 +122,11 @@ def paged_attention_forward(
         layer, paged_metadata.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1)
     )
     scaling = scaling if scaling is not None else q.shape[-1] ** -0.5
+    if paged_metadata.is_single_view:  # the usual batch-1 / uniform-decode case: no gather, no scatter
+        o = _attend_group(
+            paged_metadata.groups[0], layer, paged_metadata, q, None, scaling, sliding_window, softcap
+        )
+        return o.reshape(1, *q.shape), None  # [1, num_tokens, heads, head_dim]
     out = torch.empty_like(q)  # [num_tokens, heads, head_dim]
     for group in paged_metadata.groups:
         _attend_group(group, layer, paged_metadata, q, out, scaling, sliding_window, softcap)

@@ -57,6 +57,7 @@ class RequestMetrics:
     mask_build_ms: float = 0.0  #: grammar mask building (on the worker thread), this request's share
     mask_wait_ms: float = 0.0  #: time the loop waited for masks after the forward, this request's share
     num_mask_rows_skipped: int = 0  #: verify rows that needed no mask (after a grammar-rejected draft)
+    num_forced_tokens: int = 0  #: grammar-forced tokens (jump-forward) proposed as drafts
 
     @property
     def mean_acceptance_length(self) -> float | None:
@@ -147,6 +148,7 @@ class RequestState:
     grammar_future: Any = None  #: Future of the compiled grammar, for guided requests
     grammar: Any = None  #: RequestGrammar once compiled
     grammar_fill: Any = None  #: this step's RowFill (which rows were masked)
+    forced_token_ids: list[int] = field(default_factory=list)  #: this step's grammar-forced tokens
     text: str = ""  #: decoded output, kept up to date only when needed (stop strings, streaming)
     num_text_sent: int = 0  #: characters of `text` already streamed
     metrics: RequestMetrics = field(default_factory=RequestMetrics)

@@ -146,7 +146,7 @@ class SpeculationStage:
     def collect_drafts(self, batch: list[ScheduledRequest], resources) -> None:
         """After scheduling: ask the drafter, then keep only what is safe to verify."""
         drafting = [s for s in batch if s.num_draft_slots]
-        if not drafting:
+        if not drafting or self.drafter is None:  # (slots without a drafter: grammar-forced tokens)
             return
         start = time.perf_counter()
         try:
@@ -161,7 +161,12 @@ class SpeculationStage:
         for s in drafting:
             proposal = proposals.get(s.request.request_id)
             s.request.draft_token_ids, s.request.draft_probs = self._checked(proposal, s.num_draft_slots)
-            if s.request.grammar is not None and not self.drafter.accepts_grammar_masks:
+            drafter = self.drafter
+            if (
+                s.request.grammar is not None
+                and drafter.use_grammar_masks
+                and not drafter.accepts_grammar_masks
+            ):
                 self._cut_to_grammar(s.request)
             self.stats.num_draft_steps += bool(s.request.draft_token_ids)
             self.stats.num_draft_tokens += len(s.request.draft_token_ids)
@@ -169,7 +174,7 @@ class SpeculationStage:
 
     def _cut_to_grammar(self, request: RequestState) -> None:
         """Drop drafts from the first one the request's grammar rejects (it could never be accepted)."""
-        keep = grammar_valid_prefix(request, request.draft_token_ids)
+        keep = grammar_valid_prefix(request.grammar, request.draft_token_ids)
         request.metrics.num_grammar_rejected_drafts += len(request.draft_token_ids) - keep
         request.draft_token_ids = request.draft_token_ids[:keep]
         if request.draft_probs is not None:

@@ -44,8 +44,11 @@ class GrammarCompilerPool:
         max_workers: int = 2,
         *,
         tokenizer_info: xgr.TokenizerInfo | None = None,
+        max_json_whitespace: int | None = None,
     ) -> None:
         self.vocab_size = vocab_size
+        #: JSON schemas: longest whitespace run allowed between tokens (0 = compact JSON, None = any)
+        self.max_json_whitespace = max_json_whitespace
         self.tokenizer_info = tokenizer_info or xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
         )
@@ -114,7 +117,9 @@ class GrammarCompilerPool:
     def _dispatch(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         c = self._compiler
         if spec.kind == "json_schema":
-            return c.compile_json_schema(spec.text)
+            if self.max_json_whitespace == 0:
+                return c.compile_json_schema(spec.text, any_whitespace=False)
+            return c.compile_json_schema(spec.text, max_whitespace_cnt=self.max_json_whitespace)
         if spec.kind == "json_object":
             return c.compile_builtin_json_grammar()
         if spec.kind == "regex":

@@ -1,0 +1,152 @@
+"""Guided decoding inside the speculative loop, on a tiny float64 model with the SmolLM2 tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import torch
+from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
+from specexec.drafters import Drafter, DraftProposal
+from test_grammar_support import smollm2_tokenizer
+from tiny_models import make_tiny_model
+
+VOCAB = 49152
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+        "kind": {"enum": ["cat", "dog"]},
+    },
+    "required": ["name", "age", "kind"],
+    "additionalProperties": False,
+}
+SPECS = {
+    "none": None,
+    "ngram": {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2},
+    "self-int8": {"decoding_type": "DraftTarget", "max_draft_len": 3},
+}
+
+
+class RandomDrafter(Drafter):
+    """Proposes random ids: most are grammar-invalid, so the cut and the masks must catch them."""
+
+    def __init__(self, max_draft_len: int = 3) -> None:
+        super().__init__(max_draft_len)
+        self.gen = torch.Generator().manual_seed(0)
+
+    def propose(self, request, num_slots, resources):
+        return DraftProposal(torch.randint(0, VOCAB, (num_slots,), generator=self.gen).tolist())
+
+
+def make_executor(spec=None, drafter=None, seed=0, **config):
+    _, model = make_tiny_model("llama", seed=seed, vocab_size=VOCAB)
+    settings = {"num_kv_blocks": 256, "block_size": 8, "guided_json_max_whitespace": 0, **config}
+    # (compact JSON: a random model would otherwise pad its output with whitespace)
+    cfg = ExecutorConfig(speculative_config=spec, **settings)
+    return Executor(model, cfg, tokenizer=smollm2_tokenizer(), drafter=drafter)
+
+
+def schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
+
+
+def make_requests(n: int, temperature: float = 0.0, max_tokens: int = 60) -> list[Request]:
+    prompts = [[{"role": "user", "content": f"Describe pet number {i} as JSON."}] for i in range(n)]
+    return [
+        Request(
+            p,
+            SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=i),
+            response_format=schema_format(PERSON),
+        )
+        for i, p in enumerate(prompts)
+    ]
+
+
+def assert_all_pages_free(executor: Executor) -> None:
+    assert executor.block_manager.num_free_blocks == executor.block_manager.num_blocks
+
+
+@pytest.mark.parametrize("spec_name", list(SPECS))
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_finished_guided_output_validates(spec_name, temperature):
+    executor = make_executor(SPECS[spec_name])
+    outputs = executor.run(make_requests(4, temperature, max_tokens=80))
+    finished = [o for o in outputs if o.finish_reason is FinishReason.STOP]
+    assert finished, "no guided request finished: the test would check nothing"
+    for out in finished:
+        jsonschema.validate(json.loads(out.text), PERSON)
+    assert_all_pages_free(executor)
+
+
+@pytest.mark.parametrize("spec_name", ["ngram", "self-int8", "random"])
+def test_greedy_guided_speculation_is_token_identical(spec_name):
+    baseline = [o.token_ids for o in make_executor().run(make_requests(4))]
+    drafter = RandomDrafter() if spec_name == "random" else None
+    executor = make_executor(None if drafter else SPECS[spec_name], drafter=drafter)
+    outputs = executor.run(make_requests(4))
+    assert [o.token_ids for o in outputs] == baseline
+    assert sum(o.metrics.num_draft_tokens for o in outputs) > 0
+    assert_all_pages_free(executor)
+
+
+def test_random_drafts_are_cut_at_the_first_grammar_invalid_token():
+    executor = make_executor(drafter=RandomDrafter())
+    outputs = executor.run(make_requests(2))
+    assert sum(o.metrics.num_grammar_rejected_drafts for o in outputs) > 0
+
+
+def test_forced_tokens_become_drafts():
+    """`{"name": "` is forced at the start of the object: it arrives as drafts and is accepted."""
+    executor = make_executor()
+    out = executor.run(make_requests(1))[0]
+    assert out.metrics.num_forced_tokens > 0
+    assert out.metrics.num_accepted_tokens > 0
+
+
+def test_bad_schema_errors_alone_and_others_finish():
+    executor = make_executor(SPECS["ngram"])
+    bad = Request("hi", SamplingParams(max_tokens=8), response_format=schema_format({"type": "nonsense"}))
+    bad_shape = Request("hi", SamplingParams(max_tokens=8), response_format={"type": "json_schema"})
+    good = make_requests(1)[0]
+    plain = Request("hello", SamplingParams(max_tokens=8))
+    out_bad, out_shape, out_good, out_plain = executor.run([bad, bad_shape, good, plain])
+    assert out_bad.finish_reason is FinishReason.ERROR and "schema" in out_bad.error
+    assert out_shape.finish_reason is FinishReason.ERROR
+    assert out_good.finish_reason is not FinishReason.ERROR
+    assert out_plain.finish_reason is FinishReason.LENGTH
+    assert_all_pages_free(executor)
+
+
+def test_regex_and_ebnf_formats_constrain_the_output():
+    executor = make_executor()
+    regex = Request(
+        "x", SamplingParams(max_tokens=20), response_format={"type": "regex", "regex": "(yes|no)!"}
+    )
+    ebnf = Request(
+        "x",
+        SamplingParams(max_tokens=20),
+        response_format={"type": "grammar", "grammar": 'root ::= "a" [0-9] [0-9]'},
+    )
+    out_regex, out_ebnf = executor.run([regex, ebnf])
+    assert out_regex.text in ("yes!", "no!")
+    assert len(out_ebnf.text) == 3 and out_ebnf.text[0] == "a" and out_ebnf.text[1:].isdigit()
+
+
+def test_masks_are_built_while_the_forward_runs():
+    executor = make_executor(SPECS["ngram"])
+    executor.run(make_requests(2))
+    stats = executor.guided.stats
+    assert stats.num_steps > 0
+    assert stats.mask_build_ms > 0
+
+
+def test_preempted_guided_request_replays_its_grammar():
+    executor = make_executor(num_kv_blocks=24, max_batch_size=4)
+    outputs = executor.run(make_requests(4, max_tokens=40))
+    assert sum(o.metrics.num_preemptions for o in outputs) > 0
+    reference = make_executor().run(make_requests(4, max_tokens=40))
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in reference]
+    assert_all_pages_free(executor)
