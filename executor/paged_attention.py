@@ -14,7 +14,7 @@ from .attention_metadata import AttentionGroup, AttentionMetadata
 
 PAGED_ATTENTION = "specexec_paged"
 LOW_PRECISION = (torch.bfloat16, torch.float16)
-#: short low-precision queries (decode, verification rows) use the matmul path on CPU
+#: a batch of short low-precision queries (decode, verification rows) uses the matmul path on CPU
 MAX_MATMUL_QUERY_LEN = 64
 
 
@@ -26,10 +26,13 @@ def _attend(
     scaling: float,
     softcap: float | None,
 ) -> torch.Tensor:  # [group, heads, max_q, head_dim]
-    short_low_precision = (
-        query.device.type == "cpu" and query.dtype in LOW_PRECISION and query.shape[2] <= MAX_MATMUL_QUERY_LEN
+    batched_low_precision = (  # SDPA on CPU is slow for a padded batch of short bf16/fp16 queries
+        query.device.type == "cpu"
+        and query.dtype in LOW_PRECISION
+        and query.shape[0] > 1
+        and query.shape[2] <= MAX_MATMUL_QUERY_LEN
     )
-    if softcap is None and not short_low_precision:
+    if softcap is None and not batched_low_precision:
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, scale=scaling, enable_gqa=True
         )
@@ -37,13 +40,14 @@ def _attend(
 
 
 def _attend_matmul(query, key, value, mask, scaling: float, softcap: float | None) -> torch.Tensor:
-    """Attention as two matmuls, the query heads of each KV head stacked as rows (no K/V repeat).
-    On CPU this beats SDPA several times over for short bfloat16 queries, and it does softcapping."""
+    """Attention as two float32 matmuls, the query heads of each KV head stacked as rows (no K/V
+    repeat). On CPU this beats SDPA several times over for a padded batch of short bfloat16 queries,
+    and it does softcapping."""
     num, heads, max_q, head_dim = query.shape
     kv_heads = key.shape[1]
     rep = heads // kv_heads
-    q = query.reshape(num, kv_heads, rep * max_q, head_dim)  # [group, kv_heads, rep*max_q, head_dim]
-    scores = (q @ key.transpose(-1, -2)).float() * scaling  # [group, kv_heads, rep*max_q, max_kv]
+    q = query.reshape(num, kv_heads, rep * max_q, head_dim).float()  # [group, kv_heads, rep*max_q, head_dim]
+    scores = (q @ key.float().transpose(-1, -2)) * scaling  # [group, kv_heads, rep*max_q, max_kv], fp32
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
@@ -52,8 +56,8 @@ def _attend_matmul(query, key, value, mask, scaling: float, softcap: float | Non
             mask.unsqueeze(2).expand(num, 1, rep, max_q, mask.shape[-1]).reshape(num, 1, rep * max_q, -1)
         )
         scores = scores.masked_fill(~stacked, float("-inf"))
-    probs = scores.softmax(-1).to(query.dtype)
-    return (probs @ value).reshape(num, heads, max_q, head_dim)
+    probs = scores.softmax(-1)  # accumulate in float32, as SDPA does
+    return (probs @ value.float()).to(query.dtype).reshape(num, heads, max_q, head_dim)
 
 
 def _attend_group(

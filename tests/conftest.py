@@ -1,5 +1,6 @@
 """Lets the test modules import the `tiny_models` helper next to them."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -7,8 +8,18 @@ _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 # The tiny test models are far faster on one thread; several threads on a busy 2-core machine
 # spend their time contending with each other.
 torch.set_num_threads(1)
+
+
+@pytest.fixture
+def all_threads():
+    """The real model wants every core (the tiny models above run on one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    yield
+    torch.set_num_threads(before)

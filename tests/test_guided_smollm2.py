@@ -3,30 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
 
 import jsonschema
 import pytest
-import torch
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.bench.datasets import JSONSCHEMABENCH_SPLITS, load_dataset
 from specexec.executor.model_loader import load_model
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("all_threads")]
 SCHEMAS_PER_SPLIT = 2
 CONFIGS = {
     "none": None,
     "ngram": {"decoding_type": "NGram", "max_draft_len": 4},
     "self-int8": {"decoding_type": "DraftTarget", "max_draft_len": 3},
 }
-
-
-@pytest.fixture(autouse=True)
-def all_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

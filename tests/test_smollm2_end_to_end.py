@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from specexec import Executor, ExecutorConfig, SamplingParams
 from specexec.executor.model_loader import load_model
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def all_threads():
-    """conftest pins one thread for the tiny models; the real model wants every core."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("all_threads")]
 
 
 PROMPTS = [
