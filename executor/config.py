@@ -31,7 +31,7 @@ class ExecutorConfig:
     device: str = "auto"  #: "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:N"
     device_map: str | None = None  #: accelerate placement over several devices, e.g. "auto"
     max_batch_size: int = 16  #: requests in one forward at most
-    max_num_tokens: int = 512  #: tokens in one forward at most (prefill chunks + decode + draft tokens)
+    max_num_tokens: int = 2048  #: tokens in one forward at most (prefill chunks + decode + draft tokens)
     max_model_len: int | None = None  #: context length; None = the model's, capped by the KV pool
     block_size: int = 16  #: tokens per KV page
     kv_cache_memory_gb: float = 1.0  #: KV pool budget in GiB (ignored when num_kv_blocks is set)
