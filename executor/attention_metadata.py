@@ -46,7 +46,12 @@ class AttentionGroup:
     key_pos: torch.Tensor  # [1, 1, max_kv]
     base_mask: torch.Tensor | None  # [group, 1, max_query, max_kv] True = attend; None = attend to all
     max_query_pos: int  #: largest query position in the group
+    is_causal: bool  #: a lone sequence with nothing cached before it: plain causal attention (no mask)
     _window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def uses_causal_kernel(self, sliding_window: int | None) -> bool:
+        """True when SDPA's own causal masking is exact here (no window cuts in): no mask is built."""
+        return self.is_causal and (not sliding_window or self.max_query_pos < sliding_window)
 
     def mask(self, sliding_window: int | None) -> torch.Tensor | None:
         """The mask for a layer; a sliding-window layer sees only keys with ``q_pos - k_pos < window``."""
@@ -105,6 +110,7 @@ def build_group(seqs: list[SequenceSlice], block_size: int, device: torch.device
         key_pos=key_pos.view(1, 1, -1).to(device),
         base_mask=base_mask,
         max_query_pos=int(query_pos.max()),
+        is_causal=num == 1 and seqs[0].start_pos == 0,
     )
 
 

@@ -80,14 +80,12 @@ def _attend_group(
         key, value = key.unsqueeze(0), value.unsqueeze(0)  # [1, max_kv, kv_heads, head_dim]
     else:
         key, value = meta.kv_cache.gather(layer, group.kv_slots)  # [group, max_kv, kv_heads, head_dim]
-    o = _attend(
-        q.transpose(1, 2),
-        key.transpose(1, 2),
-        value.transpose(1, 2),
-        group.mask(sliding_window),
-        scaling,
-        softcap,
-    ).transpose(1, 2)  # [group, max_q, heads, head_dim]
+    q, key, value = q.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    if softcap is None and group.uses_causal_kernel(sliding_window):  # a fresh prompt: SDPA's causal kernel
+        o = F.scaled_dot_product_attention(q, key, value, is_causal=True, scale=scaling, enable_gqa=True)
+    else:
+        o = _attend(q, key, value, group.mask(sliding_window), scaling, softcap)
+    o = o.transpose(1, 2)  # [group, max_q, heads, head_dim]
     if out is None:
         return o  # [group, max_q, heads, head_dim]: the caller's whole output
     if group.query_slice is not None:
