@@ -11,10 +11,9 @@ from collections import Counter
 
 import pytest
 import torch
+from scipy import stats  # (scipy is in the dev extra)
 from specexec.sampling import SamplingParams, compute_probs
 from specexec.sampling.rejection import PLACEHOLDER_TOKEN_ID, RejectionSampler, Verification
-
-stats = pytest.importorskip("scipy.stats")
 
 VOCAB = 5
 # Target distributions (before temperature) for k + 1 = 3 rows: the rows of two drafts and the one after.
