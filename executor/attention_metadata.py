@@ -123,11 +123,32 @@ def _consecutive_slots(seq: SequenceSlice, block_size: int) -> slice | None:
     return slice(first * block_size, first * block_size + seq.kv_len)
 
 
+#: a padded group may cost at most this much more than its requests' own query x key work
+MAX_PADDING_OVERHEAD = 1.5
+
+
 def group_sequences(seqs: list[SequenceSlice]) -> list[list[SequenceSlice]]:
-    """Short queries share one padded group; each long query is alone."""
-    short = [s for s in seqs if s.query_len <= MAX_SHORT_QUERY_LEN]
-    groups = [[s] for s in seqs if s.query_len > MAX_SHORT_QUERY_LEN]
-    return ([short] if short else []) + groups
+    """Short queries share padded groups; each long query is alone.
+
+    Short queries are sorted by key length and cut into groups whose padded size (``num * max_q *
+    max_kv``) stays within `MAX_PADDING_OVERHEAD` of their real work, so a decode row over 100 keys
+    never pads to a neighbour's 1700 keys or to a 60-token prefill chunk. Uniform batches stay one group."""
+    short = sorted((s for s in seqs if s.query_len <= MAX_SHORT_QUERY_LEN), key=lambda s: (s.kv_len, s.query_len))
+    groups: list[list[SequenceSlice]] = []
+    group: list[SequenceSlice] = []
+    real = max_q = max_kv = 0
+    for s in short:
+        q, kv = max(max_q, s.query_len), max(max_kv, s.kv_len)
+        if group and (len(group) + 1) * q * kv > MAX_PADDING_OVERHEAD * (real + s.query_len * s.kv_len):
+            groups.append(group)
+            group, real, q, kv = [], 0, s.query_len, s.kv_len
+        group.append(s)
+        real += s.query_len * s.kv_len
+        max_q, max_kv = q, kv
+    if group:
+        groups.append(group)
+    groups = [sorted(g, key=lambda s: s.query_start) for g in groups]  # batch order: a uniform view
+    return groups + [[s] for s in seqs if s.query_len > MAX_SHORT_QUERY_LEN]
 
 
 @dataclass(slots=True)
