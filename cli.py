@@ -44,6 +44,12 @@ def _build_parser() -> argparse.ArgumentParser:
     from .bench.command import add_arguments
 
     add_arguments(bench)
+    train = sub.add_parser(
+        "train-eagle3", help="train an EAGLE-3 draft head for the target on this machine (CPU is fine)"
+    )
+    from .bench.train_command import add_arguments as add_train_arguments
+
+    add_train_arguments(train)
     return parser
 
 
@@ -113,6 +119,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_train_eagle3(args: argparse.Namespace) -> int:
+    from .bench.train_command import run
+
+    return run(args)
+
+
 def _print_metrics(output) -> None:
     m = output.metrics
     parts = [
@@ -141,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         logging.getLogger("specexec").setLevel(logging.WARNING)
     try:
-        return {"run": _cmd_run, "bench": _cmd_bench}[args.command](args)
+        commands = {"run": _cmd_run, "bench": _cmd_bench, "train-eagle3": _cmd_train_eagle3}
+        return commands[args.command](args)
     except ValueError as exc:  # bad config, bad flags, a model that cannot load
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -139,8 +139,21 @@ def load_dataset(name: str, num_requests: int | None = None) -> list[BenchPrompt
 
 
 def spread(prompts: list[BenchPrompt], num_requests: int) -> list[BenchPrompt]:
-    """Up to num_requests prompts taken evenly across the list (every category gets a share)."""
-    if num_requests >= len(prompts):
-        return prompts
-    step = len(prompts) / num_requests
-    return [prompts[int(i * step)] for i in range(num_requests)]
+    """The first num_requests prompts of the list's evenly spread order (`spread_order`): every part
+    of the list gets a share, and a smaller draw is always part of a larger one, so the prompts held
+    out from training (the first `MAX_BENCH_REQUESTS` of the order) contain every draw up to that size."""
+    return [prompts[i] for i in spread_order(len(prompts))[:num_requests]]
+
+
+def spread_order(length: int) -> list[int]:
+    """Indices 0..length-1 in van der Corput order: 0, 1/2, 1/4, 3/4, 1/8, ... of the way through."""
+    order: list[int] = []
+    seen: set[int] = set()
+    bits = max(1, (length - 1).bit_length())
+    for i in range(2**bits):
+        fraction = int(f"{i:0{bits}b}"[::-1], 2) / 2**bits  # bit-reversed i
+        index = int(fraction * length)
+        if index not in seen:
+            seen.add(index)
+            order.append(index)
+    return order

@@ -62,6 +62,49 @@ def make_draft_target(spec_config, context: DrafterContext) -> Drafter:
     )
 
 
+EAGLE3_OPTIONS = {
+    "speculative_model": None,  #: head directory (published EAGLE-3 layout); None = the shipped SmolLM2 head
+    "speculative_model_dir": None,  #: trtllm-bench's name for the same
+    "sample_drafts": False,  #: sample drafts and keep q (rejection sampling), else greedy drafts
+    "kv_cache_memory_gb": 0.25,  #: the head's KV pool
+}
+
+
+def make_eagle3(spec_config, context: DrafterContext) -> Drafter:
+    from .eagle3 import Eagle3Drafter
+    from .eagle3_head import SHIPPED_HEAD, load_head
+
+    opts = _take_options("Eagle", spec_config.options, EAGLE3_OPTIONS)
+    cfg = context.executor_config
+    path = opts["speculative_model"] or opts["speculative_model_dir"]
+    if path is None:
+        if cfg.model is not None:
+            raise ValueError(
+                "Eagle needs speculative_model: an EAGLE-3 head directory for this target "
+                "(the shipped head fits only the embedded SmolLM2-135M-Instruct)"
+            )
+        path = SHIPPED_HEAD
+    target = context.target_model
+    param = next(target.parameters())
+    head = load_head(path, target.get_input_embeddings(), param.dtype, param.device)
+    text_config = target.config.get_text_config()
+    if head.config.target_hidden_size != text_config.hidden_size:
+        raise ValueError(
+            f"EAGLE-3 head {path} reads features of width {head.config.target_hidden_size}; "
+            f"the target's hidden size is {text_config.hidden_size}"
+        )
+    return Eagle3Drafter(
+        head,
+        spec_config.max_draft_len,
+        context.vocab_size,
+        text_config.num_hidden_layers,
+        sample_drafts=bool(opts["sample_drafts"]),
+        kv_cache_memory_gb=float(opts["kv_cache_memory_gb"]),
+        block_size=cfg.block_size,
+        max_num_tokens=cfg.max_num_tokens,
+    )
+
+
 def make_user_provided(spec_config, context: DrafterContext) -> Drafter:
     """``drafter: "package.module:ClassName"`` with ``drafter_options: {...}`` for its constructor."""
     opts = _take_options("UserProvided", spec_config.options, {"drafter": None, "drafter_options": {}})
@@ -80,4 +123,10 @@ def make_user_provided(spec_config, context: DrafterContext) -> Drafter:
 
 @hookimpl
 def specexec_drafter_factories() -> dict:
-    return {"NGram": make_ngram, "DraftTarget": make_draft_target, "UserProvided": make_user_provided}
+    return {
+        "NGram": make_ngram,
+        "DraftTarget": make_draft_target,
+        "Eagle": make_eagle3,
+        "Eagle3": make_eagle3,
+        "UserProvided": make_user_provided,
+    }

@@ -38,7 +38,7 @@ from .model_runner import ForwardOutput, ModelRunner, SequenceInput
 from .output_processor import OutputProcessor
 from .request import FinishReason, Prompt, Request, RequestOutput, RequestState, TokenEvent
 from .scheduler import ScheduledRequest, Scheduler
-from .speculation import SpeculationStage, build_drafter, find_drafter_factory
+from .speculation import SpeculationStage, build_drafter, find_drafter_factory, keep_verified_rows
 
 logger = logging.getLogger("specexec")
 
@@ -148,6 +148,7 @@ class Executor:
             raise ValueError(f"drafter must be a specexec Drafter, got {type(drafter).__name__}")
         self.plugins.register(drafter, name="drafter")
         drafter.use_grammar_masks = self.config.draft_side_grammar_masks
+        self.runner.capture(tuple(drafter.hidden_state_layers))
         policy = None
         if spec is not None and spec.draft_len_policy != "fixed":
             cost = ForwardCostModel.linear()
@@ -285,6 +286,8 @@ class Executor:
         output = self._forward(batch)
         self._wait_for_masks(output)
         verifications = self._sample(batch, output)
+        self.speculation.keep_hidden_states(batch, output, verifications)
+        self._keep_captured_hidden(batch, output, verifications)
         events += self._update_requests(batch, verifications)
         self._free_resources(batch, verifications)
         return events
@@ -347,6 +350,12 @@ class Executor:
         for i, v in zip(producing, verifications):
             results[i] = v
         return results
+
+    def _keep_captured_hidden(self, batch, output: ForwardOutput, verifications) -> None:
+        layers = tuple(self.config.capture_hidden_layers)
+        if layers:
+            for i, (s, v) in enumerate(zip(batch, verifications)):
+                keep_verified_rows(s.request.captured_hidden, s, v, output, i, layers)
 
     def _update_requests(
         self, batch: list[ScheduledRequest], verifications: list[Verification | None]

@@ -42,20 +42,26 @@ def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return layers
 
 
-class ModelRunner:
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        kv_cache: KVCache,
-        max_num_tokens: int,
-        capture_layers: tuple[int, ...] = (),
-    ) -> None:
-        self.model = model
+@dataclass(slots=True)
+class PreparedBatch:
+    """A forward's inputs, written into the runner's persistent buffers."""
+
+    input_ids: torch.Tensor  # [num_tokens]
+    positions: torch.Tensor  # [num_tokens]
+    logit_indices: torch.Tensor  # [num_rows] flat index of each token that wants logits
+    metadata: AttentionMetadata
+    cu_logit_rows: list[int]  # [batch + 1]
+    cu_tokens: list[int]  # [batch + 1]
+
+
+class PagedInputs:
+    """Persistent input buffers of one model over its paged KV cache, filled per forward."""
+
+    def __init__(self, kv_cache: KVCache, max_num_tokens: int) -> None:
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.max_num_tokens = max_num_tokens
         self.device = kv_cache.kv.device
-        model.set_attn_implementation(register_paged_attention())
         self.input_ids = torch.zeros(max_num_tokens, dtype=torch.long, device=self.device)  # [max_num_tokens]
         self.positions = torch.zeros(max_num_tokens, dtype=torch.long, device=self.device)  # [max_num_tokens]
         self.slot_mapping = torch.zeros(
@@ -64,28 +70,6 @@ class ModelRunner:
         self.logit_indices = torch.zeros(
             max_num_tokens, dtype=torch.long, device=self.device
         )  # [max_num_tokens]
-        self._captured: dict[int, torch.Tensor] = {}
-        self._hooks = [self._capture_hook(i) for i in capture_layers]
-
-    def _capture_hook(self, index: int):
-        """Record ``hidden_states[index]`` as transformers numbers it: 0 = embeddings, i = output of layer
-        i-1, and the last (i = num_layers) after the final norm."""
-        layers = _decoder_layers(self.model)
-        if not 0 <= index <= len(layers):
-            raise ValueError(f"capture layer {index} is out of range 0..{len(layers)}")
-        decoder = self.model.get_decoder()
-        if index == 0:
-            module = decoder.embed_tokens
-        elif index == len(layers):
-            module = decoder.norm
-        else:
-            module = layers[index - 1]
-
-        def hook(_module, _args, output):
-            hidden = output[0] if isinstance(output, tuple) else output
-            self._captured[index] = hidden[0]  # [num_tokens, hidden]
-
-        return module.register_forward_hook(hook)
 
     def _fill_inputs(self, seqs: list[SequenceInput]) -> tuple[list[SequenceSlice], list[int], list[int]]:
         slices, cu_tokens, cu_rows, logit_rows = [], [0], [0], []
@@ -111,18 +95,73 @@ class ModelRunner:
         self.logit_indices[: len(logit_rows)].copy_(torch.tensor(logit_rows, dtype=torch.long))
         return slices, cu_tokens, cu_rows
 
-    @torch.inference_mode()
-    def forward(self, seqs: list[SequenceInput]) -> ForwardOutput:
+    def prepare(self, seqs: list[SequenceInput]) -> PreparedBatch:
         slices, cu_tokens, cu_rows = self._fill_inputs(seqs)
         num_tokens, num_rows = cu_tokens[-1], cu_rows[-1]
         meta = AttentionMetadata.build(self.kv_cache, self.slot_mapping[:num_tokens], slices, self.block_size)
+        return PreparedBatch(
+            self.input_ids[:num_tokens],
+            self.positions[:num_tokens],
+            self.logit_indices[:num_rows],
+            meta,
+            cu_rows,
+            cu_tokens,
+        )
+
+
+class ModelRunner(PagedInputs):
+    """Runs an HF model's forward on the paged cache; records the hidden states drafters ask for."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        kv_cache: KVCache,
+        max_num_tokens: int,
+        capture_layers: tuple[int, ...] = (),
+    ) -> None:
+        super().__init__(kv_cache, max_num_tokens)
+        self.model = model
+        model.set_attn_implementation(register_paged_attention())
+        self._captured: dict[int, torch.Tensor] = {}
+        self._hooks: dict[int, object] = {}
+        self.capture(capture_layers)
+
+    def capture(self, layers: tuple[int, ...]) -> None:
+        """Record these ``hidden_states`` indices in every forward from now on (ForwardOutput.hidden_states)."""
+        for index in layers:
+            if index not in self._hooks:
+                self._hooks[index] = self._capture_hook(index)
+
+    def _capture_hook(self, index: int):
+        """Record ``hidden_states[index]`` as transformers numbers it: 0 = embeddings, i = output of layer
+        i-1, and the last (i = num_layers) after the final norm."""
+        layers = _decoder_layers(self.model)
+        if not 0 <= index <= len(layers):
+            raise ValueError(f"capture layer {index} is out of range 0..{len(layers)}")
+        decoder = self.model.get_decoder()
+        if index == 0:
+            module = decoder.embed_tokens
+        elif index == len(layers):
+            module = decoder.norm
+        else:
+            module = layers[index - 1]
+
+        def hook(_module, _args, output):
+            hidden = output[0] if isinstance(output, tuple) else output
+            self._captured[index] = hidden[0]  # [num_tokens, hidden]
+
+        return module.register_forward_hook(hook)
+
+    @torch.inference_mode()
+    def forward(self, seqs: list[SequenceInput]) -> ForwardOutput:
+        batch = self.prepare(seqs)
         self._captured = {}
         out = self.model(
-            input_ids=self.input_ids[:num_tokens].unsqueeze(0),
-            position_ids=self.positions[:num_tokens].unsqueeze(0),
+            input_ids=batch.input_ids.unsqueeze(0),
+            position_ids=batch.positions.unsqueeze(0),
             use_cache=False,
-            logits_to_keep=self.logit_indices[:num_rows],
-            paged_metadata=meta,
+            logits_to_keep=batch.logit_indices,
+            paged_metadata=batch.metadata,
         )
         logits = out.logits[0]  # [num_rows, vocab]
-        return ForwardOutput(logits, cu_rows, dict(self._captured), cu_tokens)
+        return ForwardOutput(logits, batch.cu_logit_rows, dict(self._captured), batch.cu_tokens)

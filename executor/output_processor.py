@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 import time
 
 from .request import FinishReason, RequestOutput, RequestState, TokenEvent
@@ -92,6 +94,9 @@ class OutputProcessor:
             prompt_token_ids=request.token_ids[: request.num_prompt_tokens],
             error=request.error,
             metrics=request.metrics,
+            hidden_states=torch.cat([rows for _, rows in request.captured_hidden])
+            if request.captured_hidden
+            else None,
         )
 
     def make_event(self, request: RequestState, new_tokens: list[int], streaming: bool) -> TokenEvent:

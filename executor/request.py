@@ -109,6 +109,9 @@ class RequestOutput:
     prompt_token_ids: list[int] = field(default_factory=list)
     error: str | None = None  #: what was wrong, when finish_reason is "error"
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    #: with ``capture_hidden_layers``: [num_prompt + num_output - 1, num_layers * hidden] hidden states of
+    #: every position fed to the model (the last token never is), the layers concatenated in config order
+    hidden_states: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -149,6 +152,11 @@ class RequestState:
     grammar: Any = None  #: RequestGrammar once compiled
     grammar_fill: Any = None  #: this step's RowFill (which rows were masked)
     forced_token_ids: list[int] = field(default_factory=list)  #: this step's grammar-forced tokens
+    #: verified positions' target hidden states not yet read by the drafter, for drafters that ask for
+    #: them (EAGLE-3): chunks (position of the first row, [rows, num_layers * hidden])
+    target_hidden: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    #: with ``capture_hidden_layers``: every verified position's hidden states, kept for the output
+    captured_hidden: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     text: str = ""  #: decoded output, kept up to date only when needed (stop strings, streaming)
     num_text_sent: int = 0  #: characters of `text` already streamed
     metrics: RequestMetrics = field(default_factory=RequestMetrics)

@@ -64,6 +64,27 @@ def build_drafter(spec: SpeculativeConfig, context: DrafterContext, plugins) -> 
     return drafter
 
 
+def keep_verified_rows(
+    chunks: list[tuple[int, torch.Tensor]],
+    scheduled: ScheduledRequest,
+    verification,
+    output,
+    index: int,
+    layers: tuple[int, ...],
+) -> None:
+    """Append (position, rows [n, len(layers) * hidden]) of the verified positions of one request in
+    this forward: its new tokens (a prompt chunk, or the token fed) and its accepted drafts; rows of
+    rejected drafts are dropped. Called before the request's progress is updated; a request computed
+    from position 0 again (first chunk, or recomputed after preemption) starts over."""
+    r = scheduled.request
+    start = output.cu_tokens[index]
+    num_rows = scheduled.num_new_tokens + (verification.num_accepted if verification else 0)
+    rows = torch.cat([output.hidden_states[layer][start : start + num_rows] for layer in layers], -1)
+    if r.num_computed_tokens == 0:
+        chunks.clear()
+    chunks.append((r.num_computed_tokens, rows))
+
+
 class SpeculationStage:
     def __init__(
         self,
@@ -139,6 +160,7 @@ class SpeculationStage:
             self._logged_error = True
 
     def release(self, request: RequestState) -> None:
+        request.target_hidden.clear()
         if self.policy is not None:
             self.policy.forget(request.request_id)
         self.plugins.hook.specexec_release_request(request=request)
@@ -171,6 +193,13 @@ class SpeculationStage:
             self.stats.num_draft_steps += bool(s.request.draft_token_ids)
             self.stats.num_draft_tokens += len(s.request.draft_token_ids)
         self.stats.drafting_time += time.perf_counter() - start
+
+    def keep_hidden_states(self, batch: list[ScheduledRequest], output, verifications) -> None:
+        """Hand the drafter's layers of the verified positions to each request's ``target_hidden``."""
+        layers = self.drafter.hidden_state_layers if self.drafter else ()
+        if layers:
+            for i, (s, v) in enumerate(zip(batch, verifications)):
+                keep_verified_rows(s.request.target_hidden, s, v, output, i, layers)
 
     def _cut_to_grammar(self, request: RequestState) -> None:
         """Drop drafts from the first one the request's grammar rejects (it could never be accepted)."""

@@ -1,0 +1,74 @@
+"""Training features for an EAGLE-3 head, and its draft vocabulary.
+
+The target's hidden states come from the corpus generation itself (the executor captures them in the
+forwards that generate the answers: no second pass over the corpus). Per position: the three auxiliary
+features the head is fed (``hidden_states[i]`` for the head's layer ids) and the final normed hidden
+state, from which the training loop recomputes the target's distribution over the draft vocabulary
+(``final @ lm_head[draft ids].T``) instead of storing wide rows. A long sequence keeps only its last
+positions (its answer and the prompt just before it), computed over the whole context.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass(slots=True)
+class SequenceFeatures:
+    token_ids: torch.Tensor  # [n + 1] int64: the tokens of the kept positions, and the one after them
+    start_pos: int  #: position of token_ids[0] in the whole sequence
+    aux: torch.Tensor  # [n, 3 * target_hidden] bfloat16: the head's input features
+    final: torch.Tensor  # [n, target_hidden] bfloat16: last hidden state after the final norm
+
+
+def load_features(records: list[dict], corpus_dir: Path, target_hidden: int) -> list[SequenceFeatures]:
+    """The features the corpus generation saved: [n, 4 * target_hidden] rows (three auxiliary layers,
+    then the final one) for the last n positions fed to the target."""
+    features = []
+    for r in records:
+        rows = torch.load(corpus_dir / r["features"])
+        ids = r["prompt_token_ids"] + r["output_token_ids"]
+        n = rows.shape[0]
+        if n < 3:
+            continue
+        start = len(ids) - 1 - n  # every token but the last was fed
+        features.append(
+            SequenceFeatures(
+                torch.tensor(ids[start:]), start, rows[:, : 3 * target_hidden], rows[:, 3 * target_hidden :]
+            )
+        )
+    return features
+
+
+def choose_draft_vocab(
+    records: list[dict], size: int, vocab_size: int, always: tuple[int, ...] = ()
+) -> torch.Tensor:
+    """The ``size`` most frequent tokens of the corpus (answers counted twice: they are what is
+    drafted), plus ``always`` (e.g. EOS); sorted target ids [size]."""
+    if not 1 <= size <= vocab_size:
+        raise ValueError(f"draft vocabulary size must be in 1..{vocab_size}, got {size}")
+    counts: Counter[int] = Counter()
+    for r in records:
+        counts.update(r["prompt_token_ids"])
+        counts.update(r["output_token_ids"])
+        counts.update(r["output_token_ids"])
+    chosen = [t for t in dict.fromkeys(always) if 0 <= t < vocab_size]
+    for token, _ in counts.most_common():
+        if len(chosen) >= size:
+            break
+        if token not in chosen:
+            chosen.append(token)
+    taken = set(chosen)
+    filler = (t for t in range(vocab_size) if t not in taken)  # a tiny corpus: pad with low ids
+    while len(chosen) < size:
+        chosen.append(next(filler))
+    return torch.tensor(sorted(chosen), dtype=torch.long)
+
+
+def d2t_for(draft_ids: torch.Tensor) -> torch.Tensor:
+    """[draft_vocab] offsets: target id = draft id + d2t[draft id] (draft ids are the sorted targets)."""
+    return draft_ids - torch.arange(len(draft_ids))

@@ -1,0 +1,248 @@
+"""`specexec train-eagle3`: train an EAGLE-3 head for a target on this machine's CPU.
+
+    specexec train-eagle3 --output heads/smollm2 --max-minutes 60
+
+1. the corpus: the target's greedy answers to bundled prompts no benchmark draw can pick
+   (`eagle3_corpus`), appended to ``<output>/corpus.jsonl`` (a rerun continues it);
+2. the draft vocabulary: the corpus's most frequent tokens; the target's features over the corpus;
+3. the training-time test (`eagle3_ttt`) until the time budget ends, with a progress bar, a held-out
+   agreement check, and ``training_log.json`` + ``loss_curve.png``;
+4. the head in the published layout (``config.json``, fp16 ``model.safetensors`` with d2t/t2d).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from ..drafters.eagle3_head import Eagle3Config, Eagle3Head, default_aux_layers, save_head
+from .eagle3_ttt import Batch, ttt_loss
+
+
+def train(args) -> int:
+    """The whole pipeline of `specexec train-eagle3` (see the module docstring)."""
+    from ..executor.model_loader import load_model
+    from .eagle3_corpus import generate_corpus
+    from .eagle3_features import choose_draft_vocab, d2t_for, load_features
+
+    if args.max_minutes <= 0 or args.corpus_minutes < 0 or args.ttt_steps < 1 or args.draft_vocab_size < 1:
+        raise ValueError("--max-minutes > 0, --corpus-minutes >= 0, --ttt-steps >= 1, --draft-vocab-size >= 1")
+    started = time.perf_counter()
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(args.seed)
+    target = load_model(args.model, dtype="float32", progress=False).model
+    cfg = _head_config(target.config, args.draft_vocab_size)
+    records = generate_corpus(
+        out / "corpus" / "corpus.jsonl",
+        (*cfg.aux_layer_ids, target.config.num_hidden_layers),
+        num_prompts=args.num_prompts,
+        max_tokens=args.max_new_tokens,
+        max_seconds=args.corpus_minutes * 60,
+        keep_positions=args.max_len + 1,
+        model=args.model,
+    )
+    if not records:
+        raise ValueError("the corpus is empty: no answer was generated")
+    eos = target.generation_config.eos_token_id
+    draft_ids = choose_draft_vocab(
+        records, cfg.draft_vocab_size, cfg.vocab_size, tuple(eos if isinstance(eos, list) else [eos or 0])
+    )
+    random.Random(args.seed).shuffle(records)
+    num_val = max(1, len(records) // 25)
+    feats = load_features(records, out / "corpus", cfg.target_hidden_size)
+    val, train = feats[:num_val], feats[num_val:]
+    lm_rows = target.get_output_embeddings().weight[draft_ids].detach().clone()  # [draft_vocab, hidden]
+    in_draft = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    in_draft[draft_ids] = True
+    head = _init_head(cfg, target, draft_ids, lm_rows)
+    del target
+    budget = args.max_minutes * 60 - (time.perf_counter() - started) - 30  # keep time to save
+    log = train_head(head, train, val, lm_rows, in_draft, args, budget)
+    log.update(
+        corpus_records=len(records),
+        corpus_output_tokens=sum(len(r["output_token_ids"]) for r in records),
+        train_positions=sum(len(f.aux) - 1 for f in train),
+        total_minutes=(time.perf_counter() - started) / 60,
+    )
+    head.d2t.copy_(d2t_for(draft_ids))
+    save_head(head, out)
+    (out / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    _plot(log, out / "loss_curve.png")
+    print(f"wrote the head to {out} ({log['total_minutes']:.1f} min)")
+    return 0
+
+
+def _head_config(target_config, draft_vocab_size: int) -> Eagle3Config:
+    tc = target_config.get_text_config()
+    heads = tc.num_attention_heads
+    rope = getattr(tc, "rope_parameters", None) or {}
+    return Eagle3Config(
+        hidden_size=tc.hidden_size,
+        intermediate_size=tc.intermediate_size,
+        num_attention_heads=heads,
+        num_key_value_heads=tc.num_key_value_heads or heads,
+        head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // heads,
+        vocab_size=tc.vocab_size,
+        draft_vocab_size=min(draft_vocab_size, tc.vocab_size),
+        target_hidden_size=tc.hidden_size,
+        rms_norm_eps=tc.rms_norm_eps,
+        rope_theta=float(rope.get("rope_theta", getattr(tc, "rope_theta", 10000.0))),
+        max_position_embeddings=tc.max_position_embeddings,
+        aux_layer_ids=default_aux_layers(tc.num_hidden_layers),
+    )
+
+
+def _init_head(cfg: Eagle3Config, target, draft_ids, lm_rows) -> Eagle3Head:
+    """Start close to the target: lm_head = the target's output rows of the draft vocabulary, the final
+    norm copied, fc passing the high feature through, the layer's residual branches scaled down."""
+    embeddings = torch.nn.Embedding.from_pretrained(target.get_input_embeddings().weight.detach().clone())
+    head = Eagle3Head(cfg, embeddings)
+    with torch.no_grad():
+        head.lm_head.weight.copy_(lm_rows)
+        head.norm.weight.copy_(target.get_decoder().norm.weight)
+        h = cfg.hidden_size
+        head.fc.weight.mul_(0.1)
+        head.fc.weight[:, 2 * h :] += torch.eye(h)
+        head.midlayer.self_attn.o_proj.weight.mul_(0.1)
+        head.midlayer.mlp.down_proj.weight.mul_(0.1)
+        head.d2t.copy_(draft_ids - torch.arange(len(draft_ids)))
+        head.t2d.zero_()
+        head.t2d[draft_ids] = True
+    return head
+
+
+def _batches(feats, batch_tokens: int, max_len: int, rng: random.Random):
+    """Groups of sequences of similar length, about ``batch_tokens`` positions each, in random order."""
+    order = sorted(range(len(feats)), key=lambda i: (len(feats[i].token_ids), rng.random()))
+    groups, group, longest = [], [], 0
+    for i in order:
+        n = min(len(feats[i].aux) - 1, max_len)
+        if group and max(longest, n) * (len(group) + 1) > batch_tokens:
+            groups.append(group)
+            group, longest = [], 0
+        group.append(i)
+        longest = max(longest, n)
+    if group:
+        groups.append(group)
+    rng.shuffle(groups)
+    return groups
+
+
+def make_batch(feats, lm_rows: torch.Tensor, in_draft: torch.Tensor, max_len: int) -> Batch:
+    """Index i of a sequence: features at its position, the next token, the target's log-probs (over
+    the draft vocabulary) of the token after that. An index counts when the token after that (the
+    target's greedy choice, in its own answers) is in the draft vocabulary."""
+    t = max(min(len(f.aux) - 1, max_len) for f in feats)
+    b = len(feats)
+    aux = torch.zeros(b, t, feats[0].aux.shape[1])
+    next_ids = torch.zeros(b, t, dtype=torch.long)
+    positions = torch.zeros(b, t, dtype=torch.long)
+    final = torch.zeros(b, t, feats[0].final.shape[1])
+    valid = torch.zeros(b, t, dtype=torch.bool)
+    real = torch.zeros(b, t, dtype=torch.bool)
+    for j, f in enumerate(feats):
+        n = min(len(f.aux) - 1, max_len)
+        aux[j, :n] = f.aux[:n].float()
+        next_ids[j, :n] = f.token_ids[1 : n + 1]
+        positions[j, :n] = torch.arange(f.start_pos, f.start_pos + n)
+        final[j, :n] = f.final[1 : n + 1].float()
+        valid[j, :n] = in_draft[f.token_ids[2 : n + 2]]
+        real[j, :n] = True
+    with torch.no_grad():
+        target_logprobs = torch.log_softmax(final @ lm_rows.T, dim=-1)  # [B, T, draft_vocab]
+    return Batch(aux, next_ids, positions, target_logprobs, valid & real, real)
+
+
+def train_head(head, train, val, lm_rows, in_draft, args, budget_s: float) -> dict:
+    from tqdm import tqdm
+
+    rng = random.Random(args.seed)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    log: dict = {"steps": [], "val": [], "args": {k: v for k, v in vars(args).items() if k != "func"}}
+    start, step, epoch = time.perf_counter(), 0, 0
+    est_total = None
+    bar = tqdm(total=round(budget_s), desc="training (s)", unit="s")
+    while time.perf_counter() - start < budget_s:
+        for group in _batches(train, args.batch_tokens, args.max_len, rng):
+            elapsed = time.perf_counter() - start
+            if elapsed >= budget_s:
+                break
+            if step == 20:  # the schedule's length from the measured step time
+                est_total = int(budget_s / (elapsed / 20))
+            lr = _lr(step, est_total, args.lr)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            batch = make_batch([train[i] for i in group], lm_rows, in_draft, args.max_len)
+            loss, losses, agree = ttt_loss(head, batch, args.ttt_steps)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            step += 1
+            log["steps"].append({"step": step, "t": round(elapsed, 1), "lr": lr, "loss": losses, "agree": agree})
+            bar.n = round(elapsed)
+            bar.set_postfix(epoch=epoch, step=step, loss=f"{losses[0]:.3f}", agree0=f"{agree[0]:.2f}")
+            if step % 100 == 0:
+                log["val"].append({"step": step, **evaluate(head, val, lm_rows, in_draft, args)})
+        epoch += 1
+    bar.close()
+    log["val"].append({"step": step, **evaluate(head, val, lm_rows, in_draft, args)})
+    log["epochs"] = epoch
+    log["train_seconds"] = time.perf_counter() - start
+    print(f"held-out agreement per step: {log['val'][-1]['agree']}")
+    return log
+
+
+@torch.no_grad()
+def evaluate(head, val, lm_rows, in_draft, args) -> dict:
+    head.eval()
+    sums, counts = None, 0
+    for j in range(0, len(val), 8):
+        batch = make_batch(val[j : j + 8], lm_rows, in_draft, args.max_len)
+        _, losses, agree = ttt_loss(head, batch, args.ttt_steps)
+        sums = [a + b for a, b in zip(sums, agree + losses)] if sums else agree + losses
+        counts += 1
+    head.train()
+    k = args.ttt_steps
+    agree = [round(s / counts, 4) for s in sums[:k]]
+    # a rough acceptance length at draft length k: 1 + a0 + a0*a1 + ...
+    length, run = 1.0, 1.0
+    for a in agree:
+        run *= a
+        length += run
+    return {"agree": agree, "loss": [round(s / counts, 4) for s in sums[k:]], "est_acceptance_length": length}
+
+
+def _lr(step: int, total: int | None, peak: float, warmup: int = 30) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    if total is None:
+        return peak
+    frac = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def _plot(log: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    steps = [s["step"] for s in log["steps"]]
+    for k in range(len(log["steps"][0]["loss"]) if steps else 0):
+        ax[0].plot(steps, [s["loss"][k] for s in log["steps"]], label=f"step {k}", lw=0.8)
+        ax[1].plot([v["step"] for v in log["val"]], [v["agree"][k] for v in log["val"]], marker="o", label=f"step {k}")
+    ax[0].set(xlabel="optimizer step", ylabel="soft cross-entropy (train)", title="EAGLE-3 training loss")
+    ax[1].set(xlabel="optimizer step", ylabel="top-1 agreement with the target", title="held-out agreement")
+    for a in ax:
+        a.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,96 @@
+"""Training-time test (EAGLE-3): the head is unrolled for several steps, each fed its own output.
+
+Step 0 at index t sees the target's fused features ``h_t`` and the token ``x_{t+1}`` (position t) and
+is scored against the target's distribution of ``x_{t+2}``. Step k at index t continues the draft chain
+that starts at t: it is fed the head's step k-1 output at t and the token ``x_{t+1+k}`` (position t+k),
+and is scored against the target's distribution of ``x_{t+2+k}``. Its query attends the step-0 keys of
+indices <= t (the real context, as the inference cache holds) and the keys of steps 1..k at index t
+(its own earlier drafts): exactly what drafting k tokens after position t sees.
+
+Loss: soft cross-entropy against the target's distribution renormalized over the draft vocabulary,
+positions whose target argmax lies outside it left out, step k weighted 0.8^k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..drafters.eagle3_head import Eagle3Head
+
+STEP_WEIGHT = 0.8
+
+
+@dataclass(slots=True)
+class Batch:
+    aux: torch.Tensor  # [B, T, 3 * target_hidden] features at positions t
+    next_ids: torch.Tensor  # [B, T] x_{t+1}: the token fed with h_t
+    positions: torch.Tensor  # [B, T] position t
+    target_logprobs: torch.Tensor  # [B, T, draft_vocab] target log-probs of x_{t+2}, over the draft vocab
+    valid: torch.Tensor  # [B, T] bool: a real index whose target argmax is in the draft vocab
+    real: torch.Tensor  # [B, T] bool: a real (not padding) index
+
+
+class ChainAttention:
+    """The attention callback of one unrolled training step (see the module docstring)."""
+
+    def __init__(self, batch_size: int, length: int, real: torch.Tensor) -> None:
+        self.b, self.t = batch_size, length
+        causal = torch.ones(length, length, dtype=torch.bool).tril()  # [T, T]
+        self.mask = causal[None] & real[:, None, :]  # [B, T(query), T(key)]
+        self.keys: list[torch.Tensor] = []  # per step [B, heads, T, d]
+        self.values: list[torch.Tensor] = []
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, t = self.b, self.t
+        heads, d = q.shape[1], q.shape[2]
+        rep = heads // k.shape[1]
+        q = q.view(b, t, heads, d).transpose(1, 2)  # [B, heads, T, d]
+        k = k.view(b, t, -1, d).transpose(1, 2).repeat_interleave(rep, dim=1)  # [B, heads, T, d]
+        v = v.view(b, t, -1, d).transpose(1, 2).repeat_interleave(rep, dim=1)
+        self.keys.append(k)
+        self.values.append(v)
+        scale = d**-0.5
+        scores0 = (q @ self.keys[0].transpose(-1, -2)) * scale  # [B, heads, T, T]
+        scores0 = scores0.masked_fill(~self.mask[:, None], float("-inf"))
+        chain = [(q * kj).sum(-1, keepdim=True) * scale for kj in self.keys[1:]]  # k x [B, heads, T, 1]
+        probs = torch.cat([scores0, *chain], dim=-1).softmax(-1)  # [B, heads, T, T + k]
+        out = probs[..., :t] @ self.values[0]  # [B, heads, T, d]
+        for j, vj in enumerate(self.values[1:]):
+            out = out + probs[..., t + j : t + j + 1] * vj
+        return out.transpose(1, 2).reshape(b * t, heads, d)
+
+
+def ttt_loss(head: Eagle3Head, batch: Batch, num_steps: int) -> tuple[torch.Tensor, list[float], list[float]]:
+    """Weighted loss over ``num_steps`` unrolled steps; also each step's loss and top-1 agreement."""
+    b, t = batch.next_ids.shape
+    attend = ChainAttention(b, t, batch.real)
+    hidden = head.fuse(batch.aux.reshape(b * t, -1))  # [B*T, hidden]
+    total = hidden.new_zeros(())
+    losses, agreements = [], []
+    for k in range(num_steps):
+        # step k at index t is fed x_{t+1+k} at position t+k and scored on x_{t+2+k}
+        ids = _shift(batch.next_ids, k, 0)
+        pos = batch.positions + k
+        valid = _shift(batch.valid, k, False) & batch.real
+        target = _shift(batch.target_logprobs, k, 0.0)
+        hidden = head.step(ids.reshape(-1), hidden, pos.reshape(-1), attend)
+        logp = F.log_softmax(head.logits(hidden).float(), dim=-1).view(b, t, -1)
+        per_pos = -(target.exp() * logp).sum(-1)  # [B, T]
+        n = valid.sum().clamp(min=1)
+        loss = (per_pos * valid).sum() / n
+        total = total + STEP_WEIGHT**k * loss
+        agree = (logp.argmax(-1) == target.argmax(-1)) & valid
+        losses.append(float(loss))
+        agreements.append(float(agree.sum() / n))
+    return total, losses, agreements
+
+
+def _shift(x: torch.Tensor, k: int, fill) -> torch.Tensor:
+    """x[:, t + k] at index t (the last k indices filled with ``fill``)."""
+    if k == 0:
+        return x
+    pad = torch.full_like(x[:, :k], fill)
+    return torch.cat([x[:, k:], pad], dim=1)

@@ -1,0 +1,25 @@
+"""`specexec train-eagle3`: its flags (cheap to import, so `specexec --help` stays fast); the work is
+in `eagle3_train`."""
+
+from __future__ import annotations
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--output", required=True, help="directory for the head, corpus and logs")
+    parser.add_argument("--model", help="target: HF directory or GGUF (default: the embedded SmolLM2)")
+    parser.add_argument("--max-minutes", type=float, default=60.0, help="whole run's time budget")
+    parser.add_argument("--corpus-minutes", type=float, default=22.0, help="of which generating answers")
+    parser.add_argument("--num-prompts", type=int, default=1200, help="training prompts to answer at most")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="answer length at most")
+    parser.add_argument("--draft-vocab-size", type=int, default=8192)
+    parser.add_argument("--ttt-steps", type=int, default=4, help="unrolled training-time-test steps")
+    parser.add_argument("--max-len", type=int, default=640, help="positions per sequence trained on")
+    parser.add_argument("--batch-tokens", type=int, default=4096, help="positions per optimizer step")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run(args) -> int:
+    from .eagle3_train import train
+
+    return train(args)

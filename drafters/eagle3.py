@@ -1,0 +1,279 @@
+"""EAGLE-3 drafting: a one-layer head fed by the target's hidden states, with its own paged KV cache.
+
+Per request the head's cache holds *real* entries: position t computed from the target's features
+``h_t`` and the token ``x_{t+1}``, for every verified position. Each step:
+
+1. catch-up: the positions verified since the last step (the whole prompt the first time) go through
+   the head with the target features captured in the verifying forward; the last one's output is the
+   first draft (this one forward is both the cache update and the first drafting step);
+2. drafts 2..k: the head is fed its own pre-norm output and the previous draft, one position further;
+3. next step the draft entries are rewound away and overwritten by the catch-up.
+
+Drafts come from the reduced draft vocabulary and are mapped to target ids by ``d2t``; a guided
+request's grammar mask reaches the draft logits through the same ``d2t`` map.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..executor.block_manager import BlockManager
+from ..executor.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
+from ..executor.model_runner import PagedInputs, SequenceInput
+from ..executor.paged_attention import paged_attention_forward
+from ..kernels import apply_mask_inplace
+from ..sampling import compute_probs, sample_from_probs
+from .base import Drafter, DraftProposal
+from .eagle3_head import Eagle3Head, default_aux_layers
+
+
+@dataclass(slots=True)
+class _HeadState:
+    num_real: int = 0  #: head cache positions holding entries computed from the target's features
+    pending_start: int = 0  #: position of pending[0]
+    pending: torch.Tensor | None = None  # [n, 3 * target_hidden] features of positions not yet fed
+
+
+class _PagedHeadAttention:
+    """Routes the head's attention through the paged-attention function, on layer 0 of its cache."""
+
+    layer_idx = 0
+
+    def __init__(self, metadata) -> None:
+        self.metadata = metadata
+
+    def __call__(self, q, k, v):  # [T, heads|kv_heads, head_dim] -> [T, heads, head_dim]
+        out, _ = paged_attention_forward(
+            self,
+            q.transpose(0, 1)[None],
+            k.transpose(0, 1)[None],
+            v.transpose(0, 1)[None],
+            None,
+            paged_metadata=self.metadata,
+        )
+        return out[0]
+
+
+class Eagle3Drafter(Drafter):
+    owns_kv_cache = True
+    accepts_grammar_masks = True  #: each drafting step of a guided request is masked (through d2t)
+
+    def __init__(
+        self,
+        head: Eagle3Head,
+        max_draft_len: int,
+        target_vocab_size: int,
+        num_target_layers: int,
+        *,
+        sample_drafts: bool = False,
+        kv_cache_memory_gb: float = 0.25,
+        block_size: int = 16,
+        max_num_tokens: int = 2048,
+    ) -> None:
+        super().__init__(max_draft_len)
+        cfg = head.config
+        if cfg.vocab_size != target_vocab_size:
+            raise ValueError(
+                f"EAGLE-3 head vocabulary ({cfg.vocab_size}) differs from the target's ({target_vocab_size})"
+            )
+        layers = cfg.aux_layer_ids or default_aux_layers(num_target_layers)
+        if len(layers) != 3 or not all(0 <= i <= num_target_layers for i in layers):
+            raise ValueError(
+                f"EAGLE-3 head reads target layers {list(layers)}: need three hidden_states indices "
+                f"in 0..{num_target_layers}"
+            )
+        self.head = head
+        self.hidden_state_layers = tuple(layers)
+        self.vocab_size = target_vocab_size
+        self.returns_draft_probs = sample_drafts
+        self.is_deterministic = not sample_drafts
+        dtype, device = head.fc.weight.dtype, head.fc.weight.device
+        spec = KVCacheSpec(1, cfg.num_key_value_heads, cfg.head_dim, dtype)
+        num_blocks = num_blocks_for_budget(spec, block_size, int(kv_cache_memory_gb * 2**30))
+        self.block_manager = BlockManager(num_blocks, block_size)
+        self.inputs = PagedInputs(KVCache(spec, num_blocks, block_size, device), max_num_tokens)
+        self._states: dict[str, _HeadState] = {}
+        self._bitmask = torch.full((1, -(-target_vocab_size // 32)), -1, dtype=torch.int32)  # [1, words]
+
+    # ---- drafting -------------------------------------------------------------------------------
+    def prepare_draft_tokens(self, scheduled_requests: list, resources) -> dict[str, DraftProposal]:
+        free_blocks = self.block_manager.num_free_blocks
+        ready = []
+        for s in scheduled_requests:
+            if self._take_features(s.request):
+                needed = self._blocks_needed(s.request)
+                if needed <= free_blocks:  # else the head's pool is full: no drafts for it this step
+                    free_blocks -= needed
+                    ready.append((s.request, s.num_draft_slots))
+        if not ready:
+            return {}
+        hidden, logits = self._catch_up([r for r, _ in ready])
+        drafts: dict[str, list[int]] = {r.request_id: [] for r, _ in ready}
+        probs: dict[str, list[torch.Tensor]] = {r.request_id: [] for r, _ in ready}
+        grammars = {r.request_id: g.fork_for_drafting() for r, _ in ready if (g := self.grammar_of(r))}
+        active = list(ready)
+        while True:
+            still = []
+            for j, (r, n) in enumerate(active):
+                token, q = self._pick(logits[j], r, grammars.get(r.request_id))
+                if token is None:
+                    continue
+                drafts[r.request_id].append(token)
+                if q is not None:
+                    probs[r.request_id].append(q)
+                if len(drafts[r.request_id]) < n:
+                    still.append((j, r, n))
+            if not still or not self._reserve([r for _, r, _ in still]):
+                break
+            hidden, logits = self._draft_step(
+                [r for _, r, _ in still],
+                hidden[[j for j, _, _ in still]],
+                [drafts[r.request_id][-1] for _, r, _ in still],
+            )
+            active = [(r, n) for _, r, n in still]
+        return {
+            rid: DraftProposal(tokens, torch.stack(probs[rid]) if probs[rid] else None)
+            for rid, tokens in drafts.items()
+        }
+
+    def _take_features(self, request) -> bool:
+        """Move the request's newly verified target features into the head's pending rows; True when
+        pending rows cover every verified position the head has not fed yet (it can catch up and draft)."""
+        state = self._states.setdefault(request.request_id, _HeadState())
+        for start, rows in request.target_hidden:
+            end = state.pending_start + (len(state.pending) if state.pending is not None else 0)
+            if state.pending is None or start < state.pending_start:
+                state.pending_start, state.pending = start, rows
+            elif start <= end:  # rows from `start` on are replaced (a recompute)
+                state.pending = torch.cat([state.pending[: start - state.pending_start], rows])
+            else:  # a gap the head cannot bridge: draft again once the request is recomputed
+                state.pending = None
+            state.num_real = min(state.num_real, start)  # entries from `start` on are recomputed
+        request.target_hidden.clear()
+        if state.pending is None:
+            return False
+        covered = state.pending_start + len(state.pending)
+        return state.pending_start <= state.num_real < covered == request.num_tokens - 1
+
+    def _catch_up(self, requests) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed every request's pending positions (pairs h_t, x_{t+1}), in chunks that fit a forward;
+        the pre-norm output [R, hidden] and draft logits [R, draft_vocab] at each one's last position."""
+        self._rewind_to_real(requests)
+        budget = self.inputs.max_num_tokens
+        todo = list(requests)
+        last: dict[str, torch.Tensor] = {}
+        while todo:
+            items, used = [], 0
+            for r in todo:
+                st = self._states[r.request_id]
+                take = min(st.pending_start + len(st.pending) - st.num_real, budget - used)
+                if take > 0:
+                    items.append((r, take))
+                    used += take
+            seqs, features = [], []
+            for r, take in items:
+                st = self._states[r.request_id]
+                self._grow(r, take)
+                first = st.num_real - st.pending_start
+                features.append(st.pending[first : first + take])
+                tokens = r.token_ids[st.num_real + 1 : st.num_real + 1 + take]  # x_{t+1} for each t
+                seqs.append(SequenceInput(tokens, st.num_real, self.block_manager.block_tables[r.request_id], 1))
+            out = self._forward(seqs, self.head.fuse(torch.cat(features)))
+            for k, (r, take) in enumerate(items):
+                st = self._states[r.request_id]
+                st.num_real += take
+                if st.num_real == st.pending_start + len(st.pending):
+                    st.pending, st.pending_start = None, st.num_real
+                    last[r.request_id] = out[k]
+            todo = [r for r in todo if r.request_id not in last]
+        hidden = torch.stack([last[r.request_id] for r in requests])  # [R, hidden]
+        return hidden, self.head.logits(hidden)
+
+    def _draft_step(self, requests, hidden, tokens) -> tuple[torch.Tensor, torch.Tensor]:
+        """One position further for each request: its own previous output and its last draft token."""
+        seqs = []
+        for r in requests:
+            rid = r.request_id
+            pos = self.block_manager.num_slots[rid] - 1
+            seqs.append(SequenceInput([tokens[len(seqs)]], pos, self.block_manager.block_tables[rid], 1))
+        out = self._forward(seqs, hidden)
+        return out, self.head.logits(out)
+
+    @torch.inference_mode()
+    def _forward(self, seqs: list[SequenceInput], hidden: torch.Tensor) -> torch.Tensor:
+        """The head over a flattened batch; its pre-norm output at each sequence's last token [R, hidden]."""
+        batch = self.inputs.prepare(seqs)
+        out = self.head.step(batch.input_ids, hidden, batch.positions, _PagedHeadAttention(batch.metadata))
+        return out[batch.logit_indices]
+
+    # ---- cache bookkeeping ----------------------------------------------------------------------
+    def _rewind_to_real(self, requests) -> None:
+        """Drop last step's draft entries (and anything past a recompute point) from the head's cache."""
+        for r in requests:
+            rid, bm = r.request_id, self.block_manager
+            if rid in bm.block_tables:
+                extra = bm.num_slots[rid] - self._states[rid].num_real
+                if extra > 0:
+                    bm.rewind(rid, extra)
+
+    def _blocks_needed(self, request) -> int:
+        """New pages the catch-up and the drafts of this step take at most."""
+        st, bm = self._states[request.request_id], self.block_manager
+        num_slots = st.pending_start + len(st.pending) + self.max_draft_len
+        held = len(bm.block_tables.get(request.request_id, ()))
+        return max(0, -(-num_slots // bm.block_size) - held)
+
+    def _grow(self, request, num_tokens: int) -> None:
+        rid, bm = request.request_id, self.block_manager
+        if rid not in bm.block_tables:
+            bm.allocate(rid, num_tokens)
+        else:
+            bm.append(rid, num_tokens)
+
+    def _reserve(self, requests) -> bool:
+        """One more slot each for a drafting step; False (stop drafting) when the head's pool is full."""
+        bm = self.block_manager
+        if not all(bm.can_append(r.request_id, 1) for r in requests):
+            return False
+        for r in requests:
+            bm.append(r.request_id, 1)
+        return True
+
+    # ---- picking a token ------------------------------------------------------------------------
+    def _pick(self, logits: torch.Tensor, request, matcher) -> tuple[int | None, torch.Tensor | None]:
+        """The next draft as a target id (greedy, or sampled with q over the target vocabulary); None
+        when the grammar leaves no draft-vocabulary token or is done."""
+        logits = logits.float()
+        if matcher is not None:
+            if matcher.is_terminated():
+                return None, None
+            matcher.fill_next_token_bitmask(self._bitmask, 0)
+            apply_mask_inplace(logits[None], self._bitmask.to(logits.device), d2t=self.head.d2t)
+            if not torch.isfinite(logits.max()):
+                return None, None
+        params = request.sampling_params
+        q = None
+        if not self.returns_draft_probs or params.is_greedy:
+            draft_id = int(logits.argmax())
+        else:
+            dev = logits.device
+            q_draft = compute_probs(
+                logits[None],
+                torch.tensor([params.temperature], device=dev),
+                torch.tensor([params.top_k], device=dev),
+                torch.tensor([params.top_p], device=dev),
+                torch.tensor([params.min_p], device=dev),
+            )[0]  # [draft_vocab]
+            draft_id = sample_from_probs(q_draft, request.generator)
+            q = torch.zeros(self.vocab_size, dtype=q_draft.dtype, device=dev)
+            q[self.head.to_target_ids(torch.arange(len(q_draft), device=dev))] = q_draft
+        token = int(self.head.to_target_ids(torch.tensor(draft_id, device=self.head.d2t.device)))
+        if matcher is not None and not matcher.accept_token(token):
+            return None, None
+        return token, q
+
+    def release(self, request) -> None:
+        self._states.pop(request.request_id, None)
+        self.block_manager.free(request.request_id)

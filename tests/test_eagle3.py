@@ -1,0 +1,362 @@
+"""EAGLE-3: a synthetic head in the published layout on a tiny float64 target.
+
+- the head loads from config.json + model.safetensors, maps draft ids through d2t, and keeps greedy
+  output token-identical (batch 1 and 8, chunked prefill, preemption), with every page freed;
+- every proposal equals a from-scratch reference: the head run densely over transformers'
+  ``output_hidden_states`` of the verified tokens, then chained on its own outputs (this checks the
+  hidden-state capture, the token shift, positions, the paged cache, its rewinds and catch-up);
+- the hidden states a request returns equal transformers' ``output_hidden_states``, with drafts
+  rejected, prompts chunked and requests preempted;
+- draft-side grammar masks through d2t forbid exactly the draft ids whose target token is forbidden.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from specexec.drafters.eagle3 import Eagle3Drafter
+from specexec.drafters.eagle3_head import (
+    ARCHITECTURE,
+    Eagle3Config,
+    Eagle3Head,
+    default_aux_layers,
+    load_head,
+    save_head,
+)
+from specexec.executor.config import ExecutorConfig
+from specexec.executor.executor import Executor
+from specexec.sampling import SamplingParams
+from test_speculative_identity import (
+    BATCHES,
+    VOCAB,
+    make_config,
+    make_requests,
+    num_accepted,
+    num_drafted,
+    run_speculative,
+)
+from tiny_models import make_tiny_model
+
+DRAFT_VOCAB = 96
+
+
+def make_head_dir(path, *, draft_vocab: int = DRAFT_VOCAB, aux_layers=(1, 2, 3), seed: int = 0):
+    """A random head for the tiny targets (hidden 32, vocab 256) written in the published layout."""
+    torch.manual_seed(seed)
+    cfg = Eagle3Config(
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=VOCAB,
+        draft_vocab_size=draft_vocab,
+        target_hidden_size=32,
+        aux_layer_ids=aux_layers,
+    )
+    head = Eagle3Head(cfg)
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    draft_ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))[:draft_vocab].sort().values
+    head.d2t.copy_(draft_ids - torch.arange(draft_vocab))
+    head.t2d.zero_()
+    head.t2d[draft_ids] = True
+    save_head(head, path, dtype=torch.float64)
+    return path
+
+
+def eagle_spec(head_dir, k: int = 3) -> dict:
+    return {"decoding_type": "Eagle", "max_draft_len": k, "speculative_model": str(head_dir)}
+
+
+# ---- loading ---------------------------------------------------------------------------------------------
+
+
+def test_published_layout_round_trips(tmp_path):
+    make_head_dir(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == [ARCHITECTURE]
+    assert config["draft_vocab_size"] == DRAFT_VOCAB
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    from safetensors.torch import load_file
+
+    keys = set(load_file(str(tmp_path / "model.safetensors")))
+    assert {"fc.weight", "midlayer.hidden_norm.weight", "midlayer.self_attn.q_proj.weight", "norm.weight"} <= keys
+    assert {"lm_head.weight", "d2t", "t2d", "midlayer.mlp.gate_proj.weight"} <= keys
+    assert not any(k.startswith("embed_tokens") for k in keys), "the target's embeddings are not the head's"
+    embeddings = torch.nn.Embedding(VOCAB, 32)
+    head = load_head(tmp_path, embeddings, torch.float64, "cpu")
+    assert head.lm_head.weight.shape == (DRAFT_VOCAB, 32)
+    assert head.midlayer.self_attn.q_proj.weight.shape == (32, 64)  # takes embedding ++ feature
+    assert embeddings.weight.dtype == torch.float32, "loading must not cast the target's embeddings"
+
+
+def test_d2t_maps_draft_ids_onto_their_target_tokens(tmp_path):
+    make_head_dir(tmp_path)
+    head = load_head(tmp_path, torch.nn.Embedding(VOCAB, 32), torch.float64, "cpu")
+    target_ids = head.to_target_ids(torch.arange(DRAFT_VOCAB))
+    assert torch.equal(target_ids, head.t2d.nonzero().squeeze(1)), "draft id i is the i-th draft-vocab token"
+    assert len(set(target_ids.tolist())) == DRAFT_VOCAB
+
+
+def test_head_with_its_own_embeddings_uses_them(tmp_path):
+    make_head_dir(tmp_path)
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(tmp_path / "model.safetensors"))
+    state["embed_tokens.weight"] = torch.randn(VOCAB, 32, dtype=torch.float64)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    head = load_head(tmp_path, None, torch.float64, "cpu")
+    assert torch.equal(head.embed(torch.tensor([5])), state["embed_tokens.weight"][5:6])
+
+
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        (lambda d: (d / "config.json").unlink(), "no config.json"),
+        (lambda d: (d / "model.safetensors").unlink(), "expected model.safetensors"),
+        (lambda d: _edit_config(d, architectures=["LlamaForCausalLM"]), "not an EAGLE-3 head"),
+        (lambda d: _edit_config(d, draft_vocab_size=DRAFT_VOCAB + 1), "d2t has shape"),
+        (lambda d: _edit_state(d, d2t=torch.full((DRAFT_VOCAB,), 10_000)), "outside the vocabulary"),
+        (lambda d: _edit_state(d, d2t=torch.zeros(DRAFT_VOCAB, dtype=torch.long) - torch.arange(DRAFT_VOCAB)), "onto one target token"),
+    ],
+)
+def test_broken_heads_are_refused_with_a_clear_error(tmp_path, breakage, message):
+    make_head_dir(tmp_path)
+    breakage(tmp_path)
+    with pytest.raises((ValueError, RuntimeError), match=message):
+        load_head(tmp_path, torch.nn.Embedding(VOCAB, 32), torch.float64, "cpu")
+
+
+def _edit_config(path, **changes):
+    config = json.loads((path / "config.json").read_text())
+    config.update(changes)
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def _edit_state(path, **changes):
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(path / "model.safetensors"))
+    state.update(changes)
+    save_file(state, str(path / "model.safetensors"))
+
+
+def test_eagle_without_a_head_for_a_custom_model_fails_before_drafting(tmp_path):
+    _, model = make_tiny_model("llama")
+    config = make_config(speculative_config={"decoding_type": "Eagle3", "max_draft_len": 3})
+    config.model = str(tmp_path)  # not the embedded model: the shipped head does not fit
+    with pytest.raises(ValueError, match="speculative_model"):
+        Executor(model, config)
+
+
+def test_head_for_another_target_width_is_refused(tmp_path):
+    make_head_dir(tmp_path)
+    _edit_config(tmp_path, target_hidden_size=48)
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(tmp_path / "model.safetensors"))
+    state["fc.weight"] = torch.zeros(32, 3 * 48, dtype=torch.float64)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    _, model = make_tiny_model("llama")
+    with pytest.raises(ValueError, match="hidden size is 32"):
+        Executor(model, make_config(speculative_config=eagle_spec(tmp_path)))
+
+
+def test_default_aux_layers_are_low_middle_high():
+    assert default_aux_layers(30) == (2, 15, 27)
+    assert default_aux_layers(32) == (2, 16, 29)
+
+
+# ---- greedy identity and the reference drafter ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch", ["batch1", "batch8"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_eagle_keeps_greedy_output_identical(tmp_path, arch, batch):
+    make_head_dir(tmp_path)
+    _, outputs = run_speculative(arch, BATCHES[batch], speculative_config=eagle_spec(tmp_path))
+    assert num_drafted(outputs) > 0
+
+
+def reference_drafts(head: Eagle3Head, target, layers, tokens: list[int], k: int) -> list[int]:
+    """EAGLE-3 drafting from scratch: transformers' hidden states of the verified tokens (all but the
+    last), the head run densely over pairs (h_t, x_{t+1}), then chained on its own outputs."""
+    with torch.no_grad():
+        hs = target(input_ids=torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
+        hidden = head.fuse(torch.cat([hs[i][0] for i in layers], -1))  # [N-1, hidden]
+        ids = torch.tensor(tokens[1:])
+        drafts = []
+        for _ in range(k):
+            out = head.step(ids, hidden, torch.arange(len(ids)), dense_causal_attention)
+            draft = int(head.to_target_ids(head.logits(out[-1]).argmax()))
+            drafts.append(draft)
+            hidden = torch.cat([hidden, out[-1:]])
+            ids = torch.cat([ids, torch.tensor([draft])])
+    return drafts
+
+
+def dense_causal_attention(q, k, v):  # [T, heads | kv_heads, d]
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(~torch.ones(len(q), len(k), dtype=torch.bool).tril(), float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+def record_proposals(drafter: Eagle3Drafter) -> list[tuple[list[int], list[int]]]:
+    seen: list[tuple[list[int], list[int]]] = []
+    prepare = drafter.prepare_draft_tokens
+
+    def recording(scheduled, resources):
+        snapshot = {s.request.request_id: list(s.request.token_ids) for s in scheduled}
+        proposals = prepare(scheduled, resources)
+        seen.extend((snapshot[rid], p.token_ids) for rid, p in proposals.items())
+        return proposals
+
+    drafter.prepare_draft_tokens = recording
+    return seen
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["plain", "chunked-catch-up", "chunked-prefill", "preemption"],
+)
+def test_every_proposal_equals_the_from_scratch_reference(tmp_path, setting):
+    make_head_dir(tmp_path)
+    _, target = make_tiny_model("llama")
+    head = load_head(tmp_path, target.get_input_embeddings(), torch.float64, "cpu")
+    catch_up_tokens = 8 if setting != "plain" else 128
+    drafter = Eagle3Drafter(head, 3, VOCAB, 4, block_size=4, max_num_tokens=catch_up_tokens)
+    proposals = record_proposals(drafter)
+    overrides = {"chunked-prefill": {"max_num_tokens": 16}, "preemption": {"num_kv_blocks": 40}}.get(setting, {})
+    _, outputs = run_speculative("llama", BATCHES["batch8"], drafter=drafter, **overrides)
+    if setting == "preemption":
+        assert sum(o.metrics.num_preemptions for o in outputs) > 0
+    _, fresh_target = make_tiny_model("llama")  # the executor's copy now runs paged attention only
+    assert len(proposals) > 20
+    for tokens, drafted in proposals:
+        assert drafted, "every scheduled decode gets drafts"
+        assert drafted == reference_drafts(head, fresh_target, (1, 2, 3), tokens, len(drafted)), tokens
+
+
+def test_full_head_pool_ends_drafting_without_leaks(tmp_path):
+    make_head_dir(tmp_path)
+    _, target = make_tiny_model("llama")
+    head = load_head(tmp_path, target.get_input_embeddings(), torch.float64, "cpu")
+    drafter = Eagle3Drafter(head, 3, VOCAB, 4, block_size=4, kv_cache_memory_gb=12 * 4 * 2 * 2 * 8 * 8 / 2**30)
+    assert drafter.block_manager.num_blocks == 12
+    _, outputs = run_speculative("llama", BATCHES["batch8"], drafter=drafter)
+    assert sum(1 for o in outputs if o.metrics.num_draft_tokens) < len(outputs), "the pool was big enough"
+
+
+# ---- captured hidden states ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setting", ["plain", "ngram-drafts-and-preemption", "chunked-prefill"])
+def test_returned_hidden_states_equal_transformers(setting):
+    _, model = make_tiny_model("llama")
+    _, reference_model = make_tiny_model("llama")
+    overrides = {"capture_hidden_layers": [0, 2, 4]}
+    if setting != "plain":
+        overrides.update(num_kv_blocks=40, speculative_config={"decoding_type": "NGram", "max_draft_len": 4})
+    if setting == "chunked-prefill":
+        overrides = {"capture_hidden_layers": [0, 2, 4], "max_num_tokens": 16}
+    executor = Executor(model, make_config(**overrides))
+    outputs = executor.run(make_requests(BATCHES["batch8"]))
+    if setting == "ngram-drafts-and-preemption":
+        assert sum(o.metrics.num_preemptions for o in outputs) > 0
+        assert sum(o.metrics.num_draft_tokens - o.metrics.num_accepted_tokens for o in outputs) > 0
+    for out in outputs:
+        fed = out.prompt_token_ids + out.token_ids[:-1]
+        with torch.no_grad():
+            hs = reference_model(input_ids=torch.tensor([fed]), output_hidden_states=True).hidden_states
+        want = torch.cat([hs[0][0], hs[2][0], hs[4][0]], -1)
+        assert out.hidden_states.shape == want.shape
+        torch.testing.assert_close(out.hidden_states, want, rtol=1e-9, atol=1e-9)
+
+
+def test_no_hidden_states_unless_asked():
+    _, model = make_tiny_model("llama")
+    outputs = Executor(model, make_config()).run(make_requests(BATCHES["batch1"]))
+    assert outputs[0].hidden_states is None
+
+
+# ---- grammar masks through d2t ---------------------------------------------------------------------------
+
+
+class FixedMaskMatcher:
+    """A grammar matcher stand-in that allows a fixed set of target tokens."""
+
+    def __init__(self, allowed: set[int]) -> None:
+        self.allowed = allowed
+        self.accepted: list[int] = []
+
+    def is_terminated(self) -> bool:
+        return False
+
+    def fill_next_token_bitmask(self, bitmask, row: int) -> None:
+        words = torch.zeros(bitmask.shape[1], dtype=torch.int64)
+        for t in self.allowed:
+            words[t // 32] |= 1 << (t % 32)
+        bitmask[row] = words.to(torch.int32)  # (bit 31 wraps to the sign bit, as xgrammar's does)
+
+    def accept_token(self, token: int) -> bool:
+        self.accepted.append(token)
+        return token in self.allowed
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_draft_side_mask_forbids_exactly_what_the_target_mask_forbids(tmp_path, seed):
+    make_head_dir(tmp_path, seed=seed)
+    head = load_head(tmp_path, torch.nn.Embedding(VOCAB, 32), torch.float32, "cpu")
+    drafter = Eagle3Drafter(head, 3, VOCAB, 4, block_size=4)
+    allowed = set(torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))[:40].tolist())
+    logits = torch.randn(DRAFT_VOCAB)
+    request = SimpleNamespace(sampling_params=SamplingParams(temperature=0.0), generator=None)
+    matcher = FixedMaskMatcher(allowed)
+    token, _ = drafter._pick(logits, request, matcher)
+    target_of = head.to_target_ids(torch.arange(DRAFT_VOCAB)).tolist()
+    for draft_id, target_id in enumerate(target_of):
+        assert torch.isfinite(logits[draft_id]) == (target_id in allowed), (draft_id, target_id)
+    best = max((i for i, t in enumerate(target_of) if t in allowed), key=lambda i: logits[i])
+    assert token == target_of[best]
+    assert matcher.accepted == [token]
+
+
+def test_grammar_with_no_draft_vocab_token_allowed_stops_drafting(tmp_path):
+    make_head_dir(tmp_path)
+    head = load_head(tmp_path, torch.nn.Embedding(VOCAB, 32), torch.float32, "cpu")
+    drafter = Eagle3Drafter(head, 3, VOCAB, 4, block_size=4)
+    outside = set(range(VOCAB)) - set(head.to_target_ids(torch.arange(DRAFT_VOCAB)).tolist())
+    request = SimpleNamespace(sampling_params=SamplingParams(temperature=0.0), generator=None)
+    token, q = drafter._pick(torch.randn(DRAFT_VOCAB), request, FixedMaskMatcher({min(outside)}))
+    assert token is None and q is None
+
+
+def test_sampled_drafts_carry_q_over_the_target_vocabulary(tmp_path):
+    make_head_dir(tmp_path)
+    head = load_head(tmp_path, torch.nn.Embedding(VOCAB, 32), torch.float64, "cpu")
+    drafter = Eagle3Drafter(head, 3, VOCAB, 4, block_size=4, sample_drafts=True)
+    request = SimpleNamespace(
+        sampling_params=SamplingParams(temperature=0.7), generator=torch.Generator().manual_seed(0)
+    )
+    token, q = drafter._pick(torch.randn(DRAFT_VOCAB, dtype=torch.float64), request, None)
+    assert q.shape == (VOCAB,)
+    assert torch.isclose(q.sum(), torch.tensor(1.0, dtype=q.dtype))
+    assert q[token] > 0
+    assert not q[~head.t2d].any(), "q is zero outside the draft vocabulary"
+
+
+def test_executor_config_accepts_eagle_aliases(tmp_path):
+    make_head_dir(tmp_path)
+    for name in ("Eagle", "Eagle3", "eagle3"):
+        spec = {**eagle_spec(tmp_path), "decoding_type": name}
+        config = ExecutorConfig(speculative_config=spec, dtype="float64", device="cpu", num_kv_blocks=64)
+        _, model = make_tiny_model("llama")
+        executor = Executor(model, config)
+        assert isinstance(executor.speculation.drafter, Eagle3Drafter)
+        assert executor.speculation.drafter.hidden_state_layers == (1, 2, 3)
