@@ -25,10 +25,21 @@ logger = logging.getLogger("specexec")
 #: the largest benchmark draw the held-out set covers, per dataset / per Spec-Bench category
 MAX_BENCH_REQUESTS = 64
 MAX_BENCH_REQUESTS_PER_CATEGORY = 16
-SPECBENCH_CATEGORIES = (
-    "writing roleplay reasoning math coding extraction stem humanities translation summarization qa "
-    "math_reasoning rag"
-).split()
+SPECBENCH_CATEGORIES = [
+    "writing",
+    "roleplay",
+    "reasoning",
+    "math",
+    "coding",
+    "extraction",
+    "stem",
+    "humanities",
+    "translation",
+    "summarization",
+    "qa",
+    "math_reasoning",
+    "rag",
+]
 #: (dataset, weight): each round of the interleave takes `weight` prompts of each dataset; open chat
 #: (Spec-Bench) gets the largest share, the JSON tasks the rest
 TRAINING_DATASETS: tuple[tuple[str, int], ...] = (
@@ -44,7 +55,9 @@ def bench_prompt_ids(dataset: str) -> set[str]:
     """Every prompt id a benchmark draw of at most the held-out sizes can pick from ``dataset``."""
     groups = [(load_dataset(dataset), MAX_BENCH_REQUESTS)]
     if dataset == "specbench":
-        groups += [(load_dataset(f"specbench:{c}"), MAX_BENCH_REQUESTS_PER_CATEGORY) for c in SPECBENCH_CATEGORIES]
+        groups += [
+            (load_dataset(f"specbench:{c}"), MAX_BENCH_REQUESTS_PER_CATEGORY) for c in SPECBENCH_CATEGORIES
+        ]
     return {p.id for prompts, most in groups for p in spread(prompts, most)}
 
 
@@ -101,17 +114,22 @@ def generate_corpus(
     from ..sampling import SamplingParams
 
     done = {r["id"] for r in read_corpus(path)}
-    if len(done) >= num_prompts:
+    if len(done) >= num_prompts or (max_seconds is not None and max_seconds <= 0):
         return read_corpus(path)
     config = ExecutorConfig(
-        model=model, max_batch_size=max_batch_size, kv_cache_memory_gb=2.0, capture_hidden_layers=list(capture_layers)
+        model=model,
+        max_batch_size=max_batch_size,
+        kv_cache_memory_gb=2.0,
+        capture_hidden_layers=list(capture_layers),
     )
     executor = Executor(config=config)
     tok = executor.tokenizer
     fits = (
         p
         for p in training_prompts()
-        if len(tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+        if len(
+            tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        )
         <= max_prompt_tokens
     )
     todo = [p for _, p in zip(range(num_prompts), fits) if p.id not in done]
@@ -130,7 +148,9 @@ def generate_corpus(
             if out.error is None and out.hidden_states is not None:
                 name = f"{len(done):05d}.pt"
                 done.add(out.request_id)
-                torch.save(out.hidden_states[-keep_positions:].to(torch.bfloat16).clone(), features_dir / name)
+                torch.save(
+                    out.hidden_states[-keep_positions:].to(torch.bfloat16).clone(), features_dir / name
+                )
                 record = {
                     "id": out.request_id,
                     "prompt_token_ids": out.prompt_token_ids,

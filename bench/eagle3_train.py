@@ -31,7 +31,9 @@ def train(args) -> int:
     from .eagle3_features import choose_draft_vocab, d2t_for, load_features
 
     if args.max_minutes <= 0 or args.corpus_minutes < 0 or args.ttt_steps < 1 or args.draft_vocab_size < 1:
-        raise ValueError("--max-minutes > 0, --corpus-minutes >= 0, --ttt-steps >= 1, --draft-vocab-size >= 1")
+        raise ValueError(
+            "--max-minutes > 0, --corpus-minutes >= 0, --ttt-steps >= 1, --draft-vocab-size >= 1"
+        )
     started = time.perf_counter()
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -62,7 +64,8 @@ def train(args) -> int:
     in_draft[draft_ids] = True
     head = _init_head(cfg, target, draft_ids, lm_rows)
     del target
-    budget = args.max_minutes * 60 - (time.perf_counter() - started) - 30  # keep time to save
+    left = args.max_minutes * 60 - (time.perf_counter() - started)
+    budget = left - min(30.0, 0.1 * left)  # keep time to evaluate and save
     log = train_head(head, train, val, lm_rows, in_draft, args, budget)
     log.update(
         corpus_records=len(records),
@@ -186,7 +189,9 @@ def train_head(head, train, val, lm_rows, in_draft, args, budget_s: float) -> di
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             step += 1
-            log["steps"].append({"step": step, "t": round(elapsed, 1), "lr": lr, "loss": losses, "agree": agree})
+            log["steps"].append(
+                {"step": step, "t": round(elapsed, 1), "lr": lr, "loss": losses, "agree": agree}
+            )
             bar.n = round(elapsed)
             bar.set_postfix(epoch=epoch, step=step, loss=f"{losses[0]:.3f}", agree0=f"{agree[0]:.2f}")
             if step % 100 == 0:
@@ -239,10 +244,16 @@ def _plot(log: dict, path: Path) -> None:
     steps = [s["step"] for s in log["steps"]]
     for k in range(len(log["steps"][0]["loss"]) if steps else 0):
         ax[0].plot(steps, [s["loss"][k] for s in log["steps"]], label=f"step {k}", lw=0.8)
-        ax[1].plot([v["step"] for v in log["val"]], [v["agree"][k] for v in log["val"]], marker="o", label=f"step {k}")
+        ax[1].plot(
+            [v["step"] for v in log["val"]],
+            [v["agree"][k] for v in log["val"]],
+            marker="o",
+            label=f"step {k}",
+        )
     ax[0].set(xlabel="optimizer step", ylabel="soft cross-entropy (train)", title="EAGLE-3 training loss")
     ax[1].set(xlabel="optimizer step", ylabel="top-1 agreement with the target", title="held-out agreement")
     for a in ax:
-        a.legend()
+        if a.lines:
+            a.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -155,10 +155,12 @@ def run_hf_generate(
 
 
 def run_hf_generate_batch(
-    model, tokenizer, work: Workload, on_done: Callable[[], None] = lambda: None
+    model, tokenizer, work: Workload, concurrency: int, on_done: Callable[[], None] = lambda: None
 ) -> tuple[list[RequestRecord], float]:
-    """transformers' own continuous batching with paged attention (`generate_batch`)."""
+    """transformers' own continuous batching with paged attention (`generate_batch`), at most
+    ``concurrency`` requests in a batch."""
     from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     config = GenerationConfig(
         max_new_tokens=work.max_tokens,
@@ -170,7 +172,12 @@ def run_hf_generate_batch(
     )
     start = time.perf_counter()
     # (no inference_mode here: generate_batch runs its loop on a thread of its own)
-    results = model.generate_batch(work.token_ids, generation_config=config, record_timestamps=True)
+    results = model.generate_batch(
+        work.token_ids,
+        generation_config=config,
+        continuous_batching_config=ContinuousBatchingConfig(max_requests_per_batch=concurrency),
+        record_timestamps=True,
+    )
     wall = time.perf_counter() - start
     records = []
     for i, (prompt, (_, out)) in enumerate(

@@ -131,7 +131,7 @@ class BenchRunner:
                 self.rows.append(summarize(name, 1, records, wall, {"engine": "transformers generate"}))
         for c in (c for c in self.concurrencies if c > 1):
             bar.set_postfix_str(f"hf-batch c={c}")
-            records, wall = run_hf_generate_batch(model, tok, work, bar.update)
+            records, wall = run_hf_generate_batch(model, tok, work, c, bar.update)
             self.rows.append(
                 summarize("hf-batch", c, records, wall, {"engine": "transformers generate_batch"})
             )

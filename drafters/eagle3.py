@@ -179,7 +179,9 @@ class Eagle3Drafter(Drafter):
                 first = st.num_real - st.pending_start
                 features.append(st.pending[first : first + take])
                 tokens = r.token_ids[st.num_real + 1 : st.num_real + 1 + take]  # x_{t+1} for each t
-                seqs.append(SequenceInput(tokens, st.num_real, self.block_manager.block_tables[r.request_id], 1))
+                seqs.append(
+                    SequenceInput(tokens, st.num_real, self.block_manager.block_tables[r.request_id], 1)
+                )
             out = self._forward(seqs, self.head.fuse(torch.cat(features)))
             for k, (r, take) in enumerate(items):
                 st = self._states[r.request_id]

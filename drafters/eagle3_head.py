@@ -242,7 +242,9 @@ def load_head(
     if not config_file.is_file():
         raise ValueError(f"EAGLE-3 head {path}: no config.json")
     if not weights_file.is_file():
-        found = sorted(p.name for p in path.glob("*.safetensors")) or sorted(p.name for p in path.glob("*.bin"))
+        found = sorted(p.name for p in path.glob("*.safetensors")) or sorted(
+            p.name for p in path.glob("*.bin")
+        )
         if len(found) == 1 and found[0].endswith(".safetensors"):
             weights_file = path / found[0]
         else:

@@ -133,7 +133,9 @@ def group_sequences(seqs: list[SequenceSlice]) -> list[list[SequenceSlice]]:
     Short queries are sorted by key length and cut into groups whose padded size (``num * max_q *
     max_kv``) stays within `MAX_PADDING_OVERHEAD` of their real work, so a decode row over 100 keys
     never pads to a neighbour's 1700 keys or to a 60-token prefill chunk. Uniform batches stay one group."""
-    short = sorted((s for s in seqs if s.query_len <= MAX_SHORT_QUERY_LEN), key=lambda s: (s.kv_len, s.query_len))
+    short = sorted(
+        (s for s in seqs if s.query_len <= MAX_SHORT_QUERY_LEN), key=lambda s: (s.kv_len, s.query_len)
+    )
     groups: list[list[SequenceSlice]] = []
     group: list[SequenceSlice] = []
     real = max_q = max_kv = 0

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import torch
-
 import time
+
+import torch
 
 from .request import FinishReason, RequestOutput, RequestState, TokenEvent
 

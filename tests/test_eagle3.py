@@ -34,7 +34,6 @@ from test_speculative_identity import (
     VOCAB,
     make_config,
     make_requests,
-    num_accepted,
     num_drafted,
     run_speculative,
 )
@@ -60,7 +59,9 @@ def make_head_dir(path, *, draft_vocab: int = DRAFT_VOCAB, aux_layers=(1, 2, 3),
     head = Eagle3Head(cfg)
     for p in head.parameters():
         torch.nn.init.normal_(p, std=0.3)
-    draft_ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))[:draft_vocab].sort().values
+    draft_ids = (
+        torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))[:draft_vocab].sort().values
+    )
     head.d2t.copy_(draft_ids - torch.arange(draft_vocab))
     head.t2d.zero_()
     head.t2d[draft_ids] = True
@@ -84,7 +85,12 @@ def test_published_layout_round_trips(tmp_path):
     from safetensors.torch import load_file
 
     keys = set(load_file(str(tmp_path / "model.safetensors")))
-    assert {"fc.weight", "midlayer.hidden_norm.weight", "midlayer.self_attn.q_proj.weight", "norm.weight"} <= keys
+    assert {
+        "fc.weight",
+        "midlayer.hidden_norm.weight",
+        "midlayer.self_attn.q_proj.weight",
+        "norm.weight",
+    } <= keys
     assert {"lm_head.weight", "d2t", "t2d", "midlayer.mlp.gate_proj.weight"} <= keys
     assert not any(k.startswith("embed_tokens") for k in keys), "the target's embeddings are not the head's"
     embeddings = torch.nn.Embedding(VOCAB, 32)
@@ -121,7 +127,12 @@ def test_head_with_its_own_embeddings_uses_them(tmp_path):
         (lambda d: _edit_config(d, architectures=["LlamaForCausalLM"]), "not an EAGLE-3 head"),
         (lambda d: _edit_config(d, draft_vocab_size=DRAFT_VOCAB + 1), "d2t has shape"),
         (lambda d: _edit_state(d, d2t=torch.full((DRAFT_VOCAB,), 10_000)), "outside the vocabulary"),
-        (lambda d: _edit_state(d, d2t=torch.zeros(DRAFT_VOCAB, dtype=torch.long) - torch.arange(DRAFT_VOCAB)), "onto one target token"),
+        (
+            lambda d: _edit_state(
+                d, d2t=torch.zeros(DRAFT_VOCAB, dtype=torch.long) - torch.arange(DRAFT_VOCAB)
+            ),
+            "onto one target token",
+        ),
     ],
 )
 def test_broken_heads_are_refused_with_a_clear_error(tmp_path, breakage, message):
@@ -232,7 +243,9 @@ def test_every_proposal_equals_the_from_scratch_reference(tmp_path, setting):
     catch_up_tokens = 8 if setting != "plain" else 128
     drafter = Eagle3Drafter(head, 3, VOCAB, 4, block_size=4, max_num_tokens=catch_up_tokens)
     proposals = record_proposals(drafter)
-    overrides = {"chunked-prefill": {"max_num_tokens": 16}, "preemption": {"num_kv_blocks": 40}}.get(setting, {})
+    overrides = {"chunked-prefill": {"max_num_tokens": 16}, "preemption": {"num_kv_blocks": 40}}.get(
+        setting, {}
+    )
     _, outputs = run_speculative("llama", BATCHES["batch8"], drafter=drafter, **overrides)
     if setting == "preemption":
         assert sum(o.metrics.num_preemptions for o in outputs) > 0
@@ -247,7 +260,9 @@ def test_full_head_pool_ends_drafting_without_leaks(tmp_path):
     make_head_dir(tmp_path)
     _, target = make_tiny_model("llama")
     head = load_head(tmp_path, target.get_input_embeddings(), torch.float64, "cpu")
-    drafter = Eagle3Drafter(head, 3, VOCAB, 4, block_size=4, kv_cache_memory_gb=12 * 4 * 2 * 2 * 8 * 8 / 2**30)
+    drafter = Eagle3Drafter(
+        head, 3, VOCAB, 4, block_size=4, kv_cache_memory_gb=12 * 4 * 2 * 2 * 8 * 8 / 2**30
+    )
     assert drafter.block_manager.num_blocks == 12
     _, outputs = run_speculative("llama", BATCHES["batch8"], drafter=drafter)
     assert sum(1 for o in outputs if o.metrics.num_draft_tokens) < len(outputs), "the pool was big enough"

@@ -151,3 +151,11 @@ def make_tiny_tokenizer(vocab_size: int = 256) -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins tokens with single spaces
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", chat_template=CHAT_TEMPLATE)
+
+
+def save_tiny_model_dir(path) -> str:
+    """A float32 tiny Llama and the tiny tokenizer saved as an HF directory (a `--model` for the CLI)."""
+    _, model = make_tiny_model("llama", dtype=torch.float32)
+    model.save_pretrained(path)
+    make_tiny_tokenizer().save_pretrained(path)
+    return str(path)

@@ -1,0 +1,130 @@
+"""`specexec bench` end to end on a tiny model: every configuration and baseline in one process, the
+JSON report's keys, the plot, bad input refused before any model loads, and Ctrl-C keeping what was
+measured."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from specexec.bench import runner as bench_runner
+from specexec.cli import main
+from tiny_models import save_tiny_model_dir
+
+ROW_KEYS = {
+    "name",
+    "concurrency",
+    "num_requests",
+    "output_tokens_per_s",
+    "mean_acceptance_length",
+    "ttft_ms_p50",
+    "ttft_ms_p90",
+    "ttft_ms_p99",
+    "tpot_ms_p50",
+    "tpot_ms_p99",
+    "latency_ms_p50",
+    "acceptance_per_position",
+    "schema_valid_rate",
+    "speedup",
+    "requests",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
+
+
+def write_dataset(path, n: int = 3) -> str:
+    """Repetitive prompts in the tiny tokenizer's words (so prompt lookup finds matches)."""
+    lines = [{"id": f"p{i}", "prompt": " ".join(f"w{(i + j) % 5}" for j in range(12))} for i in range(n)]
+    lines[0]["schema"] = {"type": "object"}
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return str(path)
+
+
+def bench_argv(tiny_dir, tmp_path, *extra: str) -> list[str]:
+    return [
+        "bench",
+        "--model",
+        tiny_dir,
+        "--dataset",
+        write_dataset(tmp_path / "prompts.jsonl"),
+        "--num-requests",
+        "3",
+        "--max-tokens",
+        "6",
+        "--ignore-eos",
+        "--output",
+        str(tmp_path / "r.json"),
+        *extra,
+    ]
+
+
+def test_configs_and_baselines_side_by_side(tiny_dir, tmp_path, capsys):
+    argv = bench_argv(tiny_dir, tmp_path, "--decoding-type", "NGram", "--concurrency", "1,2")
+    argv += ["--baseline", "none,hf", "--plot", str(tmp_path / "r.png")]
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    rows = {(r["name"], r["concurrency"]): r for r in report["results"]}
+    assert set(rows) == {
+        ("none", 1),
+        ("none", 2),
+        ("ngram-k3", 1),
+        ("ngram-k3", 2),
+        ("hf", 1),
+        ("hf-prompt-lookup", 1),
+        ("hf-assisted", 1),
+        ("hf-batch", 2),
+    }
+    for row in report["results"]:
+        assert set(row) >= ROW_KEYS, ROW_KEYS - set(row)
+        assert row["num_requests"] == 3 and len(row["requests"]) == 3
+        assert sum(r["num_output_tokens"] for r in row["requests"]) == 18
+    ngram = rows[("ngram-k3", 1)]
+    assert ngram["speedup"]["none"] == pytest.approx(
+        ngram["output_tokens_per_s"] / rows[("none", 1)]["output_tokens_per_s"]
+    )
+    assert ngram["speedup"]["hf"] == pytest.approx(
+        ngram["output_tokens_per_s"] / rows[("hf", 1)]["output_tokens_per_s"]
+    )
+    assert "hf" in rows[("ngram-k3", 2)]["speedup"], "c > 1 compares with generate_batch"
+    assert ngram["mean_acceptance_length"] is not None and rows[("none", 1)]["mean_acceptance_length"] is None
+    assert ngram["schema_valid_rate"] is not None, "a prompt with a schema gets a validity figure"
+    assert report["interrupted"] is False and report["machine"]["torch"]
+    assert (tmp_path / "r.png").stat().st_size > 0
+    table = capsys.readouterr().out
+    assert "ngram-k3" in table and "hf-batch" in table
+
+
+def test_bad_config_fails_before_any_model_loads(tiny_dir, tmp_path, monkeypatch, capsys):
+    import specexec.executor.model_loader as loader
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(loader, "load_model", no_loading)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("speculative_config: {decoding_type: NGram, max_draft_len: 99}\n")
+    assert main(bench_argv(tiny_dir, tmp_path, "--config", str(bad))) == 2
+    assert "max_draft_len" in capsys.readouterr().err
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("speculative_config: {decoding_type: NoSuchDrafter}\n")
+    assert main(bench_argv(tiny_dir, tmp_path, "--config", str(unknown))) == 2
+    assert "unknown speculative_config.decoding_type" in capsys.readouterr().err
+    argv = bench_argv(tiny_dir, tmp_path)
+    argv[argv.index("--dataset") + 1] = "nosuchset"
+    assert main(argv) == 2
+    assert "unknown dataset" in capsys.readouterr().err
+    assert main(bench_argv(tiny_dir, tmp_path, "--concurrency", "0")) == 2
+
+
+def test_ctrl_c_keeps_what_was_measured(tiny_dir, tmp_path, monkeypatch):
+    def interrupted(self, bar):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench_runner.BenchRunner, "_run_hf", interrupted)
+    assert main(bench_argv(tiny_dir, tmp_path, "--baseline", "none,hf")) == 130
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["interrupted"] is True
+    assert [r["name"] for r in report["results"]] == ["none"]

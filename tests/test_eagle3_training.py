@@ -1,0 +1,129 @@
+"""EAGLE-3 training: the training-time test computes what drafting computes, the corpus never holds a
+benchmark prompt, and `specexec train-eagle3` runs end to end (on a tiny model) into a loadable head."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from specexec.bench.datasets import load_dataset, spread, spread_order
+from specexec.bench.eagle3_corpus import (
+    MAX_BENCH_REQUESTS,
+    MAX_BENCH_REQUESTS_PER_CATEGORY,
+    SPECBENCH_CATEGORIES,
+    TRAINING_DATASETS,
+    training_prompts,
+)
+from specexec.bench.eagle3_features import SequenceFeatures, choose_draft_vocab, d2t_for
+from specexec.bench.eagle3_train import make_batch
+from specexec.bench.eagle3_ttt import ttt_loss
+from specexec.drafters.eagle3_head import load_head
+from test_eagle3 import dense_causal_attention, make_head_dir
+from test_speculative_identity import BATCHES, run_speculative
+from tiny_models import save_tiny_model_dir
+
+
+def make_features(n: int, seed: int) -> SequenceFeatures:
+    gen = torch.Generator().manual_seed(seed)
+    return SequenceFeatures(
+        token_ids=torch.randint(0, 256, (n + 1,), generator=gen),
+        start_pos=3,
+        aux=torch.randn(n, 96, generator=gen),
+        final=torch.randn(n, 32, generator=gen),
+    )
+
+
+def test_each_unrolled_step_equals_drafting_after_that_position(tmp_path):
+    """Step k at index t of the training-time test = the k-th chained draft step after position t
+    (teacher-forced tokens), computed densely like inference does."""
+    make_head_dir(tmp_path, draft_vocab=96)
+    head = load_head(tmp_path, torch.nn.Embedding(256, 32).double(), torch.float64, "cpu")
+    feats = [make_features(12, 0), make_features(9, 1)]
+    lm_rows = torch.randn(96, 32)
+    in_draft = torch.ones(256, dtype=torch.bool)
+    batch = make_batch(feats, lm_rows, in_draft, max_len=64)
+    steps = 3
+    outputs = []
+    original = head.logits
+    head.logits = lambda out: outputs.append(out.detach().clone()) or original(out)
+    with torch.no_grad():
+        ttt_loss(head, batch, steps)
+    head.logits = original
+    b, t = batch.next_ids.shape
+    for j, f in enumerate(feats):
+        n = len(f.aux) - 1
+        for index in (0, 3, n - steps):
+            real = head.fuse(f.aux[: index + 1])  # rows of positions start..start+index
+            ids = f.token_ids[1 : index + 2]
+            hidden = real
+            for k in range(steps):
+                pos = torch.arange(f.start_pos, f.start_pos + len(ids))
+                out = head.step(ids, hidden, pos, dense_causal_attention)
+                torch.testing.assert_close(outputs[k].view(b, t, -1)[j, index], out[-1], rtol=1e-9, atol=1e-9)
+                hidden = torch.cat([hidden, out[-1:]])
+                ids = torch.cat([ids, f.token_ids[index + 2 + k : index + 3 + k]])
+
+
+def test_training_prompts_never_include_a_benchmark_draw():
+    train_ids = {p.id for p in training_prompts()}
+    for name, _ in TRAINING_DATASETS:
+        prompts = load_dataset(name)
+        for n in (1, 2, 6, 8, 10, 33, MAX_BENCH_REQUESTS):
+            assert not train_ids & {p.id for p in load_dataset(name, n)}, (name, n)
+        assert train_ids & {p.id for p in prompts}, f"{name} gives no training prompt"
+    for category in SPECBENCH_CATEGORIES:
+        drawn = {p.id for p in load_dataset(f"specbench:{category}", MAX_BENCH_REQUESTS_PER_CATEGORY)}
+        assert not train_ids & drawn, category
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 7, 10, 80, 480])
+def test_spread_order_visits_every_index_once_and_draws_nest(length):
+    order = spread_order(length)
+    assert sorted(order) == list(range(length))
+    items = list(range(length))
+    for n in range(1, length):
+        assert set(spread(items, n)) <= set(spread(items, n + 1))
+
+
+def test_draft_vocab_takes_the_most_frequent_tokens_and_eos():
+    records = [{"prompt_token_ids": [5, 5, 6], "output_token_ids": [7, 7, 7, 8]}]
+    ids = choose_draft_vocab(records, 4, 100, always=(99,))
+    assert ids.tolist() == [5, 7, 8, 99]  # answer tokens count twice: 8 (2 x 1) outranks 6 (1)
+    assert (torch.arange(4) + d2t_for(ids)).tolist() == [5, 7, 8, 99]
+    with pytest.raises(ValueError, match="draft vocabulary size"):
+        choose_draft_vocab(records, 101, 100)
+
+
+def test_train_eagle3_end_to_end_on_a_tiny_model(tmp_path):
+    from specexec.cli import main
+
+    model_dir = save_tiny_model_dir(tmp_path / "tiny")
+    out = tmp_path / "head"
+    argv = ["train-eagle3", "--output", str(out), "--model", model_dir, "--max-minutes", "1.5"]
+    argv += [
+        "--corpus-minutes",
+        "0.2",
+        "--num-prompts",
+        "6",
+        "--max-new-tokens",
+        "8",
+        "--draft-vocab-size",
+        "64",
+    ]
+    argv += ["--ttt-steps", "2", "--max-len", "48", "--batch-tokens", "96"]
+    assert main(argv) == 0
+    log = json.loads((out / "training_log.json").read_text())
+    assert log["corpus_records"] >= 1 and log["steps"], "no corpus or no optimizer step"
+    assert log["total_minutes"] < 2.0
+    assert (out / "loss_curve.png").stat().st_size > 0
+    assert len((out / "corpus" / "corpus.jsonl").read_text().splitlines()) == log["corpus_records"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["draft_vocab_size"] == 64
+    # the trained head drafts for the tiny target (float64 for the identity check)
+    _, outputs = run_speculative(
+        "llama",
+        BATCHES["batch8"],
+        speculative_config={"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model": str(out)},
+    )
+    assert sum(o.metrics.num_draft_tokens for o in outputs) > 0
