@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..plugins import hookimpl
+from ..sampling import compute_probs
 
 
 @dataclass(slots=True)
@@ -31,6 +32,18 @@ class DrafterContext:
     tokenizer: object | None  #: the target's tokenizer
     vocab_size: int  #: the target's vocabulary size
     executor_config: object  #: the ExecutorConfig (dtype, device, KV budget, block size)
+
+
+def draft_distribution(logits: torch.Tensor, params) -> torch.Tensor:
+    """q: the request's sampling distribution (temperature, top-k/p, min-p) over ``logits`` [vocab]."""
+    dev = logits.device
+    return compute_probs(
+        logits[None],
+        torch.tensor([params.temperature], device=dev),
+        torch.tensor([params.top_k], device=dev),
+        torch.tensor([params.top_p], device=dev),
+        torch.tensor([params.min_p], device=dev),
+    )[0]  # [vocab]
 
 
 def grammar_valid_prefix(grammar, token_ids) -> int:

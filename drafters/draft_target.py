@@ -17,8 +17,8 @@ from ..executor.block_manager import BlockManager
 from ..executor.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from ..executor.model_runner import ModelRunner, SequenceInput
 from ..kernels import apply_mask_inplace
-from ..sampling import compute_probs, sample_from_probs
-from .base import Drafter, DraftProposal
+from ..sampling import sample_from_probs
+from .base import Drafter, DraftProposal, draft_distribution
 
 
 def check_vocab_compatible(
@@ -187,14 +187,7 @@ class DraftTargetDrafter(Drafter):
         params = request.sampling_params
         if not self.returns_draft_probs or params.is_greedy:
             return int(logits.argmax()), None
-        dev = logits.device
-        q = compute_probs(
-            logits[None],
-            torch.tensor([params.temperature], device=dev),
-            torch.tensor([params.top_k], device=dev),
-            torch.tensor([params.top_p], device=dev),
-            torch.tensor([params.min_p], device=dev),
-        )[0]  # [vocab]
+        q = draft_distribution(logits, params)  # [vocab]
         return sample_from_probs(q, request.generator), q
 
     def release(self, request) -> None:

@@ -24,8 +24,8 @@ from ..executor.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from ..executor.model_runner import PagedInputs, SequenceInput
 from ..executor.paged_attention import paged_attention_forward
 from ..kernels import apply_mask_inplace
-from ..sampling import compute_probs, sample_from_probs
-from .base import Drafter, DraftProposal
+from ..sampling import sample_from_probs
+from .base import Drafter, DraftProposal, draft_distribution
 from .eagle3_head import Eagle3Head, default_aux_layers
 
 
@@ -261,13 +261,7 @@ class Eagle3Drafter(Drafter):
             draft_id = int(logits.argmax())
         else:
             dev = logits.device
-            q_draft = compute_probs(
-                logits[None],
-                torch.tensor([params.temperature], device=dev),
-                torch.tensor([params.top_k], device=dev),
-                torch.tensor([params.top_p], device=dev),
-                torch.tensor([params.min_p], device=dev),
-            )[0]  # [draft_vocab]
+            q_draft = draft_distribution(logits, params)  # [draft_vocab]
             draft_id = sample_from_probs(q_draft, request.generator)
             q = torch.zeros(self.vocab_size, dtype=q_draft.dtype, device=dev)
             q[self.head.to_target_ids(torch.arange(len(q_draft), device=dev))] = q_draft

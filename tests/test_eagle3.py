@@ -42,7 +42,9 @@ from tiny_models import make_tiny_model
 DRAFT_VOCAB = 96
 
 
-def make_head_dir(path, *, draft_vocab: int = DRAFT_VOCAB, aux_layers=(1, 2, 3), seed: int = 0):
+def make_head_dir(
+    path, *, vocab: int = VOCAB, draft_vocab: int = DRAFT_VOCAB, aux_layers=(1, 2, 3), seed: int = 0
+):
     """A random head for the tiny targets (hidden 32, vocab 256) written in the published layout."""
     torch.manual_seed(seed)
     cfg = Eagle3Config(
@@ -51,7 +53,7 @@ def make_head_dir(path, *, draft_vocab: int = DRAFT_VOCAB, aux_layers=(1, 2, 3),
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=8,
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         draft_vocab_size=draft_vocab,
         target_hidden_size=32,
         aux_layer_ids=aux_layers,
@@ -60,7 +62,7 @@ def make_head_dir(path, *, draft_vocab: int = DRAFT_VOCAB, aux_layers=(1, 2, 3),
     for p in head.parameters():
         torch.nn.init.normal_(p, std=0.3)
     draft_ids = (
-        torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))[:draft_vocab].sort().values
+        torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))[:draft_vocab].sort().values
     )
     head.d2t.copy_(draft_ids - torch.arange(draft_vocab))
     head.t2d.zero_()

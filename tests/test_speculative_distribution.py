@@ -17,7 +17,9 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import tempfile
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +30,7 @@ from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
 from specexec.executor.request import Request
 from specexec.sampling import SamplingParams
+from test_eagle3 import make_head_dir
 from tiny_models import make_tiny_model
 
 VOCAB = 8
@@ -165,6 +168,10 @@ def make_drafter(kind: str) -> tuple[Drafter | None, dict | None]:
     if kind == "int8-self-draft-q":
         spec = {"decoding_type": "DraftTarget", "max_draft_len": MAX_DRAFT_LEN, "sample_drafts": True}
         return None, spec
+    if kind == "eagle3-reduced-vocab-q":  # q is zero on the 2 tokens outside the draft vocabulary
+        head_dir = make_head_dir(Path(tempfile.mkdtemp()), vocab=VOCAB, draft_vocab=VOCAB - 2)
+        spec = {"decoding_type": "Eagle", "max_draft_len": MAX_DRAFT_LEN, "sample_drafts": True}
+        return None, {**spec, "speculative_model": str(head_dir)}
     # an independent draft model: same vocabulary, other weights, one layer; q differs from p
     _, draft = make_tiny_model(
         "llama", vocab_size=VOCAB, initializer_range=INIT_RANGE, seed=5, num_hidden_layers=1
@@ -175,7 +182,7 @@ def make_drafter(kind: str) -> tuple[Drafter | None, dict | None]:
     return drafter, None
 
 
-DRAFTERS = ["fixed-token", "ngram", "int8-self-draft-q", "independent-draft-q"]
+DRAFTERS = ["fixed-token", "ngram", "int8-self-draft-q", "independent-draft-q", "eagle3-reduced-vocab-q"]
 
 
 # ---- the reference and the test's power ------------------------------------------------------------------
