@@ -43,9 +43,16 @@ DRAFT_VOCAB = 96
 
 
 def make_head_dir(
-    path, *, vocab: int = VOCAB, draft_vocab: int = DRAFT_VOCAB, aux_layers=(1, 2, 3), seed: int = 0
+    path,
+    *,
+    vocab: int = VOCAB,
+    draft_vocab: int = DRAFT_VOCAB,
+    aux_layers=(1, 2, 3),
+    seed: int = 0,
+    draft_ids=None,
 ):
-    """A random head for the tiny targets (hidden 32, vocab 256) written in the published layout."""
+    """A random head for the tiny targets (hidden 32, vocab 256 unless said) written in the published
+    layout; its draft vocabulary is ``draft_ids`` or a random subset."""
     torch.manual_seed(seed)
     cfg = Eagle3Config(
         hidden_size=32,
@@ -61,9 +68,9 @@ def make_head_dir(
     head = Eagle3Head(cfg)
     for p in head.parameters():
         torch.nn.init.normal_(p, std=0.3)
-    draft_ids = (
-        torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))[:draft_vocab].sort().values
-    )
+    if draft_ids is None:
+        draft_ids = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))[:draft_vocab]
+    draft_ids = torch.as_tensor(draft_ids).sort().values
     head.d2t.copy_(draft_ids - torch.arange(draft_vocab))
     head.t2d.zero_()
     head.t2d[draft_ids] = True

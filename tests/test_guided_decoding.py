@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import tempfile
 
 import jsonschema
 import pytest
 import torch
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.drafters import Drafter, DraftProposal
+from test_eagle3 import make_head_dir
 from test_grammar_support import smollm2_tokenizer
 from tiny_models import make_tiny_model
 
@@ -23,10 +25,24 @@ PERSON = {
     "required": ["name", "age", "kind"],
     "additionalProperties": False,
 }
+#: an EAGLE-3 head over a reduced vocabulary: the 1024 lowest ids (punctuation, digits, short words)
+#: and 1024 others, so d2t is not the identity and many grammar-allowed tokens lie outside it
+EAGLE3_HEAD = make_head_dir(
+    tempfile.mkdtemp(),
+    vocab=VOCAB,
+    draft_vocab=2048,
+    draft_ids=torch.cat(
+        [
+            torch.arange(1024),
+            torch.randperm(VOCAB - 1024, generator=torch.Generator().manual_seed(0))[:1024] + 1024,
+        ]
+    ),
+)
 SPECS = {
     "none": None,
     "ngram": {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2},
     "self-int8": {"decoding_type": "DraftTarget", "max_draft_len": 3},
+    "eagle3": {"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model": EAGLE3_HEAD},
 }
 
 
@@ -81,7 +97,7 @@ def test_every_finished_guided_output_validates(spec_name, temperature):
     assert_all_pages_free(executor)
 
 
-@pytest.mark.parametrize("spec_name", ["ngram", "self-int8", "random"])
+@pytest.mark.parametrize("spec_name", ["ngram", "self-int8", "eagle3", "random"])
 def test_greedy_guided_speculation_is_token_identical(spec_name):
     baseline = [o.token_ids for o in make_executor().run(make_requests(4))]
     drafter = RandomDrafter() if spec_name == "random" else None
