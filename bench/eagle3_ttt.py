@@ -83,7 +83,7 @@ def ttt_loss(head: Eagle3Head, batch: Batch, num_steps: int) -> tuple[torch.Tens
         loss = (per_pos * valid).sum() / n
         total = total + STEP_WEIGHT**k * loss
         agree = (logp.argmax(-1) == target.argmax(-1)) & valid
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         agreements.append(float(agree.sum() / n))
     return total, losses, agreements
 
