@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..drafters.eagle3_head import Eagle3Config, Eagle3Head, default_aux_layers, save_head
+from .eagle3_features import d2t_for
 from .eagle3_ttt import Batch, ttt_loss
 
 
@@ -28,7 +29,7 @@ def train(args) -> int:
     """The whole pipeline of `specexec train-eagle3` (see the module docstring)."""
     from ..executor.model_loader import load_model
     from .eagle3_corpus import generate_corpus
-    from .eagle3_features import choose_draft_vocab, d2t_for, load_features
+    from .eagle3_features import choose_draft_vocab, load_features
 
     if args.max_minutes <= 0 or args.corpus_minutes < 0 or args.ttt_steps < 1 or args.draft_vocab_size < 1:
         raise ValueError(
@@ -73,7 +74,6 @@ def train(args) -> int:
         train_positions=sum(len(f.aux) - 1 for f in train),
         total_minutes=(time.perf_counter() - started) / 60,
     )
-    head.d2t.copy_(d2t_for(draft_ids))
     save_head(head, out)
     (out / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
     _plot(log, out / "loss_curve.png")
@@ -114,7 +114,7 @@ def _init_head(cfg: Eagle3Config, target, draft_ids, lm_rows) -> Eagle3Head:
         head.fc.weight[:, 2 * h :] += torch.eye(h)
         head.midlayer.self_attn.o_proj.weight.mul_(0.1)
         head.midlayer.mlp.down_proj.weight.mul_(0.1)
-        head.d2t.copy_(draft_ids - torch.arange(len(draft_ids)))
+        head.d2t.copy_(d2t_for(draft_ids))
         head.t2d.zero_()
         head.t2d[draft_ids] = True
     return head

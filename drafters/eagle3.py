@@ -35,6 +35,11 @@ class _HeadState:
     pending_start: int = 0  #: position of pending[0]
     pending: torch.Tensor | None = None  # [n, 3 * target_hidden] features of positions not yet fed
 
+    @property
+    def pending_end(self) -> int:
+        """One past the last position the pending features cover."""
+        return self.pending_start + (len(self.pending) if self.pending is not None else 0)
+
 
 class _PagedHeadAttention:
     """Routes the head's attention through the paged-attention function, on layer 0 of its cache."""
@@ -143,10 +148,9 @@ class Eagle3Drafter(Drafter):
         pending rows cover every verified position the head has not fed yet (it can catch up and draft)."""
         state = self._states.setdefault(request.request_id, _HeadState())
         for start, rows in request.target_hidden:
-            end = state.pending_start + (len(state.pending) if state.pending is not None else 0)
             if state.pending is None or start < state.pending_start:
                 state.pending_start, state.pending = start, rows
-            elif start <= end:  # rows from `start` on are replaced (a recompute)
+            elif start <= state.pending_end:  # rows from `start` on are replaced (a recompute)
                 state.pending = torch.cat([state.pending[: start - state.pending_start], rows])
             else:  # a gap the head cannot bridge: draft again once the request is recomputed
                 state.pending = None
@@ -154,8 +158,7 @@ class Eagle3Drafter(Drafter):
         request.target_hidden.clear()
         if state.pending is None:
             return False
-        covered = state.pending_start + len(state.pending)
-        return state.pending_start <= state.num_real < covered == request.num_tokens - 1
+        return state.pending_start <= state.num_real < state.pending_end == request.num_tokens - 1
 
     def _catch_up(self, requests) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed every request's pending positions (pairs h_t, x_{t+1}), in chunks that fit a forward;
@@ -168,7 +171,7 @@ class Eagle3Drafter(Drafter):
             items, used = [], 0
             for r in todo:
                 st = self._states[r.request_id]
-                take = min(st.pending_start + len(st.pending) - st.num_real, budget - used)
+                take = min(st.pending_end - st.num_real, budget - used)
                 if take > 0:
                     items.append((r, take))
                     used += take
@@ -186,7 +189,7 @@ class Eagle3Drafter(Drafter):
             for k, (r, take) in enumerate(items):
                 st = self._states[r.request_id]
                 st.num_real += take
-                if st.num_real == st.pending_start + len(st.pending):
+                if st.num_real == st.pending_end:
                     st.pending, st.pending_start = None, st.num_real
                     last[r.request_id] = out[k]
             todo = [r for r in todo if r.request_id not in last]
@@ -223,7 +226,7 @@ class Eagle3Drafter(Drafter):
     def _blocks_needed(self, request) -> int:
         """New pages the catch-up and the drafts of this step take at most."""
         st, bm = self._states[request.request_id], self.block_manager
-        num_slots = st.pending_start + len(st.pending) + self.max_draft_len
+        num_slots = st.pending_end + self.max_draft_len
         held = len(bm.block_tables.get(request.request_id, ()))
         return max(0, -(-num_slots // bm.block_size) - held)
 
