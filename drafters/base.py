@@ -12,8 +12,18 @@ from dataclasses import dataclass
 
 import torch
 
+from ..grammar.request_grammar import grammar_valid_prefix
 from ..plugins import hookimpl
 from ..sampling import compute_probs
+
+__all__ = [
+    "DraftProposal",
+    "Drafter",
+    "DrafterContext",
+    "declare_options",
+    "draft_distribution",
+    "grammar_valid_prefix",
+]
 
 
 @dataclass(slots=True)
@@ -46,16 +56,17 @@ def draft_distribution(logits: torch.Tensor, params) -> torch.Tensor:
     )[0]  # [vocab]
 
 
-def grammar_valid_prefix(grammar, token_ids) -> int:
-    """How many leading tokens of ``token_ids`` a request's grammar (a RequestGrammar) accepts; all of
-    them when there is no grammar."""
-    if grammar is None:
-        return len(token_ids)
-    matcher = grammar.fork_for_drafting()
-    for i, token in enumerate(token_ids):
-        if matcher.is_terminated() or not matcher.accept_token(int(token)):
-            return i
-    return len(token_ids)
+def declare_options(options_type: type):
+    """Decorator for a drafter factory: the dataclass of its options (``speculative_config`` keys other
+    than decoding_type, max_draft_len, draft_len_schedule and draft_len_policy). The executor builds it
+    from the config before any model loads, so an unknown key or a bad value fails at once; decorate
+    the dataclass with ``specexec.executor.options.reject_unknown_keys`` for a clear unknown-key error."""
+
+    def mark(factory):
+        factory.options = options_type
+        return factory
+
+    return mark
 
 
 class Drafter:
@@ -75,8 +86,10 @@ class Drafter:
     use_grammar_masks: bool = True
 
     def grammar_of(self, request):
-        """The request's grammar when draft-side masks are on and the request is guided, else None."""
-        return getattr(request, "grammar", None) if self.use_grammar_masks else None
+        """This step's snapshot of the request's grammar (``fork_for_drafting()``, ``is_terminated()``)
+        when draft-side masks are on and the request is guided, else None. It is the drafter's own: the
+        request's matcher is never handed to a drafter."""
+        return getattr(request, "drafting_grammar", None) if self.use_grammar_masks else None
 
     def __init__(self, max_draft_len: int) -> None:
         if not isinstance(max_draft_len, int) or not 1 <= max_draft_len <= 32:
@@ -107,9 +120,8 @@ class Drafter:
 
     # ---- hook implementations (the executor calls these through the plugin manager) ------------
     @hookimpl
-    def specexec_prepare_draft_requests(self, requests: list) -> None:
-        for request in requests:
-            request.num_draft_slots = min(self.num_draft_slots(request), self.max_draft_len)
+    def specexec_prepare_draft_requests(self, requests: list) -> dict[str, int]:
+        return {r.request_id: min(self.num_draft_slots(r), self.max_draft_len) for r in requests}
 
     @hookimpl
     def specexec_prepare_draft_tokens(self, scheduled_requests: list, resources) -> dict[str, DraftProposal]:

@@ -1,47 +1,125 @@
-"""The built-in drafters, registered with the plugin manager like any third-party plugin."""
+"""The built-in drafters, registered with the plugin manager like any third-party plugin.
+
+Each factory declares its options dataclass (`declare_options`), so a bad option is refused before
+any model loads; the factory then parses the same options again to build its drafter.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from typing import Any
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
 
+from ..executor.options import parse_options, reject_unknown_keys
 from ..plugins import hookimpl
-from .base import Drafter, DrafterContext
+from .base import Drafter, DrafterContext, declare_options
 
 
-def _take_options(name: str, options: dict[str, Any], allowed: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
+def _check_path(key: str, value) -> None:
+    if value is not None and (not isinstance(value, str) or not Path(value).expanduser().exists()):
         raise ValueError(
-            f"unknown {name} option(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}"
+            f"{key}: {value!r} does not exist (a model directory, a .gguf file or a head directory)"
         )
-    return {**allowed, **options}
 
 
+def _check_kv_budget(value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"kv_cache_memory_gb must be a number > 0, got {value!r}")
+
+
+@reject_unknown_keys
+@dataclass(slots=True)
+class NGramOptions:
+    """NGram's own options (TensorRT-LLM's names); `NGramConfig` documents each one."""
+
+    option_label = "NGram option"  #: (not a field) for the unknown-option error
+    max_matching_ngram_size: int = 3
+    is_public_pool: bool = True
+    is_keep_all: bool = True
+    is_use_oldest: bool = True
+    max_pool_entries: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        from .ngram import NGramConfig
+
+        NGramConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})  # checks values
+
+
+@reject_unknown_keys
+@dataclass(slots=True)
+class DraftTargetOptions:
+    option_label = "DraftTarget option"  #: (not a field) for the unknown-option error
+    speculative_model: str | None = None  #: draft model path (HF dir or GGUF); None = int8 copy of the target
+    speculative_model_dir: str | None = None  #: trtllm-bench's name for the same
+    sample_drafts: bool = False  #: sample drafts and keep q (rejection sampling), else greedy drafts
+    kv_cache_memory_gb: float = 0.25  #: the draft's KV pool
+
+    def __post_init__(self) -> None:
+        _check_path("speculative_model", self.speculative_model)
+        _check_path("speculative_model_dir", self.speculative_model_dir)
+        if not isinstance(self.sample_drafts, bool):
+            raise ValueError(f"sample_drafts must be true or false, got {self.sample_drafts!r}")
+        _check_kv_budget(self.kv_cache_memory_gb)
+
+
+@reject_unknown_keys
+@dataclass(slots=True)
+class Eagle3Options(DraftTargetOptions):
+    """The same keys as DraftTarget; ``speculative_model`` is an EAGLE-3 head directory (None = the head
+    shipped for the embedded SmolLM2)."""
+
+    option_label = "Eagle option"  #: (not a field) for the unknown-option error
+
+
+@reject_unknown_keys
+@dataclass(slots=True)
+class UserProvidedOptions:
+    option_label = "UserProvided option"  #: (not a field) for the unknown-option error
+    drafter: str | None = None  #: "package.module:ClassName", a specexec Drafter subclass
+    drafter_options: dict = field(default_factory=dict)  #: keyword arguments of its constructor
+
+    def __post_init__(self) -> None:
+        self.drafter_class()
+
+    def drafter_class(self) -> type[Drafter]:
+        """The class named by ``drafter`` (imported, checked; its constructor takes drafter_options)."""
+        target = self.drafter
+        if not isinstance(target, str) or ":" not in target:
+            raise ValueError(f"UserProvided needs option drafter: 'package.module:ClassName', got {target!r}")
+        module_name, _, class_name = target.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot import drafter {target!r}: {exc}") from exc
+        if not (isinstance(cls, type) and issubclass(cls, Drafter)):
+            raise ValueError(f"{target!r} is not a subclass of specexec.drafters.Drafter")
+        if not isinstance(self.drafter_options, dict):
+            raise ValueError(f"drafter_options must be a mapping, got {self.drafter_options!r}")
+        try:
+            inspect.signature(cls).bind_partial(**self.drafter_options)
+        except TypeError as exc:
+            raise ValueError(f"drafter_options do not fit {target}'s constructor: {exc}") from exc
+        return cls
+
+
+@declare_options(NGramOptions)
 def make_ngram(spec_config, context: DrafterContext) -> Drafter:
-    import dataclasses
-
     from .ngram import NGramConfig, NGramDrafter
 
-    defaults = {f.name: f.default for f in dataclasses.fields(NGramConfig) if f.name != "max_draft_len"}
-    options = _take_options("NGram", spec_config.options, defaults)
-    return NGramDrafter(NGramConfig(max_draft_len=spec_config.max_draft_len, **options))
+    opts = parse_options(NGramOptions, spec_config.options)
+    fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
+    return NGramDrafter(NGramConfig(max_draft_len=spec_config.max_draft_len, **fields))
 
 
-DRAFT_TARGET_OPTIONS = {
-    "speculative_model": None,  #: draft model path (HF dir or GGUF); None = int8 copy of the target
-    "speculative_model_dir": None,  #: trtllm-bench's name for the same
-    "sample_drafts": False,  #: sample drafts and keep q (rejection sampling), else greedy drafts
-    "kv_cache_memory_gb": 0.25,  #: the draft's KV pool
-}
-
-
+@declare_options(DraftTargetOptions)
 def make_draft_target(spec_config, context: DrafterContext) -> Drafter:
     from .draft_target import DraftTargetDrafter, check_vocab_compatible
     from .quantize import quantized_copy
 
-    opts = _take_options("DraftTarget", spec_config.options, DRAFT_TARGET_OPTIONS)
-    path = opts["speculative_model"] or opts["speculative_model_dir"]
+    opts = parse_options(DraftTargetOptions, spec_config.options)
+    path = opts.speculative_model or opts.speculative_model_dir
     cfg = context.executor_config
     if path is None:
         draft = quantized_copy(context.target_model)
@@ -55,28 +133,21 @@ def make_draft_target(spec_config, context: DrafterContext) -> Drafter:
         draft,
         spec_config.max_draft_len,
         context.vocab_size,
-        sample_drafts=bool(opts["sample_drafts"]),
-        kv_cache_memory_gb=float(opts["kv_cache_memory_gb"]),
+        sample_drafts=opts.sample_drafts,
+        kv_cache_memory_gb=float(opts.kv_cache_memory_gb),
         block_size=cfg.block_size,
         max_num_tokens=cfg.max_num_tokens,
     )
 
 
-EAGLE3_OPTIONS = {
-    "speculative_model": None,  #: head directory (published EAGLE-3 layout); None = the shipped SmolLM2 head
-    "speculative_model_dir": None,  #: trtllm-bench's name for the same
-    "sample_drafts": False,  #: sample drafts and keep q (rejection sampling), else greedy drafts
-    "kv_cache_memory_gb": 0.25,  #: the head's KV pool
-}
-
-
+@declare_options(Eagle3Options)
 def make_eagle3(spec_config, context: DrafterContext) -> Drafter:
     from .eagle3 import Eagle3Drafter
     from .eagle3_head import SHIPPED_HEAD, load_head
 
-    opts = _take_options("Eagle", spec_config.options, EAGLE3_OPTIONS)
+    opts = parse_options(Eagle3Options, spec_config.options)
     cfg = context.executor_config
-    path = opts["speculative_model"] or opts["speculative_model_dir"]
+    path = opts.speculative_model or opts.speculative_model_dir
     if path is None:
         if cfg.model is not None:
             raise ValueError(
@@ -98,27 +169,18 @@ def make_eagle3(spec_config, context: DrafterContext) -> Drafter:
         spec_config.max_draft_len,
         context.vocab_size,
         text_config.num_hidden_layers,
-        sample_drafts=bool(opts["sample_drafts"]),
-        kv_cache_memory_gb=float(opts["kv_cache_memory_gb"]),
+        sample_drafts=opts.sample_drafts,
+        kv_cache_memory_gb=float(opts.kv_cache_memory_gb),
         block_size=cfg.block_size,
         max_num_tokens=cfg.max_num_tokens,
     )
 
 
+@declare_options(UserProvidedOptions)
 def make_user_provided(spec_config, context: DrafterContext) -> Drafter:
     """``drafter: "package.module:ClassName"`` with ``drafter_options: {...}`` for its constructor."""
-    opts = _take_options("UserProvided", spec_config.options, {"drafter": None, "drafter_options": {}})
-    target = opts["drafter"]
-    if not isinstance(target, str) or ":" not in target:
-        raise ValueError(f"UserProvided needs option drafter: 'package.module:ClassName', got {target!r}")
-    module_name, _, class_name = target.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot import drafter {target!r}: {exc}") from exc
-    if not (isinstance(cls, type) and issubclass(cls, Drafter)):
-        raise ValueError(f"{target!r} is not a subclass of specexec.drafters.Drafter")
-    return cls(max_draft_len=spec_config.max_draft_len, **opts["drafter_options"])
+    opts = parse_options(UserProvidedOptions, spec_config.options)
+    return opts.drafter_class()(max_draft_len=spec_config.max_draft_len, **opts.drafter_options)
 
 
 @hookimpl

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .options import reject_unknown_keys
 from .speculative_config import SpeculativeConfig
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
+GUIDED_UNSUPPORTED = ("refuse", "warn")
 
 
 def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -22,9 +23,18 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_positive_number(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    )
+
+
+@reject_unknown_keys
 @dataclass(slots=True)
 class ExecutorConfig:
     """How the executor loads the model and sizes its batch and KV cache."""
+
+    option_label = "config key"  #: (not a field) errors say "unknown config key 'x'"
 
     model: str | None = None  #: HF directory, GGUF file, or None for the embedded SmolLM2-135M-Instruct
     dtype: str = "float32"  #: weights and KV cache: float32, bfloat16, float16, float64
@@ -45,6 +55,14 @@ class ExecutorConfig:
     #: JSON schemas: longest run of whitespace allowed (small models otherwise loop on whitespace);
     #: 0 = compact JSON, null = unlimited
     guided_json_max_whitespace: int | None = 16
+    #: a JSON schema keyword the grammar cannot enforce (after normalization): "refuse" finishes the
+    #: request with an error naming it; "warn" generates anyway and says so on the output
+    guided_unsupported: str = "refuse"
+    #: seconds a grammar may take to compile before its request fails (the compile thread is abandoned)
+    grammar_compile_timeout_s: float = 30.0
+    #: seconds one call into the drafter may take: a late call loses its drafts for that step, and a
+    #: drafter late 3 times in a row is switched off; null = no deadline (calls run inline)
+    drafter_timeout_s: float | None = 30.0
 
     def __post_init__(self) -> None:
         if isinstance(self.speculative_config, dict):
@@ -71,10 +89,7 @@ class ExecutorConfig:
             "null or an integer > 1",
         )
         _check(
-            isinstance(self.kv_cache_memory_gb, (int, float))
-            and not isinstance(self.kv_cache_memory_gb, bool)
-            and math.isfinite(self.kv_cache_memory_gb)
-            and self.kv_cache_memory_gb > 0,
+            _is_positive_number(self.kv_cache_memory_gb),
             "kv_cache_memory_gb",
             self.kv_cache_memory_gb,
             "a number > 0",
@@ -99,6 +114,24 @@ class ExecutorConfig:
             "true or false",
         )
         _check(
+            self.guided_unsupported in GUIDED_UNSUPPORTED,
+            "guided_unsupported",
+            self.guided_unsupported,
+            ", ".join(GUIDED_UNSUPPORTED),
+        )
+        _check(
+            _is_positive_number(self.grammar_compile_timeout_s),
+            "grammar_compile_timeout_s",
+            self.grammar_compile_timeout_s,
+            "a number of seconds > 0",
+        )
+        _check(
+            self.drafter_timeout_s is None or _is_positive_number(self.drafter_timeout_s),
+            "drafter_timeout_s",
+            self.drafter_timeout_s,
+            "null or a number of seconds > 0",
+        )
+        _check(
             self.speculative_config is None or isinstance(self.speculative_config, SpeculativeConfig),
             "speculative_config",
             self.speculative_config,
@@ -109,11 +142,7 @@ class ExecutorConfig:
     def from_dict(cls, data: dict[str, Any]) -> ExecutorConfig:
         if not isinstance(data, dict):
             raise ValueError(f"config must be a mapping of keys to values, got {type(data).__name__}")
-        names = [f.name for f in dataclasses.fields(cls)]
-        for key in data:
-            if key not in names:
-                raise ValueError(f"unknown config key {key!r}; allowed keys: {', '.join(names)}")
-        return cls(**data)
+        return cls(**data)  # an unknown key is a ValueError naming it (reject_unknown_keys)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> ExecutorConfig:

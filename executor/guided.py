@@ -1,15 +1,22 @@
-"""The executor's side of guided decoding: compile each request's grammar off the loop, keep the
-request waiting until it is ready, build the ``1 + k`` mask rows of every guided request on the mask
-worker while the target forward runs, apply them, and roll the matchers back after verification.
+"""The executor's side of guided decoding: compile each request's grammar off the loop (schemas are
+normalized first, and keywords the grammar cannot enforce refused or warned about), keep the request
+waiting until it is ready, build the ``1 + k`` mask rows of every guided request on the mask worker
+while the target forward runs, apply them, roll the matchers back after verification, and check
+each finished output against what was asked for.
+
+Every method that touches one request's grammar reports a failure as (request, message) or raises for
+that request alone; nothing here fails the whole step.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
 
+from .inputs import InvalidRequestError
 from .request import RequestState
 from .scheduler import ScheduledRequest
 
@@ -37,11 +44,17 @@ class GuidedDecodingStage:
         max_rows: int,
         device,
         max_json_whitespace: int | None = None,
+        unsupported: str = "refuse",
+        compile_timeout_s: float = 30.0,
     ) -> None:
         self.max_json_whitespace = max_json_whitespace  #: JSON whitespace run limit (0 = compact)
+        self.unsupported = unsupported  #: "refuse" or "warn" for keywords the grammar cannot enforce
+        self.compile_timeout_s = compile_timeout_s
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
+        #: no EOS: a grammar ends its request when its output is complete (no stop token can)
+        self.ends_without_stop_token = not self.eos_token_ids
         self.max_rows = max_rows
         self.device = device
         self.stats = GuidedStats()
@@ -56,7 +69,7 @@ class GuidedDecodingStage:
             from ..grammar import GrammarCompilerPool
 
             if self.tokenizer is None:
-                raise ValueError("guided decoding needs the model's tokenizer")
+                raise InvalidRequestError("guided decoding needs the model's tokenizer")
             self._pool = GrammarCompilerPool(
                 self.tokenizer,
                 self.vocab_size,
@@ -66,50 +79,90 @@ class GuidedDecodingStage:
         return self._pool
 
     def submit(self, state: RequestState, response_format) -> None:
-        """Start compiling a request's grammar; a malformed response_format raises ValueError."""
+        """Start compiling a request's grammar. A malformed response_format, or (with ``refuse``) a
+        schema keyword the grammar cannot enforce, raises InvalidRequestError naming it."""
         from ..grammar import GrammarSpec
 
         spec = GrammarSpec.from_response_format(response_format)
-        if spec is not None:
-            state.grammar_future = self.pool.submit(spec)
+        if spec is None:
+            return
+        state.grammar_spec = spec
+        if spec.kind == "json_schema":
+            spec = self._enforceable(state, spec)
+        state.grammar_future = self.pool.submit(spec)
 
-    def resolve(self, waiting: list[RequestState]) -> list[tuple[RequestState, str]]:
-        """Give each waiting request whose grammar compiled its matcher; returns those that failed."""
+    def _enforceable(self, state: RequestState, spec):
+        """The normalized schema to compile; its unenforceable keywords refused or noted on the request."""
+        import json
+
+        from ..grammar import GrammarSpec
+        from ..grammar.schema_normalize import normalize_schema
+        from ..grammar.schema_support import find_unsupported
+
+        normalized = normalize_schema(json.loads(spec.text))
+        unsupported = find_unsupported(normalized)
+        if unsupported:
+            names = "; ".join(f"{u.keyword} at {u.path or '/'} ({u.reason})" for u in unsupported)
+            if self.unsupported == "refuse":
+                raise InvalidRequestError(
+                    f"the schema uses what guided decoding cannot enforce: {names} "
+                    "(guided_unsupported: warn generates anyway and says so on the output)"
+                )
+            state.guided_warnings.append(f"not enforced while generating: {names}")
+        return GrammarSpec.from_response_format(
+            {"type": "json_schema", "json_schema": {"schema": normalized}}
+        )
+
+    def resolve(self, waiting) -> list[tuple[RequestState, str]]:
+        """Give each waiting request whose grammar compiled its matcher; returns the requests that
+        failed: their grammar did not compile, or not within ``compile_timeout_s``."""
         from ..grammar import RequestGrammar
 
         failed = []
+        now = time.perf_counter()
         for r in waiting:
             fut = r.grammar_future
-            if fut is None or r.grammar is not None or not fut.done():
+            if fut is None or r.grammar is not None:
                 continue
-            exc = fut.exception()
-            if exc is not None:
+            if not fut.done():
+                if now - r.metrics.arrival_time > self.compile_timeout_s:
+                    self.pool.abandon(fut)
+                    failed.append((r, f"grammar did not compile within {self.compile_timeout_s} s"))
+                continue
+            try:
+                r.grammar = RequestGrammar(
+                    fut.result(),
+                    override_stop_tokens=self.eos_token_ids or None,
+                    terminate_without_stop_token=self.ends_without_stop_token,
+                )
+                if r.num_output_tokens:  # recomputed after preemption: replay what it already emitted
+                    r.grammar.accept_now(r.output_token_ids)
+            except Exception as exc:  # GrammarError from compiling, or a matcher that cannot start
                 failed.append((r, str(exc)))
-                continue
-            r.grammar = RequestGrammar(fut.result(), override_stop_tokens=self.eos_token_ids or None)
-            if r.num_output_tokens:  # recomputed after preemption: replay what it already emitted
-                r.grammar.accept_now(r.output_token_ids)
         return failed
 
     # ---- grammar-forced tokens as drafts ---------------------------------------------------------
-    def reserve_forced(self, running: list[RequestState], max_model_len: int) -> None:
-        """Where the grammar allows exactly one continuation (xgrammar's jump-forward string), its
-        tokens become this step's drafts: the masked target can only accept them."""
-        from ..drafters.base import grammar_valid_prefix
-
+    def reserve_forced(
+        self, running: list[RequestState], max_model_len: int
+    ) -> list[tuple[RequestState, str]]:
+        """Where the grammar allows exactly one token, and then exactly one again (a bounded walk),
+        those tokens become this step's drafts: the masked target can only accept them. Returns the
+        requests whose grammar failed."""
+        failed = []
         for r in running:
             r.forced_token_ids = []
-            if r.grammar is None or r.num_uncomputed_tokens != 1 or self.tokenizer is None:
+            if r.grammar is None or r.num_uncomputed_tokens != 1:
                 continue
-            text = r.grammar.jump_forward_string()
-            if not text:
-                continue
-            tokens = self.tokenizer.encode(text, add_special_tokens=False)[:MAX_FORCED_TOKENS]
             room = min(r.sampling_params.max_tokens - r.num_output_tokens, max_model_len - r.num_tokens) - 1
-            forced = tokens[: max(0, min(grammar_valid_prefix(r.grammar, tokens), room))]
+            try:
+                forced = r.grammar.forced_tokens(min(MAX_FORCED_TOKENS, room)) if room > 0 else []
+            except Exception as exc:
+                failed.append((r, f"grammar failed: {exc}"))
+                continue
             if forced:
                 r.forced_token_ids = forced
                 r.num_draft_slots = max(r.num_draft_slots, len(forced))
+        return failed
 
     def use_forced(self, batch: list[ScheduledRequest]) -> None:
         """Forced tokens take the place of the drafter's proposal (they are at least as likely)."""
@@ -145,42 +198,92 @@ class GuidedDecodingStage:
         if jobs:
             self.worker.start(jobs, row)
 
-    def apply_masks(self, logits: torch.Tensor) -> None:
-        """After the forward: wait for the masks (the mask-ready event) and apply them in place."""
+    def wait_masks(self, faults: dict[RequestState, str]):
+        """After the forward: wait for the masks (the mask-ready event); a request whose rows could not
+        be built goes into ``faults``. None when no request of the step is guided."""
         if not self._jobs:
-            return
-        from ..kernels import apply_mask_inplace
-
+            return None
         result = self.worker.wait()
-        apply_mask_inplace(logits, result.bitmask, result.needs_mask)
         self.stats.num_steps += 1
         self.stats.mask_build_ms += result.build_ms
         self.stats.mask_wait_ms += result.wait_ms
         share = result.wait_ms / len(self._jobs)
-        for (r, _), fill in zip(self._jobs, result.fills):
+        for (r, _), fill, error in zip(self._jobs, result.fills, result.errors):
+            if error is not None:
+                faults[r] = error
+                continue
             m = r.metrics
             m.mask_wait_ms += share
             m.mask_build_ms += result.build_ms / len(self._jobs)
             m.num_mask_rows_skipped += 1 + len(r.draft_token_ids) - fill.num_rows_filled
             r.grammar_fill = fill
+        self._jobs = []
+        return result
 
-    def after_verification(self, r: RequestState, num_accepted: int, emitted: list[int]) -> None:
-        """Roll back the drafts the target rejected; the last emitted token is accepted next step."""
-        fill = r.grammar_fill
-        if r.grammar is None or fill is None:
-            return
-        r.grammar_fill = None
+    def apply_masks(self, logits: torch.Tensor, masks) -> None:
+        """Mask the logits of guided requests in place (kernels/: torch on CPU, CuPy on CUDA)."""
+        if masks is not None:
+            from ..kernels import apply_mask_inplace
+
+            apply_mask_inplace(logits, masks.bitmask, masks.needs_mask)
+
+    def drain(self) -> None:
+        """An interrupted step: wait for the worker so it lets go of the grammars it holds."""
+        if self._jobs:
+            self._jobs = []
+            try:
+                self.worker.wait()
+            except Exception:  # (the step is being given up anyway)
+                logger.debug("mask worker failed while draining", exc_info=True)
+
+    # ---- after verification -----------------------------------------------------------------------
+    def after_verification(
+        self, r: RequestState, num_accepted: int, emitted: list[int]
+    ) -> tuple[list[int], bool]:
+        """Roll back the drafts the target rejected (the last emitted token is accepted next step).
+        Returns the emitted tokens that belong to the output (none past the grammar's end) and whether
+        the grammar is complete, which ends the request."""
+        fill, r.grammar_fill = r.grammar_fill, None
+        if r.grammar is None:
+            return emitted, False
         num_drafts = len(r.draft_token_ids)
-        if fill.first_invalid_draft_index is not None and num_accepted == fill.first_invalid_draft_index:
+        if fill is not None and fill.terminated and num_accepted >= fill.num_drafts_accepted_by_grammar:
+            keep = fill.num_drafts_accepted_by_grammar  # the grammar ended inside this step's drafts
+            r.grammar.after_verification(keep, None)
+            return emitted[:keep], True
+        if (
+            fill is not None
+            and fill.first_invalid_draft_index is not None
+            and (num_accepted == fill.first_invalid_draft_index)
+        ):
             r.metrics.num_grammar_rejected_drafts += num_drafts - num_accepted
         else:
             r.metrics.num_target_rejected_drafts += num_drafts - num_accepted
-        r.grammar.after_verification(
-            num_accepted, emitted[num_accepted] if len(emitted) > num_accepted else None
-        )
+        last = emitted[num_accepted] if len(emitted) > num_accepted else None
+        r.grammar.after_verification(num_accepted, last)
+        ends = self.ends_without_stop_token or last in r.grammar.stop_token_ids
+        return emitted, ends and r.grammar.is_terminated()
+
+    def check_output(self, r: RequestState, text: str) -> None:
+        """A finished guided request: check its output against its schema / regex (`guided_valid`)."""
+        spec = r.grammar_spec
+        if spec is None:
+            return
+        from ..grammar.output_check import check_guided_output
+
+        verdict = check_guided_output(spec.kind, spec.text, text)
+        r.guided_valid, r.guided_error = verdict.valid, verdict.error
+
+    def release(self, r: RequestState) -> None:
+        """Drop a finished request's grammar state (or, to recompute it, its matcher only: the matcher
+        is made again and replays the request's output when it is scheduled)."""
+        r.grammar = None
+        r.grammar_fill = None
+        r.drafting_grammar = None
+        r.forced_token_ids = []
 
     def close(self) -> None:
         if self._worker is not None:
             self._worker.close()
         if self._pool is not None:
-            self._pool.shutdown(wait=False)
+            self._pool.shutdown()

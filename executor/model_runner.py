@@ -34,6 +34,33 @@ class ForwardOutput:
     cu_tokens: list[int]  # [batch + 1] offsets of each sequence's tokens in the flat batch
 
 
+def merge_outputs(outputs: list[ForwardOutput | None], seqs: list[SequenceInput]) -> ForwardOutput | None:
+    """One ForwardOutput from one forward per sequence, in order. A sequence whose forward failed (None)
+    keeps its place with NaN logit rows and zero hidden states, so every offset is the batch's own;
+    None when every forward failed."""
+    done = [out for out in outputs if out is not None]
+    if not done:
+        return None
+    ref = done[0]
+    logits: list[torch.Tensor] = []
+    hidden: dict[int, list[torch.Tensor]] = {layer: [] for layer in ref.hidden_states}
+    cu_rows, cu_tokens = [0], [0]
+    for out, seq in zip(outputs, seqs):
+        num_tokens, num_rows = len(seq.token_ids), seq.num_logit_rows
+        if out is None:
+            logits.append(ref.logits.new_full((num_rows, ref.logits.shape[1]), float("nan")))
+            for layer, h in ref.hidden_states.items():
+                hidden[layer].append(h.new_zeros(num_tokens, h.shape[-1]))
+        else:
+            logits.append(out.logits)
+            for layer in hidden:
+                hidden[layer].append(out.hidden_states[layer])
+        cu_rows.append(cu_rows[-1] + num_rows)
+        cu_tokens.append(cu_tokens[-1] + num_tokens)
+    merged_hidden = {layer: torch.cat(parts) for layer, parts in hidden.items()}
+    return ForwardOutput(torch.cat(logits), cu_rows, merged_hidden, cu_tokens)
+
+
 def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     layers = getattr(decoder, "layers", None)

@@ -13,9 +13,12 @@ INCOMPLETE_CHAR = "\ufffd"
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, max_model_len: int) -> None:
+    def __init__(self, tokenizer, max_model_len: int, eos_token_ids: frozenset[int] = frozenset()) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        self.eos_token_ids = (
+            eos_token_ids  #: the model's end-of-sequence ids (tokenizer and generation config)
+        )
 
     def decode(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:
@@ -41,7 +44,7 @@ class OutputProcessor:
         params = request.sampling_params
         if params.stop and self._hit_stop_string(request):  # first: it keeps request.text current
             return FinishReason.STOP
-        if (token in request.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
             return FinishReason.STOP
         if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
@@ -83,9 +86,14 @@ class OutputProcessor:
         request.num_text_sent = len(text)
         return delta
 
-    def make_output(self, request: RequestState) -> RequestOutput:
-        if request.finish_reason is not FinishReason.ERROR and not request.sampling_params.stop:
+    def finalize_text(self, request: RequestState) -> str:
+        """The output's final text (a matched stop string cut off)."""
+        if request.num_output_tokens and not request.sampling_params.stop:  # (stop strings keep it current)
             request.text = self.decode(request.output_token_ids)
+        return request.text
+
+    def make_output(self, request: RequestState) -> RequestOutput:
+        self.finalize_text(request)
         return RequestOutput(
             request_id=request.request_id,
             text=request.text,
@@ -94,13 +102,16 @@ class OutputProcessor:
             prompt_token_ids=request.token_ids[: request.num_prompt_tokens],
             error=request.error,
             metrics=request.metrics,
+            guided_valid=request.guided_valid,
+            guided_error=request.guided_error,
+            warnings=list(request.guided_warnings),
             hidden_states=torch.cat([rows for _, rows in request.captured_hidden])
             if request.captured_hidden
             else None,
         )
 
-    def make_event(self, request: RequestState, new_tokens: list[int], streaming: bool) -> TokenEvent:
+    def make_event(self, request: RequestState, new_tokens: list[int]) -> TokenEvent:
         finished = request.finish_reason is not None
-        text = self.text_delta(request) if streaming else ""
+        text = self.text_delta(request) if request.is_streaming else ""
         output = self.make_output(request) if finished else None
         return TokenEvent(request.request_id, new_tokens, text, finished, output)

@@ -29,9 +29,10 @@ class Request:
 
 
 class FinishReason(str, enum.Enum):
-    STOP = "stop"  #: EOS, a stop token or a stop string
+    STOP = "stop"  #: EOS, a stop token, a stop string, or a guided output that is complete
     LENGTH = "length"  #: max_tokens or the model's context
-    ERROR = "error"  #: bad input for this request; see `error`
+    ERROR = "error"  #: this request failed (bad input, its grammar, its logits, ...); see `error`
+    ABORT = "abort"  #: cancelled: `abort_request`, a closed stream, an interrupted `run`
 
 
 @dataclass(slots=True)
@@ -109,6 +110,12 @@ class RequestOutput:
     prompt_token_ids: list[int] = field(default_factory=list)
     error: str | None = None  #: what was wrong, when finish_reason is "error"
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    #: guided requests: does the output match its schema (jsonschema) / regex / JSON object? None when
+    #: unguided, when the request ended in error or abort, or when nothing can check it (EBNF grammars)
+    guided_valid: bool | None = None
+    guided_error: str | None = None  #: why the output does not match, when guided_valid is False
+    #: what the caller should know, e.g. schema keywords that were not enforced (guided_unsupported: warn)
+    warnings: list[str] = field(default_factory=list)
     #: with ``capture_hidden_layers``: [num_prompt + num_output - 1, num_layers * hidden] hidden states of
     #: every position fed to the model (the last token never is), the layers concatenated in config order
     hidden_states: torch.Tensor | None = None
@@ -140,7 +147,6 @@ class RequestState:
     num_prompt_tokens: int
     sampling_params: SamplingParams
     generator: torch.Generator | None = None
-    eos_token_ids: frozenset[int] = frozenset()
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0  #: tokens whose K/V are in the cache
     draft_token_ids: list[int] = field(default_factory=list)  #: this step's draft tokens
@@ -148,9 +154,15 @@ class RequestState:
     num_draft_slots: int = 0  #: draft slots reserved for this step
     finish_reason: FinishReason | None = None
     error: str | None = None
+    is_streaming: bool = False  #: its events carry text deltas (stream())
+    grammar_spec: Any = None  #: GrammarSpec of its response_format as given (checked against at the end)
     grammar_future: Any = None  #: Future of the compiled grammar, for guided requests
     grammar: Any = None  #: RequestGrammar once compiled
     grammar_fill: Any = None  #: this step's RowFill (which rows were masked)
+    drafting_grammar: Any = None  #: this step's GrammarSnapshot for the drafter (a fork, never the matcher)
+    guided_valid: bool | None = None  #: the finished output checked against grammar_spec
+    guided_error: str | None = None
+    guided_warnings: list[str] = field(default_factory=list)
     forced_token_ids: list[int] = field(default_factory=list)  #: this step's grammar-forced tokens
     #: verified positions' target hidden states not yet read by the drafter, for drafters that ask for
     #: them (EAGLE-3): chunks (position of the first row, [rows, num_layers * hidden])
@@ -168,6 +180,13 @@ class RequestState:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    def clear_drafts(self) -> None:
+        """Forget this step's draft slots and drafts."""
+        self.num_draft_slots = 0
+        self.draft_token_ids = []
+        self.draft_probs = None
+        self.drafting_grammar = None
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -1,25 +1,29 @@
 """The executor's side of drafting: find the drafter, reserve draft slots, check what it proposes.
 
-A drafter never gets to emit a token: proposals are cut to the reserved slots and at the first id
-outside the vocabulary, a drafter that raises leaves its requests without drafts for that step (logged
-once), and every draft token is verified by the target.
+A drafter never gets to emit a token or to break a request. Every call into it goes through one
+`DrafterGuard` (contained, held to a deadline, switched off when it keeps missing it); what it answers
+is checked: slot counts must be integers >= 0, proposals are cut to the reserved slots and at the first
+id outside the vocabulary, and a draft distribution q that is not a finite, non-negative
+[drafts, vocab] tensor drops that request's drafts. Every draft token is verified by the target.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 
 import torch
 
-from ..drafters.base import Drafter, DrafterContext, DraftProposal, grammar_valid_prefix
+from ..drafters.base import Drafter, DraftProposal
+from ..grammar.request_grammar import grammar_valid_prefix
 from .draft_length import DraftLengthPolicy
+from .drafter_guard import DrafterGuard
+from .options import parse_options
 from .request import RequestState
 from .scheduler import ScheduledRequest
 from .speculative_config import SpeculativeConfig
 
-logger = logging.getLogger("specexec")
+_NOT_RUN = object()  # a guarded call's default: the drafter did not answer
 
 
 @dataclass(slots=True)
@@ -28,7 +32,9 @@ class SpeculationStats:
 
     num_draft_steps: int = 0  #: request-steps that carried drafts
     drafting_time: float = 0.0  #: seconds spent in the drafter
-    num_drafter_errors: int = 0  #: steps where the drafter raised
+    num_drafter_errors: int = 0  #: drafter calls that raised
+    num_drafter_late: int = 0  #: drafter calls that missed their deadline
+    num_garbage_answers: int = 0  #: answers that were not what the hook promises (dropped)
     num_draft_tokens: int = 0  #: draft tokens proposed (after checks)
     target_time: float = 0.0  #: seconds spent in target forwards
     num_target_forwards: int = 0
@@ -54,7 +60,14 @@ def find_drafter_factory(spec: SpeculativeConfig, plugins):
     return factory
 
 
-def build_drafter(spec: SpeculativeConfig, context: DrafterContext, plugins) -> Drafter:
+def check_drafter_options(spec: SpeculativeConfig, plugins) -> None:
+    """Before any model loads: the drafter exists and its declared options (if it declares them) parse."""
+    options_type = getattr(find_drafter_factory(spec, plugins), "options", None)
+    if options_type is not None:
+        parse_options(options_type, spec.options)
+
+
+def build_drafter(spec: SpeculativeConfig, context, plugins) -> Drafter:
     """The drafter named by ``spec.decoding_type``, from the built-ins or a plugin."""
     drafter = find_drafter_factory(spec, plugins)(spec_config=spec, context=context)
     if not isinstance(drafter, Drafter):
@@ -85,6 +98,19 @@ def keep_verified_rows(
     chunks.append((r.num_computed_tokens, rows))
 
 
+def _snapshot(request: RequestState):
+    """The drafter's view of a guided request's grammar; None when unguided, or when the grammar is
+    broken (the guided stage fails the request this same step)."""
+    try:
+        return request.grammar.snapshot() if request.grammar is not None else None
+    except Exception:
+        return None
+
+
+def _is_slot_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 class SpeculationStage:
     def __init__(
         self,
@@ -93,6 +119,7 @@ class SpeculationStage:
         spec: SpeculativeConfig | None,
         vocab_size: int,
         policy: DraftLengthPolicy | None = None,
+        deadline_s: float | None = None,
     ) -> None:
         self.plugins = plugins
         self.drafter = drafter
@@ -100,35 +127,140 @@ class SpeculationStage:
         self.vocab_size = vocab_size
         self.policy = policy
         self.stats = SpeculationStats()
-        self._logged_error = False
+        self.guard = DrafterGuard(type(drafter).__name__, deadline_s)
+        self._unreleased: list[RequestState] = []  # finished while the drafter could not be called
 
     @property
     def max_draft_len(self) -> int:
         return self.drafter.max_draft_len if self.drafter else 0
 
+    @property
+    def is_drafting(self) -> bool:
+        return self.drafter is not None and self.guard.is_enabled
+
     def reserve_slots(self, running: list[RequestState], max_model_len: int) -> None:
-        """Before scheduling: reset drafts, let the drafter size each decoding request's slots, cap them."""
+        """Before scheduling: reset drafts, ask the drafter for each decoding request's slots, cap them."""
         for request in running:
-            request.num_draft_slots = 0
-            request.draft_token_ids = []
-            request.draft_probs = None
+            request.clear_drafts()
         decoding = [r for r in running if r.num_uncomputed_tokens == 1]
-        if not decoding or self.drafter is None:
+        if not decoding or not self.is_drafting:
             return
-        try:
-            self.plugins.hook.specexec_prepare_draft_requests(requests=decoding)
-        except Exception:  # no drafts this step
-            self._drafter_failed("specexec_prepare_draft_requests")
-            for r in decoding:
-                r.num_draft_slots = 0
-            return
+        if self.drafter.use_grammar_masks:  # type: ignore[union-attr]
+            for r in decoding:  # the drafter reads a snapshot, never the matcher the masks are built from
+                r.drafting_grammar = _snapshot(r)
+        answers = self._call(
+            "specexec_prepare_draft_requests",
+            lambda: self.plugins.hook.specexec_prepare_draft_requests(requests=decoding),
+            [],
+        )
+        slots = self._merged(answers)
         batch_len = self.spec.draft_len_for_batch(len(running)) if self.spec else self.max_draft_len
         for r in decoding:
+            wanted = slots.get(r.request_id, 0)
+            if not _is_slot_count(wanted):
+                self._garbage()  # no drafts for it this step
+                wanted = 0
             room = min(r.sampling_params.max_tokens - r.num_output_tokens, max_model_len - r.num_tokens) - 1
-            r.num_draft_slots = max(0, min(r.num_draft_slots, batch_len, room))
+            r.num_draft_slots = max(0, min(wanted, batch_len, room))
             if self.policy is not None and r.num_draft_slots:
                 chosen = self.policy.choose(r.request_id, len(running), self._draft_cost_per_token())
                 r.num_draft_slots = min(r.num_draft_slots, chosen)
+
+    def collect_drafts(
+        self, batch: list[ScheduledRequest], resources, faults: dict[RequestState, str]
+    ) -> None:
+        """After scheduling: ask the drafter, then keep only what is safe to verify. A request whose
+        own grammar fails while its drafts are checked is put in ``faults``."""
+        drafting = [s for s in batch if s.num_draft_slots]
+        if not drafting or not self.is_drafting:  # (slots without a drafter: grammar-forced tokens)
+            return
+        start = time.perf_counter()
+        answers = self._call(
+            "specexec_prepare_draft_tokens",
+            lambda: self.plugins.hook.specexec_prepare_draft_tokens(
+                scheduled_requests=drafting, resources=resources
+            ),
+            [],
+        )
+        proposals = self._merged(answers)
+        for s in drafting:
+            r = s.request
+            r.draft_token_ids, r.draft_probs = self._checked(proposals.get(r.request_id), s.num_draft_slots)
+            drafter = self.drafter
+            if r.grammar is not None and drafter.use_grammar_masks and not drafter.accepts_grammar_masks:  # type: ignore[union-attr]
+                try:
+                    self._cut_to_grammar(r)
+                except Exception as exc:
+                    faults[r] = f"grammar failed while checking drafts: {exc}"
+            self.stats.num_draft_steps += bool(r.draft_token_ids)
+            self.stats.num_draft_tokens += len(r.draft_token_ids)
+        self.stats.drafting_time += time.perf_counter() - start
+
+    def observe(self, items: list[tuple[RequestState, int, int]]) -> None:
+        """After verification, (request, drafts, accepted) of each: feed the policy and the drafter."""
+        for request, num_drafts, num_accepted in items:
+            if self.policy is not None:
+                self.policy.observe(request.request_id, num_drafts, num_accepted)
+        verified = [(r, a) for r, n, a in items if n]
+        if verified and self.is_drafting:
+            self.guard.call_each(
+                "specexec_on_verified",
+                lambda item: self.plugins.hook.specexec_on_verified(request=item[0], num_accepted=item[1]),
+                verified,
+            )
+        self._sync_guard_stats()
+
+    def release(self, requests: list[RequestState]) -> None:
+        """Forget finished (or preempted) requests: policy, captured features, the drafter's state."""
+        for request in requests:
+            request.target_hidden.clear()
+            request.drafting_grammar = None
+            if self.policy is not None:
+                self.policy.forget(request.request_id)
+        if self.drafter is None:
+            return
+        pending = self._unreleased + requests
+        ran = self.guard.call_each(
+            "specexec_release_request",
+            lambda request: self.plugins.hook.specexec_release_request(request=request),
+            pending,
+        )
+        self._unreleased = [] if ran or not self.guard.is_enabled else pending
+        self._sync_guard_stats()
+
+    def keep_hidden_states(self, batch: list[ScheduledRequest], output, verifications) -> None:
+        """Hand the drafter's layers of the verified positions to each request's ``target_hidden``."""
+        layers = self.drafter.hidden_state_layers if self.is_drafting else ()  # type: ignore[union-attr]
+        if layers:
+            for i, (s, v) in enumerate(zip(batch, verifications)):
+                if v is not None or not s.completes_sequence:
+                    keep_verified_rows(s.request.target_hidden, s, v, output, i, layers)
+
+    def close(self) -> None:
+        self.guard.close()
+
+    # ---- checks ---------------------------------------------------------------------------------------
+    def _call(self, hook: str, fn, default):
+        result = self.guard.call(hook, fn, default)
+        self._sync_guard_stats()
+        return result
+
+    def _sync_guard_stats(self) -> None:
+        self.stats.num_drafter_errors = self.guard.num_errors
+        self.stats.num_drafter_late = self.guard.num_late
+
+    def _garbage(self) -> None:
+        self.stats.num_garbage_answers += 1
+
+    def _merged(self, answers) -> dict:
+        """One dict from the hook relay's answers (a list of dicts); garbage counts as an error."""
+        merged: dict = {}
+        for answer in answers if isinstance(answers, list) else [answers]:
+            if isinstance(answer, dict):
+                merged.update(answer)
+            elif answer is not None:
+                self._garbage()
+        return merged
 
     def _draft_cost_per_token(self) -> float:
         """The drafter's time per proposed token, in the cost model's units (a one-token forward = cost(1))."""
@@ -139,68 +271,6 @@ class SpeculationStage:
         per_forward = st.target_time / st.num_target_forwards
         return per_token / per_forward * self.policy.cost_model.cost(1)
 
-    def observe(self, request: RequestState, num_drafts: int, num_accepted: int) -> None:
-        """After verification: feed the acceptance to the policy and the drafter."""
-        if self.policy is not None:
-            self.policy.observe(request.request_id, num_drafts, num_accepted)
-        if num_drafts:
-            try:
-                self.plugins.hook.specexec_on_verified(request=request, num_accepted=num_accepted)
-            except Exception:
-                self._drafter_failed("specexec_on_verified")
-
-    def _drafter_failed(self, hook: str) -> None:
-        self.stats.num_drafter_errors += 1
-        if not self._logged_error:
-            logger.exception(
-                "drafter %s raised in %s; its requests continue without drafts",
-                type(self.drafter).__name__,
-                hook,
-            )
-            self._logged_error = True
-
-    def release(self, request: RequestState) -> None:
-        request.target_hidden.clear()
-        if self.policy is not None:
-            self.policy.forget(request.request_id)
-        self.plugins.hook.specexec_release_request(request=request)
-
-    def collect_drafts(self, batch: list[ScheduledRequest], resources) -> None:
-        """After scheduling: ask the drafter, then keep only what is safe to verify."""
-        drafting = [s for s in batch if s.num_draft_slots]
-        if not drafting or self.drafter is None:  # (slots without a drafter: grammar-forced tokens)
-            return
-        start = time.perf_counter()
-        try:
-            proposals: dict[str, DraftProposal] = {}
-            for result in self.plugins.hook.specexec_prepare_draft_tokens(
-                scheduled_requests=drafting, resources=resources
-            ):
-                proposals.update(result or {})
-        except Exception:  # a faulty drafter costs its requests their drafts, never their output
-            self._drafter_failed("specexec_prepare_draft_tokens")
-            proposals = {}
-        for s in drafting:
-            proposal = proposals.get(s.request.request_id)
-            s.request.draft_token_ids, s.request.draft_probs = self._checked(proposal, s.num_draft_slots)
-            drafter = self.drafter
-            if (
-                s.request.grammar is not None
-                and drafter.use_grammar_masks
-                and not drafter.accepts_grammar_masks
-            ):
-                self._cut_to_grammar(s.request)
-            self.stats.num_draft_steps += bool(s.request.draft_token_ids)
-            self.stats.num_draft_tokens += len(s.request.draft_token_ids)
-        self.stats.drafting_time += time.perf_counter() - start
-
-    def keep_hidden_states(self, batch: list[ScheduledRequest], output, verifications) -> None:
-        """Hand the drafter's layers of the verified positions to each request's ``target_hidden``."""
-        layers = self.drafter.hidden_state_layers if self.drafter else ()
-        if layers:
-            for i, (s, v) in enumerate(zip(batch, verifications)):
-                keep_verified_rows(s.request.target_hidden, s, v, output, i, layers)
-
     def _cut_to_grammar(self, request: RequestState) -> None:
         """Drop drafts from the first one the request's grammar rejects (it could never be accepted)."""
         keep = grammar_valid_prefix(request.grammar, request.draft_token_ids)
@@ -209,14 +279,16 @@ class SpeculationStage:
         if request.draft_probs is not None:
             request.draft_probs = request.draft_probs[:keep]
 
-    def _checked(
-        self, proposal: DraftProposal | None, num_slots: int
-    ) -> tuple[list[int], torch.Tensor | None]:
-        if proposal is None or not isinstance(proposal, DraftProposal):
+    def _checked(self, proposal, num_slots: int) -> tuple[list[int], torch.Tensor | None]:
+        if proposal is None:
+            return [], None
+        if not isinstance(proposal, DraftProposal):
+            self._garbage()
             return [], None
         try:
             candidates = list(proposal.token_ids)[:num_slots]
         except TypeError:  # token_ids is not a sequence
+            self._garbage()
             return [], None
         tokens = []
         for t in candidates:
@@ -224,13 +296,25 @@ class SpeculationStage:
                 break  # cut at the first id that is not a token of this vocabulary
             tokens.append(t)
         probs = proposal.probs
-        if probs is not None:
-            if (
-                not isinstance(probs, torch.Tensor)
-                or probs.dim() != 2
-                or probs.shape[0] < len(tokens)
-                or probs.shape[1] < self.vocab_size
-            ):
-                return [], None  # q that does not match the drafts cannot be verified losslessly
-            probs = probs[: len(tokens), : self.vocab_size]
-        return tokens, probs
+        if probs is not None and tokens:
+            probs = self._checked_probs(probs, len(tokens))
+            if probs is None:  # q that is not a distribution cannot be verified losslessly
+                self._garbage()
+                return [], None
+        return tokens, probs if tokens else None
+
+    def _checked_probs(self, probs, num_tokens: int) -> torch.Tensor | None:
+        """q [num_tokens, vocab] when it is a finite, non-negative distribution per row, else None."""
+        if (
+            not isinstance(probs, torch.Tensor)
+            or probs.dim() != 2
+            or probs.shape[0] < num_tokens
+            or probs.shape[1] < self.vocab_size
+            or not probs.is_floating_point()
+        ):
+            return None
+        q = probs[:num_tokens, : self.vocab_size]
+        row_sums = q.sum(dim=-1)  # [num_tokens]
+        if not bool(torch.isfinite(row_sums).all() and (q >= 0).all() and (row_sums > 0).all()):
+            return None
+        return q

@@ -11,12 +11,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .options import reject_unknown_keys
+
 DRAFT_LEN_POLICIES = ("fixed", "acceptance", "auto")
+#: vLLM's `speculative_config` keys -> the (TensorRT-LLM) keys specexec reads instead
+VLLM_KEYS = {
+    "method": "decoding_type (ngram -> NGram, draft_model -> DraftTarget, eagle3 -> Eagle)",
+    "num_speculative_tokens": "max_draft_len",
+    "model": "speculative_model",
+    "prompt_lookup_max": "max_matching_ngram_size",
+    "prompt_lookup_min": "max_matching_ngram_size (keys of every size up to it are tried)",
+}
 
 
+def _refuse_vllm_keys(data: dict[str, Any]) -> None:
+    found = [k for k in VLLM_KEYS if k in data]
+    if found:
+        hints = "; ".join(f"{k!r} -> {VLLM_KEYS[k]}" for k in found)
+        raise ValueError(
+            f"speculative_config uses vLLM's key(s) {', '.join(map(repr, found))}; specexec reads "
+            f"TensorRT-LLM's keys instead: {hints}"
+        )
+
+
+@reject_unknown_keys
 @dataclass(slots=True)
 class SpeculativeConfig:
     """Which drafter proposes tokens, and how many per step."""
+
+    option_label = "speculative_config key"  #: (not a field) for the unknown-key error
 
     decoding_type: str  #: drafter name: NGram, DraftTarget, Eagle, UserProvided, or a plugin's name
     max_draft_len: int = 3  #: draft tokens per request per step, 1..32
@@ -60,7 +83,10 @@ class SpeculativeConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpeculativeConfig:
-        if not isinstance(data, dict) or "decoding_type" not in data:
+        if not isinstance(data, dict):
+            raise ValueError("speculative_config must be a mapping with at least 'decoding_type'")
+        _refuse_vllm_keys(data)
+        if "decoding_type" not in data:
             raise ValueError("speculative_config must be a mapping with at least 'decoding_type'")
         data = dict(data)
         own = {
@@ -68,8 +94,11 @@ class SpeculativeConfig:
             for k in ("decoding_type", "max_draft_len", "draft_len_schedule", "draft_len_policy")
             if k in data
         }
-        options = {**data.pop("options", {}), **data}
-        return cls(**own, options=options)
+        nested = data.pop("options", {})
+        if not isinstance(nested, dict):
+            raise ValueError(f"speculative_config.options must be a mapping, got {nested!r}")
+        _refuse_vllm_keys(nested)
+        return cls(**own, options={**nested, **data})
 
     def draft_len_for_batch(self, batch_size: int) -> int:
         if not self.draft_len_schedule:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+import queue
 import re
 import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+import warnings
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 
 import xgrammar as xgr
 
@@ -24,16 +27,94 @@ _LOG_PREFIX = re.compile(r"\[[\d:.]+\]\s+\S+:\d+:\s*")  # "[06:33:38] /project/c
 _CHECK_FAILED = re.compile(r"Check failed: \(.*?\) is false:\s*")
 
 
+def _tokenizer_info(tokenizer, vocab_size: int, stop_token_ids: Sequence[int]) -> xgr.TokenizerInfo:
+    """xgrammar's view of the vocabulary. A model without EOS gives no stop tokens: xgrammar then looks
+    for some itself (its warning that it does is expected here), and the executor's matchers end when
+    the grammar is complete instead of on a stop token."""
+    if stop_token_ids:
+        return xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
+        )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*stop_token_ids is neither provided.*")
+        return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+
+
 def _clean(exc: BaseException) -> str:
     msg = _CHECK_FAILED.sub("", _LOG_PREFIX.sub("", str(exc))).strip()
     return msg or type(exc).__name__
+
+
+class CompileWorkers:
+    """Daemon threads that run compile jobs. A job that overruns its deadline can be abandoned: a new
+    thread takes its place, and the stuck one (xgrammar's C++ cannot be interrupted) exits when, if
+    ever, its job returns; daemon threads never hold up the interpreter's exit."""
+
+    def __init__(self, num_workers: int) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._abandoned: set[Future] = set()
+        self._num_workers = 0
+        self._is_shut_down = False
+        for _ in range(num_workers):
+            self._spawn()
+
+    def submit(self, fn: Callable, *args) -> Future:
+        if self._is_shut_down:
+            raise RuntimeError("cannot compile: the grammar compiler pool is shut down")
+        future: Future = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def abandon(self, future: Future) -> None:
+        """Give up on a running job: its thread is replaced (queued jobs are unaffected)."""
+        with self._lock:
+            if future.running() and future not in self._abandoned:
+                self._abandoned.add(future)
+                self._spawn()
+
+    def shutdown(self) -> None:
+        """Cancel queued jobs and let every worker exit."""
+        with self._lock:
+            self._is_shut_down = True
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job[0].cancel()
+            for _ in range(self._num_workers):
+                self._jobs.put(None)
+
+    def _spawn(self) -> None:
+        self._num_workers += 1
+        threading.Thread(target=self._serve, name="grammar-compile", daemon=True).start()
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, fn, args = job
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as exc:
+                    future.set_exception(exc)
+            del job, fn, args  # hold nothing of the pool's while idle
+            with self._lock:
+                if future in self._abandoned:  # a replacement took this thread's place
+                    self._abandoned.discard(future)
+                    self._num_workers -= 1
+                    return
+            del future
+        with self._lock:
+            self._num_workers -= 1
 
 
 class GrammarCompilerPool:
     """One shared xgrammar compiler; compiled grammars cached by (kind, text) as shared futures.
 
     Failed compiles are evicted from the cache (the failing future is still shared by the
-    requests that were waiting on it). The cache is unbounded.
+    requests that were waiting on it). The cache keeps the ``max_cached`` grammars used last.
     """
 
     def __init__(
@@ -45,21 +126,21 @@ class GrammarCompilerPool:
         *,
         tokenizer_info: xgr.TokenizerInfo | None = None,
         max_json_whitespace: int | None = None,
+        max_cached: int = 512,
     ) -> None:
         self.vocab_size = vocab_size
+        self.max_cached = max_cached
         #: JSON schemas: longest whitespace run allowed between tokens (0 = compact JSON, None = any)
         self.max_json_whitespace = max_json_whitespace
-        self.tokenizer_info = tokenizer_info or xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
-        )
+        self.tokenizer_info = tokenizer_info or _tokenizer_info(tokenizer, vocab_size, stop_token_ids)
         # Our own cache holds the results, so xgrammar's internal one would only duplicate it.
         self._compiler = xgr.GrammarCompiler(
             self.tokenizer_info, max_threads=max_workers, cache_enabled=False
         )
-        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar-compile")
+        self._workers = CompileWorkers(max_workers)
         self._lock = threading.Lock()
-        self._cache: dict[tuple[str, str], Future[xgr.CompiledGrammar]] = {}
-        self.compile_times_ms: list[float] = []  # one entry per successful compile
+        self._cache: OrderedDict[tuple[str, str], Future[xgr.CompiledGrammar]] = OrderedDict()
+        self.compile_times_ms: deque[float] = deque(maxlen=10_000)  # the latest successful compiles
         self.num_compiles = 0  # compile attempts (cache misses), failures included
         self.num_hits = 0
 
@@ -70,10 +151,13 @@ class GrammarCompilerPool:
             fut = self._cache.get(key)
             if fut is not None:
                 self.num_hits += 1
+                self._cache.move_to_end(key)
                 return fut
-            fut = self._executor.submit(self._compile, spec)
+            fut = self._workers.submit(self._compile, spec)
             self._cache[key] = fut
             self.num_compiles += 1
+            while len(self._cache) > self.max_cached:
+                self._cache.popitem(last=False)  # (requests holding its future keep it)
         fut.add_done_callback(lambda f: self._evict_if_cancelled(key, f))
         return fut
 
@@ -97,9 +181,17 @@ class GrammarCompilerPool:
 
         return {"count": len(times), "p50_ms": pct(0.50), "p99_ms": pct(0.99)}
 
-    def shutdown(self, wait: bool = True) -> None:
+    def abandon(self, future: Future) -> None:
+        """A compile overran its deadline: free its worker slot (the future stays unfinished and
+        cached, so later requests for the same grammar wait for it instead of starting another)."""
+        self._workers.abandon(future)
+
+    def shutdown(self) -> None:
         """Stop the pool; queued compiles are cancelled."""
-        self._executor.shutdown(wait=wait, cancel_futures=True)
+        self._workers.shutdown()
+
+    def __del__(self) -> None:
+        self._workers.shutdown()  # its threads hold only the workers' queue
 
     def _compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         t0 = time.perf_counter()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,9 +26,19 @@ class MaskJob:
 class MaskResult:
     bitmask: torch.Tensor  # int32 [num_rows, words]; a view of a reused buffer, valid until next start()
     needs_mask: torch.Tensor  # int32 [num_rows]; 1 = row holds a grammar mask, 0 = leave logits alone
-    fills: list[RowFill]  # one per job, in job order
+    fills: list[RowFill | None]  # one per job, in job order (None: that job failed)
+    errors: list[str | None]  # one per job: why its rows could not be built (its rows are left alone)
     build_ms: float  # worker time spent building (and, on CUDA, enqueuing the copy)
     wait_ms: float  # time wait() blocked: 0 when fully overlapped with the forward
+
+
+def _check_fill(fill, num_drafts: int) -> None:
+    if not (
+        isinstance(fill, RowFill)
+        and 0 <= fill.num_rows_filled <= num_drafts + 1
+        and 0 <= fill.num_drafts_accepted_by_grammar <= num_drafts
+    ):
+        raise ValueError(f"fill_rows returned {fill!r} for {num_drafts} drafts")
 
 
 class MaskWorker:
@@ -55,10 +66,15 @@ class MaskWorker:
         self._done = threading.Event()
         self._busy = False
         self._num_rows = 0
-        self._fills: list[RowFill] = []
+        self._fills: list[RowFill | None] = []
+        self._errors: list[str | None] = []
         self._error: BaseException | None = None
         self._build_ms = 0.0
-        self._thread = threading.Thread(target=self._run, name="grammar-mask", daemon=True)
+        # The thread holds the worker weakly, so a worker nobody uses any more is collected and its
+        # thread ends (close() ends it at once).
+        self._thread = threading.Thread(
+            target=MaskWorker._serve, args=(weakref.ref(self), self._queue), name="grammar-mask", daemon=True
+        )
         self._thread.start()
 
     def start(self, jobs: Sequence[MaskJob], num_rows: int) -> None:
@@ -96,37 +112,59 @@ class MaskWorker:
         if self._cuda:
             torch.cuda.current_stream(self.device).wait_event(self._copied)
             bitmask, needs_mask = self._dev_bitmask[:n], self._dev_needs_mask[:n]
-        return MaskResult(bitmask, needs_mask, self._fills, self._build_ms, wait_ms)
+        return MaskResult(bitmask, needs_mask, self._fills, self._errors, self._build_ms, wait_ms)
 
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join()
 
-    def _run(self) -> None:
-        while (jobs := self._queue.get()) is not None:
-            t0 = time.perf_counter()
-            try:
-                self._fills = self._build(jobs, self._num_rows)
-            except BaseException as exc:  # re-raised on the main thread by wait()
-                self._error = exc
-            self._build_ms = (time.perf_counter() - t0) * 1e3
-            self._done.set()
+    def __del__(self) -> None:
+        self._queue.put(None)
 
-    def _build(self, jobs: list[MaskJob], n: int) -> list[RowFill]:
+    @staticmethod
+    def _serve(ref: weakref.ref, jobs_queue: queue.SimpleQueue) -> None:
+        while (jobs := jobs_queue.get()) is not None:
+            worker = ref()
+            if worker is None:
+                return
+            worker._run(jobs)
+            del worker, jobs
+
+    def _run(self, jobs: list[MaskJob]) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._fills, self._errors = self._build(jobs, self._num_rows)
+        except BaseException as exc:  # re-raised on the main thread by wait()
+            self._error = exc
+        self._build_ms = (time.perf_counter() - t0) * 1e3
+        self._done.set()
+
+    def _build(self, jobs: list[MaskJob], n: int) -> tuple[list[RowFill | None], list[str | None]]:
+        """Each job's rows; a job that fails (its grammar broke) leaves its rows all-allowed and unmasked
+        and reports why, the other jobs go on."""
         if self._cuda:
             self._copied.synchronize()  # the previous async copy has finished reading the host buffers
         bitmask, needs_mask = self._bitmask[:n], self._needs_mask[:n]  # [n, words], [n]
         bitmask.fill_(-1)
         needs_mask.zero_()
-        fills = []
+        fills: list[RowFill | None] = []
+        errors: list[str | None] = []
         for job in jobs:
-            fill = job.grammar.fill_rows(bitmask, job.row0, job.draft_token_ids)
+            try:
+                fill = job.grammar.fill_rows(bitmask, job.row0, job.draft_token_ids)
+                _check_fill(fill, len(job.draft_token_ids))
+            except Exception as exc:
+                bitmask[job.row0 : job.row0 + len(job.draft_token_ids) + 1] = -1
+                fills.append(None)
+                errors.append(f"grammar mask failed: {exc}")
+                continue
             needs_mask[job.row0 : job.row0 + fill.num_rows_filled] = 1
             fills.append(fill)
+            errors.append(None)
         if self._cuda:
             with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
                 self._stream.wait_event(self._consumer_free)
                 self._dev_bitmask[:n].copy_(bitmask, non_blocking=True)
                 self._dev_needs_mask[:n].copy_(needs_mask, non_blocking=True)
                 self._copied.record(self._stream)
-        return fills
+        return fills, errors

@@ -1,7 +1,9 @@
 """The hooks the executor loop calls. Drafters implement them (with ``specexec.hookimpl``).
 
 Each hook is called with keyword arguments. With no drafter registered, the draft stages do nothing
-and every request decodes one token per step.
+and every request decodes one token per step. Every call goes through the executor's `DrafterGuard`:
+a hook that raises, answers garbage or misses its deadline costs its requests their drafts for that
+step, never their output.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ hookspec = pluggy.HookspecMarker("specexec")
 
 
 @hookspec
-def specexec_prepare_draft_requests(requests: list) -> None:
-    """Before scheduling: set ``request.num_draft_slots`` on the decoding requests a drafter serves,
-    so the scheduler's token budget and the KV cache count the draft tokens."""
+def specexec_prepare_draft_requests(requests: list) -> dict:
+    """Before scheduling: how many draft slots each decoding request needs, ``{request_id: int >= 0}``
+    (a missing request gets none), so the scheduler's token budget and the KV cache count the draft
+    tokens. A hook answers; it does not change the requests it is given."""
 
 
 @hookspec

@@ -101,7 +101,7 @@ def test_bad_requests_fail_alone_while_good_ones_in_the_same_run_complete():
         assert out.token_ids == run_alone(request.prompt), f"{name} was disturbed by the bad requests"
     bm = executor.block_manager
     assert bm.num_free_blocks == bm.num_blocks
-    assert not executor.scheduler.has_unfinished()
+    assert not executor.core.scheduler.has_unfinished()
 
 
 def test_good_requests_render_as_expected():
@@ -183,7 +183,7 @@ def test_chat_template_that_raises_is_an_error_for_that_request_only():
     assert good.finish_reason is FinishReason.LENGTH
     assert bad.finish_reason is FinishReason.ERROR
     assert "must start with a user message" in bad.error
-    assert not executor.scheduler.has_unfinished()
+    assert not executor.core.scheduler.has_unfinished()
 
 
 def test_chat_prompt_without_a_chat_template_is_an_error():
@@ -208,7 +208,7 @@ def test_unknown_config_key_from_dict_names_it_and_lists_allowed_keys():
 def test_unknown_config_key_from_yaml_names_it_and_lists_allowed_keys(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("dtype: float64\nblock_size: 4\nkv_blocks: 12\n")
-    with pytest.raises(ValueError, match="unknown config key 'kv_blocks'; allowed keys: .*num_kv_blocks"):
+    with pytest.raises(ValueError, match="unknown config key 'kv_blocks'; allowed: .*num_kv_blocks"):
         ExecutorConfig.from_yaml(path)
 
 

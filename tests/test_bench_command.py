@@ -128,3 +128,34 @@ def test_ctrl_c_keeps_what_was_measured(tiny_dir, tmp_path, monkeypatch):
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["interrupted"] is True
     assert [r["name"] for r in report["results"]] == ["none"]
+
+
+def test_guided_schema_validity_is_the_executors_verdict_and_a_refused_request_counts_invalid():
+    from specexec.bench.datasets import BenchPrompt
+    from specexec.bench.engines import _record
+    from specexec.executor.request import FinishReason, RequestOutput
+
+    prompt = BenchPrompt("p", [{"role": "user", "content": "x"}], {"type": "object"})
+
+    def output(reason, valid, text="{}"):
+        return RequestOutput(
+            "r", text, [1], reason, guided_valid=valid, error="no" if valid is None else None
+        )
+
+    assert _record(prompt, output(FinishReason.STOP, True), guided=True).schema_valid is True
+    assert _record(prompt, output(FinishReason.LENGTH, False, '{"a'), guided=True).schema_valid is False
+    refused = output(FinishReason.ERROR, None, "")  # e.g. a keyword guided decoding cannot enforce
+    assert _record(prompt, refused, guided=True).schema_valid is False
+    assert _record(prompt, output(FinishReason.STOP, None), guided=False).schema_valid is True  # its text
+
+
+def test_a_bad_drafter_option_in_a_bench_config_fails_before_any_model_loads(
+    tiny_dir, tmp_path, monkeypatch, capsys
+):
+    import specexec.executor.model_loader as loader
+
+    monkeypatch.setattr(loader, "load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("speculative_config: {decoding_type: Eagle, max_draft_len: 3, eagle3_one_model: true}\n")
+    assert main(bench_argv(tiny_dir, tmp_path, "--config", str(bad))) == 2
+    assert "eagle3_one_model" in capsys.readouterr().err

@@ -57,7 +57,7 @@ def run_executor(arch: str, prompts: list[list[int]], config: ExecutorConfig, ma
     bm = executor.block_manager
     assert bm.num_free_blocks == bm.num_blocks, "pages leaked after run()"
     assert not bm.block_tables
-    assert not executor.scheduler.has_unfinished()
+    assert not executor.core.scheduler.has_unfinished()
     return executor, outputs
 
 

@@ -124,7 +124,7 @@ def test_terminated_matcher_is_never_filled():
     assert rg.fill_rows(bm, 0, [7, 8]) == RowFill(0, 0, None, True)
     assert (bm == 0x5A5A5A5A).all()
     rg.after_verification(0, None)
-    assert rg.is_terminated() and rg.jump_forward_string() == ""
+    assert rg.is_terminated() and rg.forced_tokens(8) == []
 
 
 def test_protocol_errors():
@@ -146,11 +146,21 @@ def test_protocol_errors():
         rg.fill_rows(bm, 0, [])
 
 
-def test_fork_and_jump_forward_use_the_pending_token():
+def test_fork_and_forced_tokens_use_the_pending_token():
     ids = encode(VALID_JSON)
     rg = RequestGrammar(schema_grammar())
     rg.after_verification(0, ids[0])  # '{"' pending
-    assert rg.jump_forward_string() == reference_matcher(schema_grammar(), ids[:1]).find_jump_forward_string()
+    forced = rg.forced_tokens(8)
+    reference = reference_matcher(schema_grammar(), ids[:1])
+    assert forced, "after '{\"' the schema forces the key 'a'"
+    for token in forced:  # each forced token was the only one the grammar allowed
+        row = new_bitmask(1)
+        reference.fill_next_token_bitmask(row)
+        assert allowed_ids(row[0]).tolist() == [token]
+        assert reference.accept_token(token)
+    row = new_bitmask(1)
+    reference.fill_next_token_bitmask(row)
+    assert len(allowed_ids(row[0])) != 1  # the walk stopped where a choice begins
     fork = rg.fork_for_drafting()
     assert fork.accept_token(ids[1]) and fork.accept_token(ids[2])
     bm = new_bitmask(1)

@@ -50,7 +50,7 @@ def assert_captured_equal_hf(output, ref, sequences: list[list[int]], new_lens: 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_captured_hidden_states_match_hf_for_prefill_then_decode(arch):
     ref, executor = make_executor(arch)
-    bm, runner = executor.block_manager, executor.runner
+    bm, runner = executor.block_manager, executor.core.runner
     prompts = make_prompts(2, [7, 13], seed=7)  # 13 > the gemma3 sliding window
 
     for i, p in enumerate(prompts):

@@ -154,11 +154,10 @@ def test_no_match_gives_no_drafts_and_reserves_no_slots():
 def test_reserves_as_many_slots_as_it_will_draft():
     d = make_drafter(max_draft_len=4, is_public_pool=False)
     request = make_request([1, 10, 11, 0, 1])  # continuation after the first 1 so far: 10 11 0 1
-    d.specexec_prepare_draft_requests([request])
-    assert request.num_draft_slots == 4
+    assert d.specexec_prepare_draft_requests([request]) == {request.request_id: 4}
     request.token_ids = [7, 1, 5, 1]
-    d.specexec_prepare_draft_requests([request])  # the sequence changed: re-indexed
-    assert request.num_draft_slots == 2
+    # the sequence changed: re-indexed
+    assert d.specexec_prepare_draft_requests([request]) == {request.request_id: 2}
     assert drafts(d, request) == [5, 1]
 
 

@@ -84,7 +84,7 @@ def assert_all_pages_free(executor: Executor) -> None:
     bm = executor.block_manager
     assert bm.num_free_blocks == bm.num_blocks, "target pages leaked"
     assert not bm.block_tables and not bm.num_slots
-    assert not executor.scheduler.has_unfinished()
+    assert not executor.core.scheduler.has_unfinished()
     draft_bm = getattr(executor.speculation.drafter, "block_manager", None)
     if draft_bm is not None:
         assert draft_bm.num_free_blocks == draft_bm.num_blocks, "draft model pages leaked"
@@ -236,7 +236,7 @@ class BatchSpyNGramDrafter(NGramDrafter):
 
     def prepare_draft_tokens(self, scheduled_requests, resources):
         assert self.executor is not None
-        running = len(self.executor.scheduler.running)
+        running = len(self.executor.core.scheduler.running)
         self.calls.append((running, [s.num_draft_slots for s in scheduled_requests]))
         return super().prepare_draft_tokens(scheduled_requests, resources)
 
@@ -418,8 +418,8 @@ def test_chunked_prefill_keeps_greedy_output_identical(arch, kind):
     forwards = []
 
     def record_target_forwards(executor):
-        forward = executor.runner.forward
-        executor.runner.forward = lambda seqs: forwards.append(seqs) or forward(seqs)
+        forward = executor.core.runner.forward
+        executor.core.runner.forward = lambda seqs: forwards.append(seqs) or forward(seqs)
 
     _, outputs = run_speculative(
         arch,
@@ -478,3 +478,24 @@ def test_acceptance_draft_len_policy_keeps_greedy_output_identical(arch, batch, 
     assert num_drafted(outputs) > 0
     if kind == "int8-self-draft":
         assert num_accepted(outputs) > 0
+
+
+def test_draft_slots_never_refuse_a_prompt_near_the_kv_cap():
+    """A pool of 8 pages of 4 tokens caps the context at 32 tokens, drafts or not: a 28-token prompt is
+    accepted with a k=4 drafter, which drafts fewer tokens near the cap, and the output is the one
+    without drafts."""
+    prompt = [9, 10, 11] * 9 + [9]
+
+    class RepeatLastDrafter(Drafter):  # always wants every slot
+        def propose(self, request, num_slots, resources):
+            return DraftProposal([request.token_ids[-1]] * num_slots)
+
+    drafter = RepeatLastDrafter(4)
+    _, model = make_tiny_model("llama")
+    executor = Executor(model, make_config(num_kv_blocks=8), drafter=drafter)
+    assert executor.core.max_model_len == 32
+    (out,) = executor.run(make_requests([prompt], 4))
+    assert out.finish_reason is FinishReason.LENGTH, out.error
+    assert [out.token_ids] == reference("llama", [prompt], 4)
+    assert out.metrics.num_draft_tokens > 0
+    assert_all_pages_free(executor)

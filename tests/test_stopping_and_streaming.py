@@ -228,7 +228,7 @@ def test_closing_a_stream_early_cancels_its_requests():
     first = next(stream)
     assert first.request_id == "abandoned" and not first.finished
     stream.close()
-    assert not executor.scheduler.has_unfinished()
+    assert not executor.core.scheduler.has_unfinished()
     assert executor.block_manager.num_free_blocks == executor.block_manager.num_blocks
     events = list(executor.stream([Request(PROMPT, greedy(2), request_id="next")]))
     assert {e.request_id for e in events} == {"next"}

@@ -1,0 +1,179 @@
+"""Setting an engine up: check what can be checked before loading, load the model, size the KV pool,
+build the drafter (and its forward-cost curve), and assemble the `EngineCore`."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from ..drafters.base import Drafter, DrafterContext
+from .block_manager import BlockManager
+from .config import ExecutorConfig
+from .draft_length import (
+    MEASURED_SIZES,
+    DraftLengthPolicy,
+    ForwardCostModel,
+    cost_cache_key,
+    default_cache_dir,
+)
+from .engine_core import EngineCore
+from .guided import GuidedDecodingStage
+from .kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
+from .model_runner import ModelRunner, SequenceInput
+from .output_processor import OutputProcessor
+from .scheduler import Scheduler
+from .speculation import SpeculationStage, build_drafter, check_drafter_options
+
+logger = logging.getLogger("specexec")
+
+
+def check_before_loading(model, config: ExecutorConfig, drafter, plugins) -> None:
+    """Refuse, with a ValueError naming the key, whatever is wrong without loading any model: the
+    drafter and its options, and a ``max_model_len`` beyond the model's position embeddings."""
+    if drafter is not None and not isinstance(drafter, Drafter):
+        raise ValueError(f"drafter must be a specexec Drafter, got {type(drafter).__name__}")
+    if config.speculative_config is not None and drafter is None:
+        check_drafter_options(config.speculative_config, plugins)
+    if config.max_model_len is not None:
+        limit = _model_position_limit(model, config)
+        if limit is not None and config.max_model_len > limit:
+            raise ValueError(
+                f"config key 'max_model_len': got {config.max_model_len}; allowed: at most {limit}, "
+                "the model's max_position_embeddings"
+            )
+
+
+def _model_position_limit(model, config: ExecutorConfig) -> int | None:
+    if isinstance(model, torch.nn.Module):
+        return getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    from .model_loader import peek_max_position_embeddings
+
+    return peek_max_position_embeddings(model if model is not None else config.model)
+
+
+def build_engine_core(
+    model, config: ExecutorConfig, tokenizer, drafter: Drafter | None, plugins
+) -> EngineCore:
+    model, tokenizer = _load(model, tokenizer, config)
+    param = next(model.parameters())
+    spec = KVCacheSpec.from_model_config(model.config, param.dtype)
+    num_blocks = config.num_kv_blocks or num_blocks_for_budget(
+        spec, config.block_size, int(config.kv_cache_memory_gb * 2**30)
+    )
+    block_manager = BlockManager(num_blocks, config.block_size)
+    runner = ModelRunner(
+        model,
+        KVCache(spec, num_blocks, config.block_size, param.device),
+        config.max_num_tokens,
+        tuple(config.capture_hidden_layers),
+    )
+    vocab_size = model.config.get_text_config().vocab_size
+    speculation = _setup_speculation(
+        model, tokenizer, vocab_size, config, drafter, plugins, runner, block_manager
+    )
+    max_model_len = _max_model_len(model, config, block_manager)
+    eos_token_ids = _eos_token_ids(model, tokenizer)
+    guided = GuidedDecodingStage(
+        tokenizer,
+        vocab_size,
+        eos_token_ids,
+        config.max_num_tokens,
+        param.device,
+        config.guided_json_max_whitespace,
+        config.guided_unsupported,
+        config.grammar_compile_timeout_s,
+    )
+    outputs = OutputProcessor(tokenizer, max_model_len, eos_token_ids)
+    scheduler = Scheduler(block_manager, config.max_batch_size, config.max_num_tokens)
+    capture = tuple(config.capture_hidden_layers)
+    return EngineCore(runner, scheduler, speculation, guided, outputs, max_model_len, vocab_size, capture)
+
+
+def time_forward(
+    runner: ModelRunner, block_manager: BlockManager, num_tokens: int, context_len: int = 128
+) -> None:
+    """One target forward over ``num_tokens`` new tokens after ``context_len`` cached ones (for the
+    cost model; the scratch pages are freed at once)."""
+    scratch = "__forward_cost__"
+    context_len = max(0, min(context_len, block_manager.capacity_tokens - num_tokens))
+    block_manager.allocate(scratch, context_len + num_tokens)
+    try:
+        table = block_manager.block_tables[scratch]
+        runner.forward([SequenceInput([0] * num_tokens, context_len, table, num_tokens)])
+    finally:
+        block_manager.free(scratch)
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _load(model, tokenizer, config: ExecutorConfig):
+    if isinstance(model, torch.nn.Module):
+        return model.eval(), tokenizer
+    from .model_loader import load_model
+
+    loaded = load_model(
+        model if model is not None else config.model,
+        dtype=config.dtype,
+        device=str(_resolve_device(config.device)),
+        device_map=config.device_map,
+        cache_dir=config.cache_dir,
+    )
+    logger.info("loaded %s", loaded.source)
+    return loaded.model, tokenizer or loaded.tokenizer
+
+
+def _eos_token_ids(model, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    for value in (
+        getattr(model.generation_config, "eos_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+    ):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(value)
+    return frozenset(ids)
+
+
+def _max_model_len(model, config: ExecutorConfig, block_manager: BlockManager) -> int:
+    """The model's context (or ``max_model_len``), capped by the KV pool. Draft slots take no room
+    from it: near the cap a request drafts fewer tokens instead of being refused."""
+    text_config = model.config.get_text_config()
+    model_len = config.max_model_len or getattr(text_config, "max_position_embeddings", None) or 2**31
+    pool_len = block_manager.capacity_tokens
+    if pool_len < model_len:
+        logger.info(
+            "context capped at %d tokens by the KV pool (%d pages)", pool_len, block_manager.num_blocks
+        )
+    return min(model_len, pool_len)
+
+
+def _setup_speculation(
+    model, tokenizer, vocab_size: int, config: ExecutorConfig, drafter, plugins, runner, block_manager
+) -> SpeculationStage:
+    spec = config.speculative_config
+    if drafter is None and spec is not None:
+        drafter = build_drafter(spec, DrafterContext(model, tokenizer, vocab_size, config), plugins)
+    if drafter is None:
+        return SpeculationStage(plugins, None, spec, vocab_size)
+    plugins.register(drafter, name="drafter")
+    drafter.use_grammar_masks = config.draft_side_grammar_masks
+    runner.capture(tuple(drafter.hidden_state_layers))
+    policy = None
+    if spec is not None and spec.draft_len_policy != "fixed":
+        cost = ForwardCostModel.linear()
+        if spec.draft_len_policy == "auto":
+            cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+            limit = min(config.max_num_tokens, block_manager.capacity_tokens)
+            sizes = tuple(n for n in MEASURED_SIZES if n <= limit) or (1,)
+            cost = ForwardCostModel.cached(
+                cost_cache_key(model), lambda n: time_forward(runner, block_manager, n), cache_dir, sizes
+            )
+        policy = DraftLengthPolicy(drafter.max_draft_len, cost)
+    return SpeculationStage(plugins, drafter, spec, vocab_size, policy, config.drafter_timeout_s)
