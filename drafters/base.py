@@ -84,6 +84,10 @@ class Drafter:
     owns_kv_cache: bool = False
     #: set by the executor: False turns draft-side grammar masks off (for the ablation)
     use_grammar_masks: bool = True
+    #: its calls run on the loop's thread instead of the guard's (no thread hop: on CPU a second thread's
+    #: OpenMP team slows a drafter's model by about a quarter); the deadline is then checked when a call
+    #: returns, and a call that never returns cannot be cut short. The built-in drafters set it.
+    runs_on_loop_thread: bool = False
 
     def grammar_of(self, request):
         """This step's snapshot of the request's grammar (``fork_for_drafting()``, ``is_terminated()``)

@@ -52,6 +52,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 class DraftTargetDrafter(Drafter):
     owns_kv_cache = True
+    runs_on_loop_thread = True  #: built in: bounded work, no thread hop (see Drafter)
     accepts_grammar_masks = True  #: each drafting step of a guided request is masked by its grammar
 
     def __init__(

@@ -63,6 +63,7 @@ class _PagedHeadAttention:
 
 class Eagle3Drafter(Drafter):
     owns_kv_cache = True
+    runs_on_loop_thread = True  #: built in: bounded work, no thread hop (see Drafter)
     accepts_grammar_masks = True  #: each drafting step of a guided request is masked (through d2t)
 
     def __init__(

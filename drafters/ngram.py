@@ -140,6 +140,7 @@ class NGramDrafter(Drafter):
 
     is_deterministic = True
     returns_draft_probs = False
+    runs_on_loop_thread = True  #: built in: bounded work, no thread hop (see Drafter)
     accepts_grammar_masks = True  #: guided requests get the longest grammar-valid stored candidate
 
     def __init__(self, config: NGramConfig | None = None, **options) -> None:

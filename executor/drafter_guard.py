@@ -1,11 +1,14 @@
 """The one path into a drafter: every call is contained, held to a deadline, and counted.
 
 A call that raises returns its default (its requests lose their drafts for that step; the first
-fault is logged with its traceback). With a deadline, calls run on the guard's own daemon thread and
-the loop waits at most ``deadline_s``: a late call returns its default too, and while it is still
-running the drafter is not called again (its calls return their defaults at once). A drafter late
-``MAX_CONSECUTIVE_LATE`` times in a row is switched off for the executor's life (logged once).
-Without a deadline, calls run inline on the loop's thread.
+fault is logged with its traceback). A drafter is *isolated* unless it says it runs on the loop's
+thread: its calls run on the guard's own daemon thread and the loop waits at most ``deadline_s``; a
+late call returns its default too, and while it is still running the drafter is not called again (its
+calls return their defaults at once), so even a call that never returns costs one deadline per step.
+A drafter that runs on the loop's thread (the built-in ones: on CPU a second thread's OpenMP team slows
+a drafter's model by about a quarter) has its deadline checked when the call returns: a late answer is
+dropped. A drafter late ``MAX_CONSECUTIVE_LATE`` times in a row is switched off for the executor's life
+(logged once). Without a deadline every call runs on the loop's thread.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -26,9 +30,10 @@ MAX_CONSECUTIVE_LATE = 3
 
 
 class DrafterGuard:
-    def __init__(self, name: str, deadline_s: float | None) -> None:
+    def __init__(self, name: str, deadline_s: float | None, isolated: bool = True) -> None:
         self.name = name  #: the drafter's class name, for the log
         self.deadline_s = deadline_s
+        self.isolated = isolated and deadline_s is not None  #: calls run on the guard's thread
         self.is_enabled = True
         self.num_errors = 0  #: calls that raised
         self.num_late = 0  #: calls that missed the deadline, or were skipped while one was late
@@ -42,8 +47,8 @@ class DrafterGuard:
         """``fn()``'s result, or ``default`` if it raised, was late, or the drafter is off or busy."""
         if not self.is_enabled:
             return default
-        if self.deadline_s is None:
-            return self._contained(what, fn, default)
+        if not self.isolated:
+            return self._inline(what, fn, default)
         if self._late is not None:
             if not self._late.done():
                 self._count_late(what)
@@ -74,6 +79,15 @@ class DrafterGuard:
     def close(self) -> None:
         if self._jobs is not None:
             self._jobs.put(None)
+
+    def _inline(self, what: str, fn: Callable[[], T], default: T) -> T:
+        start = time.perf_counter()
+        result = self._contained(what, fn, default)
+        if self.deadline_s is not None and time.perf_counter() - start > self.deadline_s:
+            self._count_late(what)
+            return default
+        self._consecutive_late = 0
+        return result
 
     def _contained(self, what: str, fn: Callable[[], T], default: T) -> T:
         try:

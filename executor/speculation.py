@@ -127,7 +127,8 @@ class SpeculationStage:
         self.vocab_size = vocab_size
         self.policy = policy
         self.stats = SpeculationStats()
-        self.guard = DrafterGuard(type(drafter).__name__, deadline_s)
+        isolated = not getattr(drafter, "runs_on_loop_thread", False)
+        self.guard = DrafterGuard(type(drafter).__name__, deadline_s, isolated)
         self._unreleased: list[RequestState] = []  # finished while the drafter could not be called
 
     @property

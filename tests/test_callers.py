@@ -16,11 +16,13 @@ from tiny_models import make_prompts, make_tiny_model
 MAX_TOKENS = 12
 
 
-def make_executor(**overrides) -> Executor:
+def make_executor(isolated_drafter: bool = False, **overrides) -> Executor:
     _, model = make_tiny_model("llama")
     settings = dict(num_kv_blocks=100, block_size=4, max_num_tokens=128, dtype="float64", device="cpu")
     settings.update(overrides)
-    return Executor(model, ExecutorConfig(**settings), drafter=NGramDrafter(NGramConfig(max_draft_len=3)))
+    drafter = NGramDrafter(NGramConfig(max_draft_len=3))
+    drafter.runs_on_loop_thread = not isolated_drafter
+    return Executor(model, ExecutorConfig(**settings), drafter=drafter)
 
 
 def requests(prompts, max_tokens: int = MAX_TOKENS, prefix: str = "") -> list[Request]:
@@ -174,7 +176,7 @@ def test_an_interrupt_inside_run_aborts_its_requests_then_propagates(how):
 
 
 def test_close_stops_the_worker_threads_and_refuses_later_calls():
-    with make_executor() as executor:
+    with make_executor(isolated_drafter=True) as executor:
         executor.run(requests(PROMPTS_A[:2]))  # the drafter's thread starts on its first call
         mask_worker = executor.guided.worker  # (started lazily: by the first guided request)
         stream = executor.stream(requests(PROMPTS_A[:2], max_tokens=30))

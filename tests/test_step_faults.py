@@ -95,7 +95,10 @@ def plain_requests(bad_params: SamplingParams | None = None) -> tuple[list[Reque
 
 # ---- the drafter: a fault costs drafts, never output -------------------------------------------------
 class FaultyDrafter(NGramDrafter):
-    """NGram, except for requests whose tokens hold POISON at one stage: raise, garbage or hang."""
+    """NGram, except for requests whose tokens hold POISON at one stage: raise, garbage or hang. A
+    third-party drafter: isolated on the guard's thread (a hang is cut at the deadline)."""
+
+    runs_on_loop_thread = False
 
     def __init__(self, stage: str, mode: str) -> None:
         super().__init__(NGramConfig(max_draft_len=3))
@@ -157,8 +160,12 @@ def test_drafter_fault_costs_only_drafts(stage, mode):
         time.sleep(HANG_S)  # let the late call finish before the next test
 
 
-def test_drafter_late_three_times_in_a_row_is_switched_off():
+@pytest.mark.parametrize("on_loop_thread", [False, True], ids=["isolated", "on-loop-thread"])
+def test_drafter_late_three_times_in_a_row_is_switched_off(on_loop_thread):
+    """Isolated, a late call is left behind at the deadline; on the loop's thread (the built-in drafters)
+    it runs to its end and its answer is dropped. Either way: switched off after three."""
     drafter = FaultyDrafter("slots", "hang")
+    drafter.runs_on_loop_thread = on_loop_thread
     executor = tiny_executor(drafter)
     executor.run([Request(BAD_PROMPT, SamplingParams(max_tokens=24, ignore_eos=True))])
     assert not executor.speculation.guard.is_enabled
