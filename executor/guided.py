@@ -145,17 +145,20 @@ class GuidedDecodingStage:
     def reserve_forced(
         self, running: list[RequestState], max_model_len: int
     ) -> list[tuple[RequestState, str]]:
-        """Where the grammar allows exactly one token, and then exactly one again (a bounded walk),
-        those tokens become this step's drafts: the masked target can only accept them. Returns the
-        requests whose grammar failed."""
+        """Where the grammar forces the next tokens (a bounded walk: the only allowed token, or the
+        longest when every other allowed one is a prefix of it), they become this step's drafts. Returns
+        the requests whose grammar failed."""
         failed = []
+        vocab_bytes = self._pool.vocab_bytes if self._pool is not None else None
         for r in running:
             r.forced_token_ids = []
             if r.grammar is None or r.num_uncomputed_tokens != 1:
                 continue
             room = min(r.sampling_params.max_tokens - r.num_output_tokens, max_model_len - r.num_tokens) - 1
             try:
-                forced = r.grammar.forced_tokens(min(MAX_FORCED_TOKENS, room)) if room > 0 else []
+                forced = (
+                    r.grammar.forced_tokens(min(MAX_FORCED_TOKENS, room), vocab_bytes) if room > 0 else []
+                )
             except Exception as exc:
                 failed.append((r, f"grammar failed: {exc}"))
                 continue

@@ -133,6 +133,8 @@ class GrammarCompilerPool:
         #: JSON schemas: longest whitespace run allowed between tokens (0 = compact JSON, None = any)
         self.max_json_whitespace = max_json_whitespace
         self.tokenizer_info = tokenizer_info or _tokenizer_info(tokenizer, vocab_size, stop_token_ids)
+        #: each token's bytes as xgrammar reads them (grammar-forced drafts compare them)
+        self.vocab_bytes: list[bytes] = self.tokenizer_info.decoded_vocab
         # Our own cache holds the results, so xgrammar's internal one would only duplicate it.
         self._compiler = xgr.GrammarCompiler(
             self.tokenizer_info, max_threads=max_workers, cache_enabled=False

@@ -29,16 +29,27 @@ def grammar_valid_prefix(grammar, token_ids) -> int:
     return len(token_ids)
 
 
-def only_allowed_token(row: torch.Tensor) -> int | None:
-    """The token id of a bitmask row [words] (int32) that allows exactly one token, else None."""
+#: a row allowing more tokens than this is a choice, not a forced continuation
+MAX_FORCED_CANDIDATES = 64
+
+
+def forced_token(row: torch.Tensor, vocab_bytes: Sequence[bytes] | None, stop_token_ids=()) -> int | None:
+    """The token a bitmask row [words] (int32) forces, else None: the only allowed token, or (given the
+    vocabulary's bytes) the longest allowed token when every other allowed token is a prefix of it: the
+    text is then forced at least that far, whichever way the model splits it (a stop token is forced
+    only when it is the only one)."""
     words = row.numpy().view(np.uint32)
     nonzero = np.flatnonzero(words)
-    if len(nonzero) != 1:
+    if len(nonzero) == 1 and not int(words[nonzero[0]]) & (int(words[nonzero[0]]) - 1):
+        return int(nonzero[0]) * 32 + int(words[nonzero[0]]).bit_length() - 1
+    if vocab_bytes is None or not 0 < len(nonzero) <= MAX_FORCED_CANDIDATES:
         return None
-    word = int(words[nonzero[0]])
-    if word & (word - 1):
+    ids = [int(w) * 32 + b for w in nonzero for b in range(32) if int(words[w]) >> b & 1]
+    if len(ids) > MAX_FORCED_CANDIDATES or any(i >= len(vocab_bytes) or i in stop_token_ids for i in ids):
         return None
-    return int(nonzero[0]) * 32 + word.bit_length() - 1
+    longest = max(ids, key=lambda i: len(vocab_bytes[i]))
+    text = vocab_bytes[longest]
+    return longest if all(vocab_bytes[i] and text.startswith(vocab_bytes[i]) for i in ids) else None
 
 
 class GrammarSnapshot:
@@ -152,9 +163,10 @@ class RequestGrammar:
         """A drafter's private view of the current verified state."""
         return GrammarSnapshot(self.fork_for_drafting())
 
-    def forced_tokens(self, max_tokens: int) -> list[int]:
-        """The tokens the grammar forces next, walked on a fork: while exactly one token is allowed,
-        take it; at most ``max_tokens`` of them (about 0.1 ms a step). Unlike xgrammar's
+    def forced_tokens(self, max_tokens: int, vocab_bytes: Sequence[bytes] | None = None) -> list[int]:
+        """The tokens the grammar forces next, walked on a fork: while the allowed tokens force one
+        (`forced_token`: the only one, or with ``vocab_bytes`` the longest when all others are its
+        prefixes), take it; at most ``max_tokens`` of them (about 0.1 ms a step). Unlike xgrammar's
         `find_jump_forward_string`, this is bounded for any grammar (an infinite derivation included)."""
         self._check_idle()
         self._accept_pending()
@@ -164,7 +176,7 @@ class RequestGrammar:
         tokens: list[int] = []
         while len(tokens) < max_tokens and not matcher.is_terminated():
             matcher.fill_next_token_bitmask(self._scratch, 0)
-            token = only_allowed_token(self._scratch[0])
+            token = forced_token(self._scratch[0], vocab_bytes, self.stop_token_ids)
             if token is None or not matcher.accept_token(token):
                 break
             tokens.append(token)

@@ -166,3 +166,26 @@ def test_fork_and_forced_tokens_use_the_pending_token():
     bm = new_bitmask(1)
     rg.fill_rows(bm, 0, [])  # the fork's tokens did not reach rg
     assert torch.equal(bm[0], reference_mask(schema_grammar(), ids[:1])[0])
+
+
+def _row(allowed_ids: list[int], vocab: int = 64) -> torch.Tensor:
+    row = torch.zeros(xgr.get_bitmask_shape(1, vocab)[1], dtype=torch.int32)
+    for i in allowed_ids:
+        row[i // 32] |= torch.tensor(1 << (i % 32)).to(torch.int32)
+    return row
+
+
+def test_forced_token_is_the_only_one_or_the_longest_whose_prefixes_are_all_the_others():
+    from specexec.grammar.request_grammar import forced_token
+
+    vocab = [b"<eos>", b"n", b"na", b"nam", b"name", b"x", b"a"] + [b"t%d" % i for i in range(57)]
+    assert forced_token(_row([5]), None) == 5  # the only allowed token, no vocabulary needed
+    assert forced_token(_row([1, 2, 4]), vocab) == 4  # "n", "na", "name": the text "name" is forced
+    assert forced_token(_row([1, 2, 4]), None) is None
+    assert forced_token(_row([1, 4, 5]), vocab) is None  # "x" is another way on
+    assert forced_token(_row([0, 1]), vocab, stop_token_ids={0}) is None  # a stop token is a choice
+    assert forced_token(_row([0]), vocab, stop_token_ids={0}) == 0  # ... unless it is the only one
+    runs = [b"a" * k for k in range(1, 101)]  # each one a prefix of the next
+    assert forced_token(_row(list(range(10)), 128), runs) == 9
+    assert forced_token(_row(list(range(100)), 128), runs) is None  # more than 64 allowed: a choice
+    assert forced_token(_row([]), vocab) is None
