@@ -123,13 +123,14 @@ def load_configs(args) -> list[NamedConfig]:
 
 
 def _check_drafters(configs: list[NamedConfig]) -> None:
-    from ..executor.speculation import find_drafter_factory
+    """Each config's drafter exists and its options are good, before any model loads."""
+    from ..executor.speculation import check_drafter_options
     from ..plugins import get_plugin_manager
 
     plugins = get_plugin_manager()
     for c in configs:
         if c.config.speculative_config is not None:
-            find_drafter_factory(c.config.speculative_config, plugins)
+            check_drafter_options(c.config.speculative_config, plugins)
 
 
 def run(args) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..executor.executor import Executor
-from ..executor.request import Request, RequestOutput
+from ..executor.request import FinishReason, Request, RequestOutput
 from ..sampling import SamplingParams
 from .datasets import BenchPrompt
 from .records import RequestRecord, schema_valid
@@ -35,7 +35,15 @@ class Workload:
         )
 
 
-def _record(prompt: BenchPrompt, out: RequestOutput) -> RequestRecord:
+def _guided_verdict(out: RequestOutput) -> bool | None:
+    """A guided request's schema verdict: the executor's own check of the finished output, and a request
+    refused or failed (an unenforceable keyword, a grammar that admits nothing) counts as invalid."""
+    if out.finish_reason is FinishReason.ERROR:
+        return False
+    return out.guided_valid
+
+
+def _record(prompt: BenchPrompt, out: RequestOutput, guided: bool = False) -> RequestRecord:
     m = out.metrics
     return RequestRecord(
         id=prompt.id,
@@ -54,7 +62,9 @@ def _record(prompt: BenchPrompt, out: RequestOutput) -> RequestRecord:
         error=out.error,
         proposed_per_position=list(m.proposed_per_position),
         accepted_per_position=list(m.accepted_per_position),
-        schema_valid=schema_valid(out.text, prompt.schema),
+        schema_valid=_guided_verdict(out)
+        if guided and prompt.schema
+        else schema_valid(out.text, prompt.schema),
         text=out.text,
     )
 
@@ -78,7 +88,7 @@ def run_specexec(
         for event in executor.step():
             if event.finished and event.output is not None and event.request_id in in_flight:
                 i = in_flight.pop(event.request_id)
-                records[i] = _record(work.prompts[i], event.output)
+                records[i] = _record(work.prompts[i], event.output, work.guided)
                 on_done()
     return [records[i] for i in sorted(records)], time.perf_counter() - start
 
