@@ -90,6 +90,7 @@ class GuidedDecodingStage:
         if spec.kind == "json_schema":
             spec = self._enforceable(state, spec)
         state.grammar_future = self.pool.submit(spec)
+        state.grammar_deadline = time.perf_counter() + self.compile_timeout_s
 
     def _enforceable(self, state: RequestState, spec):
         """The normalized schema to compile; its unenforceable keywords refused or noted on the request."""
@@ -125,7 +126,7 @@ class GuidedDecodingStage:
             if fut is None or r.grammar is not None:
                 continue
             if not fut.done():
-                if now - r.metrics.arrival_time > self.compile_timeout_s:
+                if now > r.grammar_deadline:
                     self.pool.abandon(fut)
                     failed.append((r, f"grammar did not compile within {self.compile_timeout_s} s"))
                 continue

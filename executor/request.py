@@ -157,6 +157,7 @@ class RequestState:
     is_streaming: bool = False  #: its events carry text deltas (stream())
     grammar_spec: Any = None  #: GrammarSpec of its response_format as given (checked against at the end)
     grammar_future: Any = None  #: Future of the compiled grammar, for guided requests
+    grammar_deadline: float = float("inf")  #: `time.perf_counter()` after which its compile has failed
     grammar: Any = None  #: RequestGrammar once compiled
     grammar_fill: Any = None  #: this step's RowFill (which rows were masked)
     drafting_grammar: Any = None  #: this step's GrammarSnapshot for the drafter (a fork, never the matcher)
