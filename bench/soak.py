@@ -1,6 +1,6 @@
 """Soak: many mixed requests through one executor, from two threads, in many calls.
 
-    python -m specexec.bench.soak [--requests 1000] [--max-tokens 32] [--batch 10]
+    python -m specexec.bench.soak [--requests 1000] [--max-tokens 32] [--batch 10] [--device cuda]
 
 A tiny random Llama (float32, SmolLM2's tokenizer and vocabulary, NGram drafts) takes requests of
 every kind: greedy, sampled, guided by a JSONSchemaBench schema or a regex, aborted (a stream closed
@@ -8,7 +8,8 @@ early, or `abort_request` from the other thread), and bad (empty, out of the voc
 a grammar that admits nothing, a malformed schema, an unenforceable keyword). After every call it
 prints the KV pages held (the other thread's requests may hold some) and the process RSS. It passes
 (exit 0) when no page is held at the end, no call raised, every finished guided output was marked
-valid, and RSS grew by under ``--max-rss-growth-mb`` between request ``--warmup`` and the last.
+valid, and RSS grew by under ``--max-rss-growth-mb`` between request ``--warmup`` and the last (on
+CUDA, the GPU memory allocated by torch too).
 """
 
 from __future__ import annotations
@@ -51,7 +52,14 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
-def tiny_executor() -> Executor:
+def gpu_mb() -> float:
+    """GPU memory torch holds in tensors now (0 without CUDA), in MB."""
+    import torch
+
+    return torch.cuda.memory_allocated() / 2**20 if torch.cuda.is_available() else 0.0
+
+
+def tiny_executor(device: str = "cpu") -> Executor:
     """A tiny random Llama over SmolLM2's vocabulary, with the real tokenizer and NGram drafting."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -72,7 +80,7 @@ def tiny_executor() -> Executor:
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
     settings = ExecutorConfig(
-        device="cpu",
+        device=device,
         num_kv_blocks=256,
         block_size=16,
         max_batch_size=16,
@@ -97,6 +105,7 @@ class Soak:
     schemas: list[dict]
     done: int = 0
     rss_at_warmup: float | None = None
+    gpu_at_warmup: float = 0.0
     failures: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -175,10 +184,11 @@ class Soak:
             before = self.done
             self.done += num_done
             if before < self.warmup <= self.done:
-                self.rss_at_warmup = rss_mb()
+                self.rss_at_warmup, self.gpu_at_warmup = rss_mb(), gpu_mb()
             print(
                 f"thread {thread}: {self.done:5d}/{self.num_requests} requests  "
-                f"pages held {bm.num_blocks - bm.num_free_blocks:3d}/{bm.num_blocks}  rss {rss_mb():7.1f} MB",
+                f"pages held {bm.num_blocks - bm.num_free_blocks:3d}/{bm.num_blocks}  rss {rss_mb():7.1f} MB"
+                f"  gpu {gpu_mb():7.1f} MB",
                 flush=True,
             )
 
@@ -192,9 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=10, help="requests per call")
     parser.add_argument("--warmup", type=int, default=200, help="RSS growth is measured from this request on")
     parser.add_argument("--max-rss-growth-mb", type=float, default=50.0)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    soak = Soak(tiny_executor(), args.requests, args.max_tokens, args.batch, args.warmup, schemas())
+    soak = Soak(
+        tiny_executor(args.device), args.requests, args.max_tokens, args.batch, args.warmup, schemas()
+    )
     firsts = list(range(0, args.requests, args.batch))
     errors: list[BaseException] = []
     in_flight: dict[int, list[str]] = {0: [], 1: []}
@@ -224,10 +237,15 @@ def main(argv: list[str] | None = None) -> int:
         f"pages leaked: {leaked}; RSS {rss_warm:.1f} MB at request {args.warmup}, {rss_end:.1f} MB at "
         f"{args.requests}: growth {growth:.1f} MB (limit {args.max_rss_growth_mb:.0f})"
     )
+    gpu_growth = gpu_mb() - soak.gpu_at_warmup
+    if args.device != "cpu":
+        print(
+            f"GPU memory allocated: {soak.gpu_at_warmup:.1f} MB at request {args.warmup}, growth {gpu_growth:.1f} MB"
+        )
     print(f"failures: {len(soak.failures)}; wall time {time.perf_counter() - start:.0f} s")
     for failure in soak.failures[:20]:
         print("  " + failure)
-    ok = not leaked and not soak.failures and growth < args.max_rss_growth_mb
+    ok = not leaked and not soak.failures and max(growth, gpu_growth) < args.max_rss_growth_mb
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

@@ -37,8 +37,12 @@ class ExecutorConfig:
     option_label = "config key"  #: (not a field) errors say "unknown config key 'x'"
 
     model: str | None = None  #: HF directory, GGUF file, or None for the embedded SmolLM2-135M-Instruct
-    dtype: str = "float32"  #: weights and KV cache: float32, bfloat16, float16, float64
-    device: str = "auto"  #: "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:N"
+    #: weights and KV cache of a model the executor loads: float32, bfloat16, float16, float64 (a module
+    #: passed in keeps its own)
+    dtype: str = "float32"
+    #: "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:N"; a model passed in as a module
+    #: stays where it is under "auto" and moves (in place) to a device named here
+    device: str = "auto"
     device_map: str | None = None  #: accelerate placement over several devices, e.g. "auto"
     max_batch_size: int = 16  #: requests in one forward at most
     max_num_tokens: int = 2048  #: tokens in one forward at most (prefill chunks + decode + draft tokens)

@@ -113,9 +113,15 @@ def _resolve_device(device: str) -> torch.device:
 
 
 def _load(model, tokenizer, config: ExecutorConfig):
+    from .model_loader import check_device, load_model
+
     if isinstance(model, torch.nn.Module):
+        # a module runs where the caller put it, unless the config names a device: then it moves there
+        # (in place, as ``module.to`` does); ``dtype`` applies only to the models the executor loads
+        if config.device != "auto":
+            check_device(config.device)
+            model.to(config.device)
         return model.eval(), tokenizer
-    from .model_loader import load_model
 
     loaded = load_model(
         model if model is not None else config.model,

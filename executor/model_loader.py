@@ -71,7 +71,7 @@ def load_model(
     """Load `model` (None = default SmolLM2 GGUF, a .gguf file, or a save_pretrained directory)."""
     if dtype not in DTYPES:
         raise ModelLoadError(f"unsupported dtype {dtype!r}; allowed values: {', '.join(DTYPES)}")
-    _check_device(device)
+    check_device(device)
     path = default_model_path() if model is None else Path(model).expanduser()
     if not path.exists():
         raise ModelLoadError(f"model path {path} does not exist")
@@ -144,7 +144,8 @@ def _gguf_context_length(path: Path) -> int | None:
     return None
 
 
-def _check_device(device: str) -> None:
+def check_device(device: str) -> None:
+    """Refuse a device this machine does not have (``ModelLoadError`` saying why)."""
     match = _DEVICE_RE.fullmatch(device)
     if match is None:
         raise ModelLoadError(f"unsupported device {device!r}; use 'cpu', 'cuda' or 'cuda:<n>'")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from specexec import Executor, ExecutorConfig
 from specexec.drafters import Drafter
 from specexec.executor import executor as executor_module
@@ -99,3 +100,13 @@ def test_max_model_len_beyond_a_loaded_models_context_is_refused():
 def test_a_drafter_that_is_not_a_drafter_is_refused_before_loading(no_loading):
     with pytest.raises(ValueError, match="must be a specexec Drafter"):
         Executor(config=ExecutorConfig(), drafter=object())  # type: ignore[arg-type]
+
+
+def test_a_module_passed_in_moves_to_the_named_device_and_a_missing_one_is_refused():
+    _, model = make_tiny_model("llama")
+    executor = Executor(model, ExecutorConfig(device="cpu", num_kv_blocks=64, dtype="float64"))
+    assert executor.core.runner.device.type == "cpu"
+    executor.close()
+    if not torch.cuda.is_available():
+        with pytest.raises(model_loader.ModelLoadError, match="CUDA is not available"):
+            Executor(model, ExecutorConfig(device="cuda", num_kv_blocks=64))
