@@ -37,7 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", help="HF directory or GGUF file (default: the embedded SmolLM2-135M-Instruct)"
     )
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="overrides every config")
+    parser.add_argument(
+        "--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="overrides every config"
+    )
     parser.add_argument(
         "--decoding-type", help="add one configuration with this drafter (NGram, DraftTarget, ...)"
     )
@@ -156,6 +158,8 @@ def run(args) -> int:
     from .report import format_table, plot, write_json
 
     print(format_table(rows))
+    for asked, ran in runner.dtypes.items():
+        print(f"dtype {asked}: {ran}")
     if runner.forward_cost:
         fc = runner.forward_cost
         pairs = ", ".join(f"{n}: {r:.2f}x" for n, r in zip(fc["num_tokens"], fc["relative_to_one"]))
@@ -170,6 +174,7 @@ def run(args) -> int:
             "temperature": args.temperature,
             "machine": _machine(),
             "forward_cost": runner.forward_cost,
+            "dtypes": runner.dtypes,
         }
         write_json(args.output, rows, meta)
         print(f"wrote {args.output}", file=sys.stderr)
@@ -193,18 +198,12 @@ def _stop_cleanly_on_signals() -> None:
 def _machine() -> dict:
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), "")
+    from ..executor.cpu_info import describe_cpu
+
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "cpu": cpu,
+        "cpu": describe_cpu(),
         "time": time.time(),
     }
-
-
-def _cpuinfo() -> list[str]:
-    try:
-        return Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return []

@@ -30,6 +30,7 @@ import transformers
 from tqdm import tqdm
 
 from .. import Executor, ExecutorConfig, Request, SamplingParams
+from ..executor.cpu_info import describe_cpu
 from ..executor.model_loader import load_model
 
 DATA = Path(__file__).parent / "data" / "specbench_sample.jsonl"
@@ -197,13 +198,11 @@ def format_table(results: dict, num_requests: int) -> str:
 
 
 def machine_info() -> dict:
-    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
-    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "")
     return {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "threads": torch.get_num_threads(),
-        "cpu": cpu or platform.processor(),
+        "cpu": describe_cpu(),
         "python": platform.python_version(),
     }
 
