@@ -13,7 +13,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--config", help="YAML file with executor settings (see ExecutorConfig)")
     parser.add_argument(
-        "--dtype", choices=["float32", "bfloat16", "float16", "float64"], help="overrides the config"
+        "--dtype",
+        choices=["auto", "float32", "bfloat16", "float16", "float64"],
+        help="overrides the config (default auto: measured once per machine)",
     )
 
 
@@ -93,6 +95,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .executor.executor import Executor
 
     executor = Executor(config=config)
+    choice = executor.dtype_choice
+    print(f"[dtype {choice.dtype}: {choice.reason}]", file=sys.stderr)
     prompt = prompt_text
     if not args.raw and getattr(executor.tokenizer, "chat_template", None):
         prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [

@@ -24,6 +24,7 @@ class BenchRunner:
         self.rows: list[dict] = []
         self.forward_cost: dict | None = None  #: target forward time over n tokens, relative to n = 1
         self._models: dict[tuple, object] = {}
+        self.dtypes: dict[str, str] = {}  #: each dtype asked for -> what ran, and why ("auto" resolved)
         self._tokenizer = None
 
     # ---- models ---------------------------------------------------------------------------------
@@ -31,6 +32,7 @@ class BenchRunner:
         """The target, loaded once per (path, dtype); ``fresh`` gives an extra copy for HF."""
         from ..executor.model_loader import load_model
 
+        dtype = self._resolve(model, dtype)
         key = (model, dtype)
         if fresh or key not in self._models:
             loaded = load_model(model, dtype=dtype, progress=False)
@@ -58,6 +60,20 @@ class BenchRunner:
         if "hf" in self.baselines and not self.args.guided:
             hf = (3 if 1 in self.concurrencies else 0) + sum(c > 1 for c in self.concurrencies)
         return (len(self.configs) * len(self.concurrencies) + hf) * len(self.prompts)
+
+    def _resolve(self, model: str | None, dtype: str) -> str:
+        """``auto`` becomes this machine's pick (the executor's own rule), so HF runs the same dtype."""
+        if dtype != "auto":
+            return dtype
+        from ..executor.config import ExecutorConfig
+        from ..executor.engine_setup import resolve_dtype
+
+        base = self.configs[0].config
+        choice = resolve_dtype(
+            model, ExecutorConfig(model=model, device=base.device, cache_dir=base.cache_dir)
+        )
+        self.dtypes["auto"] = f"{choice.dtype} ({choice.reason})"
+        return choice.dtype
 
     # ---- running --------------------------------------------------------------------------------
     def run_all(self) -> None:

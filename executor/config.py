@@ -10,7 +10,7 @@ from typing import Any
 from .options import reject_unknown_keys
 from .speculative_config import SpeculativeConfig
 
-DTYPES = ("float32", "bfloat16", "float16", "float64")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 GUIDED_UNSUPPORTED = ("refuse", "warn")
 
 
@@ -37,9 +37,10 @@ class ExecutorConfig:
     option_label = "config key"  #: (not a field) errors say "unknown config key 'x'"
 
     model: str | None = None  #: HF directory, GGUF file, or None for the embedded SmolLM2-135M-Instruct
-    #: weights and KV cache of a model the executor loads: float32, bfloat16, float16, float64 (a module
-    #: passed in keeps its own)
-    dtype: str = "float32"
+    #: weights and KV cache of a model the executor loads: auto, float32, bfloat16, float16, float64. auto:
+    #: bfloat16 on CUDA, and on a CPU with native bf16 where a one-time measurement finds it faster;
+    #: float32 elsewhere (`executor/dtype_choice.py`). A module passed in keeps its own.
+    dtype: str = "auto"
     #: "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:N"; a model passed in as a module
     #: stays where it is under "auto" and moves (in place) to a device named here
     device: str = "auto"

@@ -18,6 +18,7 @@ from .draft_length import (
     cost_cache_key,
     default_cache_dir,
 )
+from .dtype_choice import DtypeChoice, choose_dtype
 from .engine_core import EngineCore
 from .guided import GuidedDecodingStage
 from .kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
@@ -48,15 +49,31 @@ def check_before_loading(model, config: ExecutorConfig, drafter, plugins) -> Non
 def _model_position_limit(model, config: ExecutorConfig) -> int | None:
     if isinstance(model, torch.nn.Module):
         return getattr(model.config.get_text_config(), "max_position_embeddings", None)
-    from .model_loader import peek_max_position_embeddings
+    from .model_peek import peek_max_position_embeddings
 
     return peek_max_position_embeddings(model if model is not None else config.model)
 
 
+def resolve_dtype(model, config: ExecutorConfig) -> DtypeChoice:
+    """The dtype the model loads in: the config's, or for ``auto`` this machine's pick; a module passed
+    in keeps its own."""
+    if isinstance(model, torch.nn.Module):
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        return DtypeChoice(dtype, "the dtype of the module passed in")
+    if config.dtype != "auto":
+        return DtypeChoice(config.dtype, "configured")
+    from .model_peek import peek_text_config
+
+    cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+    shape = peek_text_config(model if model is not None else config.model)
+    return choose_dtype(config.dtype, _resolve_device(config.device), shape, cache_dir)
+
+
 def build_engine_core(
-    model, config: ExecutorConfig, tokenizer, drafter: Drafter | None, plugins
+    model, config: ExecutorConfig, tokenizer, drafter: Drafter | None, plugins, dtype: str
 ) -> EngineCore:
-    model, tokenizer = _load(model, tokenizer, config)
+    """Load (in ``dtype``, see `resolve_dtype`), size the KV pool, build the stages."""
+    model, tokenizer = _load(model, tokenizer, config, dtype)
     param = next(model.parameters())
     spec = KVCacheSpec.from_model_config(model.config, param.dtype)
     num_blocks = config.num_kv_blocks or num_blocks_for_budget(
@@ -112,7 +129,7 @@ def _resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def _load(model, tokenizer, config: ExecutorConfig):
+def _load(model, tokenizer, config: ExecutorConfig, dtype: str):
     from .model_loader import check_device, load_model
 
     if isinstance(model, torch.nn.Module):
@@ -125,7 +142,7 @@ def _load(model, tokenizer, config: ExecutorConfig):
 
     loaded = load_model(
         model if model is not None else config.model,
-        dtype=config.dtype,
+        dtype=dtype,
         device=str(_resolve_device(config.device)),
         device_map=config.device_map,
         cache_dir=config.cache_dir,

@@ -14,7 +14,7 @@ from ..plugins import get_plugin_manager
 from ..sampling import SamplingParams
 from .caller_loop import Caller, CallerLoop
 from .config import ExecutorConfig
-from .engine_setup import build_engine_core, check_before_loading, time_forward
+from .engine_setup import build_engine_core, check_before_loading, resolve_dtype, time_forward
 from .inputs import InvalidRequestError, as_request, check_length, tokenize_prompt
 from .request import FinishReason, Prompt, Request, RequestOutput, RequestState, TokenEvent
 
@@ -39,7 +39,9 @@ class Executor:
         self.config = config = config or ExecutorConfig()
         plugins = get_plugin_manager()
         check_before_loading(model, config, drafter, plugins)
-        self.core = build_engine_core(model, config, tokenizer, drafter, plugins)
+        #: the dtype the model runs in, and why (``dtype: auto`` measures this machine once)
+        self.dtype_choice = resolve_dtype(model, config)
+        self.core = build_engine_core(model, config, tokenizer, drafter, plugins, self.dtype_choice.dtype)
         self._loop = CallerLoop(self.core)
         self._direct = Caller()  # requests submitted with add_request(), whose events step() returns
         self._ids = itertools.count()

@@ -88,62 +88,6 @@ def load_model(
     return loaded
 
 
-def peek_max_position_embeddings(model: str | os.PathLike | None) -> int | None:
-    """The model's longest context, read from its config.json or its GGUF header without loading any
-    weights (so a bad ``max_model_len`` is refused before loading); None when it cannot tell."""
-    try:
-        path = default_model_path() if model is None else Path(model).expanduser()
-        if path.is_dir():
-            config = json.loads((path / "config.json").read_text())
-            value = config.get("max_position_embeddings") or config.get("text_config", {}).get(
-                "max_position_embeddings"
-            )
-            return int(value) if value else None
-        if path.is_file():
-            return _gguf_context_length(path)
-    except (OSError, ValueError, AttributeError, ModelLoadError):
-        pass  # the load itself reports what is wrong
-    return None
-
-
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-
-
-def _gguf_context_length(path: Path) -> int | None:
-    """``<arch>.context_length`` from a GGUF file's key-value header (read up to that key only)."""
-    import struct
-
-    with path.open("rb") as fh:
-
-        def read(fmt: str):
-            return struct.unpack("<" + fmt, fh.read(struct.calcsize("<" + fmt)))[0]
-
-        def read_str() -> str:
-            return fh.read(read("Q")).decode("utf-8", "replace")
-
-        def skip(value_type: int) -> object:
-            if value_type == 8:
-                return read_str()
-            if value_type == 9:
-                item_type, count = read("I"), read("Q")
-                for _ in range(count):
-                    skip(item_type)
-                return None
-            return read(_GGUF_SCALARS[value_type])
-
-        if fh.read(4) != b"GGUF" or read("I") < 2:
-            return None
-        read("Q")  # tensor count
-        arch = None
-        for _ in range(read("Q")):
-            key, value = read_str(), skip(read("I"))
-            if key == "general.architecture":
-                arch = value
-            elif arch is not None and key == f"{arch}.context_length":
-                return int(value)  # type: ignore[call-overload]
-    return None
-
-
 def check_device(device: str) -> None:
     """Refuse a device this machine does not have (``ModelLoadError`` saying why)."""
     match = _DEVICE_RE.fullmatch(device)

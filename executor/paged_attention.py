@@ -18,7 +18,7 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 MAX_MATMUL_QUERY_LEN = 64
 
 
-def _attend(
+def attend(
     query: torch.Tensor,  # [group, heads, max_q, head_dim]
     key: torch.Tensor,  # [group, kv_heads, max_kv, head_dim]
     value: torch.Tensor,  # [group, kv_heads, max_kv, head_dim]
@@ -84,7 +84,7 @@ def _attend_group(
     if softcap is None and group.uses_causal_kernel(sliding_window):  # a fresh prompt: SDPA's causal kernel
         o = F.scaled_dot_product_attention(q, key, value, is_causal=True, scale=scaling, enable_gqa=True)
     else:
-        o = _attend(q, key, value, group.mask(sliding_window), scaling, softcap)
+        o = attend(q, key, value, group.mask(sliding_window), scaling, softcap)
     o = o.transpose(1, 2)  # [group, max_q, heads, head_dim]
     if out is None:
         return o  # [group, max_q, heads, head_dim]: the caller's whole output

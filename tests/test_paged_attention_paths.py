@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from specexec.executor.paged_attention import _attend, _attend_matmul
+from specexec.executor.paged_attention import _attend_matmul, attend
 
 
 def make_inputs(num: int, max_q: int, max_kv: int, dtype: torch.dtype, seed: int = 0):
@@ -34,7 +34,7 @@ def test_matmul_path_matches_sdpa(dtype):
 
 def test_batched_bf16_decode_takes_the_matmul_path_and_agrees():
     q, k, v, mask = make_inputs(4, 1, 64, torch.bfloat16, seed=1)
-    torch.testing.assert_close(_attend(q, k, v, mask, 0.25, None), _attend_matmul(q, k, v, mask, 0.25, None))
+    torch.testing.assert_close(attend(q, k, v, mask, 0.25, None), _attend_matmul(q, k, v, mask, 0.25, None))
 
 
 def test_softcap_bounds_the_scores():

@@ -1,0 +1,166 @@
+"""``dtype: auto``: bfloat16 where it is native and measured faster, float32 elsewhere.
+
+- CUDA: bfloat16.
+- A CPU without native bfloat16 arithmetic (no AVX512-BF16, no AMX): float32. There bf16 matmuls are
+  emulated; on one of this project's machines they ran at 0.3 GFLOP/s.
+- A CPU with it: a start-up measurement decides. One decode step's work for the model's shapes — every
+  layer's q/k/v/o and MLP projections and attention over 1,024 cached keys (through the executor's own
+  attention path), then the LM head — runs in
+  both dtypes for 1 and 4 new tokens, on enough distinct weights to stream from memory as the real
+  forward does; bfloat16 wins when it takes under `BF16_MARGIN` of float32's time. The answer is cached
+  per CPU, torch version, thread count and model shape (like the forward-cost curve), so it is measured
+  once per machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .cpu_info import describe_cpu, native_bf16_flags
+from .paged_attention import attend
+
+logger = logging.getLogger("specexec")
+
+BF16_MARGIN = 0.9  #: bfloat16 must take under this fraction of float32's time to be chosen
+CONTEXT = 1024  #: cached keys each measured attention call reads
+STREAMED_BYTES = 128 * 2**20  #: float32 weights the measurement cycles through (beyond any cache)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    hidden: int
+    intermediate: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_layers: int
+    vocab: int
+
+    @classmethod
+    def from_config(cls, config: dict) -> ModelShape:
+        """From transformers config keys; what is missing is a 1B-class default."""
+        hidden = int(config.get("hidden_size") or 2048)
+        heads = int(config.get("num_attention_heads") or 16)
+        return cls(
+            hidden=hidden,
+            intermediate=int(config.get("intermediate_size") or 4 * hidden),
+            num_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            num_layers=int(config.get("num_hidden_layers") or 16),
+            vocab=int(config.get("vocab_size") or 32000),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DtypeChoice:
+    dtype: str  #: float32, bfloat16, ...
+    reason: str  #: one line: why (printed by `specexec run`)
+
+
+def choose_dtype(
+    requested: str, device: torch.device, shape_config: dict, cache_dir: Path | None
+) -> DtypeChoice:
+    """The dtype to load in: ``requested`` unless it is "auto" (see the module docstring)."""
+    if requested != "auto":
+        return DtypeChoice(requested, "configured")
+    if device.type == "cuda":
+        return DtypeChoice("bfloat16", "auto: CUDA")
+    if not native_bf16_flags():
+        return DtypeChoice("float32", f"auto: no native bfloat16 on {describe_cpu()}")
+    shape = ModelShape.from_config(shape_config)
+    ratio = _cached_bf16_ratio(shape, cache_dir)
+    verdict = "bfloat16" if ratio < BF16_MARGIN else "float32"
+    return DtypeChoice(verdict, f"auto: bfloat16 took {ratio:.2f}x float32's time on {describe_cpu()}")
+
+
+def _cached_bf16_ratio(shape: ModelShape, cache_dir: Path | None) -> float:
+    key = f"{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}|{shape}"
+    path = None
+    if cache_dir is not None:
+        path = cache_dir / f"dtype-choice-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+        try:
+            return float(json.loads(path.read_text())["bf16_ratio"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    logger.info(
+        "dtype auto: timing bfloat16 against float32 on this CPU (once%s)",
+        f"; cached at {path}" if path else "",
+    )
+    ratio = measure_bf16_ratio(shape)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"key": key, "bf16_ratio": ratio}))
+        except OSError as exc:
+            logger.warning("could not cache the dtype choice at %s: %s", path, exc)
+    return ratio
+
+
+def measure_bf16_ratio(shape: ModelShape, repeats: int = 5) -> float:
+    """bfloat16's time over float32's for one decode step's work at 1 and 4 new tokens (summed)."""
+    seconds = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        step = _DecodeStepWork(shape, dtype)
+        step.run(1)  # warm-up
+        seconds[dtype] = sum(_median_time(step.run, n, repeats) for n in (1, 4))
+    return seconds[torch.bfloat16] / seconds[torch.float32]
+
+
+def _median_time(fn, arg, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(arg)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+class _DecodeStepWork:
+    """Random weights of a few distinct layers (enough to stream from memory) and the LM head; `run`
+    does every layer's projections and attention (cycling through the distinct layers) and the head."""
+
+    def __init__(self, shape: ModelShape, dtype: torch.dtype) -> None:
+        s = shape
+
+        def weight(rows: int, cols: int) -> torch.Tensor:
+            return torch.empty(rows, cols, dtype=dtype).uniform_(-0.02, 0.02)
+
+        q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        layer_floats = s.hidden * (q_out + 2 * kv_out) + q_out * s.hidden + 3 * s.hidden * s.intermediate
+        num_distinct = max(1, min(s.num_layers, STREAMED_BYTES // (4 * layer_floats)))
+        self.layers = [
+            (
+                weight(q_out + 2 * kv_out, s.hidden),  # qkv
+                weight(s.hidden, q_out),  # o
+                weight(2 * s.intermediate, s.hidden),  # gate, up
+                weight(s.hidden, s.intermediate),  # down
+            )
+            for _ in range(num_distinct)
+        ]
+        self.keys = torch.empty(1, s.num_kv_heads, CONTEXT, s.head_dim, dtype=dtype).uniform_(-1, 1)
+        self.values = torch.empty(1, s.num_kv_heads, CONTEXT, s.head_dim, dtype=dtype).uniform_(-1, 1)
+        self.head = weight(s.vocab, s.hidden)
+        self.shape, self.dtype = s, dtype
+
+    @torch.inference_mode()
+    def run(self, num_tokens: int) -> None:
+        s = self.shape
+        x = torch.randn(num_tokens, s.hidden).to(self.dtype)  # [n, hidden]
+        for i in range(s.num_layers):
+            qkv, o, gate_up, down = self.layers[i % len(self.layers)]
+            q = F.linear(x, qkv)[:, : s.num_heads * s.head_dim]  # [n, heads * head_dim]
+            q = q.view(1, num_tokens, s.num_heads, s.head_dim).transpose(1, 2)  # [1, heads, n, head_dim]
+            a = attend(q, self.keys, self.values, None, s.head_dim**-0.5, None)  # the executor's own path
+            x = x + F.linear(a.transpose(1, 2).reshape(num_tokens, -1), o)
+            g, u = F.linear(x, gate_up).chunk(2, dim=-1)  # [n, intermediate] each
+            x = x + F.linear(F.silu(g) * u, down)
+        F.linear(x, self.head)  # [n, vocab]

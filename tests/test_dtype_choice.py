@@ -1,0 +1,98 @@
+"""``dtype: auto``: bfloat16 on CUDA; float32 on a CPU without native bf16; on a CPU with it, what a
+one-time measurement says (cached per machine and model shape). The peeked shapes come from the
+model's config.json or GGUF header without loading weights."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from specexec import Executor, ExecutorConfig
+from specexec.executor import dtype_choice
+from specexec.executor.dtype_choice import ModelShape, choose_dtype, measure_bf16_ratio
+from specexec.executor.model_peek import peek_max_position_embeddings, peek_text_config
+from tiny_models import make_tiny_model, save_tiny_model_dir
+
+CPU = torch.device("cpu")
+TINY_SHAPE = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """Replace the measurement with a fixed bf16/fp32 ratio; counts the measurements."""
+    calls = []
+
+    def fake(ratio):
+        def measure(shape):
+            calls.append(shape)
+            return ratio
+
+        monkeypatch.setattr(dtype_choice, "measure_bf16_ratio", measure)
+        return calls
+
+    return fake
+
+
+def test_a_configured_dtype_is_kept():
+    assert choose_dtype("float64", CPU, {}, None).dtype == "float64"
+
+
+def test_cuda_gets_bfloat16_without_measuring(measured):
+    calls = measured(0.1)
+    choice = choose_dtype("auto", torch.device("cuda"), TINY_SHAPE, None)
+    assert (choice.dtype, calls) == ("bfloat16", [])
+    assert "CUDA" in choice.reason
+
+
+def test_a_cpu_without_native_bf16_gets_float32_without_measuring(measured, monkeypatch):
+    calls = measured(0.1)
+    monkeypatch.setattr(dtype_choice, "native_bf16_flags", lambda: [])
+    choice = choose_dtype("auto", CPU, TINY_SHAPE, None)
+    assert (choice.dtype, calls) == ("float32", [])
+    assert "no native bfloat16" in choice.reason
+
+
+@pytest.mark.parametrize(("ratio", "expected"), [(0.5, "bfloat16"), (0.95, "float32"), (1.4, "float32")])
+def test_a_cpu_with_native_bf16_follows_the_measurement_once(measured, monkeypatch, tmp_path, ratio, expected):
+    calls = measured(ratio)
+    monkeypatch.setattr(dtype_choice, "native_bf16_flags", lambda: ["avx512_bf16"])
+    first = choose_dtype("auto", CPU, TINY_SHAPE, tmp_path)
+    second = choose_dtype("auto", CPU, TINY_SHAPE, tmp_path)
+    assert first.dtype == second.dtype == expected
+    assert f"{ratio:.2f}x" in first.reason
+    assert len(calls) == 1, "the measurement is cached per machine and shape"
+    assert len(list(tmp_path.glob("dtype-choice-*.json"))) == 1
+    choose_dtype("auto", CPU, {**TINY_SHAPE, "hidden_size": 64}, tmp_path)
+    assert len(calls) == 2, "another model shape is measured again"
+
+
+def test_the_measurement_runs_both_dtypes_and_gives_a_ratio():
+    shape = ModelShape.from_config({**TINY_SHAPE, "num_hidden_layers": 2, "vocab_size": 256})
+    ratio = measure_bf16_ratio(shape, repeats=1)
+    assert math.isfinite(ratio) and ratio > 0
+
+
+def test_shapes_are_peeked_from_a_model_directory_and_the_embedded_gguf(tmp_path):
+    directory = save_tiny_model_dir(tmp_path)
+    config = peek_text_config(directory)
+    _, model = make_tiny_model("llama")
+    assert config["hidden_size"] == model.config.hidden_size
+    assert config["num_hidden_layers"] == model.config.num_hidden_layers
+    gguf = peek_text_config(None)  # SmolLM2-135M's header, read up to its tokenizer
+    assert (gguf["hidden_size"], gguf["num_hidden_layers"], gguf["num_key_value_heads"]) == (576, 30, 3)
+    assert peek_max_position_embeddings(None) == 8192
+    assert peek_text_config(tmp_path / "missing") == {}
+
+
+def test_the_executor_reports_its_choice(tmp_path, measured, monkeypatch):
+    measured(0.5)
+    monkeypatch.setattr(dtype_choice, "native_bf16_flags", lambda: ["amx_bf16"])
+    directory = save_tiny_model_dir(tmp_path / "model")
+    config = ExecutorConfig(model=directory, device="cpu", num_kv_blocks=16, cache_dir=str(tmp_path))
+    with Executor(config=config) as executor:
+        assert executor.dtype_choice.dtype == "bfloat16"
+        assert next(executor.model.parameters()).dtype == torch.bfloat16
+    _, module = make_tiny_model("llama")
+    with Executor(module, ExecutorConfig(device="cpu", num_kv_blocks=16)) as executor:
+        assert executor.dtype_choice.dtype == "float64"  # a module keeps its own
