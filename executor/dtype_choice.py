@@ -76,6 +76,8 @@ def choose_dtype(
         return DtypeChoice("bfloat16", "auto: CUDA")
     if not native_bf16_flags():
         return DtypeChoice("float32", f"auto: no native bfloat16 on {describe_cpu()}")
+    if not shape_config.get("hidden_size"):  # e.g. a path that does not exist: let the load say so
+        return DtypeChoice("float32", "auto: the model's shape could not be read before loading")
     shape = ModelShape.from_config(shape_config)
     ratio = _cached_bf16_ratio(shape, cache_dir)
     verdict = "bfloat16" if ratio < BF16_MARGIN else "float32"

@@ -54,7 +54,9 @@ def test_a_cpu_without_native_bf16_gets_float32_without_measuring(measured, monk
 
 
 @pytest.mark.parametrize(("ratio", "expected"), [(0.5, "bfloat16"), (0.95, "float32"), (1.4, "float32")])
-def test_a_cpu_with_native_bf16_follows_the_measurement_once(measured, monkeypatch, tmp_path, ratio, expected):
+def test_a_cpu_with_native_bf16_follows_the_measurement_once(
+    measured, monkeypatch, tmp_path, ratio, expected
+):
     calls = measured(ratio)
     monkeypatch.setattr(dtype_choice, "native_bf16_flags", lambda: ["avx512_bf16"])
     first = choose_dtype("auto", CPU, TINY_SHAPE, tmp_path)
@@ -65,6 +67,8 @@ def test_a_cpu_with_native_bf16_follows_the_measurement_once(measured, monkeypat
     assert len(list(tmp_path.glob("dtype-choice-*.json"))) == 1
     choose_dtype("auto", CPU, {**TINY_SHAPE, "hidden_size": 64}, tmp_path)
     assert len(calls) == 2, "another model shape is measured again"
+    assert choose_dtype("auto", CPU, {}, tmp_path).dtype == "float32"  # shape unreadable: no measurement
+    assert len(calls) == 2
 
 
 def test_the_measurement_runs_both_dtypes_and_gives_a_ratio():
