@@ -29,6 +29,9 @@ from .paged_attention import attend
 
 logger = logging.getLogger("specexec")
 
+MEASUREMENT_VERSION = (
+    2  #: bump when the measured work changes (the attention path did): old answers are stale
+)
 BF16_MARGIN = 0.9  #: bfloat16 must take under this fraction of float32's time to be chosen
 CONTEXT = 1024  #: cached keys each measured attention call reads
 STREAMED_BYTES = 128 * 2**20  #: float32 weights the measurement cycles through (beyond any cache)
@@ -85,7 +88,7 @@ def choose_dtype(
 
 
 def _cached_bf16_ratio(shape: ModelShape, cache_dir: Path | None) -> float:
-    key = f"{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}|{shape}"
+    key = f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}|{shape}"
     path = None
     if cache_dir is not None:
         path = cache_dir / f"dtype-choice-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"

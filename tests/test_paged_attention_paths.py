@@ -1,4 +1,4 @@
-"""The two attention paths (SDPA, and float32 matmuls for batched bf16 decode on CPU) agree."""
+"""The two attention paths (SDPA, and float32 matmuls for bf16 decode on CPU) agree."""
 
 from __future__ import annotations
 
@@ -35,6 +35,18 @@ def test_matmul_path_matches_sdpa(dtype):
 def test_batched_bf16_decode_takes_the_matmul_path_and_agrees():
     q, k, v, mask = make_inputs(4, 1, 64, torch.bfloat16, seed=1)
     torch.testing.assert_close(attend(q, k, v, mask, 0.25, None), _attend_matmul(q, k, v, mask, 0.25, None))
+
+
+def test_a_lone_bf16_decode_query_takes_the_matmul_path_too():
+    q, k, v, _ = make_inputs(1, 1, 300, torch.bfloat16, seed=2)
+    out = attend(q, k, v, None, 0.25, None)
+    assert torch.equal(out, _attend_matmul(q, k, v, None, 0.25, None))
+    reference = F.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), scale=0.25, enable_gqa=True
+    )
+    torch.testing.assert_close(out.double(), reference, atol=2e-2, rtol=2e-2)
+    q4 = make_inputs(1, 4, 300, torch.bfloat16, seed=2)[0]  # a lone verify row of 4 keeps SDPA
+    assert not torch.equal(attend(q4, k, v, None, 0.25, None), _attend_matmul(q4, k, v, None, 0.25, None))
 
 
 def test_softcap_bounds_the_scores():
