@@ -13,6 +13,7 @@ import pytest
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.grammar import RequestGrammar
 from test_grammar_support import smollm2_tokenizer
+from test_step_faults import tag_grammar
 from tiny_models import make_tiny_model
 
 VOCAB = 49152
@@ -225,16 +226,7 @@ def test_a_grammar_matcher_that_breaks_mid_request_fails_only_its_request(monkey
             raise RuntimeError("matcher state lost")
         return after(self, num_accepted, emitted)
 
-    resolve = executor.guided.resolve
-
-    def tag(waiting):
-        failed = resolve(waiting)
-        for r in waiting:
-            if r.request_id == "bad" and r.grammar is not None:
-                r.grammar.breaks = True
-        return failed
-
-    executor.guided.resolve = tag
+    tag_grammar(executor, "bad", "breaks")
     monkeypatch.setattr(RequestGrammar, "after_verification", breaking)
     bad = Request(CHAT, SamplingParams(max_tokens=40), "bad", schema_format(GOOD_SCHEMA))
     other = Request(

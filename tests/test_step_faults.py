@@ -65,6 +65,21 @@ def run_and_check(executor: Executor, good: list[Request], bad: Request, error: 
     return outputs[-1]
 
 
+def tag_grammar(executor: Executor, request_id: str, flag: str) -> None:
+    """Set ``flag`` on the grammar of request ``request_id`` once it is compiled (so a patched
+    RequestGrammar method can misbehave for that request alone)."""
+    resolve = executor.guided.resolve
+
+    def tagging_resolve(waiting):
+        failed = resolve(waiting)
+        for r in waiting:
+            if r.request_id == request_id and r.grammar is not None:
+                setattr(r.grammar, flag, True)
+        return failed
+
+    executor.guided.resolve = tagging_resolve
+
+
 _CLEAN: dict = {}
 
 
@@ -305,15 +320,6 @@ def test_grammar_compile_fault_fails_only_its_request(mode, monkeypatch):
 @pytest.mark.parametrize("mode", ["raise", "garbage"])
 def test_mask_build_fault_fails_only_its_request(mode, monkeypatch):
     executor = guided_executor()
-    resolve = executor.guided.resolve
-
-    def tagging_resolve(waiting):
-        failed = resolve(waiting)
-        for r in waiting:
-            if r.request_id == "bad" and r.grammar is not None:
-                r.grammar.is_poisoned = True
-        return failed
-
     fill_rows = RequestGrammar.fill_rows
 
     def faulty_fill_rows(self, bitmask, row0, drafts):
@@ -324,7 +330,7 @@ def test_mask_build_fault_fails_only_its_request(mode, monkeypatch):
             bitmask[row0 : row0 + fill.num_rows_filled] = 0  # garbage: rows that allow nothing
         return fill
 
-    executor.guided.resolve = tagging_resolve
+    tag_grammar(executor, "bad", "is_poisoned")
     monkeypatch.setattr(RequestGrammar, "fill_rows", faulty_fill_rows)
     good, bad = guided_requests()
     run_and_check(executor, good, bad, "the matcher broke" if mode == "raise" else "admits no token")
