@@ -14,8 +14,6 @@ gets drafts back.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import time
@@ -23,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from .measurement_cache import cached_measurement
 
 logger = logging.getLogger("specexec")
 
@@ -67,26 +67,13 @@ class ForwardCostModel:
 
     @classmethod
     def cached(cls, key: str, forward_n_tokens, cache_dir: Path, sizes=MEASURED_SIZES) -> ForwardCostModel:
-        path = cache_dir / f"forward-cost-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-        try:
-            data = json.loads(path.read_text())
-            return cls(data["num_tokens"], data["seconds"])
-        except (OSError, ValueError, KeyError):
-            pass
-        logger.info(
-            "measuring the target's forward cost over 1..%d tokens (once; cached at %s)",
-            sizes[-1],
-            path,
-        )
-        model = cls.measure(forward_n_tokens, sizes)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(
-                json.dumps({"key": key, "num_tokens": model.num_tokens, "seconds": model.seconds})
-            )
-        except OSError as exc:
-            logger.warning("could not cache the forward cost at %s: %s", path, exc)
-        return model
+        def measure() -> dict:
+            model = cls.measure(forward_n_tokens, sizes)
+            return {"num_tokens": model.num_tokens, "seconds": model.seconds}
+
+        what = f"measuring the target's forward cost over 1..{sizes[-1]} tokens"
+        data = cached_measurement(cache_dir, "forward-cost", key, measure, what, ("num_tokens", "seconds"))
+        return cls(data["num_tokens"], data["seconds"])
 
 
 def cost_cache_key(model: torch.nn.Module) -> str:

@@ -14,8 +14,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .cpu_info import describe_cpu, native_bf16_flags
+from .measurement_cache import cached_measurement
 from .paged_attention import attend
 
 logger = logging.getLogger("specexec")
@@ -69,12 +68,8 @@ class DtypeChoice:
     reason: str  #: one line: why (printed by `specexec run`)
 
 
-def choose_dtype(
-    requested: str, device: torch.device, shape_config: dict, cache_dir: Path | None
-) -> DtypeChoice:
-    """The dtype to load in: ``requested`` unless it is "auto" (see the module docstring)."""
-    if requested != "auto":
-        return DtypeChoice(requested, "configured")
+def choose_dtype(device: torch.device, shape_config: dict, cache_dir: Path | None) -> DtypeChoice:
+    """What ``dtype: auto`` loads in on this machine (see the module docstring)."""
     if device.type == "cuda":
         return DtypeChoice("bfloat16", "auto: CUDA")
     if not native_bf16_flags():
@@ -89,25 +84,18 @@ def choose_dtype(
 
 def _cached_bf16_ratio(shape: ModelShape, cache_dir: Path | None) -> float:
     key = f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}|{shape}"
-    path = None
-    if cache_dir is not None:
-        path = cache_dir / f"dtype-choice-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-        try:
-            return float(json.loads(path.read_text())["bf16_ratio"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    logger.info(
-        "dtype auto: timing bfloat16 against float32 on this CPU (once%s)",
-        f"; cached at {path}" if path else "",
+    data = cached_measurement(
+        cache_dir,
+        "dtype-choice",
+        key,
+        lambda: {"bf16_ratio": measure_bf16_ratio(shape)},
+        "dtype auto: timing bfloat16 against float32 on this CPU",
+        ("bf16_ratio",),
     )
-    ratio = measure_bf16_ratio(shape)
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"key": key, "bf16_ratio": ratio}))
-        except OSError as exc:
-            logger.warning("could not cache the dtype choice at %s: %s", path, exc)
-    return ratio
+    try:
+        return float(data["bf16_ratio"])
+    except (TypeError, ValueError):  # a damaged cache file: measure again, uncached
+        return measure_bf16_ratio(shape)
 
 
 def measure_bf16_ratio(shape: ModelShape, repeats: int = 5) -> float:

@@ -66,7 +66,7 @@ def resolve_dtype(model, config: ExecutorConfig) -> DtypeChoice:
 
     cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     shape = peek_text_config(model if model is not None else config.model)
-    return choose_dtype(config.dtype, _resolve_device(config.device), shape, cache_dir)
+    return choose_dtype(_resolve_device(config.device), shape, cache_dir)
 
 
 def build_engine_core(

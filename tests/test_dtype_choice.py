@@ -11,6 +11,7 @@ import torch
 from specexec import Executor, ExecutorConfig
 from specexec.executor import dtype_choice
 from specexec.executor.dtype_choice import ModelShape, choose_dtype, measure_bf16_ratio
+from specexec.executor.engine_setup import resolve_dtype
 from specexec.executor.model_peek import peek_max_position_embeddings, peek_text_config
 from tiny_models import make_tiny_model, save_tiny_model_dir
 
@@ -35,12 +36,12 @@ def measured(monkeypatch):
 
 
 def test_a_configured_dtype_is_kept():
-    assert choose_dtype("float64", CPU, {}, None).dtype == "float64"
+    assert resolve_dtype(None, ExecutorConfig(dtype="float64")).dtype == "float64"
 
 
 def test_cuda_gets_bfloat16_without_measuring(measured):
     calls = measured(0.1)
-    choice = choose_dtype("auto", torch.device("cuda"), TINY_SHAPE, None)
+    choice = choose_dtype(torch.device("cuda"), TINY_SHAPE, None)
     assert (choice.dtype, calls) == ("bfloat16", [])
     assert "CUDA" in choice.reason
 
@@ -48,7 +49,7 @@ def test_cuda_gets_bfloat16_without_measuring(measured):
 def test_a_cpu_without_native_bf16_gets_float32_without_measuring(measured, monkeypatch):
     calls = measured(0.1)
     monkeypatch.setattr(dtype_choice, "native_bf16_flags", lambda: [])
-    choice = choose_dtype("auto", CPU, TINY_SHAPE, None)
+    choice = choose_dtype(CPU, TINY_SHAPE, None)
     assert (choice.dtype, calls) == ("float32", [])
     assert "no native bfloat16" in choice.reason
 
@@ -59,15 +60,15 @@ def test_a_cpu_with_native_bf16_follows_the_measurement_once(
 ):
     calls = measured(ratio)
     monkeypatch.setattr(dtype_choice, "native_bf16_flags", lambda: ["avx512_bf16"])
-    first = choose_dtype("auto", CPU, TINY_SHAPE, tmp_path)
-    second = choose_dtype("auto", CPU, TINY_SHAPE, tmp_path)
+    first = choose_dtype(CPU, TINY_SHAPE, tmp_path)
+    second = choose_dtype(CPU, TINY_SHAPE, tmp_path)
     assert first.dtype == second.dtype == expected
     assert f"{ratio:.2f}x" in first.reason
     assert len(calls) == 1, "the measurement is cached per machine and shape"
     assert len(list(tmp_path.glob("dtype-choice-*.json"))) == 1
-    choose_dtype("auto", CPU, {**TINY_SHAPE, "hidden_size": 64}, tmp_path)
+    choose_dtype(CPU, {**TINY_SHAPE, "hidden_size": 64}, tmp_path)
     assert len(calls) == 2, "another model shape is measured again"
-    assert choose_dtype("auto", CPU, {}, tmp_path).dtype == "float32"  # shape unreadable: no measurement
+    assert choose_dtype(CPU, {}, tmp_path).dtype == "float32"  # shape unreadable: no measurement
     assert len(calls) == 2
 
 

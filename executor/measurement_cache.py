@@ -1,0 +1,43 @@
+"""Measurements of this machine kept across runs (the forward-cost curve, the dtype choice): one JSON
+file per key in the cache folder, measured when missing or unreadable."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+logger = logging.getLogger("specexec")
+
+
+def cached_measurement(
+    cache_dir: Path | None,
+    kind: str,
+    key: str,
+    measure: Callable[[], dict],
+    what: str,
+    needs: tuple[str, ...],
+) -> dict:
+    """``measure()``'s answer for ``key``, read from ``<cache_dir>/<kind>-<hash>.json`` when the file
+    holds every key a fresh answer would; otherwise measured (logging ``what``) and written there. No
+    cache_dir: always measured."""
+    path = None
+    if cache_dir is not None:
+        path = cache_dir / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+        try:
+            cached = json.loads(path.read_text())
+        except (OSError, ValueError):
+            cached = None
+        if isinstance(cached, dict) and all(name in cached for name in needs):
+            return cached
+    logger.info("%s (once%s)", what, f"; cached at {path}" if path else "")
+    data = measure()
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"key": key, **data}))
+        except OSError as exc:
+            logger.warning("could not cache the %s measurement at %s: %s", kind, path, exc)
+    return data
