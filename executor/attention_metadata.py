@@ -1,9 +1,17 @@
-"""Per-forward metadata for paged attention over a ragged batch.
+"""Per-forward metadata for paged attention over a ragged batch, built once and shared by all layers.
 
 Tokens of all scheduled requests are flattened into one sequence (``[num_tokens]``). Requests with
 short queries (decode rows, ``1 + k`` verification rows, small prefill chunks) form one padded group;
 each long prefill chunk forms a group of its own, so a 500-token chunk never pads seven decode rows to
-500. Everything a layer needs (gather indices, masks) is built once per forward and shared by all layers.
+500.
+
+Everything is decided from the host's own integers (query lengths, positions, block tables), never by
+reading a device tensor back: the integers of a group travel to the device in one copy and the masks
+are built there, so no forward waits on the device before its first layer. Keys are read page by page
+through the block table (``[group, max_blocks]``), so a group's key length is a whole number of pages.
+With ``fixed_shapes`` (CUDA, for graph capture) a short-query group is padded to a batch-size bucket and
+to ``1 + max_draft_len`` queries per request, and its block table to the pages of ``max_model_len``:
+its tensors then have one shape per bucket whatever the step holds.
 """
 
 from __future__ import annotations
@@ -12,8 +20,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .attention_paths import AttentionPaths
+
 #: queries of at most this many tokens share the padded group
 MAX_SHORT_QUERY_LEN = 64
+#: batch sizes a fixed-shape short-query group is padded to (the CUDA graph buckets)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass(slots=True)
@@ -30,23 +42,38 @@ class SequenceSlice:
         return self.start_pos + self.query_len
 
 
+@dataclass(frozen=True, slots=True)
+class FixedShapes:
+    """Padding of short-query groups to capturable shapes."""
+
+    query_len: int  #: queries per request (1 + max_draft_len)
+    max_blocks: int  #: block-table width (pages of max_model_len)
+
+    @staticmethod
+    def bucket(num: int) -> int:
+        """The smallest batch bucket holding ``num`` requests (``num`` itself above the largest)."""
+        return next((b for b in BATCH_BUCKETS if b >= num), num)
+
+
 @dataclass(slots=True)
 class AttentionGroup:
-    """Requests attended together in one padded ``scaled_dot_product_attention`` call."""
+    """Requests attended together in one padded attention call."""
 
     query_slice: slice | None  #: contiguous, equal-length queries: a view of the flat batch, else None
     query_index: torch.Tensor  # [group, max_query] flat token index (padding points at token 0)
-    num_queries: int  #: group size
+    num_queries: int  #: group size (padded rows included)
     max_query_len: int
     valid_rows: torch.Tensor  # [num_valid] rows of the padded [group * max_query] output that are real
     out_index: torch.Tensor  # [num_valid] flat token index of each real row
-    kv_slots: torch.Tensor  # [group, max_kv] cache slot of each key position (padding: a valid slot)
+    block_tables: torch.Tensor  # [group, max_blocks] pages of each request (padding: page 0)
     kv_slice: slice | None  #: a lone request on consecutive pages: its keys are one slice of the pool
+    max_kv_len: int  #: keys each request's attention reads (a slice's length, or max_blocks pages)
     query_pos: torch.Tensor  # [group, max_query, 1] position of each query
     key_pos: torch.Tensor  # [1, 1, max_kv]
     base_mask: torch.Tensor | None  # [group, 1, max_query, max_kv] True = attend; None = attend to all
     max_query_pos: int  #: largest query position in the group
     is_causal: bool  #: a lone sequence with nothing cached before it: plain causal attention (no mask)
+    is_short: bool  #: decode / verify rows (the measured short-query attention path applies)
     _window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def uses_causal_kernel(self, sliding_window: int | None) -> bool:
@@ -54,7 +81,8 @@ class AttentionGroup:
         return self.is_causal and (not sliding_window or self.max_query_pos < sliding_window)
 
     def mask(self, sliding_window: int | None) -> torch.Tensor | None:
-        """The mask for a layer; a sliding-window layer sees only keys with ``q_pos - k_pos < window``."""
+        """The mask for a layer; a sliding-window layer sees only keys with ``q_pos - k_pos < window``.
+        Window masks are built on the first layer that asks and reused by the others."""
         if not sliding_window or self.max_query_pos < sliding_window:
             return self.base_mask
         if sliding_window not in self._window_masks:
@@ -64,53 +92,78 @@ class AttentionGroup:
         return self._window_masks[sliding_window]
 
 
-def build_group(seqs: list[SequenceSlice], block_size: int, device: torch.device) -> AttentionGroup:
-    num = len(seqs)
-    max_q = max(s.query_len for s in seqs)
-    max_kv = max(s.kv_len for s in seqs)
-    q_len = torch.tensor([s.query_len for s in seqs])  # [group]
-    q_start = torch.tensor([s.query_start for s in seqs])  # [group]
-    start_pos = torch.tensor([s.start_pos for s in seqs])  # [group]
-    kv_len = q_len + start_pos  # [group]
-    max_blocks = max(len(s.block_table) for s in seqs)
-    tables = torch.zeros(num, max_blocks, dtype=torch.long)  # [group, max_blocks]
-    for i, s in enumerate(seqs):
-        tables[i, : len(s.block_table)] = torch.tensor(s.block_table)
+def build_group(
+    seqs: list[SequenceSlice], block_size: int, device: torch.device, fixed: FixedShapes | None = None
+) -> AttentionGroup:
+    num_real = len(seqs)
+    q_lens = [s.query_len for s in seqs]
+    kv_lens = [s.kv_len for s in seqs]
+    is_short = max(q_lens) <= MAX_SHORT_QUERY_LEN
+    kv_slice = _consecutive_slots(seqs[0], block_size) if num_real == 1 and fixed is None else None
+    num, max_q = num_real, max(q_lens)
+    max_blocks = max(-(-kv // block_size) for kv in kv_lens)
+    if fixed is not None and is_short:
+        num = FixedShapes.bucket(num_real)
+        max_q = max(max_q, fixed.query_len)
+        max_blocks = max(max_blocks, fixed.max_blocks)
+    max_kv = kv_slice.stop - kv_slice.start if kv_slice is not None else max_blocks * block_size
 
-    q_off = torch.arange(max_q)  # [max_q]
+    # One host buffer, one copy to the device: per request [query_start, query_len, start_pos, table...]
+    pad = num - num_real
+    rows = [
+        [s.query_start, s.query_len, s.start_pos, *s.block_table[:max_blocks]]
+        + [0] * (max_blocks - min(len(s.block_table), max_blocks))
+        for s in seqs
+    ] + [[0, 0, 0] + [0] * max_blocks] * pad
+    valid = [g * max_q + j for g, n in enumerate(q_lens) for j in range(n)]
+    out_index = [s.query_start + j for s in seqs for j in range(s.query_len)]
+    host = torch.tensor([x for row in rows for x in row] + valid + out_index, dtype=torch.long)
+    packed = host.to(device, non_blocking=True)
+    ints = packed[: num * (3 + max_blocks)].view(num, 3 + max_blocks)
+    q_start, q_len, start_pos = ints[:, 0], ints[:, 1], ints[:, 2]  # [group] each
+    tables = ints[:, 3:]  # [group, max_blocks]
+    valid_rows = packed[num * (3 + max_blocks) :][: len(valid)]  # [num_valid]
+    out_rows = packed[num * (3 + max_blocks) + len(valid) :]  # [num_valid]
+
+    q_off = torch.arange(max_q, device=device)  # [max_q]
     q_valid = q_off[None, :] < q_len[:, None]  # [group, max_q]
     query_index = torch.where(q_valid, q_start[:, None] + q_off[None, :], 0)  # [group, max_q]
-    key_pos = torch.arange(max_kv)  # [max_kv]
-    block_of_pos = (key_pos // block_size).clamp(max=max_blocks - 1)
-    kv_slots = tables[:, block_of_pos] * block_size + key_pos % block_size  # [group, max_kv]
     query_pos = start_pos[:, None] + q_off[None, :]  # [group, max_q]
+    key_pos = torch.arange(max_kv, device=device)  # [max_kv]
 
-    causal = key_pos[None, None, :] <= query_pos[:, :, None]  # [group, max_q, max_kv]
-    mask = causal & (key_pos[None, None, :] < kv_len[:, None, None])
-    # padded query rows attend to key 0 only, so softmax never sees an empty row (their output is dropped)
-    mask |= (~q_valid)[:, :, None] & (key_pos == 0)[None, None, :]
-    base_mask = None if bool(mask.all()) else mask.unsqueeze(1).to(device)
+    # A mask is needed unless every real query sees every key read: one query per request, all of the
+    # same length, exactly filling what is read, no padded requests.
+    needs_mask = not (max_q == 1 and pad == 0 and all(kv == max_kv for kv in kv_lens))
+    base_mask = None
+    if needs_mask:
+        kv_len = (q_len + start_pos)[:, None, None]  # [group, 1, 1]
+        mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & (key_pos[None, None, :] < kv_len)
+        # padded query rows attend to key 0 only, so softmax never sees an empty row (their output is dropped)
+        mask |= (~q_valid)[:, :, None] & (key_pos == 0)[None, None, :]
+        base_mask = mask.unsqueeze(1)  # [group, 1, max_q, max_kv]
 
-    uniform = bool((q_len == max_q).all()) and all(
-        seqs[i].query_start == seqs[0].query_start + i * max_q for i in range(num)
+    uniform = (
+        pad == 0
+        and all(n == max_q for n in q_lens)
+        and all(seqs[i].query_start == seqs[0].query_start + i * max_q for i in range(num_real))
     )
     query_slice = slice(seqs[0].query_start, seqs[0].query_start + num * max_q) if uniform else None
-    kv_slice = _consecutive_slots(seqs[0], block_size) if num == 1 else None
-    valid_rows = q_valid.flatten().nonzero().squeeze(1)
     return AttentionGroup(
         query_slice=query_slice,
-        query_index=query_index.to(device),
+        query_index=query_index,
         num_queries=num,
         max_query_len=max_q,
-        valid_rows=valid_rows.to(device),
-        out_index=query_index.flatten()[valid_rows].to(device),
-        kv_slots=kv_slots.to(device),
+        valid_rows=valid_rows,
+        out_index=out_rows,
+        block_tables=tables,
         kv_slice=kv_slice,
-        query_pos=query_pos.unsqueeze(-1).to(device),
-        key_pos=key_pos.view(1, 1, -1).to(device),
+        max_kv_len=max_kv,
+        query_pos=query_pos.unsqueeze(-1),
+        key_pos=key_pos.view(1, 1, -1),
         base_mask=base_mask,
-        max_query_pos=int(query_pos.max()),
+        max_query_pos=max(s.start_pos + s.query_len - 1 for s in seqs),
         is_causal=num == 1 and seqs[0].start_pos == 0,
+        is_short=is_short,
     )
 
 
@@ -127,12 +180,17 @@ def _consecutive_slots(seq: SequenceSlice, block_size: int) -> slice | None:
 MAX_PADDING_OVERHEAD = 1.5
 
 
-def group_sequences(seqs: list[SequenceSlice]) -> list[list[SequenceSlice]]:
+def group_sequences(seqs: list[SequenceSlice], one_short_group: bool = False) -> list[list[SequenceSlice]]:
     """Short queries share padded groups; each long query is alone.
 
     Short queries are sorted by key length and cut into groups whose padded size (``num * max_q *
     max_kv``) stays within `MAX_PADDING_OVERHEAD` of their real work, so a decode row over 100 keys
-    never pads to a neighbour's 1700 keys or to a 60-token prefill chunk. Uniform batches stay one group."""
+    never pads to a neighbour's 1700 keys or to a 60-token prefill chunk. Uniform batches stay one group,
+    and with ``one_short_group`` (fixed shapes: one captured call) all short queries do."""
+    if one_short_group:
+        short_group = [s for s in seqs if s.query_len <= MAX_SHORT_QUERY_LEN]
+        long_groups = [[s] for s in seqs if s.query_len > MAX_SHORT_QUERY_LEN]
+        return ([short_group] if short_group else []) + long_groups
     short = sorted(
         (s for s in seqs if s.query_len <= MAX_SHORT_QUERY_LEN), key=lambda s: (s.kv_len, s.query_len)
     )
@@ -163,15 +221,24 @@ class AttentionMetadata:
     groups: list[AttentionGroup]
     num_tokens: int
     is_single_view: bool  #: one group whose queries are the whole batch in order: its output is the output
+    paths: AttentionPaths = field(default_factory=AttentionPaths)  #: measured kernel choice per query shape
 
     @classmethod
-    def build(cls, kv_cache, slot_mapping: torch.Tensor, seqs: list[SequenceSlice], block_size: int):
+    def build(
+        cls,
+        kv_cache,
+        slot_mapping: torch.Tensor,
+        seqs: list[SequenceSlice],
+        block_size: int,
+        paths: AttentionPaths | None = None,
+        fixed: FixedShapes | None = None,
+    ):
         device = slot_mapping.device
         num_tokens = int(slot_mapping.shape[0])
-        groups = [build_group(g, block_size, device) for g in group_sequences(seqs)]
+        groups = [build_group(g, block_size, device, fixed) for g in group_sequences(seqs, fixed is not None)]
         lone = groups[0] if len(groups) == 1 else None
         writes: torch.Tensor | slice = slot_mapping
         if lone is not None and lone.kv_slice is not None:
             writes = slice(lone.kv_slice.stop - num_tokens, lone.kv_slice.stop)
         single = lone is not None and lone.query_slice == slice(0, num_tokens)
-        return cls(kv_cache, writes, groups, num_tokens, single)
+        return cls(kv_cache, writes, groups, num_tokens, single, paths or AttentionPaths())

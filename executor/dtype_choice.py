@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .attention_kernels import attend
 from .cpu_info import describe_cpu, native_bf16_flags
 from .measurement_cache import cached_measurement
-from .paged_attention import attend
 
 logger = logging.getLogger("specexec")
 

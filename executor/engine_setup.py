@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ..drafters.base import Drafter, DrafterContext
+from .attention_paths import choose_attention_paths
 from .block_manager import BlockManager
 from .config import ExecutorConfig
 from .draft_length import (
@@ -86,7 +87,12 @@ def build_engine_core(
         config.max_num_tokens,
         tuple(config.capture_hidden_layers),
     )
-    vocab_size = model.config.get_text_config().vocab_size
+    cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+    text_config = model.config.get_text_config()
+    runner.attention_paths = choose_attention_paths(
+        text_config.num_attention_heads, spec.num_kv_heads, spec.head_dim, spec.dtype, param.device, cache_dir
+    )
+    vocab_size = text_config.vocab_size
     speculation = _setup_speculation(
         model, tokenizer, vocab_size, config, drafter, plugins, runner, block_manager
     )

@@ -37,7 +37,8 @@ class KVCache:
     """``kv[layer, 0 | 1, slot, kv_head, head_dim]``: keys (0) and values (1) for every slot of every page.
 
     Slots are pages laid end to end (``slot = block * block_size + offset``), so a write is one
-    ``index_copy_`` and a read one gather, whatever the request's pages are.
+    ``index_copy_`` and a read one page gather (`gather_pages`) into a scratch buffer kept across
+    layers and forwards (a fresh multi-megabyte tensor per layer costs more in page faults than the copy).
     """
 
     def __init__(self, spec: KVCacheSpec, num_blocks: int, block_size: int, device: torch.device) -> None:
@@ -49,6 +50,9 @@ class KVCache:
         self.kv = torch.zeros(
             spec.num_layers, 2, num_slots, spec.num_kv_heads, spec.head_dim, dtype=spec.dtype, device=device
         )
+        self._scratch = self.kv.new_empty(
+            0
+        )  # flat; [2, pages, page size] of the last gather, grown on demand
 
     def write(
         self, layer: int, slot_mapping: torch.Tensor | slice, key: torch.Tensor, value: torch.Tensor
@@ -66,3 +70,19 @@ class KVCache:
         """Read entries. slots [...] (a gather) or a slice (a view); returns key, value
         [..., kv_heads, head_dim]."""
         return self.kv[layer, 0, slots], self.kv[layer, 1, slots]
+
+    def gather_pages(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Read whole pages. block_tables [group, max_blocks]; returns key, value
+        [group, max_blocks * block_size, kv_heads, head_dim], views of a scratch buffer that the next
+        gather overwrites (consume them first)."""
+        group, max_blocks = block_tables.shape
+        spec, bs = self.spec, self.block_size
+        page = bs * spec.num_kv_heads * spec.head_dim
+        pages = self.kv[layer].view(2, self.num_blocks, page)  # [2, num_blocks, page]
+        wanted = group * max_blocks
+        if self._scratch.numel() < 2 * wanted * page:
+            self._scratch = self.kv.new_empty(2 * wanted * page)
+        out = self._scratch[: 2 * wanted * page].view(2, wanted, page)  # [2, group * max_blocks, page]
+        torch.index_select(pages, 1, block_tables.reshape(-1), out=out)
+        kv = out.view(2, group, max_blocks * bs, spec.num_kv_heads, spec.head_dim)
+        return kv[0], kv[1]

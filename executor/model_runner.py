@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention_metadata import AttentionMetadata, SequenceSlice
+from .attention_metadata import AttentionMetadata, FixedShapes, SequenceSlice
+from .attention_paths import AttentionPaths
 from .kv_cache import KVCache
 from .paged_attention import register_paged_attention
 
@@ -89,14 +90,16 @@ class PagedInputs:
         self.block_size = kv_cache.block_size
         self.max_num_tokens = max_num_tokens
         self.device = kv_cache.kv.device
-        self.input_ids = torch.zeros(max_num_tokens, dtype=torch.long, device=self.device)  # [max_num_tokens]
-        self.positions = torch.zeros(max_num_tokens, dtype=torch.long, device=self.device)  # [max_num_tokens]
-        self.slot_mapping = torch.zeros(
-            max_num_tokens, dtype=torch.long, device=self.device
-        )  # [max_num_tokens]
-        self.logit_indices = torch.zeros(
-            max_num_tokens, dtype=torch.long, device=self.device
-        )  # [max_num_tokens]
+        # rows: input ids, positions, cache slots, logit rows; filled by one host-to-device copy per forward
+        self._inputs = torch.zeros(
+            4, max_num_tokens, dtype=torch.long, device=self.device
+        )  # [4, max_num_tokens]
+        self.input_ids = self._inputs[0]  # [max_num_tokens]
+        self.positions = self._inputs[1]  # [max_num_tokens]
+        self.slot_mapping = self._inputs[2]  # [max_num_tokens]
+        self.logit_indices = self._inputs[3]  # [max_num_tokens]
+        self.attention_paths = AttentionPaths()  #: the measured kernels (set up by the engine)
+        self.fixed_shapes: FixedShapes | None = None  #: pad decode/verify groups to capturable shapes
 
     def _fill_inputs(self, seqs: list[SequenceInput]) -> tuple[list[SequenceSlice], list[int], list[int]]:
         slices, cu_tokens, cu_rows, logit_rows = [], [0], [0], []
@@ -116,16 +119,22 @@ class PagedInputs:
         num_tokens = cu_tokens[-1]
         if num_tokens > self.max_num_tokens:
             raise ValueError(f"batch of {num_tokens} tokens exceeds max_num_tokens={self.max_num_tokens}")
-        self.input_ids[:num_tokens].copy_(torch.tensor(ids))
-        self.positions[:num_tokens].copy_(torch.tensor(positions))
-        self.slot_mapping[:num_tokens].copy_(torch.tensor(slots))
-        self.logit_indices[: len(logit_rows)].copy_(torch.tensor(logit_rows, dtype=torch.long))
+        logit_rows.extend([0] * (num_tokens - len(logit_rows)))  # (never more rows than tokens)
+        host = torch.tensor([ids, positions, slots, logit_rows], dtype=torch.long)  # [4, num_tokens]
+        self._inputs[:, :num_tokens].copy_(host, non_blocking=True)
         return slices, cu_tokens, cu_rows
 
     def prepare(self, seqs: list[SequenceInput]) -> PreparedBatch:
         slices, cu_tokens, cu_rows = self._fill_inputs(seqs)
         num_tokens, num_rows = cu_tokens[-1], cu_rows[-1]
-        meta = AttentionMetadata.build(self.kv_cache, self.slot_mapping[:num_tokens], slices, self.block_size)
+        meta = AttentionMetadata.build(
+            self.kv_cache,
+            self.slot_mapping[:num_tokens],
+            slices,
+            self.block_size,
+            self.attention_paths,
+            self.fixed_shapes,
+        )
         return PreparedBatch(
             self.input_ids[:num_tokens],
             self.positions[:num_tokens],

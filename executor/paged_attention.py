@@ -2,7 +2,8 @@
 
 Any model whose attention modules call ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` runs
 on our cache once ``register_paged_attention()`` has run and the model's implementation is set to
-``PAGED_ATTENTION``. The per-forward ``AttentionMetadata`` arrives as the ``paged_metadata`` keyword.
+``PAGED_ATTENTION``. The per-forward ``AttentionMetadata`` arrives as the ``paged_metadata`` keyword;
+each layer only indexes with what it holds (no decision on data, no read back from the device).
 """
 
 from __future__ import annotations
@@ -10,55 +11,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .attention_kernels import attend
 from .attention_metadata import AttentionGroup, AttentionMetadata
 
 PAGED_ATTENTION = "specexec_paged"
-LOW_PRECISION = (torch.bfloat16, torch.float16)
-#: a batch of short low-precision queries (decode, verification rows) uses the matmul path on CPU
-MAX_MATMUL_QUERY_LEN = 64
-
-
-def attend(
-    query: torch.Tensor,  # [group, heads, max_q, head_dim]
-    key: torch.Tensor,  # [group, kv_heads, max_kv, head_dim]
-    value: torch.Tensor,  # [group, kv_heads, max_kv, head_dim]
-    mask: torch.Tensor | None,  # [group, 1, max_q, max_kv]
-    scaling: float,
-    softcap: float | None,
-) -> torch.Tensor:  # [group, heads, max_q, head_dim]
-    # SDPA on CPU is slow for bf16/fp16 in a padded batch of short queries, and for a lone decode query
-    # (one query over 1.3k keys: 0.81 ms vs 0.20 ms as two fp32 matmuls; 2.6 vs 1.2 ms over 4k keys)
-    batched_low_precision = (
-        query.device.type == "cpu"
-        and query.dtype in LOW_PRECISION
-        and ((query.shape[0] > 1 and query.shape[2] <= MAX_MATMUL_QUERY_LEN) or query.shape[2] == 1)
-    )
-    if softcap is None and not batched_low_precision:
-        return F.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, scale=scaling, enable_gqa=True
-        )
-    return _attend_matmul(query, key, value, mask, scaling, softcap)
-
-
-def _attend_matmul(query, key, value, mask, scaling: float, softcap: float | None) -> torch.Tensor:
-    """Attention as two float32 matmuls, the query heads of each KV head stacked as rows (no K/V
-    repeat). On CPU this beats SDPA several times over for a padded batch of short bfloat16 queries,
-    and it does softcapping."""
-    num, heads, max_q, head_dim = query.shape
-    kv_heads = key.shape[1]
-    rep = heads // kv_heads
-    q = query.reshape(num, kv_heads, rep * max_q, head_dim).float()  # [group, kv_heads, rep*max_q, head_dim]
-    scores = (q @ key.float().transpose(-1, -2)) * scaling  # [group, kv_heads, rep*max_q, max_kv], fp32
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    if mask is not None:
-        # [group, 1, max_q, max_kv] -> [group, 1, rep*max_q, max_kv]: every stacked head sees its query's row
-        stacked = (
-            mask.unsqueeze(2).expand(num, 1, rep, max_q, mask.shape[-1]).reshape(num, 1, rep * max_q, -1)
-        )
-        scores = scores.masked_fill(~stacked, float("-inf"))
-    probs = scores.softmax(-1)  # accumulate in float32, as SDPA does
-    return (probs @ value.float()).to(query.dtype).reshape(num, heads, max_q, head_dim)
 
 
 def _attend_group(
@@ -76,16 +32,19 @@ def _attend_group(
         q = query[group.query_slice].view(num, max_q, *query.shape[1:])
     else:
         q = query[group.query_index]  # [group, max_q, heads, head_dim]
-    if group.kv_slice is not None:
+    if group.kv_slice is not None:  # a lone request on consecutive pages: a view, no copy
         key, value = meta.kv_cache.gather(layer, group.kv_slice)  # [max_kv, kv_heads, head_dim]
         key, value = key.unsqueeze(0), value.unsqueeze(0)  # [1, max_kv, kv_heads, head_dim]
     else:
-        key, value = meta.kv_cache.gather(layer, group.kv_slots)  # [group, max_kv, kv_heads, head_dim]
+        key, value = meta.kv_cache.gather_pages(
+            layer, group.block_tables
+        )  # [group, max_kv, kv_heads, head_dim]
     q, key, value = q.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     if softcap is None and group.uses_causal_kernel(sliding_window):  # a fresh prompt: SDPA's causal kernel
         o = F.scaled_dot_product_attention(q, key, value, is_causal=True, scale=scaling, enable_gqa=True)
     else:
-        o = attend(q, key, value, group.mask(sliding_window), scaling, softcap)
+        path = meta.paths.for_group(max_q, group.is_short)
+        o = attend(q, key, value, group.mask(sliding_window), scaling, softcap, path)
     o = o.transpose(1, 2)  # [group, max_q, heads, head_dim]
     if out is None:
         return o  # [group, max_q, heads, head_dim]: the caller's whole output

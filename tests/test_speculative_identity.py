@@ -257,6 +257,25 @@ def test_ngram_drafts_keep_greedy_output_identical(arch, max_draft_len, public_p
     assert executor.speculation.stats.num_draft_tokens >= num_drafted(outputs)
 
 
+@pytest.mark.parametrize("path", ["sdpa", "matmul"])
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fixed_attention_shapes_and_either_kernel_keep_greedy_output_identical(arch, batch, path):
+    """Decode/verify groups padded to batch buckets, 1 + max drafts and max_model_len pages (the shapes
+    CUDA graphs capture), with either measured kernel: the same tokens as the plain run."""
+    from specexec.executor.attention_metadata import FixedShapes
+    from specexec.executor.attention_paths import AttentionPaths
+
+    def fix_shapes(executor):
+        runner = executor.core.runner
+        runner.fixed_shapes = FixedShapes(query_len=1 + 3, max_blocks=-(-executor.core.max_model_len // 4))
+        runner.attention_paths = AttentionPaths(path, path)
+
+    spec = {"decoding_type": "NGram", "max_draft_len": 3}
+    _, outputs = run_speculative(arch, BATCHES[batch], speculative_config=spec, before_run=fix_shapes)
+    assert num_accepted(outputs) > 0
+
+
 # ---- DraftTarget -----------------------------------------------------------------------------------------
 
 

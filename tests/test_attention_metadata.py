@@ -1,0 +1,161 @@
+"""Paged attention metadata: built from host integers in one copy, read through block tables, the same
+answer as plain attention per request, fixed shapes when asked, and no read back from the device."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from specexec.executor.attention_metadata import AttentionMetadata, FixedShapes, SequenceSlice
+from specexec.executor.attention_paths import AttentionPaths
+from specexec.executor.kv_cache import KVCache, KVCacheSpec
+from specexec.executor.paged_attention import paged_attention_forward
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 4, 2, 8, 4
+
+
+class Layer(torch.nn.Module):
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.layer_idx = index
+
+
+def ragged_batch(rng: random.Random, num_blocks: int, shapes: list[tuple[int, int]]):
+    """SequenceSlices for (cached, new) token counts, on shuffled (non-consecutive) pages."""
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    seqs, start = [], 0
+    for cached, new in shapes:
+        pages = -(-(cached + new) // BLOCK)
+        table, free = free[:pages], free[pages:]
+        seqs.append(SequenceSlice(start, new, cached, table))
+        start += new
+    return seqs
+
+
+def slots_of(seqs: list[SequenceSlice]) -> torch.Tensor:
+    return torch.tensor(
+        [s.block_table[p // BLOCK] * BLOCK + p % BLOCK for s in seqs for p in range(s.start_pos, s.kv_len)]
+    )
+
+
+def reference(cache: KVCache, layer: int, seqs, query: torch.Tensor) -> torch.Tensor:
+    """Plain attention per request over its cached and new keys, float64."""
+    outs = []
+    for s in seqs:
+        slots = torch.tensor([s.block_table[p // BLOCK] * BLOCK + p % BLOCK for p in range(s.kv_len)])
+        k, v = cache.kv[layer, 0, slots].double(), cache.kv[layer, 1, slots].double()  # [kv, kv_heads, dim]
+        q = query[s.query_start : s.query_start + s.query_len].double()  # [q, heads, dim]
+        pos_q = torch.arange(s.start_pos, s.kv_len)[:, None]
+        mask = torch.arange(s.kv_len)[None, :] <= pos_q  # [q, kv]
+        outs.append(
+            F.scaled_dot_product_attention(
+                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, enable_gqa=True
+            ).transpose(0, 1)
+        )
+    return torch.cat(outs)
+
+
+def run_layer(cache, seqs, query, key, value, fixed=None, paths=None):
+    meta = AttentionMetadata.build(cache, slots_of(seqs), seqs, BLOCK, paths, fixed)
+    out, _ = paged_attention_forward(
+        Layer(0),
+        query.transpose(0, 1)[None],
+        key.transpose(0, 1)[None],
+        value.transpose(0, 1)[None],
+        None,
+        paged_metadata=meta,
+    )
+    return meta, out[0]  # [num_tokens, heads, dim]
+
+
+SHAPES = [
+    [(0, 9)],  # a fresh prompt
+    [(13, 1)],  # one decode row
+    [(13, 4)],  # one verify row
+    [(5, 1), (17, 1), (30, 1)],  # ragged decode
+    [(5, 4), (17, 2), (0, 7), (30, 1)],  # verify rows, a prompt and a decode row together
+    [(3, 70), (20, 4)],  # a long chunk goes alone
+]
+
+
+@pytest.mark.parametrize("shapes", SHAPES)
+@pytest.mark.parametrize("fixed", [None, FixedShapes(query_len=4, max_blocks=32)])
+@pytest.mark.parametrize("path", ["sdpa", "matmul"])
+def test_paged_attention_equals_plain_attention_per_request(shapes, fixed, path):
+    rng = random.Random(str(shapes))
+    torch.manual_seed(0)
+    cache = KVCache(KVCacheSpec(1, KV_HEADS, HEAD_DIM, torch.float32), 64, BLOCK, torch.device("cpu"))
+    cache.kv.normal_()
+    seqs = ragged_batch(rng, 64, shapes)
+    n = sum(new for _, new in shapes)
+    query, key, value = (
+        torch.randn(n, HEADS, HEAD_DIM),
+        torch.randn(n, KV_HEADS, HEAD_DIM),
+        torch.randn(n, KV_HEADS, HEAD_DIM),
+    )
+    _, out = run_layer(cache, seqs, query, key, value, fixed, AttentionPaths(path, path))
+    torch.testing.assert_close(out.double(), reference(cache, 0, seqs, query), atol=1e-5, rtol=1e-5)
+
+
+def test_fixed_shapes_do_not_depend_on_the_step():
+    """Decode/verify groups padded to a batch bucket x (1 + max drafts) x max_model_len pages: every
+    tensor of the group has the same shape for any batch within the bucket."""
+    cache = KVCache(KVCacheSpec(1, KV_HEADS, HEAD_DIM, torch.float32), 64, BLOCK, torch.device("cpu"))
+    fixed = FixedShapes(query_len=4, max_blocks=16)
+    shapes_seen = set()
+    for seed, shapes in enumerate(
+        [[(5, 1), (9, 4), (30, 2)], [(40, 4), (2, 1), (11, 1)], [(7, 3), (7, 3), (7, 3), (60, 1)]]
+    ):
+        seqs = ragged_batch(random.Random(seed), 64, shapes)
+        n = sum(new for _, new in shapes)
+        meta = AttentionMetadata.build(cache, slots_of(seqs), seqs, BLOCK, AttentionPaths(), fixed)
+        (group,) = meta.groups
+        shapes_seen.add(
+            (group.query_index.shape, group.block_tables.shape, group.base_mask.shape, group.num_queries)
+        )
+        assert n < 4 * 4
+    assert shapes_seen == {((4, 4), (4, 16), (4, 1, 4, 64), 4)}
+    assert FixedShapes.bucket(3) == 4 and FixedShapes.bucket(9) == 16 and FixedShapes.bucket(33) == 33
+
+
+def test_nothing_is_read_back_from_the_device(monkeypatch):
+    """Building the metadata and running a layer decide everything from host integers."""
+    cache = KVCache(KVCacheSpec(1, KV_HEADS, HEAD_DIM, torch.float32), 64, BLOCK, torch.device("cpu"))
+    seqs = ragged_batch(random.Random(1), 64, [(5, 4), (17, 2), (0, 7), (30, 1)])
+    n = 14
+    inputs = (
+        torch.randn(n, HEADS, HEAD_DIM),
+        torch.randn(n, KV_HEADS, HEAD_DIM),
+        torch.randn(n, KV_HEADS, HEAD_DIM),
+    )
+    slots = slots_of(seqs)
+
+    def sync(*args, **kwargs):
+        raise AssertionError("a device value was read on the host")
+
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, sync)
+    for fixed in (None, FixedShapes(4, 16)):
+        meta = AttentionMetadata.build(cache, slots, seqs, BLOCK, AttentionPaths(), fixed)
+        q, k, v = inputs
+        paged_attention_forward(
+            Layer(0),
+            q.transpose(0, 1)[None],
+            k.transpose(0, 1)[None],
+            v.transpose(0, 1)[None],
+            None,
+            paged_metadata=meta,
+        )
+
+
+def test_gather_pages_reads_whole_pages_in_table_order():
+    cache = KVCache(KVCacheSpec(2, KV_HEADS, HEAD_DIM, torch.float32), 8, BLOCK, torch.device("cpu"))
+    cache.kv.normal_()
+    tables = torch.tensor([[3, 1], [0, 7]])
+    key, value = cache.gather_pages(1, tables)
+    assert key.shape == (2, 2 * BLOCK, KV_HEADS, HEAD_DIM)
+    slots = (tables[:, :, None] * BLOCK + torch.arange(BLOCK)).reshape(2, -1)
+    assert torch.equal(key, cache.kv[1, 0, slots]) and torch.equal(value, cache.kv[1, 1, slots])
