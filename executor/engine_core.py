@@ -3,7 +3,7 @@ curve) is in `engine_setup.py`; the front callers use (submit, run, stream, abor
 
 One step():
   _prepare_draft_requests  draft slots (drafter, grammar-forced tokens)  _schedule         batch + KV pages
-  _prepare_draft_tokens    drafts (drafter, forced tokens)                _forward          one target forward
+  _prepare_draft_tokens    drafts (drafter, forced tokens), flattened     _forward          one target forward
   _wait_for_masks          the mask-ready event                           _apply_masks      masks on logits
   _sample                  verify drafts, emit tokens                     _update_requests  append, stop checks
   _free_resources          rewind rejected slots, finish and free
@@ -25,13 +25,14 @@ import time
 from dataclasses import dataclass
 
 from ..sampling.rejection import RejectionSampler, Verification
+from ..sampling.spec_decode_metadata import SpecDecodeMetadata
 from .guided import GuidedDecodingStage
 from .model_runner import ForwardOutput, ModelRunner, SequenceInput, merge_outputs
 from .output_processor import OutputProcessor
 from .request import FinishReason, RequestState, TokenEvent
 from .scheduler import ScheduledRequest, Scheduler
 from .speculation import SpeculationStage, keep_verified_rows
-from .verify_stage import Faults, VerifyStage
+from .verify_stage import Faults, VerifyStage, flatten_drafts
 
 logger = logging.getLogger("specexec")
 
@@ -98,8 +99,8 @@ class EngineCore:
     def step(self) -> list[TokenEvent]:
         """One iteration of the loop; returns the token events it produced."""
         self._admit_submitted()
-        self._prepare_draft_requests()
-        batch = self._schedule()
+        draft_slots = self._prepare_draft_requests()
+        batch = self._schedule(draft_slots)
         if not batch:
             self._wait_for_grammars()
         else:
@@ -116,14 +117,14 @@ class EngineCore:
 
     def _run_batch(self, batch: list[ScheduledRequest]) -> None:
         faults: Faults = {}
-        self._prepare_draft_tokens(batch, faults)
+        drafts = self._prepare_draft_tokens(batch, faults)  # the step's flattened drafts, built once
         self.guided.start_masks(batch)  # the mask worker builds the grammar masks during the forward
         output = self._forward(batch, faults)
         masks = self._wait_for_masks(faults)
         verifications: list[Verification | None] = [None] * len(batch)
         if output is not None:
             self._apply_masks(output, masks)
-            verifications = self._sample(batch, output, masks, faults)
+            verifications = self._sample(batch, output, drafts, masks, faults)
             self._keep_hidden_states(batch, output, verifications, faults)
         kept = self._update_requests(batch, verifications, faults)
         self._free_resources(batch, verifications, faults, kept)
@@ -133,15 +134,18 @@ class EngineCore:
         while self._submitted:
             self.scheduler.add(self._submitted.popleft())
 
-    def _prepare_draft_requests(self) -> None:
-        self.speculation.reserve_slots(self.scheduler.running, self.max_model_len)
-        for r, message in self.guided.reserve_forced(self.scheduler.running, self.max_model_len):
+    def _prepare_draft_requests(self) -> dict[RequestState, int]:
+        """Draft slots wanted per decoding request: the drafter's, widened for grammar-forced tokens."""
+        draft_slots = self.speculation.reserve_slots(self.scheduler.running, self.max_model_len)
+        running = self.scheduler.running
+        for r, message in self.guided.reserve_forced(running, self.max_model_len, draft_slots):
             self._finish_with_error(r, message)
+        return draft_slots
 
-    def _schedule(self) -> list[ScheduledRequest]:
+    def _schedule(self, draft_slots: dict[RequestState, int]) -> list[ScheduledRequest]:
         for r, message in self.guided.resolve(list(self.scheduler.waiting)):
             self._finish_with_error(r, message)
-        return self.scheduler.schedule()
+        return self.scheduler.schedule(draft_slots)
 
     def _wait_for_grammars(self) -> None:
         """Nothing could run: block briefly on the grammars still compiling instead of spinning."""
@@ -149,9 +153,11 @@ class EngineCore:
         if futures:
             concurrent.futures.wait(futures, timeout=0.1, return_when=concurrent.futures.FIRST_COMPLETED)
 
-    def _prepare_draft_tokens(self, batch: list[ScheduledRequest], faults: Faults) -> None:
+    def _prepare_draft_tokens(self, batch: list[ScheduledRequest], faults: Faults) -> SpecDecodeMetadata:
+        """Fill the scheduled requests' draft slots (drafter, then forced tokens) and flatten them."""
         self.speculation.collect_drafts(batch, self.resources, faults)
         self.guided.use_forced(batch)
+        return flatten_drafts(batch, self.vocab_size, self.runner.device)
 
     def _forward(self, batch: list[ScheduledRequest], faults: Faults) -> ForwardOutput | None:
         seqs = [self._sequence_input(s) for s in batch]
@@ -167,8 +173,8 @@ class EngineCore:
     def _sequence_input(self, s: ScheduledRequest) -> SequenceInput:
         r = s.request
         start = r.num_computed_tokens
-        tokens = r.token_ids[start : start + s.num_new_tokens] + r.draft_token_ids
-        num_rows = 1 + len(r.draft_token_ids) if s.completes_sequence else 0
+        tokens = r.token_ids[start : start + s.num_new_tokens] + s.draft_token_ids
+        num_rows = 1 + len(s.draft_token_ids) if s.completes_sequence else 0
         r.metrics.num_forwards += 1
         return SequenceInput(tokens, start, self.block_manager.block_tables[r.request_id], num_rows)
 
@@ -187,9 +193,14 @@ class EngineCore:
         self.guided.apply_masks(output.logits, masks)
 
     def _sample(
-        self, batch: list[ScheduledRequest], output: ForwardOutput, masks, faults: Faults
+        self,
+        batch: list[ScheduledRequest],
+        output: ForwardOutput,
+        drafts: SpecDecodeMetadata,
+        masks,
+        faults: Faults,
     ) -> list[Verification | None]:
-        return self.verifier.verify(batch, output, masks, faults)
+        return self.verifier.verify(batch, output, drafts, masks, faults)
 
     def _keep_hidden_states(
         self, batch: list[ScheduledRequest], output: ForwardOutput, verifications, faults: Faults
@@ -214,9 +225,9 @@ class EngineCore:
             r.num_computed_tokens += s.num_new_tokens
             if v is None:  # a mid-prompt chunk
                 continue
-            num_drafts = len(r.draft_token_ids)
+            num_drafts = len(s.draft_token_ids)
             try:
-                kept[r] = self._append_verified(r, v)
+                kept[r] = self._append_verified(s, v)
             except Exception as exc:  # its grammar (or its stop strings) broke on these tokens
                 faults[r] = f"could not take the verified tokens: {type(exc).__name__}: {exc}"
                 continue
@@ -224,11 +235,12 @@ class EngineCore:
         self.speculation.observe(observed)
         return kept
 
-    def _append_verified(self, r: RequestState, v: Verification) -> list[int]:
+    def _append_verified(self, s: ScheduledRequest, v: Verification) -> list[int]:
+        r = s.request
         r.num_computed_tokens += v.num_accepted  # accepted drafts' K/V were written by this forward
         if r.num_output_tokens:  # a decode step (the first token comes from prefill)
-            r.metrics.record_verification(len(r.draft_token_ids), v.num_accepted)
-        tokens, grammar_complete = self.guided.after_verification(r, v.num_accepted, v.token_ids)
+            r.metrics.record_verification(len(s.draft_token_ids), v.num_accepted)
+        tokens, grammar_complete = self.guided.after_verification(s, v.num_accepted, v.token_ids)
         kept = self.outputs.append_tokens(r, tokens)
         if grammar_complete and r.finish_reason is None:
             r.finish_reason = FinishReason.STOP
@@ -302,7 +314,7 @@ class EngineCore:
                 self._finish(r)
                 continue
             self.scheduler.preempt(r)
-            r.clear_drafts()
+            r.drafting_grammar = None
             self.guided.release(r)
             self._released.append(r)
         self._release_finished()

@@ -60,7 +60,9 @@ class GuidedDecodingStage:
         self.stats = GuidedStats()
         self._pool = None
         self._worker = None
-        self._jobs: list[tuple[RequestState, int]] = []  # (request, row0) of the masks in flight
+        self._jobs: list[
+            tuple[ScheduledRequest, int]
+        ] = []  # (scheduled request, row0) of the masks in flight
 
     # ---- compiling --------------------------------------------------------------------------------
     @property
@@ -144,11 +146,11 @@ class GuidedDecodingStage:
 
     # ---- grammar-forced tokens as drafts ---------------------------------------------------------
     def reserve_forced(
-        self, running: list[RequestState], max_model_len: int
+        self, running: list[RequestState], max_model_len: int, draft_slots: dict[RequestState, int]
     ) -> list[tuple[RequestState, str]]:
         """Where the grammar forces the next tokens (a bounded walk: the only allowed token, or the
-        longest when every other allowed one is a prefix of it), they become this step's drafts. Returns
-        the requests whose grammar failed."""
+        longest when every other allowed one is a prefix of it), they become this step's drafts: their
+        slots are added to ``draft_slots``. Returns the requests whose grammar failed."""
         failed = []
         vocab_bytes = self._pool.vocab_bytes if self._pool is not None else None
         for r in running:
@@ -165,17 +167,17 @@ class GuidedDecodingStage:
                 continue
             if forced:
                 r.forced_token_ids = forced
-                r.num_draft_slots = max(r.num_draft_slots, len(forced))
+                draft_slots[r] = max(draft_slots.get(r, 0), len(forced))
         return failed
 
     def use_forced(self, batch: list[ScheduledRequest]) -> None:
         """Forced tokens take the place of the drafter's proposal (they are at least as likely)."""
         for s in batch:
             r = s.request
-            if r.forced_token_ids and s.num_draft_slots and len(r.forced_token_ids) >= len(r.draft_token_ids):
-                r.draft_token_ids = r.forced_token_ids[: s.num_draft_slots]
-                r.draft_probs = None
-                r.metrics.num_forced_tokens += len(r.draft_token_ids)
+            if r.forced_token_ids and s.num_draft_slots and len(r.forced_token_ids) >= len(s.draft_token_ids):
+                s.draft_token_ids = r.forced_token_ids[: s.num_draft_slots]
+                s.draft_probs = None
+                r.metrics.num_forced_tokens += len(s.draft_token_ids)
 
     # ---- masks ------------------------------------------------------------------------------------
     @property
@@ -196,9 +198,9 @@ class GuidedDecodingStage:
                 continue
             r = s.request
             if r.grammar is not None:
-                jobs.append(MaskJob(r.grammar, row, tuple(r.draft_token_ids)))
-                self._jobs.append((r, row))
-            row += 1 + len(r.draft_token_ids)
+                jobs.append(MaskJob(r.grammar, row, tuple(s.draft_token_ids)))
+                self._jobs.append((s, row))
+            row += 1 + len(s.draft_token_ids)
         if jobs:
             self.worker.start(jobs, row)
 
@@ -212,14 +214,15 @@ class GuidedDecodingStage:
         self.stats.mask_build_ms += result.build_ms
         self.stats.mask_wait_ms += result.wait_ms
         share = result.wait_ms / len(self._jobs)
-        for (r, _), fill, error in zip(self._jobs, result.fills, result.errors):
+        for (s, _), fill, error in zip(self._jobs, result.fills, result.errors):
+            r = s.request
             if error is not None:
                 faults[r] = error
                 continue
             m = r.metrics
             m.mask_wait_ms += share
             m.mask_build_ms += result.build_ms / len(self._jobs)
-            m.num_mask_rows_skipped += 1 + len(r.draft_token_ids) - fill.num_rows_filled
+            m.num_mask_rows_skipped += 1 + len(s.draft_token_ids) - fill.num_rows_filled
             r.grammar_fill = fill
         self._jobs = []
         return result
@@ -242,15 +245,16 @@ class GuidedDecodingStage:
 
     # ---- after verification -----------------------------------------------------------------------
     def after_verification(
-        self, r: RequestState, num_accepted: int, emitted: list[int]
+        self, s: ScheduledRequest, num_accepted: int, emitted: list[int]
     ) -> tuple[list[int], bool]:
         """Roll back the drafts the target rejected (the last emitted token is accepted next step).
         Returns the emitted tokens that belong to the output (none past the grammar's end) and whether
         the grammar is complete, which ends the request."""
+        r = s.request
         fill, r.grammar_fill = r.grammar_fill, None
         if r.grammar is None:
             return emitted, False
-        num_drafts = len(r.draft_token_ids)
+        num_drafts = len(s.draft_token_ids)
         if fill is not None and fill.terminated and num_accepted >= fill.num_drafts_accepted_by_grammar:
             keep = fill.num_drafts_accepted_by_grammar  # the grammar ended inside this step's drafts
             r.grammar.after_verification(keep, None)

@@ -149,9 +149,6 @@ class RequestState:
     generator: torch.Generator | None = None
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0  #: tokens whose K/V are in the cache
-    draft_token_ids: list[int] = field(default_factory=list)  #: this step's draft tokens
-    draft_probs: torch.Tensor | None = None  # [num_drafts, vocab] this step's draft distribution q, if any
-    num_draft_slots: int = 0  #: draft slots reserved for this step
     finish_reason: FinishReason | None = None
     error: str | None = None
     is_streaming: bool = False  #: its events carry text deltas (stream())
@@ -181,13 +178,6 @@ class RequestState:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
-
-    def clear_drafts(self) -> None:
-        """Forget this step's draft slots and drafts."""
-        self.num_draft_slots = 0
-        self.draft_token_ids = []
-        self.draft_probs = None
-        self.drafting_grammar = None
 
     @property
     def output_token_ids(self) -> list[int]:

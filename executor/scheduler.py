@@ -10,7 +10,10 @@ first, then the newest running request is preempted: its pages are freed and it 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
 
 from .block_manager import BlockManager
 from .request import RequestState, RequestStatus
@@ -18,9 +21,14 @@ from .request import RequestState, RequestStatus
 
 @dataclass(slots=True)
 class ScheduledRequest:
+    """A request's share of one step: its new tokens, its draft slots and the drafts that fill them.
+    It lives for one step; nothing of the step's drafting stays on the request."""
+
     request: RequestState
     num_new_tokens: int  #: uncomputed tokens fed this step (not counting drafts)
     num_draft_slots: int  #: draft slots reserved this step (the drafter may fill fewer)
+    draft_token_ids: list[int] = field(default_factory=list)  #: this step's drafts (<= num_draft_slots)
+    draft_probs: torch.Tensor | None = None  # [num_drafts, vocab] the drafter's q, if it gave one
 
     @property
     def completes_sequence(self) -> bool:
@@ -38,6 +46,7 @@ class Scheduler:
         #: pages kept free at admission so running requests can grow without preempting at once
         self.watermark_blocks = max(1, block_manager.num_blocks // 100)
         self._has_preempted = False
+        self._draft_slots: Mapping[RequestState, int] = {}
 
     def add(self, request: RequestState) -> None:
         self.waiting.append(request)
@@ -48,7 +57,10 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> list[ScheduledRequest]:
+    def schedule(self, draft_slots: Mapping[RequestState, int] | None = None) -> list[ScheduledRequest]:
+        """This step's batch; ``draft_slots`` are the slots wanted per decoding request (drafter and
+        grammar-forced tokens), given where they fit."""
+        self._draft_slots = draft_slots or {}
         budget = self.max_num_tokens
         scheduled: list[ScheduledRequest] = []
         self._has_preempted = False
@@ -69,7 +81,7 @@ class Scheduler:
     ) -> ScheduledRequest | None:
         num_new = min(request.num_uncomputed_tokens, budget)
         is_decoding = num_new == request.num_uncomputed_tokens == 1
-        num_drafts = min(request.num_draft_slots, budget - num_new) if is_decoding else 0
+        num_drafts = min(self._draft_slots.get(request, 0), budget - num_new) if is_decoding else 0
         bm = self.block_manager
         while not bm.can_append(request.request_id, num_new + num_drafts):
             if num_drafts:  # drafts are optional: this request's go first,

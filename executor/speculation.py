@@ -139,13 +139,15 @@ class SpeculationStage:
     def is_drafting(self) -> bool:
         return self.drafter is not None and self.guard.is_enabled
 
-    def reserve_slots(self, running: list[RequestState], max_model_len: int) -> None:
-        """Before scheduling: reset drafts, ask the drafter for each decoding request's slots, cap them."""
+    def reserve_slots(self, running: list[RequestState], max_model_len: int) -> dict[RequestState, int]:
+        """Before scheduling: ask the drafter for each decoding request's slots, capped; returns the
+        slots wanted per request (none: no entry)."""
         for request in running:
-            request.clear_drafts()
+            request.drafting_grammar = None
         decoding = [r for r in running if r.num_uncomputed_tokens == 1]
+        wanted_slots: dict[RequestState, int] = {}
         if not decoding or not self.is_drafting:
-            return
+            return wanted_slots
         if self.drafter.use_grammar_masks:  # type: ignore[union-attr]
             for r in decoding:  # the drafter reads a snapshot, never the matcher the masks are built from
                 r.drafting_grammar = _snapshot(r)
@@ -162,10 +164,13 @@ class SpeculationStage:
                 self._garbage()  # no drafts for it this step
                 wanted = 0
             room = min(r.sampling_params.max_tokens - r.num_output_tokens, max_model_len - r.num_tokens) - 1
-            r.num_draft_slots = max(0, min(wanted, batch_len, room))
-            if self.policy is not None and r.num_draft_slots:
+            num_slots = max(0, min(wanted, batch_len, room))
+            if self.policy is not None and num_slots:
                 chosen = self.policy.choose(r.request_id, len(running), self._draft_cost_per_token())
-                r.num_draft_slots = min(r.num_draft_slots, chosen)
+                num_slots = min(num_slots, chosen)
+            if num_slots:
+                wanted_slots[r] = num_slots
+        return wanted_slots
 
     def collect_drafts(
         self, batch: list[ScheduledRequest], resources, faults: dict[RequestState, str]
@@ -186,15 +191,15 @@ class SpeculationStage:
         proposals = self._merged(answers)
         for s in drafting:
             r = s.request
-            r.draft_token_ids, r.draft_probs = self._checked(proposals.get(r.request_id), s.num_draft_slots)
+            s.draft_token_ids, s.draft_probs = self._checked(proposals.get(r.request_id), s.num_draft_slots)
             drafter = self.drafter
             if r.grammar is not None and drafter.use_grammar_masks and not drafter.accepts_grammar_masks:  # type: ignore[union-attr]
                 try:
-                    self._cut_to_grammar(r)
+                    self._cut_to_grammar(s)
                 except Exception as exc:
                     faults[r] = f"grammar failed while checking drafts: {exc}"
-            self.stats.num_draft_steps += bool(r.draft_token_ids)
-            self.stats.num_draft_tokens += len(r.draft_token_ids)
+            self.stats.num_draft_steps += bool(s.draft_token_ids)
+            self.stats.num_draft_tokens += len(s.draft_token_ids)
         self.stats.drafting_time += time.perf_counter() - start
 
     def observe(self, items: list[tuple[RequestState, int, int]]) -> None:
@@ -272,13 +277,13 @@ class SpeculationStage:
         per_forward = st.target_time / st.num_target_forwards
         return per_token / per_forward * self.policy.cost_model.cost(1)
 
-    def _cut_to_grammar(self, request: RequestState) -> None:
+    def _cut_to_grammar(self, s: ScheduledRequest) -> None:
         """Drop drafts from the first one the request's grammar rejects (it could never be accepted)."""
-        keep = grammar_valid_prefix(request.grammar, request.draft_token_ids)
-        request.metrics.num_grammar_rejected_drafts += len(request.draft_token_ids) - keep
-        request.draft_token_ids = request.draft_token_ids[:keep]
-        if request.draft_probs is not None:
-            request.draft_probs = request.draft_probs[:keep]
+        keep = grammar_valid_prefix(s.request.grammar, s.draft_token_ids)
+        s.request.metrics.num_grammar_rejected_drafts += len(s.draft_token_ids) - keep
+        s.draft_token_ids = s.draft_token_ids[:keep]
+        if s.draft_probs is not None:
+            s.draft_probs = s.draft_probs[:keep]
 
     def _checked(self, proposal, num_slots: int) -> tuple[list[int], torch.Tensor | None]:
         if proposal is None:

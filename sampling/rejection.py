@@ -1,7 +1,10 @@
 """Verification step of speculative decoding: which draft tokens the target keeps, and what comes next.
 
-`RejectionSampler.verify` is the whole algorithm in one function, read top to bottom. The words
-*accepted*, *recovered* and *bonus* are defined once, in the `RejectionSampler` docstring.
+`rejection_sample` is the whole algorithm, vectorised over every draft of a step (gpt-fast's
+``speculative_decode`` and vLLM's rejection sampler are the models): accept masks for all drafts at once,
+the first rejection per request by a cumulative product, one draw per request for the token after, and
+one host transfer of the answers. The words *accepted*, *recovered* and *bonus* are defined once, in the
+`RejectionSampler` docstring.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from torch import Tensor
 
 from .logits import compute_probs
 from .params import SamplingParams
-from .sampler import sample_from_probs
+from .spec_decode_metadata import SpecDecodeMetadata
 
 #: Token id that stands for "no token" where a slot must be filled; a valid vocabulary id never equals it,
 #: so a draft carrying it is rejected like any other out-of-vocabulary draft and it is never emitted.
@@ -26,6 +29,13 @@ class Verification:
 
     token_ids: list[int]  #: accepted draft tokens, then one recovered or bonus token (len = num_accepted + 1)
     num_accepted: int  #: draft tokens accepted (0..k)
+    unusable: str | None = (
+        None  #: why its first row could not be read ("nan", "+inf", "-inf"); no tokens then
+    )
+
+
+#: what column 0 of `rejection_sample`'s answer says about a request's first row
+ROW_STATUS = {0: None, 1: "nan", 2: "+inf", 3: "-inf"}
 
 
 class RejectionSampler:
@@ -45,6 +55,10 @@ class RejectionSampler:
     q_i the drafter's. With temperature > 0 the emitted tokens are distributed exactly as if the
     target had sampled them one by one (the rule is lossless); with temperature 0 they are exactly
     the target's greedy tokens.
+
+    Rows that cannot be read (NaN, +inf, or every logit -inf: a grammar with no way on) are never
+    used: a request's drafts are cut so that verification stops before its first such row (draft j
+    needs rows 0..j + 1), and a request whose first row is one gets no tokens and says why.
     """
 
     def verify(
@@ -55,7 +69,7 @@ class RejectionSampler:
         params: SamplingParams,
         generator: torch.Generator | None,
     ) -> Verification:
-        """Accepted drafts plus one recovered or bonus token for one request.
+        """Accepted drafts plus one recovered or bonus token for one request (a batch of one).
 
         target_logits [k + 1, vocab]: the target's logits at the k draft positions and the one after.
         draft_token_ids [k] (k may be 0: then this just samples one token from row 0).
@@ -70,120 +84,207 @@ class RejectionSampler:
             raise ValueError(
                 f"draft_probs must be [k, vocab] = [{k}, {vocab}], got {list(draft_probs.shape)}"
             )
-
-        # Greedy (temperature 0): accept while the draft equals the target's argmax; at the first
-        # mismatch emit that argmax (recovered); if all are accepted emit the last row's argmax (bonus).
-        # The argmax is taken on the raw logits, so float64 logits give an exact argmax.
-        if params.is_greedy:
-            return _accept_greedy(draft_token_ids, target_logits.argmax(dim=-1).tolist())
-
-        # Temperature > 0: p_i = the target's probabilities at row i with this request's temperature,
-        # top-k, top-p and min-p. The filters are applied to p before verification, so a filtered
-        # token can never be emitted (p_i is 0 there: it is never accepted, recovered or a bonus).
-        device = target_logits.device
-        p = compute_probs(  # [k + 1, vocab] float32
-            target_logits,
-            torch.full((num_rows,), params.temperature, dtype=torch.float32, device=device),
-            torch.full((num_rows,), params.top_k, dtype=torch.long, device=device),
-            torch.full((num_rows,), params.top_p, dtype=torch.float32, device=device),
-            torch.full((num_rows,), params.min_p, dtype=torch.float32, device=device),
-        )
-
-        # With q: read p_i[d_i] and q_i[d_i] for every draft, and draw one u_i ~ U(0, 1) per draft,
-        # all with one host sync. Out-of-vocabulary drafts read column 0 here; they never use it.
-        if draft_probs is not None and k:
-            q = draft_probs.to(device=device, dtype=torch.float32)  # [k, vocab]
-            ids = torch.tensor(draft_token_ids, dtype=torch.long, device=device).clamp(0, vocab - 1)  # [k]
-            p_draft = p[:k].gather(1, ids[:, None]).squeeze(1)  # [k]
-            q_draft = q.gather(1, ids[:, None]).squeeze(1)  # [k]
-            uniforms = torch.rand(k, generator=generator, device=device)  # [k]
-            p_draft_list, q_draft_list, u_list = torch.stack([p_draft, q_draft, uniforms]).tolist()
-
-        accepted: list[int] = []
-        for i, d in enumerate(draft_token_ids):
-            # A draft id outside [0, vocab) must never be emitted: it is rejected at this position,
-            # and the emitted token is a fresh draw from p_i.
-            if not 0 <= d < vocab:
-                return Verification(accepted + [sample_from_probs(p[i], generator)], i)
-
-            if draft_probs is None:
-                # Deterministic drafts (no q): sample x_i ~ p_i and accept while x_i == d_i; at the
-                # first mismatch emit x_i. Each emitted token is then a plain draw from p_i, so this
-                # is lossless and needs no q.
-                x = sample_from_probs(p[i], generator)
-                if x == d:
-                    accepted.append(d)
-                    continue
-                return Verification(accepted + [x], i)
-
-            # Drafts with q (d_i ~ q_i): accept d_i with probability min(1, p_i[d_i] / q_i[d_i]).
-            p_d, q_d, u = p_draft_list[i], q_draft_list[i], u_list[i]
-            if not q_d > 0:
-                # q_i[d_i] == 0 (or NaN): the drafter claims it could not have proposed d_i, so the
-                # ratio means nothing. Reject, and emit a fresh draw from p_i.
-                return Verification(accepted + [sample_from_probs(p[i], generator)], i)
-            if u < p_d / q_d:
-                accepted.append(d)
-                continue
-            # Rejected: the recovered token ~ norm(max(p_i - q_i, 0)), which supplies exactly the mass
-            # of p_i that acceptance could not. If that residual is all zero (p_i <= q_i everywhere,
-            # i.e. p_i == q_i up to rounding), fall back to p_i.
-            residual = (p[i] - q[i]).clamp_min(0)  # [vocab]; sample_from_probs normalises
-            recovered = sample_from_probs(residual if bool(residual.sum() > 0) else p[i], generator)
-            return Verification(accepted + [recovered], i)
-
-        # All k drafts accepted: the bonus token ~ p_k, from the row after the last draft.
-        return Verification(accepted + [sample_from_probs(p[k], generator)], k)
+        meta = SpecDecodeMetadata.build([list(draft_token_ids)], [draft_probs], vocab, target_logits.device)
+        return self.verify_batch(target_logits, meta, [params], [generator])[0]
 
     def verify_batch(
         self,
         target_logits: Tensor,
-        cu_rows: list[int],
-        drafts: list[list[int]],
-        draft_probs: list[Tensor | None],
+        meta: SpecDecodeMetadata,
         params: list[SamplingParams],
         generators: list[torch.Generator | None],
     ) -> list[Verification]:
-        """`verify` for every request of a batch; one Verification per request, in order.
+        """One Verification per request of ``meta``, in order, with one host transfer.
 
-        Rows of request i are ``target_logits[cu_rows[i]:cu_rows[i + 1]]`` (len(drafts[i]) + 1 of them).
-        Greedy requests share ONE argmax over all rows of the batch (one host sync), then only compare
-        lists; sampled requests call `verify` one by one.
-        """
-        n = len(drafts)
-        if not len(cu_rows) == n + 1 == len(draft_probs) + 1 == len(params) + 1 == len(generators) + 1:
+        target_logits [num_drafts + batch, vocab]: each request's ``k_i + 1`` rows, request after request
+        (``meta.logits_indices``)."""
+        n = meta.batch_size
+        if not len(params) == n == len(generators):
             raise ValueError(
-                f"need cu_rows of length n + 1 and one draft list, draft_probs, SamplingParams and "
-                f"generator per request: {len(cu_rows)} cu_rows, {n} drafts, {len(draft_probs)} draft_probs, "
+                f"need one SamplingParams and one generator per request: {n} requests, "
                 f"{len(params)} params, {len(generators)} generators"
             )
-        for i in range(n):
-            if cu_rows[i + 1] - cu_rows[i] != len(drafts[i]) + 1:
-                raise ValueError(
-                    f"request {i}: {len(drafts[i])} draft tokens need {len(drafts[i]) + 1} rows, "
-                    f"cu_rows gives {cu_rows[i + 1] - cu_rows[i]}"
-                )
-
-        argmax = target_logits.argmax(dim=-1).tolist() if any(p.is_greedy for p in params) else []
+        if target_logits.shape[0] != meta.cu_rows[-1]:
+            raise ValueError(
+                f"{sum(meta.num_draft_tokens)} drafts of {n} requests need {meta.cu_rows[-1]} rows, "
+                f"got {target_logits.shape[0]}"
+            )
+        if n == 0:
+            return []
+        answers, rewinds = rejection_sample(target_logits, meta, params, generators)
         results = []
-        for i in range(n):
-            rows = slice(cu_rows[i], cu_rows[i + 1])
-            if params[i].is_greedy:
-                results.append(_accept_greedy(drafts[i], argmax[rows]))
-            else:
-                results.append(
-                    self.verify(target_logits[rows], drafts[i], draft_probs[i], params[i], generators[i])
-                )
+        for i, (status, *tokens) in enumerate(answers.tolist()):  # the one transfer
+            emitted = [t for t in tokens if t != PLACEHOLDER_TOKEN_ID]
+            if i in rewinds:
+                rewinds[i].to_emitted(len(emitted))
+            if ROW_STATUS[status] is not None:
+                results.append(Verification([], 0, ROW_STATUS[status]))
+                continue
+            results.append(Verification(emitted, len(emitted) - 1))
         return results
 
 
-def _accept_greedy(draft_token_ids: list[int], target_argmax: list[int]) -> Verification:
-    """Greedy rule: accept while draft == argmax; then the argmax at the first mismatch (or the last row).
+@dataclass(slots=True)
+class RngRewind:
+    """A generator's states after each of a request's draws: after the host learns how many tokens came
+    out (n + 1), the generator is set to the state after n + 1 draws."""
 
-    target_argmax has len(draft_token_ids) + 1 entries, all in [0, vocab), so an out-of-vocabulary
-    draft never matches: it is rejected and the target's argmax is emitted in its place.
-    """
-    n = 0
-    while n < len(draft_token_ids) and draft_token_ids[n] == target_argmax[n]:
-        n += 1
-    return Verification(draft_token_ids[:n] + [target_argmax[n]], n)
+    generator: torch.Generator | None  #: None: the global generator of ``device``
+    device: torch.device
+    states: list[Tensor]  #: [before any draw, after draw 0, ..., after draw k]
+
+    def to_emitted(self, num_emitted: int) -> None:
+        if num_emitted + 1 < len(self.states):
+            _set_rng_state(self.generator, self.device, self.states[num_emitted])
+
+
+def rejection_sample(
+    logits: Tensor,  # [num_drafts + batch, vocab] each request's rows (see SpecDecodeMetadata)
+    meta: SpecDecodeMetadata,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+) -> tuple[Tensor, dict[int, RngRewind]]:
+    """Every request's verification on the device, without reading anything back.
+
+    Returns [batch, 2 + max_spec_len] long (row status, then the emitted tokens, -1 = none) and, for
+    sampled requests with deterministic drafts, how to rewind their generator once the host knows how
+    many tokens each emitted. A request's random draws are its own, so a seeded request gives the same
+    tokens alone or in any batch; with deterministic drafts they are also the very draws plain sampling
+    makes (one per emitted token)."""
+    batch, width = meta.batch_size, meta.max_spec_len
+    device = logits.device
+    drafts = meta.padded_draft_ids  # [batch, K]
+    rows = meta.padded_rows  # [batch, K + 1]
+    positions = torch.arange(width, device=device)  # [K]
+    num_drafts = meta.cu_num_draft_tokens[1:] - meta.cu_num_draft_tokens[:-1]  # [batch]
+    in_range = positions[None, :] < num_drafts[:, None]  # [batch, K]
+
+    # Rows that can be read: draft j is usable only while rows 0..j + 1 all are.
+    row_max = logits.amax(dim=-1)  # [num_rows]
+    row_ok = torch.isfinite(row_max)[rows]  # [batch, K + 1]
+    ok_prefix = row_ok.long().cumprod(dim=1).bool()  # [batch, K + 1]
+    usable = in_range & ok_prefix[:, 1:]  # [batch, K]
+    num_usable = usable.sum(dim=1)  # [batch]
+    first = row_max[rows[:, 0]]  # [batch]
+    status = torch.where(
+        row_ok[:, 0], 0, torch.where(first.isnan(), 1, torch.where(first > 0, 2, 3))
+    )  # [batch]
+
+    # Greedy: accept while the draft is the target's argmax (on the raw logits: float64 stays exact).
+    argmax = logits.argmax(dim=-1)[rows]  # [batch, K + 1]
+    accept = drafts == argmax[:, :width]  # [batch, K]
+    final = argmax  # [batch, K + 1]: the token emitted after n accepted drafts is final[n]
+    rewinds: dict[int, RngRewind] = {}
+
+    sampled = [i for i, p in enumerate(params) if not p.is_greedy]
+    if sampled:
+        accept, final = accept.clone(), final.clone()
+        p = _target_probs(logits, meta, params, sampled)  # [S, K + 1, vocab]
+        with_q = [(row, i) for row, i in enumerate(sampled) if meta.has_draft_probs[i]]
+        without_q = [(row, i) for row, i in enumerate(sampled) if not meta.has_draft_probs[i]]
+        if with_q:
+            _verify_with_q(p, meta, generators, with_q, accept, final, num_usable)
+        for row, i in without_q:
+            rewinds[i] = _verify_without_q(p[row], meta, generators[i], i, accept, final)
+
+    accept &= usable
+    num_accepted = accept.long().cumprod(dim=1).sum(dim=1)  # [batch]
+    out = torch.full((batch, width + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=device)
+    out[:, :width] = torch.where(positions[None, :] < num_accepted[:, None], drafts, PLACEHOLDER_TOKEN_ID)
+    out.scatter_(1, num_accepted[:, None], final.gather(1, num_accepted[:, None]))
+    return torch.cat([status[:, None], out], dim=1), rewinds
+
+
+def _target_probs(logits, meta: SpecDecodeMetadata, params, sampled: list[int]) -> Tensor:
+    """p: the target's filtered distribution on every row of the sampled requests, [S, K + 1, vocab]."""
+    width, device = meta.max_spec_len, logits.device
+    index = torch.tensor(sampled, dtype=torch.long, device=device)  # [S]
+
+    def per_row(values, dtype):
+        return torch.tensor(values, dtype=dtype, device=device).repeat_interleave(width + 1)
+
+    chosen = [params[i] for i in sampled]
+    probs = compute_probs(  # [S * (K + 1), vocab] float32
+        logits[meta.padded_rows[index].reshape(-1)],
+        per_row([x.temperature for x in chosen], torch.float32),
+        per_row([x.top_k for x in chosen], torch.long),
+        per_row([x.top_p for x in chosen], torch.float32),
+        per_row([x.min_p for x in chosen], torch.float32),
+    )
+    # an unreadable row (its request is cut before it, or fails) still needs something to draw from
+    drawable = torch.isfinite(probs).all(dim=1, keepdim=True) & (probs.sum(dim=1, keepdim=True) > 0)
+    return torch.where(drawable, probs, 1.0).view(len(sampled), width + 1, -1)
+
+
+def _verify_without_q(p, meta, generator, i: int, accept, final) -> RngRewind:
+    """Deterministic drafts (q a point mass on d_j): draw x_j ~ p_j for every row, accept while x_j ==
+    d_j, and emit x_n at the first mismatch (or the last row). Each emitted token is a plain draw from
+    p_j, so this is lossless, needs no q, and (after the rewind) uses the draws plain sampling would."""
+    device = p.device
+    k = meta.num_draft_tokens[i]
+    states = [_rng_state(generator, device)]
+    draws = []
+    for j in range(k + 1):  # p: [K + 1, vocab]
+        draws.append(torch.multinomial(p[j], 1, generator=generator))
+        states.append(_rng_state(generator, device))
+    x = torch.cat(draws)  # [k + 1]
+    accept[i, :k] = x[:k] == meta.padded_draft_ids[i, :k]
+    final[i, : k + 1] = x
+    return RngRewind(generator, device, states)
+
+
+def _verify_with_q(p, meta, generators, items, accept, final, num_usable) -> None:
+    """Drafts drawn from q: accept d_j with probability min(1, p_j[d_j] / q_j[d_j]); at the first
+    rejection n emit a draw from the residual norm(max(p_n - q_n, 0)) (p_n when that is all zero, or
+    when d_n is outside the vocabulary or q_n[d_n] == 0); after the usable drafts, a draw from p_n."""
+    width, vocab, device = meta.max_spec_len, p.shape[-1], p.device
+    rows = torch.tensor([row for row, _ in items], dtype=torch.long, device=device)  # [Q]
+    index = torch.tensor([i for _, i in items], dtype=torch.long, device=device)  # [Q]
+    p = p[rows]  # [Q, K + 1, vocab]
+    drafts = meta.padded_draft_ids[index]  # [Q, K]
+    in_vocab = (drafts >= 0) & (drafts < vocab)  # [Q, K]
+    ids = drafts.clamp(0, vocab - 1)  # [Q, K]
+    p_draft = p[:, :width].gather(2, ids[..., None]).squeeze(-1)  # [Q, K]
+    flat = (meta.cu_num_draft_tokens[index][:, None] + torch.arange(width, device=device)).clamp(
+        max=meta.draft_probs.shape[0] - 1
+    )  # [Q, K] (past k_i: a neighbour's row, never read)
+    q = meta.draft_probs[flat]  # [Q, K, vocab]
+    q_draft = q.gather(2, ids[..., None]).squeeze(-1)  # [Q, K]
+
+    uniforms = torch.ones(len(items), width, device=device)  # [Q, K]; the request's own k_i draws
+    for row, (_, i) in enumerate(items):
+        k = meta.num_draft_tokens[i]
+        uniforms[row, :k] = torch.rand(k, generator=generators[i], device=device)
+    accepted = in_vocab & (q_draft > 0) & (uniforms * q_draft < p_draft)  # [Q, K]
+
+    # the first rejection n among the usable drafts (n = the usable count: none was rejected)
+    usable = num_usable[index]  # [Q]
+    n = (accepted & (torch.arange(width, device=device) < usable[:, None])).long().cumprod(dim=1).sum(dim=1)
+    at = n.clamp(max=width - 1)[:, None]  # [Q, 1] the rejected draft's column (if one was)
+    arange = torch.arange(len(items), device=device)
+    p_n = p[arange, n]  # [Q, vocab]
+    plain = (n >= usable) | ~in_vocab.gather(1, at).squeeze(1) | ~(q_draft.gather(1, at).squeeze(1) > 0)
+    residual = (p_n - q[arange, at.squeeze(1)]).clamp_min(0)  # [Q, vocab]
+    residual = torch.where(residual.sum(dim=1, keepdim=True) > 0, residual, p_n)  # all zero: p_n
+    weights = torch.where(plain[:, None], p_n, residual)  # [Q, vocab]
+    draws = [
+        torch.multinomial(weights[row], 1, generator=generators[i]) for row, (_, i) in enumerate(items)
+    ]  # Q x [1]; multinomial normalises
+    accept[index] = accepted
+    final[index] = torch.cat(draws)[:, None].expand(-1, width + 1)
+
+
+def _rng_state(generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """The generator's state (a host copy: reading it waits for nothing on the device)."""
+    if generator is not None:
+        return generator.get_state()
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def _set_rng_state(generator: torch.Generator | None, device: torch.device, state: Tensor) -> None:
+    if generator is not None:
+        generator.set_state(state)
+    elif device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)

@@ -14,6 +14,7 @@ import torch
 from scipy import stats  # (scipy is in the dev extra)
 from specexec.sampling import SamplingParams, compute_probs
 from specexec.sampling.rejection import PLACEHOLDER_TOKEN_ID, RejectionSampler, Verification
+from specexec.sampling.spec_decode_metadata import SpecDecodeMetadata
 
 VOCAB = 5
 # Target distributions (before temperature) for k + 1 = 3 rows: the rows of two drafts and the one after.
@@ -143,7 +144,9 @@ def test_shape_mismatch_raises() -> None:
     with pytest.raises(ValueError, match="draft_probs"):
         verify(GREEDY_LOGITS, [2, 0], make_params(1.0), torch.full((1, VOCAB), 0.2))
     with pytest.raises(ValueError, match="rows"):
-        RejectionSampler().verify_batch(GREEDY_LOGITS, [0, 2], [[2, 0]], [None], [make_params(0.0)], [None])
+        RejectionSampler().verify_batch(
+            GREEDY_LOGITS[:2], SpecDecodeMetadata.make_dummy([[2, 0]]), [make_params(0.0)], [None]
+        )
 
 
 # --- temperature > 0: edge cases -------------------------------------------------------------------
@@ -240,24 +243,47 @@ def test_batch_matches_per_request() -> None:
             sampler.verify(logits[cu_rows[i] : cu_rows[i + 1]], d, q, p, seeded(seeds[i]))
             for i, (d, q, p, _) in enumerate(requests)
         ]
-        got = sampler.verify_batch(
-            logits,
-            cu_rows,
-            [d for d, *_ in requests],
-            [q for _, q, _, _ in requests],
-            [p for _, _, p, _ in requests],
-            [seeded(s) for s in seeds],
-        )
+        meta = SpecDecodeMetadata.build([d for d, *_ in requests], [q for _, q, _, _ in requests], VOCAB)
+        got = sampler.verify_batch(logits, meta, [p for _, _, p, _ in requests], [seeded(s) for s in seeds])
         assert got == expected
 
 
 def test_batch_of_greedy_requests_takes_one_argmax() -> None:
     logits = torch.cat([GREEDY_LOGITS, GREEDY_LOGITS[1:], GREEDY_LOGITS[2:]])
-    got = RejectionSampler().verify_batch(
-        logits, [0, 3, 5, 6], [[2, 0], [0], []], [None] * 3, [make_params(0.0)] * 3, [None] * 3
-    )
+    meta = SpecDecodeMetadata.make_dummy([[2, 0], [0], []])
+    got = RejectionSampler().verify_batch(logits, meta, [make_params(0.0)] * 3, [None] * 3)
     assert got == [Verification([2, 0, 4], 2), Verification([0, 4], 1), Verification([4], 0)]
-    assert RejectionSampler().verify_batch(logits[:0], [0], [], [], [], []) == []
+    assert RejectionSampler().verify_batch(logits[:0], SpecDecodeMetadata.make_dummy([]), [], []) == []
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_unreadable_rows_cut_the_drafts_before_them(temperature: float) -> None:
+    # Request 0: row 2 is NaN, so only draft 0 is verified (by row 0) and row 1 gives the next token.
+    # Request 1: its first row is +inf: no tokens, and it says why. Request 2: every logit -inf.
+    good = make_logits([[0.0, 0.0, 100.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0, 0.0]])
+    nan = torch.full((1, VOCAB), float("nan"))
+    inf = torch.tensor([[0.0, float("inf"), 0.0, 0.0, 0.0]])
+    none = torch.full((1, VOCAB), float("-inf"))
+    logits = torch.cat([good, nan, good[1:], inf, good[:1], none])
+    meta = SpecDecodeMetadata.make_dummy([[2, 0, 3], [1], []])
+    params = [make_params(temperature)] * 3
+    got = RejectionSampler().verify_batch(logits, meta, params, [seeded(0)] * 3)
+    assert got[0] == Verification([2, 0], 1)
+    assert got[1] == Verification([], 0, "+inf")
+    assert got[2] == Verification([], 0, "-inf")
+
+
+def test_a_step_reads_its_answers_back_once(monkeypatch) -> None:
+    # The whole batch's answers come back in one transfer, whatever the mix of greedy and sampled.
+    calls = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: calls.append(t.shape) or real(t))
+    monkeypatch.setattr(torch.Tensor, "item", lambda t: pytest.fail("a per-token host sync"))
+    logits = make_logits(TARGET_PROBS * 3)
+    meta = SpecDecodeMetadata.build([[0, 1], [1, 2], [3, 4]], [None, torch.tensor(DRAFT_PROBS), None], VOCAB)
+    params = [make_params(0.0), make_params(1.0), make_params(0.7, top_k=3)]
+    RejectionSampler().verify_batch(logits, meta, params, [seeded(1), seeded(2), seeded(3)])
+    assert len(calls) == 1
 
 
 # --- the invariant: with temperature > 0, the output is distributed as the target ---------------------

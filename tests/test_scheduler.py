@@ -41,8 +41,8 @@ def make_running(scheduler: Scheduler, request: RequestState, num_computed: int)
     return request
 
 
-def simulate_step(scheduler: Scheduler) -> list[ScheduledRequest]:
-    batch = scheduler.schedule()
+def simulate_step(scheduler: Scheduler, draft_slots=None) -> list[ScheduledRequest]:
+    batch = scheduler.schedule(draft_slots)
     for s in batch:
         r = s.request
         completes = s.completes_sequence
@@ -177,8 +177,7 @@ def test_a_requests_own_draft_slots_are_dropped_before_preempting_anyone():
     old = make_running(scheduler, make_request("old", 4), 3)  # 1 page with room for its next token
     new = make_running(scheduler, make_request("new", 5), 4)  # 1 full page, newest
     scheduler.block_manager.allocate("someone-else", 8)  # 2 pages held elsewhere: 1 free
-    new.num_draft_slots = 4  # 1 + 4 slots would need 2 new pages
-    batch = scheduler.schedule()
+    batch = scheduler.schedule({new: 4})  # 1 + 4 slots would need 2 new pages
     assert ids(batch) == ["old", "new"]
     assert [s.num_new_tokens for s in batch] == [1, 1]
     assert batch[1].num_draft_slots <= 3  # only what fits in the one free page
@@ -193,9 +192,8 @@ def test_draft_slots_are_dropped_before_anyone_is_preempted():
     scheduler = make_scheduler(num_blocks=5, block_size=4)
     old = make_running(scheduler, make_request("old", 8), 7)  # 2 pages, 1 free slot in the second
     new = make_running(scheduler, make_request("new", 9), 8)  # 2 full pages
-    old.num_draft_slots = 4  # 1 + 4 slots: needs the last free page
     assert scheduler.block_manager.num_free_blocks == 1
-    batch = scheduler.schedule()
+    batch = scheduler.schedule({old: 4})  # 1 + 4 slots: needs the last free page
     assert new.metrics.num_preemptions == 0, "a request was preempted to make room for draft slots"
     assert ids(batch) == ["old", "new"]
     assert [s.num_new_tokens for s in batch] == [1, 1]
@@ -205,9 +203,7 @@ def test_draft_slots_count_against_the_token_budget():
     scheduler = make_scheduler(max_num_tokens=6)
     a = make_running(scheduler, make_request("a", 5), 4)
     b = make_running(scheduler, make_request("b", 5), 4)
-    a.num_draft_slots = 3
-    b.num_draft_slots = 3
-    batch = scheduler.schedule()
+    batch = scheduler.schedule({a: 3, b: 3})
     assert [(s.num_new_tokens, s.num_draft_slots) for s in batch] == [(1, 3), (1, 1)]
     assert tokens_in(batch) == 6
     assert scheduler.block_manager.num_slots["a"] == 8
@@ -217,8 +213,7 @@ def test_draft_slots_count_against_the_token_budget():
 def test_prefilling_requests_get_no_draft_slots():
     scheduler = make_scheduler()
     r = make_running(scheduler, make_request("r", 10), 4)
-    r.num_draft_slots = 3
-    (item,) = scheduler.schedule()
+    (item,) = scheduler.schedule({r: 3})
     assert (item.num_new_tokens, item.num_draft_slots) == (6, 0)
 
 
@@ -255,9 +250,10 @@ def drive_random_workload(seed: int) -> list[RequestState]:
     for _ in range(1000):
         if not scheduler.has_unfinished():
             break
-        for r in scheduler.running:  # a drafter asking for slots now and then
-            r.num_draft_slots = rng.choice([0, 0, 2, 5]) if r.num_uncomputed_tokens == 1 else 0
-        batch = simulate_step(scheduler)
+        slots = {  # a drafter asking for slots now and then
+            r: rng.choice([0, 0, 2, 5]) for r in scheduler.running if r.num_uncomputed_tokens == 1
+        }
+        batch = simulate_step(scheduler, slots)
         assert batch, "a step with unfinished requests scheduled nothing"
         assert tokens_in(batch) <= scheduler.max_num_tokens
         assert len(scheduler.running) <= scheduler.max_batch_size

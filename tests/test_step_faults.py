@@ -226,8 +226,8 @@ def test_sampling_fault_fails_only_its_request(mode):
     verify_batch, verify = sampler.verify_batch, sampler.verify
     poison_seed = 666
 
-    def faulty_verify_batch(logits, cu, drafts, probs, params, generators):
-        results = verify_batch(logits, cu, drafts, probs, params, generators)
+    def faulty_verify_batch(logits, meta, params, generators):
+        results = verify_batch(logits, meta, params, generators)
         for i, p in enumerate(params):
             if p.seed == poison_seed:
                 if mode == "raise":
