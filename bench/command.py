@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--guided",
         action="store_true",
-        help="constrain each output to its prompt's JSON schema (HF baselines are skipped)",
+        help="constrain each output to its prompt's JSON schema (the hf baseline becomes hf-guided: "
+        "generate with xgrammar's transformers logits processor; prompt lookup cannot be guided)",
     )
     parser.add_argument("--concurrency", default="1", help="comma-separated, e.g. 1,2,4,8")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up requests per engine (not timed)")
@@ -64,7 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--baseline", default="none", help="comma-separated: none (specexec without drafts), hf"
     )
     parser.add_argument(
-        "--hf-prompt-lookup-tokens", type=int, default=3, help="HF prompt lookup draft length"
+        "--hf-prompt-lookup-tokens",
+        default="3,10",
+        help="comma-separated HF prompt lookup draft lengths, one hf-prompt-lookup-N row each",
     )
     parser.add_argument("--output", help="write every number to this JSON file")
     parser.add_argument("--plot", help="write the plots to this PNG file")
@@ -158,6 +161,7 @@ def run(args) -> int:
     from .report import format_table, plot, write_json
 
     print(format_table(rows))
+    print(f"threads: {torch_threads()} for every engine (one process); CPU: {_machine()['cpu']}")
     for asked, ran in runner.dtypes.items():
         print(f"dtype {asked}: {ran}")
     if runner.forward_cost:
@@ -193,6 +197,12 @@ def _stop_cleanly_on_signals() -> None:
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, interrupt)
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _machine() -> dict:

@@ -109,10 +109,47 @@ class _FirstTokenTimer:
         pass
 
 
+def hf_grammar_processors(model, tokenizer, max_whitespace: int | None):
+    """For a guided HF row: ``prompt -> [logits processor]``, xgrammar's transformers processor with the
+    prompt's schema compiled as the executor compiles it (same whitespace limit); None for a prompt
+    without a schema. A schema xgrammar cannot compile raises (that prompt's row records the error)."""
+    import json
+
+    import xgrammar as xgr
+    from xgrammar.contrib.hf import LogitsProcessor
+
+    from ..grammar.compiler import hf_tokenizer_info
+
+    vocab = model.config.get_text_config().vocab_size
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    stop_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in stop_ids:
+        stop_ids.append(tokenizer.eos_token_id)
+    compiler = xgr.GrammarCompiler(hf_tokenizer_info(tokenizer, vocab, stop_ids))
+
+    def processors(prompt: BenchPrompt):
+        if not prompt.schema:
+            return None
+        text = json.dumps(prompt.schema)
+        if max_whitespace == 0:
+            compiled = compiler.compile_json_schema(text, any_whitespace=False)
+        else:
+            compiled = compiler.compile_json_schema(text, max_whitespace_cnt=max_whitespace)
+        return [LogitsProcessor(compiled)]  # one per generate() call: it keeps its matcher
+
+    return processors
+
+
 def run_hf_generate(
-    model, tokenizer, work: Workload, generate_kwargs: dict, on_done: Callable[[], None] = lambda: None
+    model,
+    tokenizer,
+    work: Workload,
+    generate_kwargs: dict,
+    on_done: Callable[[], None] = lambda: None,
+    processors: Callable[[BenchPrompt], list | None] | None = None,
 ) -> tuple[list[RequestRecord], float]:
-    """HF `generate`, one request at a time (concurrency 1)."""
+    """HF `generate`, one request at a time (concurrency 1); ``processors`` gives each prompt its
+    logits processors (the guided baseline)."""
     records = []
     eos = None if work.ignore_eos else tokenizer.eos_token_id
     start_all = time.perf_counter()
@@ -126,17 +163,24 @@ def run_hf_generate(
             kwargs.update(do_sample=False)
         if work.ignore_eos:
             kwargs.update(min_new_tokens=work.max_tokens)
+        if processors is not None:
+            try:
+                kwargs["logits_processor"] = processors(prompt)
+            except Exception as exc:  # a schema xgrammar cannot compile: the request fails, as ours would
+                records.append(_failed_record(prompt, ids, f"{type(exc).__name__}: {exc}"))
+                on_done()
+                continue
         start = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(
-                torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                max_new_tokens=work.max_tokens,
-                streamer=timer if "assistant_model" not in kwargs else None,
-                pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
-                eos_token_id=eos,
-                **kwargs,
-            )[0, len(ids) :].tolist()
+        try:
+            out = _generate(model, tokenizer, ids, work, timer, eos, kwargs)
+        except Exception as exc:
+            if processors is None:
+                raise
+            # e.g. xgrammar's processor asserting on a token its mask allowed none of: this request
+            # fails, as the executor fails a request whose grammar admits no token
+            records.append(_failed_record(prompt, ids, f"{type(exc).__name__}: {exc}"))
+            on_done()
+            continue
         end = time.perf_counter()
         if eos is not None and eos in out:
             out = out[: out.index(eos) + 1]
@@ -162,6 +206,34 @@ def run_hf_generate(
         )
         on_done()
     return records, time.perf_counter() - start_all
+
+
+def _generate(model, tokenizer, ids: list[int], work: Workload, timer, eos, kwargs: dict) -> list[int]:
+    with torch.inference_mode():
+        return model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=work.max_tokens,
+            streamer=timer if "assistant_model" not in kwargs else None,
+            pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+            eos_token_id=eos,
+            **kwargs,
+        )[0, len(ids) :].tolist()
+
+
+def _failed_record(prompt: BenchPrompt, ids: list[int], error: str) -> RequestRecord:
+    return RequestRecord(
+        id=prompt.id,
+        num_prompt_tokens=len(ids),
+        num_output_tokens=0,
+        latency_ms=0.0,
+        ttft_ms=None,
+        tpot_ms=None,
+        finish_reason="error",
+        error=error,
+        schema_valid=False,
+        text="",
+    )
 
 
 def run_hf_generate_batch(

@@ -2,8 +2,8 @@
 
     python -m specexec.bench.profile_step [--dtype float32,bfloat16] [--steps 16] [--output table.txt]
 
-Two scenarios on the embedded SmolLM2 and extraction prompts (~1.3k tokens each): batch 1 without
-drafts, and batch 8 with exactly 3 drafts per request (a drafter that always proposes 3 tokens, so
+Three scenarios on the embedded SmolLM2 and extraction prompts (~1.3k tokens each): batch 1 and batch 8
+without drafts, and batch 8 with exactly 3 drafts per request (a drafter that always proposes 3 tokens, so
 every step verifies 4 tokens per request). After the prompts are prefilled and two warm-up steps, each
 scenario times ``--steps`` executor steps without the profiler (the wall time per step), then runs them
 again under ``torch.profiler`` for the split:
@@ -59,7 +59,11 @@ class Scenario:
     num_drafts: int
 
 
-SCENARIOS = (Scenario("batch 1, no drafts", 1, 0), Scenario("batch 8, k=3 drafts", 8, 3))
+SCENARIOS = (
+    Scenario("batch 1, no drafts", 1, 0),
+    Scenario("batch 8, no drafts", 8, 0),
+    Scenario("batch 8, k=3 drafts", 8, 3),
+)
 
 
 def make_executor(dtype: str, scenario: Scenario) -> Executor:

@@ -7,7 +7,7 @@ import logging
 
 from tqdm import tqdm
 
-from .engines import Workload, run_hf_generate, run_hf_generate_batch, run_specexec
+from .engines import Workload, hf_grammar_processors, run_hf_generate, run_hf_generate_batch, run_specexec
 from .records import summarize
 from .report import add_speedups
 
@@ -55,10 +55,16 @@ class BenchRunner:
         a = self.args
         return Workload(self.prompts, ids, a.max_tokens, a.temperature, a.ignore_eos, a.guided)
 
+    def _prompt_lookup_lengths(self) -> list[int]:
+        return [int(n) for n in str(self.args.hf_prompt_lookup_tokens).split(",") if n]
+
     def _num_runs(self) -> int:
         hf = 0
-        if "hf" in self.baselines and not self.args.guided:
-            hf = (3 if 1 in self.concurrencies else 0) + sum(c > 1 for c in self.concurrencies)
+        if "hf" in self.baselines and self.args.guided:
+            hf = 1 if 1 in self.concurrencies else 0
+        elif "hf" in self.baselines:
+            single = 2 + len(self._prompt_lookup_lengths())
+            hf = (single if 1 in self.concurrencies else 0) + sum(c > 1 for c in self.concurrencies)
         return (len(self.configs) * len(self.concurrencies) + hf) * len(self.prompts)
 
     def _resolve(self, model: str | None, dtype: str) -> str:
@@ -80,7 +86,7 @@ class BenchRunner:
         with tqdm(total=self._num_runs(), desc="bench", unit="req", dynamic_ncols=True) as bar:
             for named in self.configs:
                 self._run_specexec(named, bar)
-            if "hf" in self.baselines and not self.args.guided:
+            if "hf" in self.baselines:
                 self._run_hf(bar)
 
     def _run_specexec(self, named, bar) -> None:
@@ -132,14 +138,24 @@ class BenchRunner:
         model = self._load(self.configs[0].config.model, dtype, fresh=True)
         tok = self._tokenizer
         work = self._workload()
+        if self.args.guided:  # generate with xgrammar's processor; prompt lookup cannot be guided
+            if 1 in self.concurrencies:
+                processors = hf_grammar_processors(
+                    model, tok, self.configs[0].config.guided_json_max_whitespace
+                )
+                bar.set_postfix_str("hf-guided c=1")
+                self._warm_up(lambda w: run_hf_generate(model, tok, w, {}, processors=processors))
+                records, wall = run_hf_generate(model, tok, work, {}, bar.update, processors)
+                extra = {"engine": "transformers generate + xgrammar LogitsProcessor", "guided": True}
+                self.rows.append(summarize("hf-guided", 1, records, wall, extra))
+            return
         if 1 in self.concurrencies:
             from ..drafters.quantize import quantized_copy
 
-            variants = {
-                "hf": {},
-                "hf-prompt-lookup": {"prompt_lookup_num_tokens": self.args.hf_prompt_lookup_tokens},
-                "hf-assisted": {"assistant_model": quantized_copy(model)},
-            }
+            variants: dict[str, dict] = {"hf": {}}
+            for n in self._prompt_lookup_lengths():
+                variants[f"hf-prompt-lookup-{n}"] = {"prompt_lookup_num_tokens": n}
+            variants["hf-assisted"] = {"assistant_model": quantized_copy(model)}
             for name, kwargs in variants.items():
                 bar.set_postfix_str(f"{name} c=1")
                 self._warm_up(lambda w, kw=kwargs: run_hf_generate(model, tok, w, kw))
@@ -161,6 +177,7 @@ class BenchRunner:
         fn(work)
 
     def finish(self) -> list[dict]:
-        baselines = {c: {"none": "none", "hf": "hf" if c == 1 else "hf-batch"} for c in self.concurrencies}
+        hf = "hf-guided" if self.args.guided else "hf"
+        baselines = {c: {"none": "none", "hf": hf if c == 1 else "hf-batch"} for c in self.concurrencies}
         add_speedups(self.rows, baselines)
         return self.rows

@@ -27,7 +27,7 @@ _LOG_PREFIX = re.compile(r"\[[\d:.]+\]\s+\S+:\d+:\s*")  # "[06:33:38] /project/c
 _CHECK_FAILED = re.compile(r"Check failed: \(.*?\) is false:\s*")
 
 
-def _tokenizer_info(tokenizer, vocab_size: int, stop_token_ids: Sequence[int]) -> xgr.TokenizerInfo:
+def hf_tokenizer_info(tokenizer, vocab_size: int, stop_token_ids: Sequence[int]) -> xgr.TokenizerInfo:
     """xgrammar's view of the vocabulary. A model without EOS gives no stop tokens: xgrammar then looks
     for some itself (its warning that it does is expected here), and the executor's matchers end when
     the grammar is complete instead of on a stop token."""
@@ -132,7 +132,7 @@ class GrammarCompilerPool:
         self.max_cached = max_cached
         #: JSON schemas: longest whitespace run allowed between tokens (0 = compact JSON, None = any)
         self.max_json_whitespace = max_json_whitespace
-        self.tokenizer_info = tokenizer_info or _tokenizer_info(tokenizer, vocab_size, stop_token_ids)
+        self.tokenizer_info = tokenizer_info or hf_tokenizer_info(tokenizer, vocab_size, stop_token_ids)
         #: each token's bytes as xgrammar reads them (grammar-forced drafts compare them)
         self.vocab_bytes: list[bytes] = self.tokenizer_info.decoded_vocab
         # Our own cache holds the results, so xgrammar's internal one would only duplicate it.

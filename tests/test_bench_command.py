@@ -73,7 +73,8 @@ def test_configs_and_baselines_side_by_side(tiny_dir, tmp_path, capsys):
         ("ngram-k3", 1),
         ("ngram-k3", 2),
         ("hf", 1),
-        ("hf-prompt-lookup", 1),
+        ("hf-prompt-lookup-3", 1),
+        ("hf-prompt-lookup-10", 1),
         ("hf-assisted", 1),
         ("hf-batch", 2),
     }
@@ -95,6 +96,21 @@ def test_configs_and_baselines_side_by_side(tiny_dir, tmp_path, capsys):
     assert (tmp_path / "r.png").stat().st_size > 0
     table = capsys.readouterr().out
     assert "ngram-k3" in table and "hf-batch" in table
+
+
+def test_guided_rows_compare_with_generate_under_xgrammars_processor(tiny_dir, tmp_path, capsys):
+    argv = bench_argv(tiny_dir, tmp_path, "--guided", "--baseline", "none,hf")
+    argv.remove("--ignore-eos")  # the processor stops masking once the schema is complete
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    rows = {(r["name"], r["concurrency"]): r for r in report["results"]}
+    assert set(rows) == {("none", 1), ("hf-guided", 1)}
+    hf = rows[("hf-guided", 1)]
+    assert hf["engine"].startswith("transformers generate + xgrammar")
+    assert hf["schema_valid_rate"] is not None  # the one prompt with a schema is checked
+    none = rows[("none", 1)]
+    assert none["speedup"]["hf"] == pytest.approx(none["output_tokens_per_s"] / hf["output_tokens_per_s"])
+    assert "hf-guided" in capsys.readouterr().out
 
 
 def test_bad_config_fails_before_any_model_loads(tiny_dir, tmp_path, monkeypatch, capsys):
