@@ -96,7 +96,7 @@ def test_paged_attention_equals_plain_attention_per_request(shapes, fixed, path)
         torch.randn(n, KV_HEADS, HEAD_DIM),
         torch.randn(n, KV_HEADS, HEAD_DIM),
     )
-    _, out = run_layer(cache, seqs, query, key, value, fixed, AttentionPaths(path, path))
+    _, out = run_layer(cache, seqs, query, key, value, fixed, AttentionPaths.all(path))
     torch.testing.assert_close(out.double(), reference(cache, 0, seqs, query), atol=1e-5, rtol=1e-5)
 
 

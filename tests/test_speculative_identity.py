@@ -269,7 +269,7 @@ def test_fixed_attention_shapes_and_either_kernel_keep_greedy_output_identical(a
     def fix_shapes(executor):
         runner = executor.core.runner
         runner.fixed_shapes = FixedShapes(query_len=1 + 3, max_blocks=-(-executor.core.max_model_len // 4))
-        runner.attention_paths = AttentionPaths(path, path)
+        runner.attention_paths = AttentionPaths.all(path)
 
     spec = {"decoding_type": "NGram", "max_draft_len": 3}
     _, outputs = run_speculative(arch, BATCHES[batch], speculative_config=spec, before_run=fix_shapes)
