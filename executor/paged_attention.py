@@ -43,7 +43,7 @@ def _attend_group(
     if softcap is None and group.uses_causal_kernel(sliding_window):  # a fresh prompt: SDPA's causal kernel
         o = F.scaled_dot_product_attention(q, key, value, is_causal=True, scale=scaling, enable_gqa=True)
     else:
-        path = meta.paths.for_group(max_q, group.is_short, num)
+        path = meta.paths.for_group(max_q, group.is_short, num, group.max_kv_len)
         o = attend(q, key, value, group.mask(sliding_window), scaling, softcap, path)
     o = o.transpose(1, 2)  # [group, max_q, heads, head_dim]
     if out is None:
