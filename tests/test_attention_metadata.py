@@ -159,3 +159,38 @@ def test_gather_pages_reads_whole_pages_in_table_order():
     assert key.shape == (2, 2 * BLOCK, KV_HEADS, HEAD_DIM)
     slots = (tables[:, :, None] * BLOCK + torch.arange(BLOCK)).reshape(2, -1)
     assert torch.equal(key, cache.kv[1, 0, slots]) and torch.equal(value, cache.kv[1, 1, slots])
+
+
+def test_kernel_choice_is_measured_once_per_machine_and_cached(tmp_path, monkeypatch):
+    import specexec.executor.attention_paths as paths_module
+    from specexec.executor.attention_paths import CASES, CONTEXTS, choose_attention_paths
+
+    calls = []
+    real = paths_module.measure_attention_paths
+    monkeypatch.setattr(paths_module, "CONTEXTS", (16, 64))  # tiny timings
+    monkeypatch.setattr(
+        paths_module, "measure_attention_paths", lambda *a, **k: calls.append(a) or real(*a, **k)
+    )
+    cpu = torch.device("cpu")
+    first = choose_attention_paths(HEADS, KV_HEADS, HEAD_DIM, torch.float32, cpu, tmp_path)
+    again = choose_attention_paths(HEADS, KV_HEADS, HEAD_DIM, torch.float32, cpu, tmp_path)
+    assert first == again and len(calls) == 1, "the second executor reads the cached choice"
+    assert all(p in ("sdpa", "matmul") for p in first.short_context + first.long_context)
+    assert len(first.short_context) == len(first.long_context) == len(CASES) and len(CONTEXTS) == 2
+    (cached,) = tmp_path.glob("attention-paths-*.json")
+    cached.write_text("{not json")  # damaged: measured again, not trusted
+    assert choose_attention_paths(HEADS, KV_HEADS, HEAD_DIM, torch.float32, cpu, tmp_path) is not None
+    assert len(calls) == 2
+    cuda = choose_attention_paths(HEADS, KV_HEADS, HEAD_DIM, torch.bfloat16, torch.device("cuda"), None)
+    assert cuda == AttentionPaths.all("sdpa")
+
+
+def test_each_group_takes_the_kernel_of_its_case_and_context():
+    from specexec.executor.attention_paths import CONTEXT_SPLIT
+
+    paths = AttentionPaths(("matmul", "sdpa", "sdpa", "matmul"), ("sdpa", "matmul", "matmul", "sdpa"))
+    short, long = CONTEXT_SPLIT - 1, CONTEXT_SPLIT
+    assert [paths.for_group(1, True, 1, short), paths.for_group(1, True, 8, short)] == ["matmul", "sdpa"]
+    assert [paths.for_group(4, True, 1, short), paths.for_group(4, True, 8, short)] == ["sdpa", "matmul"]
+    assert [paths.for_group(1, True, 1, long), paths.for_group(4, True, 8, long)] == ["sdpa", "sdpa"]
+    assert paths.for_group(200, False, 1, long) == "sdpa"  # prefill chunks: SDPA
