@@ -8,7 +8,6 @@ are within noise. Prefill chunks always take SDPA (its causal kernel when nothin
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import torch
 
 from .attention_kernels import AUTO, MATMUL, SDPA, attend
 from .cpu_info import describe_cpu
-from .measurement_cache import cached_measurement
+from .measurement_cache import cached_measurement, median_seconds
 
 MEASUREMENT_VERSION = 3
 CONTEXTS = (256, 2048)  #: keys per request in the timed calls: a short and a long context
@@ -97,7 +96,7 @@ def measure_attention_paths(
             for path in (SDPA, MATMUL):
                 args = (q, k, v, mask, head_dim**-0.5, None, path)
                 attend(*args)  # warm-up
-                seconds[path] = _median_seconds(lambda args=args: attend(*args), repeats)
+                seconds[path] = median_seconds(lambda args=args: attend(*args), repeats)
             result[f"{name}@{context}"] = min(seconds, key=seconds.__getitem__)
             result[f"{name}@{context}_seconds"] = seconds
     return result
@@ -115,12 +114,3 @@ def _inputs(batch, q_len, context, heads, kv_heads, head_dim, dtype):
             batch, 1, q_len, context
         )
     return q, k, v, mask
-
-
-def _median_seconds(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from .measurement_cache import cached_measurement
+from .measurement_cache import cached_measurement, median_seconds
 
 logger = logging.getLogger("specexec")
 
@@ -57,12 +56,7 @@ class ForwardCostModel:
         seconds = []
         for n in sizes:
             forward_n_tokens(n)  # warm-up
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                forward_n_tokens(n)
-                times.append(time.perf_counter() - start)
-            seconds.append(sorted(times)[len(times) // 2])
+            seconds.append(median_seconds(lambda n=n: forward_n_tokens(n), repeats))
         return cls(list(sizes), seconds)
 
     @classmethod

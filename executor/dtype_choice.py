@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 
 from .attention_kernels import attend
 from .cpu_info import describe_cpu, native_bf16_flags
-from .measurement_cache import cached_measurement
+from .measurement_cache import cached_measurement, median_seconds
 
 logger = logging.getLogger("specexec")
 
@@ -104,17 +103,8 @@ def measure_bf16_ratio(shape: ModelShape, repeats: int = 5) -> float:
     for dtype in (torch.float32, torch.bfloat16):
         step = _DecodeStepWork(shape, dtype)
         step.run(1)  # warm-up
-        seconds[dtype] = sum(_median_time(step.run, n, repeats) for n in (1, 4))
+        seconds[dtype] = sum(median_seconds(lambda n=n, run=step.run: run(n), repeats) for n in (1, 4))
     return seconds[torch.bfloat16] / seconds[torch.float32]
-
-
-def _median_time(fn, arg, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(arg)
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
 
 
 class _DecodeStepWork:

@@ -1,15 +1,27 @@
-"""Measurements of this machine kept across runs (the forward-cost curve, the dtype choice): one JSON
-file per key in the cache folder, measured when missing or unreadable."""
+"""Measurements of this machine kept across runs (the forward-cost curve, the dtype choice, the attention
+kernels): one JSON file per key in the cache folder, measured when missing or unreadable; and the one
+timing rule they share."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 logger = logging.getLogger("specexec")
+
+
+def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """The median wall time of ``repeats`` calls of ``fn`` (warm it up first)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
 
 
 def cached_measurement(

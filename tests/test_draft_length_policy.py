@@ -13,7 +13,7 @@ import logging
 import types
 
 import pytest
-from specexec.executor import draft_length
+from specexec.executor import measurement_cache
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.draft_length import (
     MEASURED_SIZES,
@@ -209,7 +209,7 @@ class FakeForward:
 @pytest.fixture
 def fake_forward(monkeypatch) -> FakeForward:
     fake = FakeForward()
-    monkeypatch.setattr(draft_length, "time", types.SimpleNamespace(perf_counter=fake.perf_counter))
+    monkeypatch.setattr(measurement_cache, "time", types.SimpleNamespace(perf_counter=fake.perf_counter))
     return fake
 
 
