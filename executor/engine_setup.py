@@ -65,9 +65,8 @@ def resolve_dtype(model, config: ExecutorConfig) -> DtypeChoice:
         return DtypeChoice(config.dtype, "configured")
     from .model_peek import peek_text_config
 
-    cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     shape = peek_text_config(model if model is not None else config.model)
-    return choose_dtype(_resolve_device(config.device), shape, cache_dir)
+    return choose_dtype(_resolve_device(config.device), shape, _measurement_dir(config))
 
 
 def build_engine_core(
@@ -87,10 +86,14 @@ def build_engine_core(
         config.max_num_tokens,
         tuple(config.capture_hidden_layers),
     )
-    cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     text_config = model.config.get_text_config()
     runner.attention_paths = choose_attention_paths(
-        text_config.num_attention_heads, spec.num_kv_heads, spec.head_dim, spec.dtype, param.device, cache_dir
+        text_config.num_attention_heads,
+        spec.num_kv_heads,
+        spec.head_dim,
+        spec.dtype,
+        param.device,
+        _measurement_dir(config),
     )
     vocab_size = text_config.vocab_size
     speculation = _setup_speculation(
@@ -127,6 +130,11 @@ def time_forward(
         runner.forward([SequenceInput([0] * num_tokens, context_len, table, num_tokens)])
     finally:
         block_manager.free(scratch)
+
+
+def _measurement_dir(config: ExecutorConfig) -> Path:
+    """Where this machine's measurements are cached (dtype, attention kernels, forward cost)."""
+    return Path(config.cache_dir) if config.cache_dir else default_cache_dir()
 
 
 def _resolve_device(device: str) -> torch.device:
@@ -198,11 +206,13 @@ def _setup_speculation(
     if spec is not None and spec.draft_len_policy != "fixed":
         cost = ForwardCostModel.linear()
         if spec.draft_len_policy == "auto":
-            cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
             limit = min(config.max_num_tokens, block_manager.capacity_tokens)
             sizes = tuple(n for n in MEASURED_SIZES if n <= limit) or (1,)
             cost = ForwardCostModel.cached(
-                cost_cache_key(model), lambda n: time_forward(runner, block_manager, n), cache_dir, sizes
+                cost_cache_key(model),
+                lambda n: time_forward(runner, block_manager, n),
+                _measurement_dir(config),
+                sizes,
             )
         policy = DraftLengthPolicy(drafter.max_draft_len, cost)
     return SpeculationStage(plugins, drafter, spec, vocab_size, policy, config.drafter_timeout_s)

@@ -50,9 +50,8 @@ class KVCache:
         self.kv = torch.zeros(
             spec.num_layers, 2, num_slots, spec.num_kv_heads, spec.head_dim, dtype=spec.dtype, device=device
         )
-        self._scratch = self.kv.new_empty(
-            0
-        )  # flat; [2, pages, page size] of the last gather, grown on demand
+        # flat; holds [2, pages, page size] of the last page gather, grown on demand
+        self._scratch = self.kv.new_empty(0)
 
     def write(
         self, layer: int, slot_mapping: torch.Tensor | slice, key: torch.Tensor, value: torch.Tensor
@@ -66,9 +65,8 @@ class KVCache:
         self.kv[layer, 0].index_copy_(0, slot_mapping, key.to(self.spec.dtype))
         self.kv[layer, 1].index_copy_(0, slot_mapping, value.to(self.spec.dtype))
 
-    def gather(self, layer: int, slots: torch.Tensor | slice) -> tuple[torch.Tensor, torch.Tensor]:
-        """Read entries. slots [...] (a gather) or a slice (a view); returns key, value
-        [..., kv_heads, head_dim]."""
+    def view(self, layer: int, slots: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """Consecutive slots, read in place: key, value [len(slots), kv_heads, head_dim] (views)."""
         return self.kv[layer, 0, slots], self.kv[layer, 1, slots]
 
     def gather_pages(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -33,7 +33,7 @@ def _attend_group(
     else:
         q = query[group.query_index]  # [group, max_q, heads, head_dim]
     if group.kv_slice is not None:  # a lone request on consecutive pages: a view, no copy
-        key, value = meta.kv_cache.gather(layer, group.kv_slice)  # [max_kv, kv_heads, head_dim]
+        key, value = meta.kv_cache.view(layer, group.kv_slice)  # [max_kv, kv_heads, head_dim]
         key, value = key.unsqueeze(0), value.unsqueeze(0)  # [1, max_kv, kv_heads, head_dim]
     else:
         key, value = meta.kv_cache.gather_pages(
