@@ -142,7 +142,8 @@ class _DecodeStepWork:
             qkv, o, gate_up, down = self.layers[i % len(self.layers)]
             q = F.linear(x, qkv)[:, : s.num_heads * s.head_dim]  # [n, heads * head_dim]
             q = q.view(1, num_tokens, s.num_heads, s.head_dim).transpose(1, 2)  # [1, heads, n, head_dim]
-            a = attend(q, self.keys, self.values, None, s.head_dim**-0.5, None)  # the executor's own path
+            # the unmeasured default kernel (the executor's own choice is timed later, in the chosen dtype)
+            a = attend(q, self.keys, self.values, None, s.head_dim**-0.5, None)
             x = x + F.linear(a.transpose(1, 2).reshape(num_tokens, -1), o)
             g, u = F.linear(x, gate_up).chunk(2, dim=-1)  # [n, intermediate] each
             x = x + F.linear(F.silu(g) * u, down)

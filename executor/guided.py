@@ -60,9 +60,8 @@ class GuidedDecodingStage:
         self.stats = GuidedStats()
         self._pool = None
         self._worker = None
-        self._jobs: list[
-            tuple[ScheduledRequest, int]
-        ] = []  # (scheduled request, row0) of the masks in flight
+        # (scheduled request, row0) of the masks in flight
+        self._jobs: list[tuple[ScheduledRequest, int]] = []
 
     # ---- compiling --------------------------------------------------------------------------------
     @property

@@ -90,10 +90,8 @@ class PagedInputs:
         self.block_size = kv_cache.block_size
         self.max_num_tokens = max_num_tokens
         self.device = kv_cache.kv.device
-        # rows: input ids, positions, cache slots, logit rows; filled by one host-to-device copy per forward
-        self._inputs = torch.zeros(
-            4, max_num_tokens, dtype=torch.long, device=self.device
-        )  # [4, max_num_tokens]
+        # [4, max_num_tokens] rows: input ids, positions, cache slots, logit rows; one copy per forward fills them
+        self._inputs = torch.zeros(4, max_num_tokens, dtype=torch.long, device=self.device)
         self.input_ids = self._inputs[0]  # [max_num_tokens]
         self.positions = self._inputs[1]  # [max_num_tokens]
         self.slot_mapping = self._inputs[2]  # [max_num_tokens]

@@ -131,7 +131,6 @@ def test_nothing_is_read_back_from_the_device(monkeypatch):
         torch.randn(n, KV_HEADS, HEAD_DIM),
         torch.randn(n, KV_HEADS, HEAD_DIM),
     )
-    slots = slots_of(seqs)
 
     def sync(*args, **kwargs):
         raise AssertionError("a device value was read on the host")
@@ -139,16 +138,7 @@ def test_nothing_is_read_back_from_the_device(monkeypatch):
     for name in ("item", "tolist", "__bool__", "__int__", "__float__"):
         monkeypatch.setattr(torch.Tensor, name, sync)
     for fixed in (None, FixedShapes(4, 16)):
-        meta = AttentionMetadata.build(cache, slots, seqs, BLOCK, AttentionPaths(), fixed)
-        q, k, v = inputs
-        paged_attention_forward(
-            Layer(0),
-            q.transpose(0, 1)[None],
-            k.transpose(0, 1)[None],
-            v.transpose(0, 1)[None],
-            None,
-            paged_metadata=meta,
-        )
+        run_layer(cache, seqs, *inputs, fixed, AttentionPaths())
 
 
 def test_gather_pages_reads_whole_pages_in_table_order():
