@@ -17,11 +17,20 @@ from torch import Tensor
 
 
 def apply_sampling_filters(
-    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    min_p: Tensor,
+    *,
+    has_top_k_top_p: bool | None = None,
+    has_min_p: bool | None = None,
 ) -> Tensor:
     """Scaled and filtered float32 logits, same shape as `logits`.
 
     logits [num_rows, vocab]; temperature, top_p, min_p [num_rows] float; top_k [num_rows] long.
+    has_top_k_top_p, has_min_p: whether any row uses those filters, when the caller knows it on the host
+    (`params.filter_flags`); None reads it from the tensors, which waits for the device.
     """
     vocab = logits.shape[-1]
     temperature = temperature.to(device=logits.device, dtype=torch.float32)  # [num_rows]
@@ -32,11 +41,15 @@ def apply_sampling_filters(
     top_p = top_p.to(device=logits.device, dtype=torch.float32)  # [num_rows]
     use_top_k = (top_k > 0) & (top_k < vocab)  # [num_rows]
     use_top_p = top_p < 1  # [num_rows]
-    if bool((use_top_k | use_top_p).any()):
+    if has_top_k_top_p is None:
+        has_top_k_top_p = bool((use_top_k | use_top_p).any())
+    if has_top_k_top_p:
         out = _top_k_top_p(out, top_k, use_top_k, top_p, use_top_p)
 
     min_p = min_p.to(device=logits.device, dtype=torch.float32)  # [num_rows]
-    if bool((min_p > 0).any()):
+    if has_min_p is None:
+        has_min_p = bool((min_p > 0).any())
+    if has_min_p:
         probs = torch.softmax(out, dim=-1)  # [num_rows, vocab]
         threshold = min_p[:, None] * probs.amax(dim=-1, keepdim=True)  # [num_rows, 1]
         # The max has prob == max >= min_p * max (min_p <= 1), so it always survives.
@@ -66,6 +79,8 @@ def _top_k_top_p(out: Tensor, top_k: Tensor, use_top_k: Tensor, top_p: Tensor, u
     return torch.empty_like(out).scatter_(-1, order, sorted_logits)
 
 
-def compute_probs(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
-    """float32 softmax of `apply_sampling_filters(...)`: [num_rows, vocab]."""
-    return torch.softmax(apply_sampling_filters(logits, temperature, top_k, top_p, min_p), dim=-1)
+def compute_probs(
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor, **filters: bool | None
+) -> Tensor:
+    """float32 softmax of `apply_sampling_filters(...)` (``filters``: its has_* flags): [num_rows, vocab]."""
+    return torch.softmax(apply_sampling_filters(logits, temperature, top_k, top_p, min_p, **filters), dim=-1)

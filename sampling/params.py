@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from numbers import Integral, Real
 from typing import Any
@@ -101,3 +101,12 @@ class SamplingParams:
         generator = torch.Generator(device=device)
         generator.manual_seed(self.seed)
         return generator
+
+
+def filter_flags(params: Sequence[SamplingParams], vocab_size: int) -> dict[str, bool]:
+    """Which logit filters any of these requests uses, decided on the host (for `compute_probs`, so it
+    never reads the device to find out)."""
+    return {
+        "has_top_k_top_p": any(0 < p.top_k < vocab_size or p.top_p < 1 for p in params),
+        "has_min_p": any(p.min_p > 0 for p in params),
+    }

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .host_values import device_tensor
 from .logits import compute_probs
-from .params import SamplingParams
+from .params import SamplingParams, filter_flags
+from .sampler import draw_token
 from .spec_decode_metadata import SpecDecodeMetadata
 
 #: Token id that stands for "no token" where a slot must be filled; a valid vocabulary id never equals it,
@@ -198,10 +200,10 @@ def rejection_sample(
 def _target_probs(logits, meta: SpecDecodeMetadata, params, sampled: list[int]) -> Tensor:
     """p: the target's filtered distribution on every row of the sampled requests, [S, K + 1, vocab]."""
     width, device = meta.max_spec_len, logits.device
-    index = torch.tensor(sampled, dtype=torch.long, device=device)  # [S]
+    index = device_tensor(sampled, torch.long, device)  # [S]
 
     def per_row(values, dtype):
-        return torch.tensor(values, dtype=dtype, device=device).repeat_interleave(width + 1)
+        return device_tensor(values, dtype, device).repeat_interleave(width + 1)
 
     chosen = [params[i] for i in sampled]
     probs = compute_probs(  # [S * (K + 1), vocab] float32
@@ -210,6 +212,7 @@ def _target_probs(logits, meta: SpecDecodeMetadata, params, sampled: list[int]) 
         per_row([x.top_k for x in chosen], torch.long),
         per_row([x.top_p for x in chosen], torch.float32),
         per_row([x.min_p for x in chosen], torch.float32),
+        **filter_flags(chosen, logits.shape[-1]),
     )
     # an unreadable row (its request is cut before it, or fails) still needs something to draw from
     drawable = torch.isfinite(probs).all(dim=1, keepdim=True) & (probs.sum(dim=1, keepdim=True) > 0)
@@ -225,7 +228,7 @@ def _verify_without_q(p, meta, generator, i: int, accept, final) -> RngRewind:
     states = [_rng_state(generator, device)]
     draws = []
     for j in range(k + 1):  # p: [K + 1, vocab]
-        draws.append(torch.multinomial(p[j], 1, generator=generator))
+        draws.append(draw_token(p[j], generator))
         states.append(_rng_state(generator, device))
     x = torch.cat(draws)  # [k + 1]
     accept[i, :k] = x[:k] == meta.padded_draft_ids[i, :k]
@@ -238,8 +241,8 @@ def _verify_with_q(p, meta, generators, items, accept, final, num_usable) -> Non
     rejection n emit a draw from the residual norm(max(p_n - q_n, 0)) (p_n when that is all zero, or
     when d_n is outside the vocabulary or q_n[d_n] == 0); after the usable drafts, a draw from p_n."""
     width, vocab, device = meta.max_spec_len, p.shape[-1], p.device
-    rows = torch.tensor([row for row, _ in items], dtype=torch.long, device=device)  # [Q]
-    index = torch.tensor([i for _, i in items], dtype=torch.long, device=device)  # [Q]
+    rows = device_tensor([row for row, _ in items], torch.long, device)  # [Q]
+    index = device_tensor([i for _, i in items], torch.long, device)  # [Q]
     p = p[rows]  # [Q, K + 1, vocab]
     drafts = meta.padded_draft_ids[index]  # [Q, K]
     in_vocab = (drafts >= 0) & (drafts < vocab)  # [Q, K]
@@ -268,8 +271,8 @@ def _verify_with_q(p, meta, generators, items, accept, final, num_usable) -> Non
     residual = torch.where(residual.sum(dim=1, keepdim=True) > 0, residual, p_n)  # all zero: p_n
     weights = torch.where(plain[:, None], p_n, residual)  # [Q, vocab]
     draws = [
-        torch.multinomial(weights[row], 1, generator=generators[i]) for row, (_, i) in enumerate(items)
-    ]  # Q x [1]; multinomial normalises
+        draw_token(weights[row], generators[i]) for row, (_, i) in enumerate(items)
+    ]  # Q x [1]; weights need not be normalised
     accept[index] = accepted
     final[index] = torch.cat(draws)[:, None].expand(-1, width + 1)
 

@@ -7,13 +7,22 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from .host_values import device_tensor
 from .logits import compute_probs
-from .params import SamplingParams
+from .params import SamplingParams, filter_flags
 
 
-def _draw(probs_row: Tensor, generator: torch.Generator | None) -> Tensor:
-    """One token id drawn from `probs_row` [vocab]: a [1] long tensor on probs_row's device."""
-    return torch.multinomial(probs_row, num_samples=1, generator=generator)
+def draw_token(probs_row: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One token id drawn from `probs_row` [vocab] (non-negative weights, not all zero; need not sum to
+    1): a [1] long tensor on probs_row's device, read by nobody until the caller does.
+
+    ``torch.multinomial``'s own one-sample algorithm (the exponential race: argmax of p / E with E ~
+    Exp(1), drawn with the same generator call), so it returns exactly multinomial's token for the same
+    generator state; but multinomial first checks its input with two reads back to the host, which on
+    CUDA make the host wait for the device at every draw. The callers' rows are valid by construction.
+    """
+    race = torch.empty_like(probs_row).exponential_(1, generator=generator)
+    return torch.argmax(probs_row / race, dim=-1, keepdim=True)
 
 
 def sample_from_probs(probs_row: Tensor, generator: torch.Generator | None) -> int:
@@ -21,7 +30,7 @@ def sample_from_probs(probs_row: Tensor, generator: torch.Generator | None) -> i
 
     `generator` None uses the global RNG; otherwise it must live on probs_row's device.
     """
-    return int(_draw(probs_row, generator).item())
+    return int(draw_token(probs_row, generator).item())
 
 
 class Sampler:
@@ -53,12 +62,15 @@ class Sampler:
 
         device = logits.device
         rows = [params[i] for i in sampled]
-        temperature = torch.tensor([p.temperature for p in rows], dtype=torch.float32, device=device)
-        top_k = torch.tensor([p.top_k for p in rows], dtype=torch.long, device=device)
-        top_p = torch.tensor([p.top_p for p in rows], dtype=torch.float32, device=device)
-        min_p = torch.tensor([p.min_p for p in rows], dtype=torch.float32, device=device)
-        index = torch.tensor(sampled, dtype=torch.long, device=device)  # [num_sampled]
-        probs = compute_probs(logits[index], temperature, top_k, top_p, min_p)  # [num_sampled, vocab]
-        draws = [_draw(probs[j], generators[row]) for j, row in enumerate(sampled)]  # num_sampled x [1]
+        temperature = device_tensor([p.temperature for p in rows], torch.float32, device)
+        top_k = device_tensor([p.top_k for p in rows], torch.long, device)
+        top_p = device_tensor([p.top_p for p in rows], torch.float32, device)
+        min_p = device_tensor([p.min_p for p in rows], torch.float32, device)
+        index = device_tensor(sampled, torch.long, device)  # [num_sampled]
+        flags = filter_flags(rows, logits.shape[-1])
+        probs = compute_probs(
+            logits[index], temperature, top_k, top_p, min_p, **flags
+        )  # [num_sampled, vocab]
+        draws = [draw_token(probs[j], generators[row]) for j, row in enumerate(sampled)]  # num_sampled x [1]
         tokens[index] = torch.cat(draws)
         return tokens

@@ -383,3 +383,42 @@ def test_make_generator_is_seeded_or_none() -> None:
     second = SamplingParams(seed=99).make_generator(torch.device("cpu"))
     assert first is not None and second is not None
     assert torch.equal(torch.rand(5, generator=first), torch.rand(5, generator=second))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_draw_token_is_multinomials_draw_for_the_same_generator_state(dtype):
+    """`draw_token` runs multinomial's own one-sample algorithm without its host-side checks: the same
+    tokens, draw for draw, so seeded requests are reproducible across the change."""
+    from specexec.sampling.sampler import draw_token
+
+    probs = torch.rand(500, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    probs[::4] = 0  # tokens that can never come out
+    ours, theirs = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    drawn = [int(draw_token(probs, ours)) for _ in range(300)]
+    assert drawn == [int(torch.multinomial(probs, 1, generator=theirs)) for _ in range(300)]
+    assert all(t % 4 for t in drawn)
+
+
+def test_filters_decided_on_the_host_give_the_probabilities_read_from_the_device():
+    from specexec.sampling import compute_probs
+    from specexec.sampling.params import filter_flags
+
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    rows = [
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.0, top_k=5),
+        SamplingParams(temperature=1.3, top_p=0.8),
+        SamplingParams(temperature=0.9, min_p=0.1),
+    ]
+    for chosen in (rows[:1], rows):
+        n = len(chosen)
+        args = (
+            logits[:n],
+            torch.tensor([p.temperature for p in chosen]),
+            torch.tensor([p.top_k for p in chosen]),
+            torch.tensor([p.top_p for p in chosen]),
+            torch.tensor([p.min_p for p in chosen]),
+        )
+        flags = filter_flags(chosen, 50)
+        assert flags == {"has_top_k_top_p": n > 1, "has_min_p": n > 1}
+        assert torch.equal(compute_probs(*args, **flags), compute_probs(*args))
