@@ -14,7 +14,8 @@ import torch
 
 from ..grammar.request_grammar import grammar_valid_prefix
 from ..plugins import hookimpl
-from ..sampling import compute_probs
+from ..sampling import compute_probs, device_tensor
+from ..sampling.params import filter_flags
 
 __all__ = [
     "DraftProposal",
@@ -49,10 +50,11 @@ def draft_distribution(logits: torch.Tensor, params) -> torch.Tensor:
     dev = logits.device
     return compute_probs(
         logits[None],
-        torch.tensor([params.temperature], device=dev),
-        torch.tensor([params.top_k], device=dev),
-        torch.tensor([params.top_p], device=dev),
-        torch.tensor([params.min_p], device=dev),
+        device_tensor([params.temperature], torch.float32, dev),
+        device_tensor([params.top_k], torch.long, dev),
+        device_tensor([params.top_p], torch.float32, dev),
+        device_tensor([params.min_p], torch.float32, dev),
+        **filter_flags([params], logits.shape[-1]),
     )[0]  # [vocab]
 
 

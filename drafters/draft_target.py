@@ -16,9 +16,9 @@ import torch
 from ..executor.block_manager import BlockManager
 from ..executor.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from ..executor.model_runner import ModelRunner, SequenceInput
-from ..kernels import apply_mask_inplace
 from ..sampling import sample_from_probs
 from .base import Drafter, DraftProposal, draft_distribution
+from .draft_masks import DraftMasks
 
 
 def check_vocab_compatible(
@@ -81,7 +81,7 @@ class DraftTargetDrafter(Drafter):
             draft_model, KVCache(spec, num_blocks, block_size, param.device), max_num_tokens
         )
         self._states: dict[str, _DraftState] = {}
-        self._bitmask = torch.full((1, -(-target_vocab_size // 32)), -1, dtype=torch.int32)  # [1, words]
+        self._masks = DraftMasks(target_vocab_size, param.device)
 
     # ---- drafting -------------------------------------------------------------------------------
     def prepare_draft_tokens(self, scheduled_requests: list, resources) -> dict[str, DraftProposal]:
@@ -92,31 +92,30 @@ class DraftTargetDrafter(Drafter):
         grammars = {
             r.request_id: self.grammar_of(r).fork_for_drafting() for r, _ in active if self.grammar_of(r)
         }
-        stopped: set[str] = set()
         while active:
             active = [(r, n) for r, n in active if self._reserve(r, len(feeds[r.request_id]))]
             if not active:
                 break
             logits = self._feed([(r, feeds[r.request_id]) for r, _ in active])
-            for r, _ in active:
-                matcher = grammars.get(r.request_id)
-                if matcher is not None:  # draft-side mask: the drafts stay grammar-valid
-                    if matcher.is_terminated():
-                        stopped.add(r.request_id)
-                        continue
-                    matcher.fill_next_token_bitmask(self._bitmask, 0)
-                    apply_mask_inplace(logits[r.request_id][None], self._bitmask)
-                token, q = self._pick(logits[r.request_id], r)
+            # a request whose grammar is complete drafts no further
+            active = [(r, n) for r, n in active if not _is_done(grammars.get(r.request_id))]
+            if not active:
+                break
+            rows = torch.stack([logits[r.request_id] for r, _ in active])  # [R, vocab]
+            matchers = [grammars.get(r.request_id) for r, _ in active]
+            self._masks.apply(rows, matchers)  # draft-side masks: the drafts stay grammar-valid
+            picks = self._pick_rows(rows, [r for r, _ in active])
+            still = []
+            for (r, n), matcher, (token, q) in zip(active, matchers, picks):
                 if matcher is not None and not matcher.accept_token(token):
-                    stopped.add(r.request_id)  # (cannot happen after the mask)
-                    continue
+                    continue  # (cannot happen after the mask)
                 drafts[r.request_id].append(token)
                 if q is not None:
                     probs[r.request_id].append(q)
                 feeds[r.request_id] = [token]
-            active = [
-                (r, n) for r, n in active if len(drafts[r.request_id]) < n and r.request_id not in stopped
-            ]
+                if len(drafts[r.request_id]) < n:
+                    still.append((r, n))
+            active = still
         return {
             rid: DraftProposal(tokens, torch.stack(probs[rid]) if probs[rid] else None)
             for rid, tokens in drafts.items()
@@ -183,17 +182,27 @@ class DraftTargetDrafter(Drafter):
         bm.append(rid, num_tokens)
         return True
 
-    def _pick(self, logits: torch.Tensor, request) -> tuple[int, torch.Tensor | None]:
-        """Greedy draft token, or one sampled from q (kept for rejection sampling)."""
-        params = request.sampling_params
-        if not self.returns_draft_probs or params.is_greedy:
-            return int(logits.argmax()), None
-        q = draft_distribution(logits, params)  # [vocab]
-        return sample_from_probs(q, request.generator), q
+    def _pick_rows(self, rows: torch.Tensor, requests: list) -> list[tuple[int, torch.Tensor | None]]:
+        """Each request's draft token from its row of ``rows`` [R, vocab]: greedy (one read back for every
+        row), or sampled from q (kept for rejection sampling)."""
+        greedy = rows.argmax(dim=-1).tolist()
+        picks: list[tuple[int, torch.Tensor | None]] = []
+        for i, request in enumerate(requests):
+            params = request.sampling_params
+            if not self.returns_draft_probs or params.is_greedy:
+                picks.append((greedy[i], None))
+                continue
+            q = draft_distribution(rows[i], params)  # [vocab]
+            picks.append((sample_from_probs(q, request.generator), q))
+        return picks
 
     def release(self, request) -> None:
         self._states.pop(request.request_id, None)
         self.block_manager.free(request.request_id)
+
+
+def _is_done(matcher) -> bool:
+    return matcher is not None and matcher.is_terminated()
 
 
 def _activation_dtype(model: torch.nn.Module) -> torch.dtype:

@@ -23,9 +23,9 @@ from ..executor.block_manager import BlockManager
 from ..executor.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from ..executor.model_runner import PagedInputs, SequenceInput
 from ..executor.paged_attention import paged_attention_forward
-from ..kernels import apply_mask_inplace
 from ..sampling import sample_from_probs
 from .base import Drafter, DraftProposal, draft_distribution
+from .draft_masks import DraftMasks
 from .eagle3_head import Eagle3Head, default_aux_layers
 
 
@@ -101,7 +101,7 @@ class Eagle3Drafter(Drafter):
         self.block_manager = BlockManager(num_blocks, block_size)
         self.inputs = PagedInputs(KVCache(spec, num_blocks, block_size, device), max_num_tokens)
         self._states: dict[str, _HeadState] = {}
-        self._bitmask = torch.full((1, -(-target_vocab_size // 32)), -1, dtype=torch.int32)  # [1, words]
+        self._masks = DraftMasks(target_vocab_size, device)
 
     # ---- drafting -------------------------------------------------------------------------------
     def prepare_draft_tokens(self, scheduled_requests: list, resources) -> dict[str, DraftProposal]:
@@ -122,8 +122,9 @@ class Eagle3Drafter(Drafter):
         active = list(ready)
         while True:
             still = []
-            for j, (r, n) in enumerate(active):
-                token, q = self._pick(logits[j], r, grammars.get(r.request_id))
+            matchers = [grammars.get(r.request_id) for r, _ in active]
+            picks = self._pick_rows(logits, [r for r, _ in active], matchers)
+            for j, ((r, n), (token, q)) in enumerate(zip(active, picks)):
                 if token is None:
                     continue
                 drafts[r.request_id].append(token)
@@ -186,16 +187,16 @@ class Eagle3Drafter(Drafter):
                 seqs.append(
                     SequenceInput(tokens, st.num_real, self.block_manager.block_tables[r.request_id], 1)
                 )
-            out = self._forward(seqs, self.head.fuse(torch.cat(features)))
+            out, logits = self._forward(seqs, self.head.fuse(torch.cat(features)))
             for k, (r, take) in enumerate(items):
                 st = self._states[r.request_id]
                 st.num_real += take
                 if st.num_real == st.pending_end:
                     st.pending, st.pending_start = None, st.num_real
-                    last[r.request_id] = out[k]
+                    last[r.request_id] = (out[k], logits[k])
             todo = [r for r in todo if r.request_id not in last]
-        hidden = torch.stack([last[r.request_id] for r in requests])  # [R, hidden]
-        return hidden, self.head.logits(hidden)
+        hidden = torch.stack([last[r.request_id][0] for r in requests])  # [R, hidden]
+        return hidden, torch.stack([last[r.request_id][1] for r in requests])  # [R, draft_vocab]
 
     def _draft_step(self, requests, hidden, tokens) -> tuple[torch.Tensor, torch.Tensor]:
         """One position further for each request: its own previous output and its last draft token."""
@@ -204,15 +205,16 @@ class Eagle3Drafter(Drafter):
             rid = r.request_id
             pos = self.block_manager.num_slots[rid] - 1
             seqs.append(SequenceInput([tokens[len(seqs)]], pos, self.block_manager.block_tables[rid], 1))
-        out = self._forward(seqs, hidden)
-        return out, self.head.logits(out)
+        return self._forward(seqs, hidden)
 
     @torch.inference_mode()
-    def _forward(self, seqs: list[SequenceInput], hidden: torch.Tensor) -> torch.Tensor:
-        """The head over a flattened batch; its pre-norm output at each sequence's last token [R, hidden]."""
+    def _forward(self, seqs: list[SequenceInput], hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head over a flattened batch: its pre-norm output [R, hidden] and draft logits
+        [R, draft_vocab] at each sequence's last token."""
         batch = self.inputs.prepare(seqs)
         out = self.head.step(batch.input_ids, hidden, batch.positions, _PagedHeadAttention(batch.metadata))
-        return out[batch.logit_indices]
+        out = out[batch.logit_indices]
+        return out, self.head.logits(out)
 
     # ---- cache bookkeeping ----------------------------------------------------------------------
     def _rewind_to_real(self, requests) -> None:
@@ -248,31 +250,39 @@ class Eagle3Drafter(Drafter):
         return True
 
     # ---- picking a token ------------------------------------------------------------------------
-    def _pick(self, logits: torch.Tensor, request, matcher) -> tuple[int | None, torch.Tensor | None]:
-        """The next draft as a target id (greedy, or sampled with q over the target vocabulary); None
-        when the grammar leaves no draft-vocabulary token or is done."""
+    def _pick_rows(
+        self, logits: torch.Tensor, requests: list, matchers: list
+    ) -> list[tuple[int | None, torch.Tensor | None]]:
+        """Each request's next draft as a target id from its row of ``logits`` [R, draft_vocab] (greedy,
+        or sampled with q over the target vocabulary); None when its grammar is done or leaves no
+        draft-vocabulary token (its row holds no finite logit). The greedy ids and the rows' finiteness
+        come back in one read."""
         logits = logits.float()
-        if matcher is not None:
-            if matcher.is_terminated():
-                return None, None
-            matcher.fill_next_token_bitmask(self._bitmask, 0)
-            apply_mask_inplace(logits[None], self._bitmask.to(logits.device), d2t=self.head.d2t)
-            if not torch.isfinite(logits.max()):
-                return None, None
-        params = request.sampling_params
-        q = None
-        if not self.returns_draft_probs or params.is_greedy:
-            draft_id = int(logits.argmax())
-        else:
-            dev = logits.device
-            q_draft = draft_distribution(logits, params)  # [draft_vocab]
-            draft_id = sample_from_probs(q_draft, request.generator)
-            q = torch.zeros(self.vocab_size, dtype=q_draft.dtype, device=dev)
-            q[self.head.to_target_ids(torch.arange(len(q_draft), device=dev))] = q_draft
-        token = int(self.head.to_target_ids(torch.tensor(draft_id, device=self.head.d2t.device)))
-        if matcher is not None and not matcher.accept_token(token):
-            return None, None
-        return token, q
+        done = [m is not None and m.is_terminated() for m in matchers]
+        matchers = [None if is_done else m for m, is_done in zip(matchers, done)]
+        self._masks.apply(logits, matchers, d2t=self.head.d2t)
+        targets = self.head.to_target_ids(logits.argmax(dim=-1))  # [R]
+        finite = torch.isfinite(logits.amax(dim=-1))  # [R]: some token is allowed
+        answers = torch.stack([targets, finite.long()], dim=1).tolist()
+        picks: list[tuple[int | None, torch.Tensor | None]] = []
+        for i, (request, matcher) in enumerate(zip(requests, matchers)):
+            token, q = answers[i][0], None
+            if done[i] or not answers[i][1]:
+                picks.append((None, None))
+                continue
+            params = request.sampling_params
+            if self.returns_draft_probs and not params.is_greedy:
+                dev = logits.device
+                q_draft = draft_distribution(logits[i], params)  # [draft_vocab]
+                draft_id = sample_from_probs(q_draft, request.generator)
+                q = torch.zeros(self.vocab_size, dtype=q_draft.dtype, device=dev)
+                q[self.head.to_target_ids(torch.arange(len(q_draft), device=dev))] = q_draft
+                token = draft_id + int(self.head.d2t[draft_id])
+            if matcher is not None and not matcher.accept_token(token):
+                picks.append((None, None))
+                continue
+            picks.append((token, q))
+        return picks
 
     def release(self, request) -> None:
         self._states.pop(request.request_id, None)

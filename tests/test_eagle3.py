@@ -342,7 +342,7 @@ def test_draft_side_mask_forbids_exactly_what_the_target_mask_forbids(tmp_path, 
     logits = torch.randn(DRAFT_VOCAB)
     request = SimpleNamespace(sampling_params=SamplingParams(temperature=0.0), generator=None)
     matcher = FixedMaskMatcher(allowed)
-    token, _ = drafter._pick(logits, request, matcher)
+    ((token, _),) = drafter._pick_rows(logits[None], [request], [matcher])
     target_of = head.to_target_ids(torch.arange(DRAFT_VOCAB)).tolist()
     for draft_id, target_id in enumerate(target_of):
         assert torch.isfinite(logits[draft_id]) == (target_id in allowed), (draft_id, target_id)
@@ -351,13 +351,36 @@ def test_draft_side_mask_forbids_exactly_what_the_target_mask_forbids(tmp_path, 
     assert matcher.accepted == [token]
 
 
+def test_rows_of_one_drafting_step_are_picked_each_by_its_own_grammar(tmp_path):
+    """One step's rows together (one read back for all): a guided row masked through d2t, an unguided
+    row, a row whose grammar is complete, each picked as if alone."""
+    make_head_dir(tmp_path)
+    head = load_head(tmp_path, torch.nn.Embedding(VOCAB, 32), torch.float32, "cpu")
+    drafter = Eagle3Drafter(head, 3, VOCAB, 4, block_size=4)
+    request = SimpleNamespace(sampling_params=SamplingParams(temperature=0.0), generator=None)
+    logits = torch.randn(3, DRAFT_VOCAB, generator=torch.Generator().manual_seed(3))
+    target_of = head.to_target_ids(torch.arange(DRAFT_VOCAB)).tolist()
+    allowed = set(target_of[::5])
+    done = FixedMaskMatcher(set(range(VOCAB)))
+    done.is_terminated = lambda: True
+    alone = [
+        drafter._pick_rows(logits[i : i + 1].clone(), [request], [m])[0]
+        for i, m in enumerate([FixedMaskMatcher(allowed), None, done])
+    ]
+    together = drafter._pick_rows(logits, [request] * 3, [FixedMaskMatcher(allowed), None, done])
+    assert together == alone
+    assert together[0][0] in allowed and together[1][0] == target_of[int(logits[1].argmax())]
+    assert together[2] == (None, None)
+
+
 def test_grammar_with_no_draft_vocab_token_allowed_stops_drafting(tmp_path):
     make_head_dir(tmp_path)
     head = load_head(tmp_path, torch.nn.Embedding(VOCAB, 32), torch.float32, "cpu")
     drafter = Eagle3Drafter(head, 3, VOCAB, 4, block_size=4)
     outside = set(range(VOCAB)) - set(head.to_target_ids(torch.arange(DRAFT_VOCAB)).tolist())
     request = SimpleNamespace(sampling_params=SamplingParams(temperature=0.0), generator=None)
-    token, q = drafter._pick(torch.randn(DRAFT_VOCAB), request, FixedMaskMatcher({min(outside)}))
+    matcher = FixedMaskMatcher({min(outside)})
+    ((token, q),) = drafter._pick_rows(torch.randn(1, DRAFT_VOCAB), [request], [matcher])
     assert token is None and q is None
 
 
@@ -368,7 +391,7 @@ def test_sampled_drafts_carry_q_over_the_target_vocabulary(tmp_path):
     request = SimpleNamespace(
         sampling_params=SamplingParams(temperature=0.7), generator=torch.Generator().manual_seed(0)
     )
-    token, q = drafter._pick(torch.randn(DRAFT_VOCAB, dtype=torch.float64), request, None)
+    ((token, q),) = drafter._pick_rows(torch.randn(1, DRAFT_VOCAB, dtype=torch.float64), [request], [None])
     assert q.shape == (VOCAB,)
     assert torch.isclose(q.sum(), torch.tensor(1.0, dtype=q.dtype))
     assert q[token] > 0
