@@ -97,6 +97,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     executor = Executor(config=config)
     choice = executor.dtype_choice
     print(f"[dtype {choice.dtype}: {choice.reason}]", file=sys.stderr)
+    for report in executor.cuda_graphs:
+        print(f"[{report.describe()}]", file=sys.stderr)
     prompt = prompt_text
     if not args.raw and getattr(executor.tokenizer, "chat_template", None):
         prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [

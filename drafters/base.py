@@ -124,6 +124,12 @@ class Drafter:
     def release(self, request) -> None:
         """Forget a finished or preempted request."""
 
+    def capture_cuda_graphs(self, backend, max_batch_size: int, max_model_len: int) -> list:
+        """Capture the models this drafter runs every step (called once at start-up on CUDA, after the
+        target's graphs, with the executor's capture ``backend``); returns their
+        `GraphCaptureReport`s. A drafter without a model of its own captures nothing."""
+        return []
+
     # ---- hook implementations (the executor calls these through the plugin manager) ------------
     @hookimpl
     def specexec_prepare_draft_requests(self, requests: list) -> dict[str, int]:

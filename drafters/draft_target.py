@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..executor.block_manager import BlockManager
+from ..executor.graph_shapes import GraphShapes
 from ..executor.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from ..executor.model_runner import ModelRunner, SequenceInput
 from ..sampling import sample_from_probs
@@ -82,6 +83,14 @@ class DraftTargetDrafter(Drafter):
         )
         self._states: dict[str, _DraftState] = {}
         self._masks = DraftMasks(target_vocab_size, param.device)
+
+    def capture_cuda_graphs(self, backend, max_batch_size: int, max_model_len: int) -> list:
+        """The draft model's graphs: a catch-up of one or two tokens (the bonus token, or the last draft
+        and the bonus token) and each drafting step of one token."""
+        bs = self.block_manager.block_size
+        pages = min(-(-(max_model_len + self.max_draft_len) // bs), self.block_manager.num_blocks)
+        shapes = GraphShapes.for_model(max_batch_size, (1, 2), pages, bs, self.runner.max_num_tokens)
+        return [self.runner.capture_graphs(shapes, backend, "draft model")]
 
     # ---- drafting -------------------------------------------------------------------------------
     def prepare_draft_tokens(self, scheduled_requests: list, resources) -> dict[str, DraftProposal]:

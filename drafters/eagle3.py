@@ -20,9 +20,12 @@ from dataclasses import dataclass
 import torch
 
 from ..executor.block_manager import BlockManager
+from ..executor.cuda_graphs import StepGraphs
+from ..executor.graph_shapes import GraphShapes
 from ..executor.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from ..executor.model_runner import PagedInputs, SequenceInput
 from ..executor.paged_attention import paged_attention_forward
+from ..executor.static_batch import StaticInputs
 from ..sampling import sample_from_probs
 from .base import Drafter, DraftProposal, draft_distribution
 from .draft_masks import DraftMasks
@@ -102,6 +105,30 @@ class Eagle3Drafter(Drafter):
         self.inputs = PagedInputs(KVCache(spec, num_blocks, block_size, device), max_num_tokens)
         self._states: dict[str, _HeadState] = {}
         self._masks = DraftMasks(target_vocab_size, device)
+
+    @torch.inference_mode()
+    def capture_cuda_graphs(self, backend, max_batch_size: int, max_model_len: int) -> list:
+        """The head's graphs: a catch-up of 1 + accepted positions (query lengths 1 and 1 + k) and each
+        drafting step of one position, with the hidden states as a per-token input."""
+        bs, inputs = self.block_manager.block_size, self.inputs
+        pages = min(-(-(max_model_len + self.max_draft_len) // bs), self.block_manager.num_blocks)
+        shapes = GraphShapes.for_model(
+            max_batch_size, (1, 1 + self.max_draft_len), pages, bs, inputs.max_num_tokens
+        )
+        hidden = (self.head.config.hidden_size, self.head.fc.weight.dtype)
+        graphs = StepGraphs(
+            StaticInputs(inputs.kv_cache, shapes.bound), shapes, self._static_forward, {"hidden": hidden}
+        )
+        report = graphs.capture(backend, inputs.attention_paths, "EAGLE-3 head")
+        inputs.graphs = graphs if graphs.is_captured else None
+        return [report]
+
+    def _static_forward(self, views, meta, token_inputs):
+        """What a graph captures: the head over the shape's flat batch, outputs and logits at every row."""
+        out = self.head.step(
+            views.input_ids, token_inputs["hidden"], views.positions, _PagedHeadAttention(meta)
+        )  # [B * Q, hidden]
+        return {"out": out, "logits": self.head.logits(out)}, {}
 
     # ---- drafting -------------------------------------------------------------------------------
     def prepare_draft_tokens(self, scheduled_requests: list, resources) -> dict[str, DraftProposal]:
@@ -209,8 +236,13 @@ class Eagle3Drafter(Drafter):
 
     @torch.inference_mode()
     def _forward(self, seqs: list[SequenceInput], hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The head over a flattened batch: its pre-norm output [R, hidden] and draft logits
-        [R, draft_vocab] at each sequence's last token."""
+        """The head over a flattened batch (replayed from a graph when one holds it): its pre-norm output
+        [R, hidden] and draft logits [R, draft_vocab] at each sequence's last token."""
+        if self.inputs.graphs is not None:
+            replayed = self.inputs.graphs.run(seqs, {"hidden": hidden})
+            if replayed is not None:
+                _, per_row, _ = replayed
+                return per_row["out"], per_row["logits"]
         batch = self.inputs.prepare(seqs)
         out = self.head.step(batch.input_ids, hidden, batch.positions, _PagedHeadAttention(batch.metadata))
         out = out[batch.logit_indices]

@@ -9,9 +9,8 @@ Everything is decided from the host's own integers (query lengths, positions, bl
 reading a device tensor back: the integers of a group travel to the device in one copy and the masks
 are built there, so no forward waits on the device before its first layer. Keys are read page by page
 through the block table (``[group, max_blocks]``), so a group's key length is a whole number of pages.
-With ``fixed_shapes`` (CUDA, for graph capture) a short-query group is padded to a batch-size bucket and
-to ``1 + max_draft_len`` queries per request, and its block table to the pages of ``max_model_len``:
-its tensors then have one shape per bucket whatever the step holds.
+A captured forward (`static_batch.py`) builds the same group from its fixed-shape input buffers, with
+the masks derived on the device by `causal_page_mask`.
 """
 
 from __future__ import annotations
@@ -24,8 +23,6 @@ from .attention_paths import AttentionPaths
 
 #: queries of at most this many tokens share the padded group
 MAX_SHORT_QUERY_LEN = 64
-#: batch sizes a fixed-shape short-query group is padded to (the CUDA graph buckets)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass(slots=True)
@@ -42,36 +39,26 @@ class SequenceSlice:
         return self.start_pos + self.query_len
 
 
-@dataclass(frozen=True, slots=True)
-class FixedShapes:
-    """Padding of short-query groups to capturable shapes."""
-
-    query_len: int  #: queries per request (1 + max_draft_len)
-    max_blocks: int  #: block-table width (pages of max_model_len)
-
-    @staticmethod
-    def bucket(num: int) -> int:
-        """The smallest batch bucket holding ``num`` requests (``num`` itself above the largest)."""
-        return next((b for b in BATCH_BUCKETS if b >= num), num)
-
-
 @dataclass(slots=True)
 class AttentionGroup:
     """Requests attended together in one padded attention call."""
 
     query_slice: slice | None  #: contiguous, equal-length queries: a view of the flat batch, else None
-    query_index: torch.Tensor  # [group, max_query] flat token index (padding points at token 0)
+    query_index: torch.Tensor | None  # [group, max_query] flat token index (padding points at token 0);
+    #                                   None with a query_slice
     num_queries: int  #: group size (padded rows included)
     max_query_len: int
-    valid_rows: torch.Tensor  # [num_valid] rows of the padded [group * max_query] output that are real
-    out_index: torch.Tensor  # [num_valid] flat token index of each real row
+    valid_rows: torch.Tensor | None  # [num_valid] rows of the padded [group * max_query] output that are
+    #                                  real (None: the group's output is the whole batch's)
+    out_index: torch.Tensor | None  # [num_valid] flat token index of each real row (None: likewise)
     block_tables: torch.Tensor  # [group, max_blocks] pages of each request (padding: page 0)
     kv_slice: slice | None  #: a lone request on consecutive pages: its keys are one slice of the pool
     max_kv_len: int  #: keys each request's attention reads (a slice's length, or max_blocks pages)
     query_pos: torch.Tensor  # [group, max_query, 1] position of each query
     key_pos: torch.Tensor  # [1, 1, max_kv]
     base_mask: torch.Tensor | None  # [group, 1, max_query, max_kv] True = attend; None = attend to all
-    max_query_pos: int  #: largest query position in the group
+    max_query_pos: int  #: largest query position in the group (a captured group: unknown, so the
+    #                     largest int64, and every sliding window is applied)
     is_causal: bool  #: a lone sequence with nothing cached before it: plain causal attention (no mask)
     is_short: bool  #: decode / verify rows (the measured short-query attention path applies)
     _window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -92,29 +79,22 @@ class AttentionGroup:
         return self._window_masks[sliding_window]
 
 
-def build_group(
-    seqs: list[SequenceSlice], block_size: int, device: torch.device, fixed: FixedShapes | None = None
-) -> AttentionGroup:
-    num_real = len(seqs)
+def build_group(seqs: list[SequenceSlice], block_size: int, device: torch.device) -> AttentionGroup:
+    num = len(seqs)
     q_lens = [s.query_len for s in seqs]
     kv_lens = [s.kv_len for s in seqs]
     is_short = max(q_lens) <= MAX_SHORT_QUERY_LEN
-    kv_slice = _consecutive_slots(seqs[0], block_size) if num_real == 1 and fixed is None else None
-    num, max_q = num_real, max(q_lens)
+    kv_slice = _consecutive_slots(seqs[0], block_size) if num == 1 else None
+    max_q = max(q_lens)
     max_blocks = max(-(-kv // block_size) for kv in kv_lens)
-    if fixed is not None and is_short:
-        num = FixedShapes.bucket(num_real)
-        max_q = max(max_q, fixed.query_len)
-        max_blocks = max(max_blocks, fixed.max_blocks)
     max_kv = kv_slice.stop - kv_slice.start if kv_slice is not None else max_blocks * block_size
 
     # One host buffer, one copy to the device: per request [query_start, query_len, start_pos, table...]
-    pad = num - num_real
     rows = [
         [s.query_start, s.query_len, s.start_pos, *s.block_table[:max_blocks]]
         + [0] * (max_blocks - min(len(s.block_table), max_blocks))
         for s in seqs
-    ] + [[0, 0, 0] + [0] * max_blocks] * pad
+    ]
     valid = [g * max_q + j for g, n in enumerate(q_lens) for j in range(n)]
     out_index = [s.query_start + j for s in seqs for j in range(s.query_len)]
     host = torch.tensor([x for row in rows for x in row] + valid + out_index, dtype=torch.long)
@@ -132,20 +112,12 @@ def build_group(
     key_pos = torch.arange(max_kv, device=device)  # [max_kv]
 
     # A mask is needed unless every real query sees every key read: one query per request, all of the
-    # same length, exactly filling what is read, no padded requests.
-    needs_mask = not (max_q == 1 and pad == 0 and all(kv == max_kv for kv in kv_lens))
-    base_mask = None
-    if needs_mask:
-        kv_len = (q_len + start_pos)[:, None, None]  # [group, 1, 1]
-        mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & (key_pos[None, None, :] < kv_len)
-        # padded query rows attend to key 0 only, so softmax never sees an empty row (their output is dropped)
-        mask |= (~q_valid)[:, :, None] & (key_pos == 0)[None, None, :]
-        base_mask = mask.unsqueeze(1)  # [group, 1, max_q, max_kv]
+    # same length, exactly filling what is read.
+    needs_mask = not (max_q == 1 and all(kv == max_kv for kv in kv_lens))
+    base_mask = causal_page_mask(q_len, start_pos, max_q, max_kv) if needs_mask else None
 
-    uniform = (
-        pad == 0
-        and all(n == max_q for n in q_lens)
-        and all(seqs[i].query_start == seqs[0].query_start + i * max_q for i in range(num_real))
+    uniform = all(n == max_q for n in q_lens) and all(
+        seqs[i].query_start == seqs[0].query_start + i * max_q for i in range(num)
     )
     query_slice = slice(seqs[0].query_start, seqs[0].query_start + num * max_q) if uniform else None
     return AttentionGroup(
@@ -167,6 +139,26 @@ def build_group(
     )
 
 
+def causal_page_mask(
+    query_len: torch.Tensor,  # [group] real queries of each request (0 for a padding request)
+    start_pos: torch.Tensor,  # [group] position of each request's first query
+    max_query_len: int,
+    max_kv_len: int,
+) -> torch.Tensor:  # [group, 1, max_query_len, max_kv_len] True = attend
+    """Each real query attends to the keys at or before its position that its request holds; a padded
+    query row attends to key 0 only, so softmax never sees an empty row (its output is dropped).
+    Built on the device from device tensors: a captured forward derives it inside its graph."""
+    device = query_len.device
+    q_off = torch.arange(max_query_len, device=device)  # [max_q]
+    q_valid = q_off[None, :] < query_len[:, None]  # [group, max_q]
+    query_pos = start_pos[:, None] + q_off[None, :]  # [group, max_q]
+    key_pos = torch.arange(max_kv_len, device=device)  # [max_kv]
+    kv_len = (query_len + start_pos)[:, None, None]  # [group, 1, 1]
+    mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & (key_pos[None, None, :] < kv_len)
+    mask |= (~q_valid)[:, :, None] & (key_pos == 0)[None, None, :]
+    return mask.unsqueeze(1)
+
+
 def _consecutive_slots(seq: SequenceSlice, block_size: int) -> slice | None:
     """The slots of a request whose pages are consecutive, as one slice; else None."""
     first = seq.block_table[0]
@@ -180,17 +172,12 @@ def _consecutive_slots(seq: SequenceSlice, block_size: int) -> slice | None:
 MAX_PADDING_OVERHEAD = 1.5
 
 
-def group_sequences(seqs: list[SequenceSlice], one_short_group: bool = False) -> list[list[SequenceSlice]]:
+def group_sequences(seqs: list[SequenceSlice]) -> list[list[SequenceSlice]]:
     """Short queries share padded groups; each long query is alone.
 
     Short queries are sorted by key length and cut into groups whose padded size (``num * max_q *
     max_kv``) stays within `MAX_PADDING_OVERHEAD` of their real work, so a decode row over 100 keys
-    never pads to a neighbour's 1700 keys or to a 60-token prefill chunk. Uniform batches stay one group,
-    and with ``one_short_group`` (fixed shapes: one captured call) all short queries do."""
-    if one_short_group:
-        short_group = [s for s in seqs if s.query_len <= MAX_SHORT_QUERY_LEN]
-        long_groups = [[s] for s in seqs if s.query_len > MAX_SHORT_QUERY_LEN]
-        return ([short_group] if short_group else []) + long_groups
+    never pads to a neighbour's 1700 keys or to a 60-token prefill chunk. Uniform batches stay one group."""
     short = sorted(
         (s for s in seqs if s.query_len <= MAX_SHORT_QUERY_LEN), key=lambda s: (s.kv_len, s.query_len)
     )
@@ -222,6 +209,8 @@ class AttentionMetadata:
     num_tokens: int
     is_single_view: bool  #: one group whose queries are the whole batch in order: its output is the output
     paths: AttentionPaths = field(default_factory=AttentionPaths)  #: measured kernel choice per query shape
+    #: where page gathers go (a captured forward's own buffer); None: the KV cache's scratch buffer
+    gather_buffer: torch.Tensor | None = None
 
     @classmethod
     def build(
@@ -231,11 +220,10 @@ class AttentionMetadata:
         seqs: list[SequenceSlice],
         block_size: int,
         paths: AttentionPaths | None = None,
-        fixed: FixedShapes | None = None,
     ):
         device = slot_mapping.device
         num_tokens = int(slot_mapping.shape[0])
-        groups = [build_group(g, block_size, device, fixed) for g in group_sequences(seqs, fixed is not None)]
+        groups = [build_group(g, block_size, device) for g in group_sequences(seqs)]
         lone = groups[0] if len(groups) == 1 else None
         writes: torch.Tensor | slice = slot_mapping
         if lone is not None and lone.kv_slice is not None:

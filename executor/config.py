@@ -68,6 +68,9 @@ class ExecutorConfig:
     #: seconds one call into the drafter may take: a late call loses its drafts for that step, and a
     #: drafter late 3 times in a row is switched off; null = no deadline (calls run inline)
     drafter_timeout_s: float | None = 30.0
+    #: on CUDA: capture the decode/verify forward of the target and of the drafter's models as CUDA
+    #: graphs at start-up and replay them (prefill chunks and larger batches run eagerly); no effect on CPU
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.speculative_config, dict):
@@ -136,6 +139,7 @@ class ExecutorConfig:
             self.drafter_timeout_s,
             "null or a number of seconds > 0",
         )
+        _check(isinstance(self.cuda_graphs, bool), "cuda_graphs", self.cuda_graphs, "true or false")
         _check(
             self.speculative_config is None or isinstance(self.speculative_config, SpeculativeConfig),
             "speculative_config",

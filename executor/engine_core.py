@@ -67,6 +67,7 @@ class EngineCore:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.capture_layers = capture_layers  #: hidden states returned on the outputs
+        self.graph_reports: list = []  #: GraphCaptureReport per captured model (set up on CUDA)
         self.verifier = VerifyStage(RejectionSampler(), vocab_size)
         self.resources = StepResources(runner, outputs.tokenizer, vocab_size)
         self._submitted: collections.deque[RequestState] = collections.deque()  # from any thread

@@ -1,5 +1,6 @@
 """Setting an engine up: check what can be checked before loading, load the model, size the KV pool,
-build the drafter (and its forward-cost curve), and assemble the `EngineCore`."""
+build the drafter, capture the CUDA graphs (on CUDA), measure the forward-cost curve, and assemble the
+`EngineCore`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ..drafters.base import Drafter, DrafterContext
 from .attention_paths import choose_attention_paths
 from .block_manager import BlockManager
 from .config import ExecutorConfig
+from .cuda_graphs import CudaGraphCapture, GraphCaptureReport
 from .draft_length import (
     MEASURED_SIZES,
     DraftLengthPolicy,
@@ -21,7 +23,8 @@ from .draft_length import (
 )
 from .dtype_choice import DtypeChoice, choose_dtype
 from .engine_core import EngineCore
-from .guided import GuidedDecodingStage
+from .graph_shapes import GraphShapes
+from .guided import MAX_FORCED_TOKENS, GuidedDecodingStage
 from .kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from .model_runner import ModelRunner, SequenceInput
 from .output_processor import OutputProcessor
@@ -96,10 +99,10 @@ def build_engine_core(
         _measurement_dir(config),
     )
     vocab_size = text_config.vocab_size
-    speculation = _setup_speculation(
-        model, tokenizer, vocab_size, config, drafter, plugins, runner, block_manager
-    )
     max_model_len = _max_model_len(model, config, block_manager)
+    drafter = _setup_drafter(model, tokenizer, vocab_size, config, drafter, plugins, runner)
+    graph_reports = capture_cuda_graphs(config, runner, drafter, max_model_len)
+    speculation = _speculation_stage(model, vocab_size, config, drafter, plugins, runner, block_manager)
     eos_token_ids = _eos_token_ids(model, tokenizer)
     guided = GuidedDecodingStage(
         tokenizer,
@@ -114,7 +117,38 @@ def build_engine_core(
     outputs = OutputProcessor(tokenizer, max_model_len, eos_token_ids)
     scheduler = Scheduler(block_manager, config.max_batch_size, config.max_num_tokens)
     capture = tuple(config.capture_hidden_layers)
-    return EngineCore(runner, scheduler, speculation, guided, outputs, max_model_len, vocab_size, capture)
+    core = EngineCore(runner, scheduler, speculation, guided, outputs, max_model_len, vocab_size, capture)
+    core.graph_reports = graph_reports
+    return core
+
+
+def capture_cuda_graphs(
+    config: ExecutorConfig, runner: ModelRunner, drafter: Drafter | None, max_model_len: int, backend=None
+) -> list[GraphCaptureReport]:
+    """On CUDA with ``cuda_graphs`` on: capture the target's decode/verify forward (query lengths 1,
+    1 + max drafts, and 1 + the longest grammar-forced run) and the drafter's models, into one memory
+    pool. Elsewhere nothing is captured and every forward runs eagerly. ``backend``: another capture
+    backend (`cuda_graphs.EagerReplay` runs the captured path on any device)."""
+    if backend is None:
+        if runner.device.type != "cuda" or not config.cuda_graphs:
+            return []
+        if config.device_map is not None:  # a graph captures one device's stream
+            reason = "device_map spreads the model over devices"
+            return [GraphCaptureReport("target", error=reason)]
+        backend = CudaGraphCapture(runner.device)
+    max_draft_len = drafter.max_draft_len if drafter is not None else 0
+    bs = config.block_size
+    shapes = GraphShapes.for_model(
+        config.max_batch_size,
+        (1, 1 + max_draft_len, 1 + MAX_FORCED_TOKENS),
+        -(-max_model_len // bs),
+        bs,
+        config.max_num_tokens,
+    )
+    reports = [runner.capture_graphs(shapes, backend, "target")]
+    if drafter is not None:
+        reports += drafter.capture_cuda_graphs(backend, config.max_batch_size, max_model_len)
+    return reports
 
 
 def time_forward(
@@ -128,6 +162,8 @@ def time_forward(
     try:
         table = block_manager.block_tables[scratch]
         runner.forward([SequenceInput([0] * num_tokens, context_len, table, num_tokens)])
+        if runner.device.type == "cuda":
+            torch.cuda.synchronize(runner.device)  # the forward's time, not its launch's
     finally:
         block_manager.free(scratch)
 
@@ -191,28 +227,38 @@ def _max_model_len(model, config: ExecutorConfig, block_manager: BlockManager) -
     return min(model_len, pool_len)
 
 
-def _setup_speculation(
-    model, tokenizer, vocab_size: int, config: ExecutorConfig, drafter, plugins, runner, block_manager
-) -> SpeculationStage:
+def _setup_drafter(
+    model, tokenizer, vocab_size: int, config: ExecutorConfig, drafter, plugins, runner
+) -> Drafter | None:
+    """The drafter (the one passed in, or the config's), registered, with its hidden states captured."""
     spec = config.speculative_config
     if drafter is None and spec is not None:
         drafter = build_drafter(spec, DrafterContext(model, tokenizer, vocab_size, config), plugins)
     if drafter is None:
-        return SpeculationStage(plugins, None, spec, vocab_size)
+        return None
     plugins.register(drafter, name="drafter")
     drafter.use_grammar_masks = config.draft_side_grammar_masks
     runner.capture(tuple(drafter.hidden_state_layers))
+    return drafter
+
+
+def _speculation_stage(
+    model, vocab_size: int, config: ExecutorConfig, drafter, plugins, runner, block_manager
+) -> SpeculationStage:
+    """The stage, with the draft-length policy; ``auto`` times the target's forwards as they will run
+    (after graph capture, so a replayed forward is what is measured)."""
+    spec = config.speculative_config
+    if drafter is None:
+        return SpeculationStage(plugins, None, spec, vocab_size)
     policy = None
     if spec is not None and spec.draft_len_policy != "fixed":
         cost = ForwardCostModel.linear()
         if spec.draft_len_policy == "auto":
             limit = min(config.max_num_tokens, block_manager.capacity_tokens)
             sizes = tuple(n for n in MEASURED_SIZES if n <= limit) or (1,)
+            key = cost_cache_key(model) + ("|cuda graphs" if runner.graphs is not None else "")
             cost = ForwardCostModel.cached(
-                cost_cache_key(model),
-                lambda n: time_forward(runner, block_manager, n),
-                _measurement_dir(config),
-                sizes,
+                key, lambda n: time_forward(runner, block_manager, n), _measurement_dir(config), sizes
             )
         policy = DraftLengthPolicy(drafter.max_draft_len, cost)
     return SpeculationStage(plugins, drafter, spec, vocab_size, policy, config.drafter_timeout_s)

@@ -53,6 +53,8 @@ class Executor:
     block_manager = property(lambda self: self.core.block_manager)
     speculation = property(lambda self: self.core.speculation)  # .drafter, .stats
     guided = property(lambda self: self.core.guided)  # .stats, .pool
+    #: what capturing each model's CUDA graphs took (GraphCaptureReport per model; empty off CUDA)
+    cuda_graphs = property(lambda self: self.core.graph_reports)
 
     # ---- submitting -------------------------------------------------------------------------------
     def add_request(

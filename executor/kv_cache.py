@@ -39,13 +39,16 @@ class KVCache:
     Slots are pages laid end to end (``slot = block * block_size + offset``), so a write is one
     ``index_copy_`` and a read one page gather (`gather_pages`) into a scratch buffer kept across
     layers and forwards (a fresh multi-megabyte tensor per layer costs more in page faults than the copy).
+    One page past the ``num_blocks`` the block manager hands out, `padding_block`, belongs to nobody: a
+    captured forward's padding tokens write their K/V there and padded block-table entries point at it.
     """
 
     def __init__(self, spec: KVCacheSpec, num_blocks: int, block_size: int, device: torch.device) -> None:
         self.spec = spec
         self.num_blocks = num_blocks
         self.block_size = block_size
-        num_slots = num_blocks * block_size
+        self.padding_block = num_blocks  #: the page nobody owns (written by padding tokens only)
+        num_slots = (num_blocks + 1) * block_size
         # [layers, 2, num_slots, kv_heads, head_dim]
         self.kv = torch.zeros(
             spec.num_layers, 2, num_slots, spec.num_kv_heads, spec.head_dim, dtype=spec.dtype, device=device
@@ -69,18 +72,27 @@ class KVCache:
         """Consecutive slots, read in place: key, value [len(slots), kv_heads, head_dim] (views)."""
         return self.kv[layer, 0, slots], self.kv[layer, 1, slots]
 
-    def gather_pages(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    @property
+    def page_numel(self) -> int:
+        """Elements of one page of keys (or of values) of one layer."""
+        return self.block_size * self.spec.num_kv_heads * self.spec.head_dim
+
+    def gather_pages(
+        self, layer: int, block_tables: torch.Tensor, buffer: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Read whole pages. block_tables [group, max_blocks]; returns key, value
-        [group, max_blocks * block_size, kv_heads, head_dim], views of a scratch buffer that the next
+        [group, max_blocks * block_size, kv_heads, head_dim], views of ``buffer`` (flat, at least
+        ``2 * group * max_blocks * page_numel``; default: a scratch buffer grown on demand) that the next
         gather overwrites (consume them first)."""
         group, max_blocks = block_tables.shape
-        spec, bs = self.spec, self.block_size
-        page = bs * spec.num_kv_heads * spec.head_dim
-        pages = self.kv[layer].view(2, self.num_blocks, page)  # [2, num_blocks, page]
+        spec, bs, page = self.spec, self.block_size, self.page_numel
+        pages = self.kv[layer].view(2, self.num_blocks + 1, page)  # [2, num_blocks + 1, page]
         wanted = group * max_blocks
-        if self._scratch.numel() < 2 * wanted * page:
-            self._scratch = self.kv.new_empty(2 * wanted * page)
-        out = self._scratch[: 2 * wanted * page].view(2, wanted, page)  # [2, group * max_blocks, page]
+        if buffer is None:
+            if self._scratch.numel() < 2 * wanted * page:
+                self._scratch = self.kv.new_empty(2 * wanted * page)
+            buffer = self._scratch
+        out = buffer[: 2 * wanted * page].view(2, wanted, page)  # [2, group * max_blocks, page]
         torch.index_select(pages, 1, block_tables.reshape(-1), out=out)
         kv = out.view(2, group, max_blocks * bs, spec.num_kv_heads, spec.head_dim)
         return kv[0], kv[1]

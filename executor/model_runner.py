@@ -1,8 +1,9 @@
 """Runs one model's forward over a flattened, ragged batch on its paged KV cache.
 
-The inputs of every forward live in persistent buffers sized for the largest batch and are filled in
-place, so a CUDA graph captured for a batch size can replay on the same memory (CPU uses the same
-buffers and runs eagerly).
+The inputs of an eager forward live in persistent buffers sized for the largest batch and are filled by
+one copy. On CUDA a decode/verify step replays a captured graph instead (`capture_graphs`,
+`cuda_graphs.py`) whenever one of the captured shapes holds it; prefill chunks and batches larger than
+every shape run eagerly.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention_metadata import AttentionMetadata, FixedShapes, SequenceSlice
+from .attention_metadata import AttentionMetadata, SequenceSlice
 from .attention_paths import AttentionPaths
+from .cuda_graphs import GraphCaptureReport, StepGraphs
+from .graph_shapes import GraphShapes
 from .kv_cache import KVCache
 from .paged_attention import register_paged_attention
+from .static_batch import StaticInputs, StaticViews
 
 
 @dataclass(slots=True)
@@ -97,7 +101,7 @@ class PagedInputs:
         self.slot_mapping = self._inputs[2]  # [max_num_tokens]
         self.logit_indices = self._inputs[3]  # [max_num_tokens]
         self.attention_paths = AttentionPaths()  #: the measured kernels (set up by the engine)
-        self.fixed_shapes: FixedShapes | None = None  #: pad decode/verify groups to capturable shapes
+        self.graphs: StepGraphs | None = None  #: captured decode/verify forwards (CUDA), see capture_graphs
 
     def _fill_inputs(self, seqs: list[SequenceInput]) -> tuple[list[SequenceSlice], list[int], list[int]]:
         slices, cu_tokens, cu_rows, logit_rows = [], [0], [0], []
@@ -126,12 +130,7 @@ class PagedInputs:
         slices, cu_tokens, cu_rows = self._fill_inputs(seqs)
         num_tokens, num_rows = cu_tokens[-1], cu_rows[-1]
         meta = AttentionMetadata.build(
-            self.kv_cache,
-            self.slot_mapping[:num_tokens],
-            slices,
-            self.block_size,
-            self.attention_paths,
-            self.fixed_shapes,
+            self.kv_cache, self.slot_mapping[:num_tokens], slices, self.block_size, self.attention_paths
         )
         return PreparedBatch(
             self.input_ids[:num_tokens],
@@ -162,6 +161,8 @@ class ModelRunner(PagedInputs):
 
     def capture(self, layers: tuple[int, ...]) -> None:
         """Record these ``hidden_states`` indices in every forward from now on (ForwardOutput.hidden_states)."""
+        if self.graphs is not None and set(layers) - set(self._hooks):
+            raise RuntimeError("hidden-state layers must be chosen before the CUDA graphs are captured")
         for index in layers:
             if index not in self._hooks:
                 self._hooks[index] = self._capture_hook(index)
@@ -187,7 +188,35 @@ class ModelRunner(PagedInputs):
         return module.register_forward_hook(hook)
 
     @torch.inference_mode()
+    def capture_graphs(self, shapes: GraphShapes, backend, model: str = "target") -> GraphCaptureReport:
+        """Capture the decode/verify forward at every shape (`cuda_graphs.CudaGraphCapture`, or
+        `EagerReplay` to run the same static path eagerly); from then on `forward` replays them."""
+        graphs = StepGraphs(StaticInputs(self.kv_cache, shapes.bound), shapes, self._static_forward)
+        report = graphs.capture(backend, self.attention_paths, model)
+        self.graphs = graphs if graphs.is_captured else None
+        return report
+
+    def _static_forward(self, views: StaticViews, meta: AttentionMetadata, token_inputs):
+        """The forward a graph captures: every token of the shape's flat batch, logits for all of them."""
+        self._captured = {}
+        out = self.model(
+            input_ids=views.input_ids.unsqueeze(0),
+            position_ids=views.positions.unsqueeze(0),
+            use_cache=False,
+            logits_to_keep=0,  # every row: the step's rows are gathered after the replay
+            paged_metadata=meta,
+        )
+        hidden = {str(layer): h for layer, h in self._captured.items()}  # [B * Q, hidden] each
+        return {"logits": out.logits[0]}, hidden
+
+    @torch.inference_mode()
     def forward(self, seqs: list[SequenceInput]) -> ForwardOutput:
+        if self.graphs is not None:
+            replayed = self.graphs.run(seqs)
+            if replayed is not None:
+                layout, per_row, per_token = replayed
+                hidden = {int(layer): h for layer, h in per_token.items()}
+                return ForwardOutput(per_row["logits"], layout.cu_rows, hidden, layout.cu_tokens)
         batch = self.prepare(seqs)
         self._captured = {}
         out = self.model(

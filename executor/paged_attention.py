@@ -36,9 +36,8 @@ def _attend_group(
         key, value = meta.kv_cache.view(layer, group.kv_slice)  # [max_kv, kv_heads, head_dim]
         key, value = key.unsqueeze(0), value.unsqueeze(0)  # [1, max_kv, kv_heads, head_dim]
     else:
-        key, value = meta.kv_cache.gather_pages(
-            layer, group.block_tables
-        )  # [group, max_kv, kv_heads, head_dim]
+        # [group, max_kv, kv_heads, head_dim] each
+        key, value = meta.kv_cache.gather_pages(layer, group.block_tables, meta.gather_buffer)
     q, key, value = q.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     if softcap is None and group.uses_causal_kernel(sliding_window):  # a fresh prompt: SDPA's causal kernel
         o = F.scaled_dot_product_attention(q, key, value, is_causal=True, scale=scaling, enable_gqa=True)

@@ -1,5 +1,6 @@
 """Paged attention metadata: built from host integers in one copy, read through block tables, the same
-answer as plain attention per request, fixed shapes when asked, and no read back from the device."""
+answer as plain attention per request (also through a captured forward's fixed-shape buffers, whose
+padding writes only the padding page), and no read back from the device."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from specexec.executor.attention_metadata import AttentionMetadata, FixedShapes, SequenceSlice
+from specexec.executor.attention_metadata import AttentionMetadata, SequenceSlice
 from specexec.executor.attention_paths import AttentionPaths
+from specexec.executor.graph_shapes import GraphShape
 from specexec.executor.kv_cache import KVCache, KVCacheSpec
+from specexec.executor.model_runner import SequenceInput
 from specexec.executor.paged_attention import paged_attention_forward
+from specexec.executor.static_batch import StaticInputs
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 4, 2, 8, 4
 
@@ -58,8 +62,7 @@ def reference(cache: KVCache, layer: int, seqs, query: torch.Tensor) -> torch.Te
     return torch.cat(outs)
 
 
-def run_layer(cache, seqs, query, key, value, fixed=None, paths=None):
-    meta = AttentionMetadata.build(cache, slots_of(seqs), seqs, BLOCK, paths, fixed)
+def attend(meta, query, key, value) -> torch.Tensor:
     out, _ = paged_attention_forward(
         Layer(0),
         query.transpose(0, 1)[None],
@@ -68,7 +71,28 @@ def run_layer(cache, seqs, query, key, value, fixed=None, paths=None):
         None,
         paged_metadata=meta,
     )
-    return meta, out[0]  # [num_tokens, heads, dim]
+    return out[0]  # [num_tokens, heads, dim]
+
+
+def run_layer(cache, seqs, query, key, value, paths=None):
+    meta = AttentionMetadata.build(cache, slots_of(seqs), seqs, BLOCK, paths)
+    return meta, attend(meta, query, key, value)
+
+
+def run_static_layer(cache, seqs, query, key, value, shape: GraphShape, paths=None) -> torch.Tensor:
+    """The same layer through a captured forward's buffers: the step written into ``shape``, the ragged
+    q/k/v scattered into its padded flat batch (padding rows random), the real rows gathered back."""
+    inputs = StaticInputs(cache, shape)
+    step = [SequenceInput([0] * s.query_len, s.start_pos, s.block_table, s.query_len) for s in seqs]
+    layout = inputs.write(step, shape)
+    views = inputs.views(shape)
+    real = views.tokens[: layout.num_tokens]
+
+    def padded(x):  # [num_tokens, ...] -> [B * Q, ...]
+        return torch.randn(shape.num_tokens, *x.shape[1:], dtype=x.dtype).index_copy_(0, real, x)
+
+    meta = inputs.metadata(views, paths or AttentionPaths())
+    return attend(meta, padded(query), padded(key), padded(value))[real]
 
 
 SHAPES = [
@@ -81,44 +105,56 @@ SHAPES = [
 ]
 
 
+def make_qkv(n: int):
+    return (
+        torch.randn(n, HEADS, HEAD_DIM),
+        torch.randn(n, KV_HEADS, HEAD_DIM),
+        torch.randn(n, KV_HEADS, HEAD_DIM),
+    )
+
+
 @pytest.mark.parametrize("shapes", SHAPES)
-@pytest.mark.parametrize("fixed", [None, FixedShapes(query_len=4, max_blocks=32)])
 @pytest.mark.parametrize("path", ["sdpa", "matmul"])
-def test_paged_attention_equals_plain_attention_per_request(shapes, fixed, path):
+def test_paged_attention_equals_plain_attention_per_request(shapes, path):
     rng = random.Random(str(shapes))
     torch.manual_seed(0)
     cache = KVCache(KVCacheSpec(1, KV_HEADS, HEAD_DIM, torch.float32), 64, BLOCK, torch.device("cpu"))
     cache.kv.normal_()
     seqs = ragged_batch(rng, 64, shapes)
-    n = sum(new for _, new in shapes)
-    query, key, value = (
-        torch.randn(n, HEADS, HEAD_DIM),
-        torch.randn(n, KV_HEADS, HEAD_DIM),
-        torch.randn(n, KV_HEADS, HEAD_DIM),
-    )
-    _, out = run_layer(cache, seqs, query, key, value, fixed, AttentionPaths.all(path))
+    query, key, value = make_qkv(sum(new for _, new in shapes))
+    _, out = run_layer(cache, seqs, query, key, value, AttentionPaths.all(path))
     torch.testing.assert_close(out.double(), reference(cache, 0, seqs, query), atol=1e-5, rtol=1e-5)
 
 
-def test_fixed_shapes_do_not_depend_on_the_step():
-    """Decode/verify groups padded to a batch bucket x (1 + max drafts) x max_model_len pages: every
-    tensor of the group has the same shape for any batch within the bucket."""
+STATIC_SHAPES = [
+    [(13, 1)],  # one decode row in a batch-1 shape
+    [(5, 1), (17, 1), (30, 1)],  # ragged decode in a batch-4 shape: one padding sequence
+    [(5, 4), (17, 2), (0, 3), (30, 1)],  # verify rows of every length, a short prompt
+    [(40, 4), (2, 1)],  # a context near the shape's page limit
+]
+
+
+@pytest.mark.parametrize("shapes", STATIC_SHAPES)
+@pytest.mark.parametrize("path", ["sdpa", "matmul"])
+def test_captured_layout_attention_equals_plain_attention(shapes, path):
+    """Through a captured forward's fixed-shape buffers (the batch padded to 4 sequences of 4 queries
+    over 12 pages): the real rows are plain attention's, and the padding tokens' K/V land in the
+    padding page only."""
+    torch.manual_seed(1)
     cache = KVCache(KVCacheSpec(1, KV_HEADS, HEAD_DIM, torch.float32), 64, BLOCK, torch.device("cpu"))
-    fixed = FixedShapes(query_len=4, max_blocks=16)
-    shapes_seen = set()
-    for seed, shapes in enumerate(
-        [[(5, 1), (9, 4), (30, 2)], [(40, 4), (2, 1), (11, 1)], [(7, 3), (7, 3), (7, 3), (60, 1)]]
-    ):
-        seqs = ragged_batch(random.Random(seed), 64, shapes)
-        n = sum(new for _, new in shapes)
-        meta = AttentionMetadata.build(cache, slots_of(seqs), seqs, BLOCK, AttentionPaths(), fixed)
-        (group,) = meta.groups
-        shapes_seen.add(
-            (group.query_index.shape, group.block_tables.shape, group.base_mask.shape, group.num_queries)
-        )
-        assert n < 4 * 4
-    assert shapes_seen == {((4, 4), (4, 16), (4, 1, 4, 64), 4)}
-    assert FixedShapes.bucket(3) == 4 and FixedShapes.bucket(9) == 16 and FixedShapes.bucket(33) == 33
+    cache.kv.normal_()
+    before = cache.kv.clone()
+    seqs = ragged_batch(random.Random(str(shapes)), 64, shapes)
+    query, key, value = make_qkv(sum(new for _, new in shapes))
+    shape = GraphShape(num_seqs=4 if len(seqs) > 1 else 1, query_len=4, num_blocks=12)
+    out = run_static_layer(cache, seqs, query, key, value, shape, AttentionPaths.all(path))
+    torch.testing.assert_close(out.double(), reference(cache, 0, seqs, query), atol=1e-5, rtol=1e-5)
+    written = set(slots_of(seqs).tolist())
+    padding = set(range(cache.padding_block * BLOCK, (cache.padding_block + 1) * BLOCK))
+    untouched = [slot for slot in range(cache.kv.shape[2]) if slot not in written | padding]
+    assert torch.equal(cache.kv[:, :, untouched], before[:, :, untouched])
+    new_keys = cache.kv[0, 0, slots_of(seqs)]
+    assert torch.equal(new_keys, key), "every real token's key is written at its own slot"
 
 
 def test_nothing_is_read_back_from_the_device(monkeypatch):
@@ -137,8 +173,8 @@ def test_nothing_is_read_back_from_the_device(monkeypatch):
 
     for name in ("item", "tolist", "__bool__", "__int__", "__float__"):
         monkeypatch.setattr(torch.Tensor, name, sync)
-    for fixed in (None, FixedShapes(4, 16)):
-        run_layer(cache, seqs, *inputs, fixed, AttentionPaths())
+    run_layer(cache, seqs, *inputs, AttentionPaths())
+    run_static_layer(cache, seqs, *inputs, GraphShape(4, 8, 16), AttentionPaths())
 
 
 def test_gather_pages_reads_whole_pages_in_table_order():

@@ -1,20 +1,25 @@
 """The executor on a CUDA device: the invariants the CPU suite checks, run where the CUDA-only code runs
-(pinned host masks, the mask worker's side stream and event, the CuPy mask kernel, device-side
-verification). Marked ``gpu``; skipped where no CUDA device exists.
+(CUDA graph capture and replay, pinned host masks, the mask worker's side stream and event, the CuPy mask
+kernel, device-side verification). Marked ``gpu``; skipped where no CUDA device exists.
 
-Each test compares against the same run on the CPU: float64 tiny models give the same greedy tokens on
-both devices, so any difference is a bug of the CUDA path, not of rounding.
+float64 tiny models give the same greedy tokens on both devices, so a run on CUDA (graphs on, the
+default) is compared with the CPU's. In float32 and bfloat16 a graph replay is compared with the eager
+launch of the very same padded shapes (the eager-replay backend): same kernels on the same shapes, so any
+difference is a bug of the graphs, not of rounding.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import warnings
 
 import jsonschema
 import pytest
 import torch
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
+from specexec.executor.cuda_graphs import EagerReplay
+from specexec.executor.engine_setup import capture_cuda_graphs
 from test_eagle3 import eagle_spec, make_head_dir
 from tiny_models import make_prompts, make_tiny_model
 
@@ -84,7 +89,57 @@ def test_greedy_output_on_cuda_equals_the_cpu_output_for_every_drafter(arch, dra
         assert [o.token_ids for o in outputs] == cpu_reference(arch)
         if drafter == "ngram":
             assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
+        assert executor.cuda_graphs and all(r.error is None for r in executor.cuda_graphs)
+        assert all(s.num_replays > 0 for s in graph_stats(executor))
         assert_all_free(executor)
+
+
+def graph_stats(executor: Executor) -> list:
+    """How the forwards of the target and of the drafter's model ran."""
+    drafter = executor.speculation.drafter
+    inputs = getattr(drafter, "runner", None) or getattr(drafter, "inputs", None)
+    return [g.stats for g in (executor.core.runner.graphs, getattr(inputs, "graphs", None)) if g is not None]
+
+
+def graphs_and_eager_replay(make_model, requests, tokenizer=None, **config) -> dict[str, list]:
+    """The same requests with CUDA graphs, and with the same shapes launched eagerly (eager replay)."""
+    tokens = {}
+    for mode in ("graphs", "eager-replay"):
+        with Executor(
+            make_model(), make_config("cuda", cuda_graphs=mode == "graphs", **config), tokenizer=tokenizer
+        ) as executor:
+            if mode == "eager-replay":
+                core = executor.core
+                drafter = executor.speculation.drafter
+                capture_cuda_graphs(executor.config, core.runner, drafter, core.max_model_len, EagerReplay())
+            reports = executor.core.graph_reports
+            assert reports and all(r.error is None for r in reports), [r.describe() for r in reports]
+            outputs = executor.run(requests)
+            for out in outputs:
+                assert out.error is None, out.error
+                if requests[0].response_format is not None and out.finish_reason is FinishReason.STOP:
+                    jsonschema.validate(json.loads(out.text), SCHEMA)
+                    assert out.guided_valid is True
+            stats = graph_stats(executor)
+            assert stats and all(s.num_replays > 0 for s in stats)
+            assert executor.speculation.stats.num_drafter_errors == 0
+            assert_all_free(executor)
+            tokens[mode] = [o.token_ids for o in outputs]
+    return tokens
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("drafter", ["none", "ngram", "self-int8", "eagle3"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_graph_replay_gives_the_tokens_of_eager_launches_for_every_drafter(dtype, drafter, batch, tmp_path):
+    spec = speculative_configs(tmp_path)[drafter]
+    tokens = graphs_and_eager_replay(
+        lambda: make_tiny_model("llama", dtype=getattr(torch, dtype))[1],
+        greedy_requests(PROMPTS[:batch]),
+        dtype=dtype,
+        speculative_config=spec,
+    )
+    assert tokens["graphs"] == tokens["eager-replay"]
 
 
 SCHEMA = {
@@ -122,6 +177,138 @@ def test_guided_outputs_on_cuda_validate_and_equal_the_cpu_outputs(dtype):
             results[device] = [o.token_ids for o in outputs]
     # greedy must agree; sampled rows draw from per-request generators on each device, so only greedy
     assert results["cuda"][0] == results["cpu"][0]
+
+
+def guided_requests(n: int) -> list[Request]:
+    chat = [{"role": "user", "content": "JSON please."}]
+    fmt = {"type": "json_schema", "json_schema": {"schema": SCHEMA}}
+    return [Request(chat, SamplingParams(max_tokens=40), response_format=fmt) for _ in range(n)]
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("drafter", ["none", "ngram", "self-int8"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_guided_graph_replay_gives_the_tokens_of_eager_launches(dtype, drafter, batch, tmp_path):
+    """Grammar masks (CuPy kernel, mask event) after graph replays, forced runs up to 16 tokens, and
+    the draft model's own masks on the device."""
+    from test_grammar_support import smollm2_tokenizer
+
+    spec = speculative_configs(tmp_path)[drafter]
+    tokens = graphs_and_eager_replay(
+        lambda: make_tiny_model("llama", vocab_size=49152, dtype=getattr(torch, dtype))[1],
+        guided_requests(batch),
+        tokenizer=smollm2_tokenizer(),
+        dtype=dtype,
+        block_size=8,
+        guided_json_max_whitespace=0,
+        speculative_config=spec,
+    )
+    assert tokens["graphs"] == tokens["eager-replay"]
+
+
+def test_guided_draft_target_drafts_on_cuda():
+    """Draft-side grammar masks reach CUDA draft logits (a CPU bitmask used to make every guided
+    drafting call raise, and guided requests silently got no drafts)."""
+    from test_grammar_support import smollm2_tokenizer
+
+    _, model = make_tiny_model("llama", vocab_size=49152, dtype=torch.float32)
+    spec = {"decoding_type": "DraftTarget", "max_draft_len": 3}
+    config = make_config(
+        "cuda", dtype="float32", block_size=8, guided_json_max_whitespace=0, speculative_config=spec
+    )
+    with Executor(model, config, tokenizer=smollm2_tokenizer()) as executor:
+        outputs = executor.run(guided_requests(2))
+        assert executor.speculation.stats.num_drafter_errors == 0
+        drafted = sum(o.metrics.num_draft_tokens - o.metrics.num_forced_tokens for o in outputs)
+        assert drafted > 0, "the draft model proposed nothing for guided requests"
+        masks = executor.speculation.drafter._masks
+        assert masks._host_bitmask.is_pinned() and masks._bitmask.device.type == "cuda"
+
+
+def test_no_host_sync_between_the_replay_and_the_steps_one_read_back():
+    """From the forward's end to the verified tokens, a step waits for the device once: the transfer of
+    its answers (sync debug mode counts every synchronizing call)."""
+    from test_grammar_support import smollm2_tokenizer
+
+    _, model = make_tiny_model("llama", vocab_size=49152, dtype=torch.float32)
+    spec = {"decoding_type": "NGram", "max_draft_len": 3}
+    config = make_config(
+        "cuda", dtype="float32", block_size=8, guided_json_max_whitespace=0, speculative_config=spec
+    )
+    requests = guided_requests(2) + [
+        Request([5, 6, 7, 8] * 6, SamplingParams(max_tokens=20, temperature=0.8, top_p=0.9, seed=1)),
+        Request([9, 10, 11] * 6, SamplingParams(max_tokens=20, ignore_eos=True)),
+    ]
+    with Executor(model, config, tokenizer=smollm2_tokenizer()) as executor:
+        core = executor.core
+        syncs_per_step: list[int] = []
+        stages = {name: getattr(core, name) for name in ("_wait_for_masks", "_apply_masks", "_sample")}
+        counted: list = []
+
+        def counting(name):
+            def run(*args, **kwargs):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    torch.cuda.set_sync_debug_mode("warn")
+                    try:
+                        return stages[name](*args, **kwargs)
+                    finally:
+                        torch.cuda.set_sync_debug_mode("default")
+                        counted.extend(w for w in caught if "synchroniz" in str(w.message))
+                        if name == "_sample":
+                            syncs_per_step.append(len(counted))
+                            counted.clear()
+
+            return run
+
+        for name in stages:
+            setattr(core, name, counting(name))
+        outputs = executor.run(requests)
+        assert all(o.error is None for o in outputs)
+        assert core.runner.graphs.stats.num_replays > 0
+        assert syncs_per_step and max(syncs_per_step) == 1, syncs_per_step
+
+
+def test_the_mask_event_orders_the_copy_before_the_kernel():
+    """The worker's host-to-device copy is held back on its side stream; the kernel queued right after
+    wait() must still see this step's mask, not the previous one."""
+    from specexec.grammar.mask_worker import MaskJob, MaskWorker
+    from specexec.grammar.request_grammar import RowFill
+    from specexec.kernels import apply_mask_inplace
+
+    vocab = 4096
+
+    class Pattern:  # allows t % modulus == 0 on its one row
+        def __init__(self, modulus):
+            self.modulus = modulus
+
+        def fill_rows(self, bitmask, row0, drafts):
+            allowed = torch.zeros(bitmask.shape[1] * 32, dtype=torch.bool)
+            allowed[:: self.modulus] = True
+            bits = allowed.view(-1, 32).long() << torch.arange(32)
+            bitmask[row0] = bits.sum(dim=1).to(torch.int32)
+            return RowFill(1, 0, None, False)
+
+    worker = MaskWorker(4, vocab, "cuda")
+    build = worker._build
+
+    def held_back_build(jobs, n):
+        with torch.cuda.stream(worker._stream):
+            torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time before the copy is queued behind it
+        return build(jobs, n)
+
+    try:
+        for step, modulus in enumerate((2, 3)):
+            if step == 1:
+                worker._build = held_back_build
+            worker.start([MaskJob(Pattern(modulus), 0, ())], 1)
+            result = worker.wait()
+            logits = torch.zeros(1, vocab, device="cuda")
+            apply_mask_inplace(logits, result.bitmask, result.needs_mask)
+            allowed = torch.isfinite(logits[0]).cpu()
+            assert torch.equal(allowed, torch.arange(vocab) % modulus == 0), f"step {step} saw a stale mask"
+    finally:
+        worker.close()
 
 
 def test_nan_logits_on_cuda_fail_only_their_request():

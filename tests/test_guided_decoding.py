@@ -166,3 +166,26 @@ def test_preempted_guided_request_replays_its_grammar():
     reference = make_executor().run(make_requests(4, max_tokens=40))
     assert [o.token_ids for o in outputs] == [o.token_ids for o in reference]
     assert_all_pages_free(executor)
+
+
+@pytest.mark.parametrize("spec_name", list(SPECS))
+def test_guided_steps_through_the_captured_forwards_are_identical_and_valid(spec_name):
+    """The grammar masks on replayed steps (target, draft model, EAGLE-3 head all through the captured
+    path, forced runs of up to 16 tokens included): the same greedy tokens as the plain run without
+    drafts, every finished output valid, and sampled requests valid too."""
+    from test_speculative_identity import graph_stats, replay_captured_forwards
+
+    baseline = [o.token_ids for o in make_executor().run(make_requests(4))]
+    executor = make_executor(SPECS[spec_name])
+    replay_captured_forwards(executor)
+    outputs = executor.run(make_requests(4) + make_requests(2, temperature=1.0))
+    assert [o.token_ids for o in outputs[:4]] == baseline
+    for out in outputs:
+        assert out.error is None, out.error
+        if out.finish_reason is FinishReason.STOP:
+            jsonschema.validate(json.loads(out.text), PERSON)
+            assert out.guided_valid is True
+    assert any(o.finish_reason is FinishReason.STOP for o in outputs)
+    assert all(s.num_replays > 0 for s in graph_stats(executor))
+    assert executor.speculation.stats.num_drafter_errors == 0
+    assert_all_pages_free(executor)

@@ -257,23 +257,52 @@ def test_ngram_drafts_keep_greedy_output_identical(arch, max_draft_len, public_p
     assert executor.speculation.stats.num_draft_tokens >= num_drafted(outputs)
 
 
+def replay_captured_forwards(executor) -> None:
+    """Capture every model's decode/verify forward with the eager-replay backend (CUDA graphs' fixed
+    shapes, padding and buffers, launched eagerly): later steps run through the captured path."""
+    from specexec.executor.cuda_graphs import EagerReplay
+    from specexec.executor.engine_setup import capture_cuda_graphs
+
+    core = executor.core
+    reports = capture_cuda_graphs(
+        executor.config, core.runner, executor.speculation.drafter, core.max_model_len, EagerReplay()
+    )
+    assert reports and all(r.error is None and r.num_graphs > 0 for r in reports), reports
+
+
+def graph_stats(executor) -> list:
+    drafter = executor.speculation.drafter
+    inputs = getattr(drafter, "runner", None) or getattr(drafter, "inputs", None)
+    return [g.stats for g in (executor.core.runner.graphs, getattr(inputs, "graphs", None)) if g is not None]
+
+
 @pytest.mark.parametrize("path", ["sdpa", "matmul"])
+@pytest.mark.parametrize("drafter", ["ngram", "self-int8", "eagle3"])
 @pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_fixed_attention_shapes_and_either_kernel_keep_greedy_output_identical(arch, batch, path):
-    """Decode/verify groups padded to batch buckets, 1 + max drafts and max_model_len pages (the shapes
-    CUDA graphs capture), with either measured kernel: the same tokens as the plain run."""
-    from specexec.executor.attention_metadata import FixedShapes
+def test_captured_forwards_keep_greedy_output_identical(arch, batch, drafter, path, tmp_path):
+    """Decode/verify steps of the target and of the drafter's models replayed through the captured
+    path (batch buckets, 1 + max drafts, key pages padded), with either attention kernel: the same tokens
+    as the plain run without drafts, and most forwards replayed."""
     from specexec.executor.attention_paths import AttentionPaths
+    from test_eagle3 import eagle_spec, make_head_dir
 
-    def fix_shapes(executor):
-        runner = executor.core.runner
-        runner.fixed_shapes = FixedShapes(query_len=1 + 3, max_blocks=-(-executor.core.max_model_len // 4))
-        runner.attention_paths = AttentionPaths.all(path)
+    make_head_dir(tmp_path)
+    spec = {
+        "ngram": {"decoding_type": "NGram", "max_draft_len": 3},
+        "self-int8": SELF_DRAFT_SPEC,
+        "eagle3": eagle_spec(tmp_path),
+    }[drafter]
 
-    spec = {"decoding_type": "NGram", "max_draft_len": 3}
-    _, outputs = run_speculative(arch, BATCHES[batch], speculative_config=spec, before_run=fix_shapes)
-    assert num_accepted(outputs) > 0
+    def capture(executor):
+        executor.core.runner.attention_paths = AttentionPaths.all(path)
+        replay_captured_forwards(executor)
+
+    executor, _ = run_speculative(arch, BATCHES[batch], speculative_config=spec, before_run=capture)
+    stats = graph_stats(executor)
+    assert len(stats) == (1 if drafter == "ngram" else 2)
+    for s in stats:
+        assert s.num_replays > s.num_eager, "decode steps should replay"
 
 
 # ---- DraftTarget -----------------------------------------------------------------------------------------
