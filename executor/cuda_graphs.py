@@ -95,7 +95,7 @@ class GraphCaptureReport:
     kind: str = CudaGraphCapture.label  #: what was captured (the backend's label)
     num_graphs: int = 0
     seconds: float = 0.0  #: warm-up and capture of every shape
-    memory_bytes: int = 0  #: device memory reserved by the capture (input buffers and graph pool)
+    memory_bytes: int = 0  #: device memory the captures reserved (the graph pool; input buffers not counted)
     shapes: GraphShapes | None = None
     error: str | None = None  #: why this model runs eagerly (a capture failed), else None
 

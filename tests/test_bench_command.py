@@ -175,3 +175,24 @@ def test_a_bad_drafter_option_in_a_bench_config_fails_before_any_model_loads(
     bad.write_text("speculative_config: {decoding_type: Eagle, max_draft_len: 3, eagle3_one_model: true}\n")
     assert main(bench_argv(tiny_dir, tmp_path, "--config", str(bad))) == 2
     assert "eagle3_one_model" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_graph_bench_compares_graphs_on_and_off_side_by_side(tmp_path, capsys):
+    """Without a GPU the eager-replay backend stands in for the graphs: the table's rows are there, the
+    graphs-on rows replayed the target's decode steps, the capture is reported."""
+    from specexec.bench.graph_bench import main as graph_bench
+
+    out = tmp_path / "graphs.json"
+    args = "--device cpu --models tiny --drafters none,ngram --batches 2 --max-tokens 6 --num-prompts 2"
+    assert graph_bench([*args.split(), "--repeats", "1", "--output", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    keys = {(r["drafter"], r["guided"], r["graphs"]) for r in rows}
+    assert keys == {
+        (d, g, on) for d, g in (("none", False), ("ngram", False), ("ngram", True)) for on in (True, False)
+    }
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and 0 <= r["same_tokens"] <= 1
+        assert (r["replays"] > 0 and r["capture_s"] > 0) if r["graphs"] else r["replays"] == 0
+        assert (r["mask_wait_ms"] is not None) == r["guided"]
+    assert "on/off" in capsys.readouterr().out

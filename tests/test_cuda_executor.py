@@ -185,7 +185,7 @@ def guided_requests(n: int) -> list[Request]:
     return [Request(chat, SamplingParams(max_tokens=40), response_format=fmt) for _ in range(n)]
 
 
-@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("drafter", ["none", "ngram", "self-int8"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_guided_graph_replay_gives_the_tokens_of_eager_launches(dtype, drafter, batch, tmp_path):
