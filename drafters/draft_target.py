@@ -88,7 +88,8 @@ class DraftTargetDrafter(Drafter):
         """The draft model's graphs: a catch-up of one or two tokens (the bonus token, or the last draft
         and the bonus token) and each drafting step of one token."""
         bs = self.block_manager.block_size
-        pages = min(-(-(max_model_len + self.max_draft_len) // bs), self.block_manager.num_blocks)
+        # (the last k positions of a context at max_model_len need one page more: those steps run eagerly)
+        pages = min(-(-max_model_len // bs), self.block_manager.num_blocks)
         shapes = GraphShapes.for_model(max_batch_size, (1, 2), pages, bs, self.runner.max_num_tokens)
         return [self.runner.capture_graphs(shapes, backend, "draft model")]
 

@@ -111,7 +111,8 @@ class Eagle3Drafter(Drafter):
         """The head's graphs: a catch-up of 1 + accepted positions (query lengths 1 and 1 + k) and each
         drafting step of one position, with the hidden states as a per-token input."""
         bs, inputs = self.block_manager.block_size, self.inputs
-        pages = min(-(-(max_model_len + self.max_draft_len) // bs), self.block_manager.num_blocks)
+        # (the last k positions of a context at max_model_len need one page more: those steps run eagerly)
+        pages = min(-(-max_model_len // bs), self.block_manager.num_blocks)
         shapes = GraphShapes.for_model(
             max_batch_size, (1, 1 + self.max_draft_len), pages, bs, inputs.max_num_tokens
         )

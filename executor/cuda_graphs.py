@@ -102,14 +102,11 @@ class GraphCaptureReport:
     def describe(self) -> str:
         if self.error is not None:
             return f"{self.model}: no {self.kind} ({self.error}); it runs eagerly"
-        s = self.shapes
-        dims = (
-            ""
-            if s is None
-            else (
+        dims = ""
+        if (s := self.shapes) is not None:
+            dims = (
                 f" (batch {list(s.batch_sizes)} x query {list(s.query_lens)} x pages {list(s.block_counts)})"
             )
-        )
         return (
             f"{self.model}: {self.num_graphs} {self.kind}{dims} in {self.seconds:.2f} s, "
             f"{self.memory_bytes / 2**20:.0f} MiB"
@@ -145,6 +142,7 @@ class StepGraphs:
             for name, (width, dtype) in (token_inputs or {}).items()
         }
         self._replays: dict[GraphShape, Callable[[], Outputs]] = {}
+        self._views: dict[GraphShape, StaticViews] = {}  # each shape's buffers, as its graph reads them
         self.stats = GraphStats()
 
     def capture(self, backend, paths, model: str) -> GraphCaptureReport:
@@ -159,6 +157,7 @@ class StepGraphs:
                 self._replays[shape] = backend.capture(self._bind(shape, paths))
         except Exception as exc:  # a forward that reads the device on the host, or is otherwise uncapturable
             self._replays.clear()
+            self._views.clear()
             report.error = f"{type(exc).__name__}: {exc}"
             logger.warning("%s: CUDA graph capture failed, running eagerly: %s", model, report.error)
             return report
@@ -169,7 +168,7 @@ class StepGraphs:
         return report
 
     def _bind(self, shape: GraphShape, paths) -> Callable[[], Outputs]:
-        views = self.inputs.views(shape)
+        views = self._views[shape] = self.inputs.views(shape)
         token_inputs = {name: buffer[: shape.num_tokens] for name, buffer in self.token_buffers.items()}
 
         def run() -> Outputs:
@@ -201,7 +200,7 @@ class StepGraphs:
             self.stats.num_eager += 1
             return None
         layout = self.inputs.write(seqs, shape)
-        views = self.inputs.views(shape)
+        views = self._views[shape]
         for name, values in (token_inputs or {}).items():
             self.token_buffers[name].index_copy_(0, views.tokens[: layout.num_tokens], values)
         per_row, per_token = self._replays[shape]()

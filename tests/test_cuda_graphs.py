@@ -175,11 +175,16 @@ def make_config(**overrides) -> ExecutorConfig:
     return ExecutorConfig(**{**settings, **overrides})
 
 
+def plain_tokens(arch: str, prompts) -> list[list[int]]:
+    """Greedy output of a plain executor (nothing captured)."""
+    _, model = make_tiny_model(arch)
+    with Executor(model, make_config()) as executor:
+        return [o.token_ids for o in executor.run(greedy_requests(prompts))]
+
+
 def test_a_forward_that_cannot_be_captured_runs_eagerly_and_says_why():
     prompts = make_prompts(3, [4, 9, 2], seed=1)
-    _, model = make_tiny_model("llama")
-    with Executor(model, make_config()) as executor:
-        expected = [o.token_ids for o in executor.run(greedy_requests(prompts))]
+    expected = plain_tokens("llama", prompts)
     _, model = make_tiny_model("llama")
     with Executor(model, make_config()) as executor:
         core = executor.core
@@ -193,9 +198,7 @@ def test_a_forward_that_cannot_be_captured_runs_eagerly_and_says_why():
 
 def test_without_a_drafter_decode_steps_replay_and_the_output_is_unchanged():
     prompts = make_prompts(8, [1, 30, 5, 17, 2, 12, 9, 20], seed=3)
-    _, model = make_tiny_model("gemma3")
-    with Executor(model, make_config()) as executor:
-        expected = [o.token_ids for o in executor.run(greedy_requests(prompts))]
+    expected = plain_tokens("gemma3", prompts)
     _, model = make_tiny_model("gemma3")
     with Executor(model, make_config()) as executor:
         core = executor.core
