@@ -108,11 +108,13 @@ def graphs_and_eager_replay(make_model, requests, tokenizer=None, **config) -> d
         with Executor(
             make_model(), make_config("cuda", cuda_graphs=mode == "graphs", **config), tokenizer=tokenizer
         ) as executor:
+            core = executor.core
             if mode == "eager-replay":
-                core = executor.core
                 drafter = executor.speculation.drafter
-                capture_cuda_graphs(executor.config, core.runner, drafter, core.max_model_len, EagerReplay())
-            reports = executor.core.graph_reports
+                core.graph_reports = capture_cuda_graphs(
+                    executor.config, core.runner, drafter, core.max_model_len, EagerReplay()
+                )
+            reports = core.graph_reports
             assert reports and all(r.error is None for r in reports), [r.describe() for r in reports]
             outputs = executor.run(requests)
             for out in outputs:
