@@ -107,8 +107,12 @@ class StaticInputs:
         rows: list[int] = []
         tokens: list[int] = []
         cu_rows, cu_tokens = [0], [0]
+        if len(seqs) > b:
+            raise ValueError(f"{len(seqs)} sequences do not fit a captured shape of {b}")
         for i, seq in enumerate(seqs):
             n, base, start, table = len(seq.token_ids), i * q, seq.start_pos, seq.block_table
+            if n > q or start + n > nb * bs:
+                raise ValueError(f"a sequence of {n} new tokens at {start} does not fit the shape {shape}")
             ids[base : base + n] = seq.token_ids
             positions[base : base + n] = range(start, start + n)
             slots[base : base + n] = [table[p // bs] * bs + p % bs for p in range(start, start + n)]

@@ -281,3 +281,16 @@ def test_draft_masks_reach_draft_logits_through_d2t():
     PatternMatcher(2).fill_next_token_bitmask(bitmask, 0)
     apply_mask_inplace(reference, bitmask, d2t=d2t)
     assert torch.equal(logits, reference)
+
+
+def test_a_step_that_does_not_fit_a_shape_is_refused_not_truncated():
+    from specexec.executor.static_batch import StaticInputs
+
+    runner = paged_runner("llama")
+    inputs = StaticInputs(runner.kv_cache, GraphShape(2, 2, 4))
+    with pytest.raises(ValueError, match="do not fit"):
+        inputs.write([SequenceInput([1], 0, [0], 1)] * 3, GraphShape(2, 2, 4))
+    with pytest.raises(ValueError, match="does not fit"):
+        inputs.write([SequenceInput([1, 2, 3], 0, [0], 3)], GraphShape(2, 2, 4))
+    with pytest.raises(ValueError, match="does not fit"):  # its keys span a fifth page
+        inputs.write([SequenceInput([1], 16, [0, 1, 2, 3, 4], 1)], GraphShape(2, 2, 4))
