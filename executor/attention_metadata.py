@@ -114,7 +114,7 @@ def build_group(seqs: list[SequenceSlice], block_size: int, device: torch.device
     # A mask is needed unless every real query sees every key read: one query per request, all of the
     # same length, exactly filling what is read.
     needs_mask = not (max_q == 1 and all(kv == max_kv for kv in kv_lens))
-    base_mask = causal_page_mask(q_len, start_pos, max_q, max_kv) if needs_mask else None
+    base_mask = causal_page_mask(q_valid, query_pos, key_pos, q_len + start_pos) if needs_mask else None
 
     uniform = all(n == max_q for n in q_lens) and all(
         seqs[i].query_start == seqs[0].query_start + i * max_q for i in range(num)
@@ -140,21 +140,17 @@ def build_group(seqs: list[SequenceSlice], block_size: int, device: torch.device
 
 
 def causal_page_mask(
-    query_len: torch.Tensor,  # [group] real queries of each request (0 for a padding request)
-    start_pos: torch.Tensor,  # [group] position of each request's first query
-    max_query_len: int,
-    max_kv_len: int,
-) -> torch.Tensor:  # [group, 1, max_query_len, max_kv_len] True = attend
+    q_valid: torch.Tensor,  # [group, max_q] True for a real query (False: padding)
+    query_pos: torch.Tensor,  # [group, max_q] position of each query
+    key_pos: torch.Tensor,  # [max_kv] position of each key read
+    kv_len: torch.Tensor,  # [group] keys each request holds (its cached and new tokens)
+) -> torch.Tensor:  # [group, 1, max_q, max_kv] True = attend
     """Each real query attends to the keys at or before its position that its request holds; a padded
     query row attends to key 0 only, so softmax never sees an empty row (its output is dropped).
-    Built on the device from device tensors: a captured forward derives it inside its graph."""
-    device = query_len.device
-    q_off = torch.arange(max_query_len, device=device)  # [max_q]
-    q_valid = q_off[None, :] < query_len[:, None]  # [group, max_q]
-    query_pos = start_pos[:, None] + q_off[None, :]  # [group, max_q]
-    key_pos = torch.arange(max_kv_len, device=device)  # [max_kv]
-    kv_len = (query_len + start_pos)[:, None, None]  # [group, 1, 1]
-    mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & (key_pos[None, None, :] < kv_len)
+    Device tensors in, device mask out: a captured forward derives it inside its graph."""
+    mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & (
+        key_pos[None, None, :] < kv_len[:, None, None]
+    )
     mask |= (~q_valid)[:, :, None] & (key_pos == 0)[None, None, :]
     return mask.unsqueeze(1)
 

@@ -142,7 +142,10 @@ class StaticInputs:
         shape, bs = views.shape, self.kv_cache.block_size
         max_kv = shape.num_blocks * bs
         q_off = torch.arange(shape.query_len, device=self.device)  # [Q]
+        q_valid = q_off[None, :] < views.query_len[:, None]  # [B, Q]
         query_pos = views.start_pos[:, None] + q_off[None, :]  # [B, Q]
+        key_pos = torch.arange(max_kv, device=self.device)  # [max_kv]
+        kv_len = views.query_len + views.start_pos  # [B]
         group = AttentionGroup(
             query_slice=slice(0, shape.num_tokens),
             query_index=None,
@@ -154,8 +157,8 @@ class StaticInputs:
             kv_slice=None,
             max_kv_len=max_kv,
             query_pos=query_pos.unsqueeze(-1),
-            key_pos=torch.arange(max_kv, device=self.device).view(1, 1, -1),
-            base_mask=causal_page_mask(views.query_len, views.start_pos, shape.query_len, max_kv),
+            key_pos=key_pos.view(1, 1, -1),
+            base_mask=causal_page_mask(q_valid, query_pos, key_pos, kv_len),
             max_query_pos=UNKNOWN_POSITION,
             is_causal=False,
             is_short=shape.query_len <= MAX_SHORT_QUERY_LEN,
