@@ -20,12 +20,10 @@ from dataclasses import dataclass
 import torch
 
 from ..executor.block_manager import BlockManager
-from ..executor.cuda_graphs import StepGraphs
 from ..executor.graph_shapes import GraphShapes
 from ..executor.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from ..executor.model_runner import PagedInputs, SequenceInput
 from ..executor.paged_attention import paged_attention_forward
-from ..executor.static_batch import StaticInputs
 from ..sampling import sample_from_probs
 from .base import Drafter, DraftProposal, draft_distribution
 from .draft_masks import DraftMasks
@@ -106,7 +104,6 @@ class Eagle3Drafter(Drafter):
         self._states: dict[str, _HeadState] = {}
         self._masks = DraftMasks(target_vocab_size, device)
 
-    @torch.inference_mode()
     def capture_cuda_graphs(self, backend, max_batch_size: int, max_model_len: int) -> list:
         """The head's graphs: a catch-up of 1 + accepted positions (query lengths 1 and 1 + k) and each
         drafting step of one position, with the hidden states as a per-token input."""
@@ -117,12 +114,9 @@ class Eagle3Drafter(Drafter):
             max_batch_size, (1, 1 + self.max_draft_len), pages, bs, inputs.max_num_tokens
         )
         hidden = (self.head.config.hidden_size, self.head.fc.weight.dtype)
-        graphs = StepGraphs(
-            StaticInputs(inputs.kv_cache, shapes.bound), shapes, self._static_forward, {"hidden": hidden}
-        )
-        report = graphs.capture(backend, inputs.attention_paths, "EAGLE-3 head")
-        inputs.graphs = graphs if graphs.is_captured else None
-        return [report]
+        return [
+            inputs.capture_forward(shapes, backend, "EAGLE-3 head", self._static_forward, {"hidden": hidden})
+        ]
 
     def _static_forward(self, views, meta, token_inputs):
         """What a graph captures: the head over the shape's flat batch, outputs and logits at every row."""

@@ -14,7 +14,7 @@ import torch
 
 from .attention_metadata import AttentionMetadata, SequenceSlice
 from .attention_paths import AttentionPaths
-from .cuda_graphs import GraphCaptureReport, StepGraphs
+from .cuda_graphs import GraphCaptureReport, StaticForward, StepGraphs
 from .graph_shapes import GraphShapes
 from .kv_cache import KVCache
 from .paged_attention import register_paged_attention
@@ -126,6 +126,22 @@ class PagedInputs:
         self._inputs[:, :num_tokens].copy_(host, non_blocking=True)
         return slices, cu_tokens, cu_rows
 
+    @torch.inference_mode()
+    def capture_forward(
+        self,
+        shapes: GraphShapes,
+        backend,
+        model: str,
+        forward: StaticForward,
+        token_inputs: dict[str, tuple[int, torch.dtype]] | None = None,
+    ) -> GraphCaptureReport:
+        """Capture ``forward`` at every shape (`cuda_graphs.CudaGraphCapture`, or `EagerReplay` to run
+        the same static path eagerly); `graphs` then holds the replays (None when capture failed)."""
+        graphs = StepGraphs(StaticInputs(self.kv_cache, shapes.bound), shapes, forward, token_inputs)
+        report = graphs.capture(backend, self.attention_paths, model)
+        self.graphs = graphs if graphs.is_captured else None
+        return report
+
     def prepare(self, seqs: list[SequenceInput]) -> PreparedBatch:
         slices, cu_tokens, cu_rows = self._fill_inputs(seqs)
         num_tokens, num_rows = cu_tokens[-1], cu_rows[-1]
@@ -187,14 +203,9 @@ class ModelRunner(PagedInputs):
 
         return module.register_forward_hook(hook)
 
-    @torch.inference_mode()
     def capture_graphs(self, shapes: GraphShapes, backend, model: str = "target") -> GraphCaptureReport:
-        """Capture the decode/verify forward at every shape (`cuda_graphs.CudaGraphCapture`, or
-        `EagerReplay` to run the same static path eagerly); from then on `forward` replays them."""
-        graphs = StepGraphs(StaticInputs(self.kv_cache, shapes.bound), shapes, self._static_forward)
-        report = graphs.capture(backend, self.attention_paths, model)
-        self.graphs = graphs if graphs.is_captured else None
-        return report
+        """Capture the model's decode/verify forward at every shape; from then on `forward` replays them."""
+        return self.capture_forward(shapes, backend, model, self._static_forward)
 
     def _static_forward(self, views: StaticViews, meta: AttentionMetadata, token_inputs):
         """The forward a graph captures: every token of the shape's flat batch, logits for all of them."""
