@@ -17,6 +17,11 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "float32", "bfloat16", "float16", "float64"],
         help="overrides the config (default auto: measured once per machine)",
     )
+    parser.add_argument(
+        "--quantization",
+        choices=["none", "int8", "int4", "gguf"],
+        help="weight-only quantization of the linear layers; overrides the config (gguf: the file's own)",
+    )
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -63,6 +68,8 @@ def _load_config(args: argparse.Namespace):
         config.model = args.model
     if args.dtype:
         config.dtype = args.dtype
+    if args.quantization:
+        config.quantization = None if args.quantization == "none" else args.quantization
     if getattr(args, "decoding_type", None):
         from .executor.speculative_config import SpeculativeConfig
 
@@ -97,6 +104,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     executor = Executor(config=config)
     choice = executor.dtype_choice
     print(f"[dtype {choice.dtype}: {choice.reason}]", file=sys.stderr)
+    if executor.quantization is not None:
+        print(f"[{executor.quantization.summary()}]", file=sys.stderr)
     for report in executor.cuda_graphs:
         print(f"[{report.describe()}]", file=sys.stderr)
     prompt = prompt_text

@@ -9,6 +9,7 @@ overrides (``propose``, or ``prepare_draft_tokens`` for batched drafters).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -43,6 +44,7 @@ class DrafterContext:
     tokenizer: object | None  #: the target's tokenizer
     vocab_size: int  #: the target's vocabulary size
     executor_config: object  #: the ExecutorConfig (dtype, device, KV budget, block size)
+    target_path: Path | None = None  #: the file or directory the target was loaded from (None: a module)
 
 
 def draft_distribution(logits: torch.Tensor, params) -> torch.Tensor:

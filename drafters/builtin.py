@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..executor.options import parse_options, reject_unknown_keys
+from ..executor.quantization import check_quantization
 from ..plugins import hookimpl
 from .base import Drafter, DrafterContext, declare_options
 
@@ -47,11 +48,11 @@ class NGramOptions:
         NGramConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})  # checks values
 
 
-@reject_unknown_keys
 @dataclass(slots=True)
-class DraftTargetOptions:
-    option_label = "DraftTarget option"  #: (not a field) for the unknown-option error
-    speculative_model: str | None = None  #: draft model path (HF dir or GGUF); None = int8 copy of the target
+class _DraftModelOptions:
+    """The keys of the drafters that run a model of their own."""
+
+    speculative_model: str | None = None  #: draft model path (HF dir or GGUF)
     speculative_model_dir: str | None = None  #: trtllm-bench's name for the same
     sample_drafts: bool = False  #: sample drafts and keep q (rejection sampling), else greedy drafts
     kv_cache_memory_gb: float = 0.25  #: the draft's KV pool
@@ -66,9 +67,24 @@ class DraftTargetOptions:
 
 @reject_unknown_keys
 @dataclass(slots=True)
-class Eagle3Options(DraftTargetOptions):
-    """The same keys as DraftTarget; ``speculative_model`` is an EAGLE-3 head directory (None = the head
-    shipped for the embedded SmolLM2)."""
+class DraftTargetOptions(_DraftModelOptions):
+    """``speculative_model`` None = a quantized copy of the target (the self-draft)."""
+
+    option_label = "DraftTarget option"  #: (not a field) for the unknown-option error
+    #: the draft model's weight-only quantization (as the executor's ``quantization``: int8, int4, gguf);
+    #: null = int8 for the self-draft, the weights as loaded for a draft model
+    quantization: str | None = None
+
+    def __post_init__(self) -> None:
+        _DraftModelOptions.__post_init__(self)
+        check_quantization(self.quantization)
+
+
+@reject_unknown_keys
+@dataclass(slots=True)
+class Eagle3Options(_DraftModelOptions):
+    """``speculative_model`` is an EAGLE-3 head directory (None = the head shipped for the embedded
+    SmolLM2)."""
 
     option_label = "Eagle option"  #: (not a field) for the unknown-option error
 
@@ -116,17 +132,23 @@ def make_ngram(spec_config, context: DrafterContext) -> Drafter:
 @declare_options(DraftTargetOptions)
 def make_draft_target(spec_config, context: DrafterContext) -> Drafter:
     from .draft_target import DraftTargetDrafter, check_vocab_compatible
-    from .quantize import quantized_copy
 
     opts = parse_options(DraftTargetOptions, spec_config.options)
     path = opts.speculative_model or opts.speculative_model_dir
     cfg = context.executor_config
     if path is None:
-        draft = quantized_copy(context.target_model)
+        draft = self_draft(context, opts.quantization or "int8")
     else:
         from ..executor.model_loader import load_model
 
-        loaded = load_model(path, dtype=cfg.dtype, device=str(next(context.target_model.parameters()).device))
+        param = next(context.target_model.parameters())
+        loaded = load_model(
+            path,
+            dtype=str(param.dtype).removeprefix("torch."),
+            device=str(param.device),
+            cache_dir=cfg.cache_dir,
+            quantization=opts.quantization,
+        )
         check_vocab_compatible(loaded.model, context.vocab_size, loaded.tokenizer, context.tokenizer)
         draft = loaded.model
     return DraftTargetDrafter(
@@ -138,6 +160,27 @@ def make_draft_target(spec_config, context: DrafterContext) -> Drafter:
         block_size=cfg.block_size,
         max_num_tokens=cfg.max_num_tokens,
     )
+
+
+def self_draft(context: DrafterContext, quantization: str):
+    """The target at ``quantization``: loaded again from its file when the target's own layers are
+    quantized already (the file has the weights before that), else a quantized copy of the target
+    module (of its dequantized weights where it is quantized and was passed in as a module)."""
+    from ..executor.model_loader import load_model
+    from .quantize import has_quantized_layers, quantized_copy
+
+    target = context.target_model
+    if context.target_path is None or not has_quantized_layers(target):
+        return quantized_copy(target, quantization, context.target_path)
+    param = next(target.parameters())
+    return load_model(
+        context.target_path,
+        dtype=str(param.dtype).removeprefix("torch."),
+        device=str(param.device),
+        cache_dir=context.executor_config.cache_dir,
+        quantization=quantization,
+        progress=False,
+    ).model
 
 
 @declare_options(Eagle3Options)

@@ -1,53 +1,24 @@
-"""Weight-only int8 quantization of a model's linear layers (for the self-speculative draft).
-
-Per-output-channel symmetric int8 weights; on CPU the matmul is torch's ``_weight_int8pack_mm``
-kernel with bfloat16 activations, which reads a quarter of the float32 bytes.
-"""
+"""A weight-only quantized copy of a model (the self-speculative draft), through the executor's own
+quantization (`executor/quantization.py`): the same layers and kernels as a quantized target."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
-import torch
-import torch.nn.functional as F
 from torch import nn
 
-#: activation dtypes served by the int8 kernel (run in bfloat16, its fast path on CPU); float64 (tests)
-#: dequantizes on the fly
-KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+from ..executor.quantization import dequantize_model, quantize_model
+from ..executor.quantized_linear import WeightOnlyLinear
 
 
-class Int8WeightOnlyLinear(nn.Module):
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        weight = linear.weight.detach()  # [out, in]
-        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [out]
-        self.register_buffer(
-            "weight_int8", torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
-        )
-        self.register_buffer("scale", scale.to(weight.dtype))  # [out]
-        self.register_buffer("scale_bf16", scale.to(torch.bfloat16))  # [out]
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        flat = x.reshape(-1, self.in_features)
-        if x.dtype in KERNEL_DTYPES and x.device.type == "cpu":
-            out = torch._weight_int8pack_mm(flat.to(torch.bfloat16), self.weight_int8, self.scale_bf16).to(
-                x.dtype
-            )
-        else:
-            out = F.linear(flat, self.weight_int8.to(x.dtype) * self.scale.to(x.dtype)[:, None])
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
-
-
-def quantized_copy(model: nn.Module) -> nn.Module:
-    """A deep copy of ``model`` whose ``nn.Linear`` layers (lm_head included) hold int8 weights."""
-    draft = copy.deepcopy(model)
-    for parent in list(draft.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, Int8WeightOnlyLinear(child))
+def quantized_copy(model: nn.Module, quantization: str = "int8", gguf_path: Path | None = None) -> nn.Module:
+    """A deep copy of ``model`` whose linear layers (lm_head included) are quantized; layers quantized
+    already are quantized again from their dequantized weights (``gguf`` needs the model's GGUF file)."""
+    draft = dequantize_model(copy.deepcopy(model))
+    quantize_model(draft, quantization, gguf_path if gguf_path is not None and gguf_path.is_file() else None)
     return draft.eval()
+
+
+def has_quantized_layers(model: nn.Module) -> bool:
+    return any(isinstance(m, WeightOnlyLinear) for m in model.modules())

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .options import reject_unknown_keys
+from .quantization import check_quantization
 from .speculative_config import SpeculativeConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
@@ -45,6 +46,10 @@ class ExecutorConfig:
     #: stays where it is under "auto" and moves (in place) to a device named here
     device: str = "auto"
     device_map: str | None = None  #: accelerate placement over several devices, e.g. "auto"
+    #: weight-only quantization of the linear layers (vLLM's key): null (weights as loaded), int8 (per
+    #: output channel), int4 (groups of 32), gguf (a GGUF file's own Q4_0/Q4_1 codes, exactly; the rest
+    #: dequantized). Kernels: `executor/quantized_linear.py`; a device without one is refused
+    quantization: str | None = None
     max_batch_size: int = 16  #: requests in one forward at most
     max_num_tokens: int = 2048  #: tokens in one forward at most (prefill chunks + decode + draft tokens)
     max_model_len: int | None = None  #: context length; None = the model's, capped by the KV pool
@@ -80,6 +85,7 @@ class ExecutorConfig:
     def validate(self) -> None:
         _check(self.model is None or isinstance(self.model, str), "model", self.model, "a path or null")
         _check(self.dtype in DTYPES, "dtype", self.dtype, ", ".join(DTYPES))
+        check_quantization(self.quantization)
         _check(
             isinstance(self.device, str)
             and (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")),

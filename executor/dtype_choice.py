@@ -4,8 +4,9 @@
 - A CPU without native bfloat16 arithmetic (no AVX512-BF16, no AMX): float32. There bf16 matmuls are
   emulated; on one of this project's machines they ran at 0.3 GFLOP/s.
 - A CPU with it: a start-up measurement decides. One decode step's work for the model's shapes — every
-  layer's q/k/v/o and MLP projections and attention over 1,024 cached keys (through the executor's own
-  attention path), then the LM head — runs in
+  layer's q/k/v/o and MLP projections (through the quantized kernels when ``quantization`` is set: their
+  speed differs between dtypes far more than a dense matmul's) and attention over 1,024 cached keys,
+  then the LM head — runs in
   both dtypes for 1 and 4 new tokens, on enough distinct weights to stream from memory as the real
   forward does; bfloat16 wins when it takes under `BF16_MARGIN` of float32's time. The answer is cached
   per CPU, torch version, thread count and model shape (like the forward-cost curve), so it is measured
@@ -20,15 +21,17 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from .attention_kernels import attend
 from .cpu_info import describe_cpu, native_bf16_flags
 from .measurement_cache import cached_measurement, median_seconds
+from .quantized_linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear, fits_int4
 
 logger = logging.getLogger("specexec")
 
 MEASUREMENT_VERSION = (
-    2  #: bump when the measured work changes (the attention path did): old answers are stale
+    3  #: bump when the measured work changes (the attention path did; quantization): old answers are stale
 )
 BF16_MARGIN = 0.9  #: bfloat16 must take under this fraction of float32's time to be chosen
 CONTEXT = 1024  #: cached keys each measured attention call reads
@@ -67,8 +70,11 @@ class DtypeChoice:
     reason: str  #: one line: why (printed by `specexec run`)
 
 
-def choose_dtype(device: torch.device, shape_config: dict, cache_dir: Path | None) -> DtypeChoice:
-    """What ``dtype: auto`` loads in on this machine (see the module docstring)."""
+def choose_dtype(
+    device: torch.device, shape_config: dict, cache_dir: Path | None, quantization: str | None = None
+) -> DtypeChoice:
+    """What ``dtype: auto`` loads in on this machine for a model quantized as ``quantization`` (see the
+    module docstring)."""
     if device.type == "cuda":
         return DtypeChoice("bfloat16", "auto: CUDA")
     if not native_bf16_flags():
@@ -76,32 +82,38 @@ def choose_dtype(device: torch.device, shape_config: dict, cache_dir: Path | Non
     if not shape_config.get("hidden_size"):  # e.g. a path that does not exist: let the load say so
         return DtypeChoice("float32", "auto: the model's shape could not be read before loading")
     shape = ModelShape.from_config(shape_config)
-    ratio = _cached_bf16_ratio(shape, cache_dir)
+    ratio = _cached_bf16_ratio(shape, cache_dir, quantization)
     verdict = "bfloat16" if ratio < BF16_MARGIN else "float32"
-    return DtypeChoice(verdict, f"auto: bfloat16 took {ratio:.2f}x float32's time on {describe_cpu()}")
+    weights = f" with {quantization} weights" if quantization else ""
+    return DtypeChoice(
+        verdict, f"auto: bfloat16 took {ratio:.2f}x float32's time{weights} on {describe_cpu()}"
+    )
 
 
-def _cached_bf16_ratio(shape: ModelShape, cache_dir: Path | None) -> float:
-    key = f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}|{shape}"
+def _cached_bf16_ratio(shape: ModelShape, cache_dir: Path | None, quantization: str | None) -> float:
+    key = (
+        f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
+        f"|{shape}|quantization={quantization}"
+    )
     data = cached_measurement(
         cache_dir,
         "dtype-choice",
         key,
-        lambda: {"bf16_ratio": measure_bf16_ratio(shape)},
+        lambda: {"bf16_ratio": measure_bf16_ratio(shape, quantization)},
         "dtype auto: timing bfloat16 against float32 on this CPU",
         ("bf16_ratio",),
     )
     try:
         return float(data["bf16_ratio"])
     except (TypeError, ValueError):  # a damaged cache file: measure again, uncached
-        return measure_bf16_ratio(shape)
+        return measure_bf16_ratio(shape, quantization)
 
 
-def measure_bf16_ratio(shape: ModelShape, repeats: int = 5) -> float:
+def measure_bf16_ratio(shape: ModelShape, quantization: str | None = None, repeats: int = 5) -> float:
     """bfloat16's time over float32's for one decode step's work at 1 and 4 new tokens (summed)."""
     seconds = {}
     for dtype in (torch.float32, torch.bfloat16):
-        step = _DecodeStepWork(shape, dtype)
+        step = _DecodeStepWork(shape, dtype, quantization)
         step.run(1)  # warm-up
         seconds[dtype] = sum(median_seconds(lambda n=n, run=step.run: run(n), repeats) for n in (1, 4))
     return seconds[torch.bfloat16] / seconds[torch.float32]
@@ -111,11 +123,18 @@ class _DecodeStepWork:
     """Random weights of a few distinct layers (enough to stream from memory) and the LM head; `run`
     does every layer's projections and attention (cycling through the distinct layers) and the head."""
 
-    def __init__(self, shape: ModelShape, dtype: torch.dtype) -> None:
+    def __init__(self, shape: ModelShape, dtype: torch.dtype, quantization: str | None = None) -> None:
         s = shape
+        scheme = "int4" if quantization == "gguf" else quantization
 
-        def weight(rows: int, cols: int) -> torch.Tensor:
-            return torch.empty(rows, cols, dtype=dtype).uniform_(-0.02, 0.02)
+        def weight(rows: int, cols: int, quantize: bool = True) -> nn.Module:
+            layer = nn.Linear(cols, rows, bias=False, dtype=dtype).requires_grad_(False)
+            layer.weight.uniform_(-0.02, 0.02)
+            if scheme is None or not quantize:
+                return layer
+            if scheme == "int4" and fits_int4(layer):
+                return Int4WeightOnlyLinear(layer)
+            return Int8WeightOnlyLinear(layer)
 
         q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         layer_floats = s.hidden * (q_out + 2 * kv_out) + q_out * s.hidden + 3 * s.hidden * s.intermediate
@@ -131,7 +150,7 @@ class _DecodeStepWork:
         ]
         self.keys = torch.empty(1, s.num_kv_heads, CONTEXT, s.head_dim, dtype=dtype).uniform_(-1, 1)
         self.values = torch.empty(1, s.num_kv_heads, CONTEXT, s.head_dim, dtype=dtype).uniform_(-1, 1)
-        self.head = weight(s.vocab, s.hidden)
+        self.head = weight(s.vocab, s.hidden, quantize=quantization != "gguf")  # gguf: dense (Q8_0)
         self.shape, self.dtype = s, dtype
 
     @torch.inference_mode()
@@ -140,11 +159,11 @@ class _DecodeStepWork:
         x = torch.randn(num_tokens, s.hidden).to(self.dtype)  # [n, hidden]
         for i in range(s.num_layers):
             qkv, o, gate_up, down = self.layers[i % len(self.layers)]
-            q = F.linear(x, qkv)[:, : s.num_heads * s.head_dim]  # [n, heads * head_dim]
+            q = qkv(x)[:, : s.num_heads * s.head_dim]  # [n, heads * head_dim]
             q = q.view(1, num_tokens, s.num_heads, s.head_dim).transpose(1, 2)  # [1, heads, n, head_dim]
             # the unmeasured default kernel (the executor's own choice is timed later, in the chosen dtype)
             a = attend(q, self.keys, self.values, None, s.head_dim**-0.5, None)
-            x = x + F.linear(a.transpose(1, 2).reshape(num_tokens, -1), o)
-            g, u = F.linear(x, gate_up).chunk(2, dim=-1)  # [n, intermediate] each
-            x = x + F.linear(F.silu(g) * u, down)
-        F.linear(x, self.head)  # [n, vocab]
+            x = x + o(a.transpose(1, 2).reshape(num_tokens, -1))
+            g, u = gate_up(x).chunk(2, dim=-1)  # [n, intermediate] each
+            x = x + down(F.silu(g) * u)
+        self.head(x)  # [n, vocab]

@@ -69,14 +69,14 @@ def resolve_dtype(model, config: ExecutorConfig) -> DtypeChoice:
     from .model_peek import peek_text_config
 
     shape = peek_text_config(model if model is not None else config.model)
-    return choose_dtype(_resolve_device(config.device), shape, _measurement_dir(config))
+    return choose_dtype(_resolve_device(config.device), shape, _measurement_dir(config), config.quantization)
 
 
 def build_engine_core(
     model, config: ExecutorConfig, tokenizer, drafter: Drafter | None, plugins, dtype: str
 ) -> EngineCore:
     """Load (in ``dtype``, see `resolve_dtype`), size the KV pool, build the stages."""
-    model, tokenizer = _load(model, tokenizer, config, dtype)
+    model, tokenizer, target_path, quantization = _load(model, tokenizer, config, dtype)
     param = next(model.parameters())
     spec = KVCacheSpec.from_model_config(model.config, param.dtype)
     num_blocks = config.num_kv_blocks or num_blocks_for_budget(
@@ -100,7 +100,8 @@ def build_engine_core(
     )
     vocab_size = text_config.vocab_size
     max_model_len = _max_model_len(model, config, block_manager)
-    drafter = _setup_drafter(model, tokenizer, vocab_size, config, drafter, plugins, runner)
+    context = DrafterContext(model, tokenizer, vocab_size, config, target_path)
+    drafter = _setup_drafter(context, drafter, plugins, runner)
     graph_reports = capture_cuda_graphs(config, runner, drafter, max_model_len)
     speculation = _speculation_stage(model, vocab_size, config, drafter, plugins, runner, block_manager)
     eos_token_ids = _eos_token_ids(model, tokenizer)
@@ -119,6 +120,7 @@ def build_engine_core(
     capture = tuple(config.capture_hidden_layers)
     core = EngineCore(runner, scheduler, speculation, guided, outputs, max_model_len, vocab_size, capture)
     core.graph_reports = graph_reports
+    core.quantization = quantization
     return core
 
 
@@ -180,15 +182,19 @@ def _resolve_device(device: str) -> torch.device:
 
 
 def _load(model, tokenizer, config: ExecutorConfig, dtype: str):
+    """(model, tokenizer, the path it was loaded from or None, its QuantizationReport or None)."""
     from .model_loader import check_device, load_model
+    from .quantization import quantize_model
 
     if isinstance(model, torch.nn.Module):
         # a module runs where the caller put it, unless the config names a device: then it moves there
-        # (in place, as ``module.to`` does); ``dtype`` applies only to the models the executor loads
+        # (in place, as ``module.to`` does, and is quantized in place); ``dtype`` applies only to the
+        # models the executor loads
         if config.device != "auto":
             check_device(config.device)
             model.to(config.device)
-        return model.eval(), tokenizer
+        report = quantize_model(model, config.quantization) if config.quantization else None
+        return model.eval(), tokenizer, None, report
 
     loaded = load_model(
         model if model is not None else config.model,
@@ -196,9 +202,11 @@ def _load(model, tokenizer, config: ExecutorConfig, dtype: str):
         device=str(_resolve_device(config.device)),
         device_map=config.device_map,
         cache_dir=config.cache_dir,
+        quantization=config.quantization,
     )
     logger.info("loaded %s", loaded.source)
-    return loaded.model, tokenizer or loaded.tokenizer
+    path = loaded.gguf_path or Path(model if model is not None else config.model)
+    return loaded.model, tokenizer or loaded.tokenizer, path, loaded.quantization
 
 
 def _eos_token_ids(model, tokenizer) -> frozenset[int]:
@@ -227,13 +235,12 @@ def _max_model_len(model, config: ExecutorConfig, block_manager: BlockManager) -
     return min(model_len, pool_len)
 
 
-def _setup_drafter(
-    model, tokenizer, vocab_size: int, config: ExecutorConfig, drafter, plugins, runner
-) -> Drafter | None:
+def _setup_drafter(context: DrafterContext, drafter, plugins, runner) -> Drafter | None:
     """The drafter (the one passed in, or the config's), registered, with its hidden states captured."""
+    config = context.executor_config
     spec = config.speculative_config
     if drafter is None and spec is not None:
-        drafter = build_drafter(spec, DrafterContext(model, tokenizer, vocab_size, config), plugins)
+        drafter = build_drafter(spec, context, plugins)
     if drafter is None:
         return None
     plugins.register(drafter, name="drafter")

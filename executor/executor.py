@@ -55,6 +55,8 @@ class Executor:
     guided = property(lambda self: self.core.guided)  # .stats, .pool
     #: what capturing each model's CUDA graphs took (GraphCaptureReport per model; empty off CUDA)
     cuda_graphs = property(lambda self: self.core.graph_reports)
+    #: what ``quantization`` made of the target's layers (a QuantizationReport), or None
+    quantization = property(lambda self: self.core.quantization)
 
     # ---- submitting -------------------------------------------------------------------------------
     def add_request(

@@ -19,6 +19,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from .quantization import QuantizationReport, check_quantization, quantize_model
+
 logger = logging.getLogger("specexec")
 
 DTYPES: dict[str, torch.dtype] = {
@@ -42,6 +44,8 @@ class LoadedModel:
     model: PreTrainedModel  # eval mode, requires_grad off
     tokenizer: PreTrainedTokenizerBase | None
     source: str  # human-readable origin (path, and 'cached conversion at ...' if so)
+    gguf_path: Path | None = None  #: the GGUF file the model was converted from
+    quantization: QuantizationReport | None = None  #: what `quantization` made of its layers
 
 
 def default_model_path() -> Path:
@@ -67,8 +71,11 @@ def load_model(
     device_map: str | dict | None = None,
     cache_dir: str | os.PathLike | None = None,
     progress: bool = True,
+    quantization: str | None = None,
 ) -> LoadedModel:
-    """Load `model` (None = default SmolLM2 GGUF, a .gguf file, or a save_pretrained directory)."""
+    """Load `model` (None = default SmolLM2 GGUF, a .gguf file, or a save_pretrained directory), then
+    quantize its linear layers where `quantization` says (int8, int4, gguf: `executor/quantization.py`)."""
+    check_quantization(quantization)
     if dtype not in DTYPES:
         raise ModelLoadError(f"unsupported dtype {dtype!r}; allowed values: {', '.join(DTYPES)}")
     check_device(device)
@@ -85,6 +92,10 @@ def load_model(
         loaded.model.to(device)  # type: ignore[arg-type]  # transformers' wrapped .to() stub
     loaded.model.eval()
     loaded.model.requires_grad_(False)
+    if not path.is_dir():
+        loaded.gguf_path = path.resolve()
+    if quantization is not None:
+        loaded.quantization = quantize_model(loaded.model, quantization, loaded.gguf_path)
     return loaded
 
 

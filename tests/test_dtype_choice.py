@@ -25,8 +25,8 @@ def measured(monkeypatch):
     calls = []
 
     def fake(ratio):
-        def measure(shape):
-            calls.append(shape)
+        def measure(shape, quantization=None):
+            calls.append((shape, quantization))
             return ratio
 
         monkeypatch.setattr(dtype_choice, "measure_bf16_ratio", measure)
@@ -70,11 +70,15 @@ def test_a_cpu_with_native_bf16_follows_the_measurement_once(
     assert len(calls) == 2, "another model shape is measured again"
     assert choose_dtype(CPU, {}, tmp_path).dtype == "float32"  # shape unreadable: no measurement
     assert len(calls) == 2
+    quantized = choose_dtype(CPU, TINY_SHAPE, tmp_path, "int4")
+    assert len(calls) == 3 and calls[-1][1] == "int4", "quantized weights are measured on their own"
+    assert "with int4 weights" in quantized.reason
 
 
-def test_the_measurement_runs_both_dtypes_and_gives_a_ratio():
+@pytest.mark.parametrize("quantization", [None, "int8", "int4", "gguf"])
+def test_the_measurement_runs_both_dtypes_and_gives_a_ratio(quantization):
     shape = ModelShape.from_config({**TINY_SHAPE, "num_hidden_layers": 2, "vocab_size": 256})
-    ratio = measure_bf16_ratio(shape, repeats=1)
+    ratio = measure_bf16_ratio(shape, quantization, repeats=1)
     assert math.isfinite(ratio) and ratio > 0
 
 

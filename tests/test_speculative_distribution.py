@@ -28,6 +28,7 @@ from specexec.drafters.draft_target import DraftTargetDrafter
 from specexec.drafters.ngram import NGramConfig, NGramDrafter
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
+from specexec.executor.quantization import quantize_model
 from specexec.executor.request import Request
 from specexec.sampling import SamplingParams
 from test_eagle3 import make_head_dir
@@ -69,10 +70,15 @@ def make_requests(n: int, temperature: float = 1.0) -> list[Request]:
 
 
 @functools.cache
-def exact_distribution(temperature: float = 1.0) -> dict[tuple[int, ...], float]:
+def exact_distribution(
+    temperature: float = 1.0, quantization: str | None = None
+) -> dict[tuple[int, ...], float]:
     """P(x_1..x_T | PROMPT) for every sequence of T = MAX_TOKENS tokens: the product of the target's
-    conditionals, read off one forward over all V**(T-1) prefixes."""
+    conditionals (of its ``quantization``-ed weights, if set), read off one forward over all V**(T-1)
+    prefixes."""
     reference, _ = make_target()
+    if quantization is not None:
+        quantize_model(reference, quantization)
     prefixes = list(itertools.product(range(VOCAB), repeat=MAX_TOKENS - 1))
     with torch.no_grad():
         logits = reference(torch.tensor([PROMPT + list(p) for p in prefixes])).logits  # [rows, P+T-1, V]
@@ -257,3 +263,24 @@ def test_deterministic_drafts_reproduce_the_plain_samples_seed_for_seed(kind):
     assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
     mismatches = [i for i, (o, want) in enumerate(zip(outputs, plain_samples())) if o.token_ids != want]
     assert not mismatches, f"{len(mismatches)} seeded requests changed, e.g. request {mismatches[0]}"
+
+
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
+def test_speculative_sampling_on_a_quantized_target_matches_its_distribution(quantization):
+    """Lossless relative to the quantized target: an int4 self-draft samples drafts (q) for it."""
+    spec = {
+        "decoding_type": "DraftTarget",
+        "max_draft_len": MAX_DRAFT_LEN,
+        "sample_drafts": True,
+        "quantization": "int4" if quantization == "int8" else "int8",
+    }
+    executor, outputs, counts = sample_sequences(speculative_config=spec, quantization=quantization)
+    assert executor.quantization.scheme == quantization
+    proposed = sum(o.metrics.num_draft_tokens for o in outputs)
+    accepted = sum(o.metrics.num_accepted_tokens for o in outputs)
+    assert accepted > 0 and proposed - accepted >= 20
+    p_value, cells = chi_square_p_value(counts, exact_distribution(quantization=quantization))
+    assert p_value > P_VALUE_THRESHOLD, f"p = {p_value:.2e} over {cells} cells"
+    assert chi_square_p_value(counts, exact_distribution())[0] < P_VALUE_THRESHOLD, (
+        "the dense model's distribution fits too: the test could not tell the quantized target apart"
+    )

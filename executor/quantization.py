@@ -1,0 +1,142 @@
+"""``quantization:`` — replace a loaded model's linear layers by weight-only quantized ones, in place.
+
+- ``int8``: every ``nn.Linear`` (the LM head included) as int8 per output channel.
+- ``int4``: every ``nn.Linear`` as int4 in groups of 32 (asymmetric min/max, GGUF's Q4_1 rule); a layer
+  whose shape the int4 kernels cannot hold takes int8, and the report says how many did.
+- ``gguf``: the file's own codes where a kernel layout holds them exactly — Q4_0 / Q4_1 linear weights
+  become int4 with scale = d, zero = m + 8d — and the rest dequantized (as transformers converts them).
+  Torch has no kernel for Q8_0's one scale per 32 values, so SmolLM2's Q8_0 token embedding and the LM
+  head tied to it stay dequantized (dense, in the model's dtype). Requantizing the head per output row
+  for the int8 kernel would halve its bytes in bfloat16 but made it no longer the file's model: on six
+  chat prompts in float32 its top-1 agreement with the file fell to 97.9% and only 1 of 6 greedy
+  outputs stayed the same, where the dequantized head keeps 100% and 6 of 6 (`gguf` in float32 is the
+  file's model exactly; `tests/test_quantization.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch import nn
+
+from .gguf_weights import INT4_TYPES, GGUFFile, match_rows
+from .quantized_linear import (
+    Int4WeightOnlyLinear,
+    Int8WeightOnlyLinear,
+    QuantizationError,
+    WeightOnlyLinear,
+    check_kernel,
+    fits_int4,
+)
+
+logger = logging.getLogger("specexec")
+
+QUANTIZATIONS = ("int8", "int4", "gguf")
+
+
+@dataclass(slots=True)
+class QuantizationReport:
+    scheme: str
+    layers: Counter = field(default_factory=Counter)  #: form -> number of modules, e.g. "Q4_1 -> int4"
+    weight_bytes: int = 0  #: bytes of the model's parameters and buffers after quantization
+
+    def summary(self) -> str:
+        forms = ", ".join(f"{n} {form}" for form, n in sorted(self.layers.items()))
+        return f"quantization {self.scheme}: {forms}; weights {self.weight_bytes / 2**20:.0f} MiB"
+
+
+def check_quantization(value) -> None:
+    if value is not None and value not in QUANTIZATIONS:
+        raise ValueError(
+            f"config key 'quantization': got {value!r}; allowed: null, {', '.join(QUANTIZATIONS)}"
+        )
+
+
+def quantize_model(model: nn.Module, scheme: str, gguf_path: str | Path | None = None) -> QuantizationReport:
+    """Quantize ``model``'s linear layers in place (see the module docstring); ``gguf_path``: the file
+    the model was converted from (``gguf`` only)."""
+    check_quantization(scheme)
+    for device, dtype in {(m.weight.device, m.weight.dtype) for *_, m in _linears(model)}:
+        check_kernel("int4" if scheme == "gguf" else scheme, device, dtype)
+    report = QuantizationReport(scheme)
+    if scheme == "gguf":
+        if gguf_path is None:
+            raise QuantizationError(
+                "quantization 'gguf' keeps a GGUF file's own codes and needs a .gguf model; "
+                "for a Hugging Face directory use int8 or int4"
+            )
+        _install_gguf(model, GGUFFile(gguf_path), report)
+    else:
+        for _name, parent, child_name, linear in _linears(model):
+            if scheme == "int4" and fits_int4(linear):
+                _replace(parent, child_name, Int4WeightOnlyLinear(linear), report, "int4")
+            else:
+                form = "int8" if scheme == "int8" else "int8 (shape not int4-able)"
+                _replace(parent, child_name, Int8WeightOnlyLinear(linear), report, form)
+    report.weight_bytes = _weight_bytes(model)
+    logger.info("%s", report.summary())
+    return report
+
+
+def dequantize_model(model: nn.Module) -> nn.Module:
+    """Replace quantized layers by dense ``nn.Linear`` ones holding their dequantized weights, in place
+    (to quantize a quantized model again under another scheme)."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, WeightOnlyLinear):
+                dense = nn.Linear(child.in_features, child.out_features, bias=False, device="meta")
+                dense.weight = nn.Parameter(child.dequantized(child.weight_dtype), requires_grad=False)
+                dense.bias = child.bias
+                setattr(parent, name, dense)
+    return model
+
+
+def _install_gguf(model: nn.Module, file: GGUFFile, report: QuantizationReport) -> None:
+    embedding = model.get_input_embeddings()
+    for name, parent, child_name, linear in _linears(model):
+        tensor = file.tensor_for(name)
+        if tensor is None and linear.weight is getattr(embedding, "weight", None):
+            tensor = file.tensor_for(_module_name(model, embedding))  # a head tied to the embedding
+        if tensor is not None and tensor.type_name in INT4_TYPES and fits_int4(linear):
+            weights = tensor.decode()
+            order = match_rows(weights.dequantize(), linear.weight, tensor.name)
+            weights.q, weights.scale, weights.offset = (
+                weights.q[order],
+                weights.scale[order],
+                weights.offset[order],
+            )
+            layer = Int4WeightOnlyLinear(linear, weights)
+            _replace(parent, child_name, layer, report, f"{tensor.type_name} -> int4 (exact)")
+        else:
+            report.layers[f"{tensor.type_name if tensor else 'unmatched'} -> dense"] += 1
+
+
+def _linears(model: nn.Module):
+    """(module name, parent, attribute, layer) for every ``nn.Linear``, listed before any is replaced."""
+    found = []
+    for parent_name, parent in model.named_modules():
+        for child_name, child in parent.named_children():
+            if type(child) is nn.Linear:
+                found.append((f"{parent_name}.{child_name}".lstrip("."), parent, child_name, child))
+    return found
+
+
+def _replace(parent: nn.Module, name: str, layer: nn.Module, report: QuantizationReport, form: str) -> None:
+    setattr(parent, name, layer)
+    report.layers[form] += 1
+
+
+def _module_name(model: nn.Module, module: nn.Module) -> str:
+    return next(name for name, m in model.named_modules() if m is module)
+
+
+def _weight_bytes(model: nn.Module) -> int:
+    seen, total = set(), 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            total += tensor.numel() * tensor.element_size()
+    return total

@@ -1,0 +1,225 @@
+"""Weight-only quantized linear layers: int8 per output channel, int4 in groups of 32.
+
+Both keep the quantized weights and their scales; the activations stay in the model's dtype and the
+matmul is one of torch's own kernels, which read a quarter (int8) or an eighth (int4) of the float32
+weight bytes:
+
+- int8: ``torch._weight_int8pack_mm(x, weight_int8 [out, in], scale [out])`` = x @ (q * scale)^T.
+- int4: ``_weight_int4pack_mm_for_cpu`` (CPU) / ``_weight_int4pack_mm`` (CUDA, tinygemm) compute each
+  weight as (q - 8) * scale + zero per group of ``group_size`` input features, q in 0..15. A weight
+  stored as q * d + m (GGUF's Q4_1, and `Int4Weights.quantize`'s asymmetric min/max) therefore maps
+  exactly onto scale = d, zero = m + 8d.
+
+The kernels take float32, bfloat16 and float16 activations on CPU (bfloat16 is their fast path on the
+CPUs measured here; float32 is exact against the stored weights), bfloat16 for int4 on CUDA. float64
+(the tests) multiplies by the dequantized weights, built once: the same values, no kernel. On a device
+whose kernel fails its start-up self-test, `check_kernel` refuses with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+GROUP_SIZE = 32  #: input features per int4 scale (GGUF's block size; the kernels take 32..256)
+INT4_ROWS_MULTIPLE = 16  #: the CPU int4 packing needs the output features in multiples of this
+CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+CUDA_KERNEL_DTYPES = {"int8": (torch.float32, torch.bfloat16, torch.float16), "int4": (torch.bfloat16,)}
+CUDA_INT4_INNER_K_TILES = 8  #: tinygemm's packing parameter (torchao's default)
+
+
+class QuantizationError(ValueError):
+    """No kernel for this scheme on this device and dtype, or a tensor that cannot be quantized."""
+
+
+@dataclass(slots=True)
+class Int4Weights:
+    """4-bit codes with a scale and an offset per group: weight = q * scale + offset."""
+
+    q: torch.Tensor  # [out, in] uint8 in 0..15
+    scale: torch.Tensor  # [out, in / group] float32
+    offset: torch.Tensor  # [out, in / group] float32
+    group_size: int = GROUP_SIZE
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, group_size: int = GROUP_SIZE) -> Int4Weights:
+        """Asymmetric min/max per group (GGUF's Q4_1 rule): scale = (max - min) / 15, offset = min."""
+        out_features, in_features = weight.shape
+        groups = weight.detach().float().reshape(out_features, in_features // group_size, group_size)
+        low, high = groups.amin(dim=-1), groups.amax(dim=-1)  # [out, groups]
+        scale = ((high - low) / 15).clamp(min=1e-12)
+        q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
+        return cls(q.reshape(out_features, in_features), scale, low, group_size)
+
+    def dequantize(self) -> torch.Tensor:  # [out, in] float32
+        out_features, in_features = self.q.shape
+        groups = self.q.reshape(out_features, -1, self.group_size).float()
+        return (groups * self.scale[..., None] + self.offset[..., None]).reshape(out_features, in_features)
+
+
+def fits_int4(linear: nn.Linear, group_size: int = GROUP_SIZE) -> bool:
+    """Whether the int4 kernels can hold this layer's shape."""
+    return linear.in_features % group_size == 0 and linear.out_features % INT4_ROWS_MULTIPLE == 0
+
+
+class WeightOnlyLinear(nn.Module):
+    """Shared by both schemes: bias, shapes, and the refusal to run on a device it was not packed for."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
+        self.packed_for = linear.weight.device.type  #: kernel layouts differ between CPU and CUDA
+        self.weight_dtype = linear.weight.dtype  #: the dense layer's dtype (for `dequantize_model`)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        if x.device.type != self.packed_for:
+            raise QuantizationError(
+                f"quantized weights were packed for {self.packed_for} and cannot run on {x.device.type}; "
+                "quantize after moving the model"
+            )
+        flat = x.reshape(-1, self.in_features)
+        out = self._matmul(flat) if self._has_kernel(x) else F.linear(flat, self._dense(x.dtype))
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def _dense(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in], for dtypes without a kernel
+        cache = self.__dict__.setdefault("_dense_weights", {})
+        if dtype not in cache:
+            cache[dtype] = self.dequantized(dtype)
+        return cache[dtype]
+
+    def _has_kernel(self, x: torch.Tensor) -> bool:
+        if x.device.type == "cpu":
+            return x.dtype in CPU_KERNEL_DTYPES
+        return x.dtype in CUDA_KERNEL_DTYPES[self.scheme]
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}"
+
+
+class Int8WeightOnlyLinear(WeightOnlyLinear):
+    """Symmetric int8 per output channel: weight = q * scale, q in -127..127."""
+
+    scheme = "int8"
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear)
+        weight = linear.weight.detach().float()  # [out, in]
+        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [out]
+        self.register_buffer(
+            "weight_int8", torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        )
+        self.register_buffer("scale", scale)  # [out] float32
+        self._scales: dict[torch.dtype, torch.Tensor] = {}
+
+    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        scale = self._scales.get(flat.dtype)
+        if scale is None:
+            scale = self._scales[flat.dtype] = self.scale.to(flat.dtype)
+        return torch._weight_int8pack_mm(flat, self.weight_int8, scale)
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in]
+        return (self.weight_int8.float() * self.scale[:, None]).to(dtype)
+
+
+class Int4WeightOnlyLinear(WeightOnlyLinear):
+    """4-bit codes in groups along the input features, packed in the device kernel's layout."""
+
+    scheme = "int4"
+
+    def __init__(self, linear: nn.Linear, weights: Int4Weights | None = None) -> None:
+        super().__init__(linear)
+        weights = weights or Int4Weights.quantize(linear.weight)
+        if weights.q.shape != (self.out_features, self.in_features) or not fits_int4(
+            linear, weights.group_size
+        ):
+            raise QuantizationError(
+                f"int4 needs in_features divisible by {weights.group_size} and out_features by "
+                f"{INT4_ROWS_MULTIPLE}; got a {self.out_features}x{self.in_features} layer"
+            )
+        device = linear.weight.device
+        self.group_size = weights.group_size
+        self.register_buffer("packed", _pack_int4(weights.q.to(device)))
+        self.register_buffer("scale", weights.scale.to(device))  # [out, groups] float32
+        self.register_buffer("offset", weights.offset.to(device))  # [out, groups] float32
+        self._scales_and_zeros: dict[torch.dtype, torch.Tensor] = {}
+
+    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        table = self._scales_and_zeros.get(flat.dtype)
+        if table is None:
+            table = self._scales_and_zeros[flat.dtype] = self.scales_and_zeros(flat.dtype)
+        if flat.device.type == "cpu":
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size, table)
+        return torch.ops.aten._weight_int4pack_mm(flat, self.packed, self.group_size, table)
+
+    def scales_and_zeros(self, dtype: torch.dtype) -> torch.Tensor:  # [groups, out, 2]
+        """The kernels' table: (q - 8) * scale + zero == q * scale + offset with zero = offset + 8 * scale."""
+        zero = self.offset + 8 * self.scale
+        return torch.stack([self.scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in]
+        q = _unpack_int4(self.packed, self.out_features, self.in_features)
+        weights = Int4Weights(q, self.scale, self.offset, self.group_size)
+        return weights.dequantize().to(dtype)
+
+
+def _pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """q [out, in] in 0..15 -> the device kernel's packed layout."""
+    if q.device.type == "cpu":
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+    pairs = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)  # [out, in / 2]
+    return torch.ops.aten._convert_weight_to_int4pack(pairs, CUDA_INT4_INNER_K_TILES)
+
+
+def _unpack_int4(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """The codes back, by running the kernel on the identity with scale 1 and zero 8 (exact in bfloat16:
+    every output is one code, an integer below 16, times 1.0 plus zeros)."""
+    groups = in_features // GROUP_SIZE
+    table = torch.zeros(groups, out_features, 2, dtype=torch.bfloat16, device=packed.device)
+    table[..., 0], table[..., 1] = 1.0, 8.0
+    eye = torch.eye(in_features, dtype=torch.bfloat16, device=packed.device)
+    if packed.device.type == "cpu":
+        codes = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, packed, GROUP_SIZE, table)
+    else:
+        codes = torch.ops.aten._weight_int4pack_mm(eye, packed, GROUP_SIZE, table)
+    return codes.t().round().to(torch.uint8)  # [out, in]
+
+
+def check_kernel(scheme: str, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse (QuantizationError) where ``scheme`` has no working kernel for ``dtype`` on ``device``:
+    a small layer is quantized there and its kernel output compared with the dequantized matmul."""
+    if device.type == "cpu":
+        return  # torch's CPU kernels exist for every build; other dtypes dequantize (see the docstring)
+    if dtype not in CUDA_KERNEL_DTYPES[scheme]:
+        allowed = ", ".join(str(d).removeprefix("torch.") for d in CUDA_KERNEL_DTYPES[scheme])
+        raise QuantizationError(
+            f"quantization {scheme!r} on {device.type} runs in {allowed}; the model is "
+            f"{str(dtype).removeprefix('torch.')} (set dtype accordingly)"
+        )
+    layer = nn.Linear(256, 64, bias=False, device=device, dtype=dtype)
+    nn.init.normal_(layer.weight, std=0.02)
+    try:
+        quantized = QUANTIZED_LINEARS[scheme](layer)
+        x = torch.randn(4, 256, device=device, dtype=dtype)
+        got = quantized._matmul(x).float()
+        want = F.linear(x, quantized.dequantized(dtype)).float()
+        error = (got - want).abs().max().item()
+    except (RuntimeError, NotImplementedError) as exc:
+        raise QuantizationError(
+            f"no {scheme} kernel on {device} in torch {torch.__version__}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not error <= 0.05 * want.abs().max().item() + 1e-3:
+        raise QuantizationError(
+            f"the {scheme} kernel on {device} disagrees with its dequantized weights (max error {error:.3g})"
+        )
+
+
+QUANTIZED_LINEARS: dict[str, type[WeightOnlyLinear]] = {
+    "int8": Int8WeightOnlyLinear,
+    "int4": Int4WeightOnlyLinear,
+}

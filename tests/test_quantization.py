@@ -1,0 +1,199 @@
+"""Weight-only quantization: the layers against their own dequantized weights, the settings and their
+errors, and speculation on a quantized target (greedy identity on float64 tiny models)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from specexec.drafters.quantize import has_quantized_layers
+from specexec.executor.config import ExecutorConfig
+from specexec.executor.executor import Executor
+from specexec.executor.gguf_weights import match_rows
+from specexec.executor.quantization import quantize_model
+from specexec.executor.quantized_linear import (
+    Int4WeightOnlyLinear,
+    Int4Weights,
+    Int8WeightOnlyLinear,
+    QuantizationError,
+    _unpack_int4,
+    check_kernel,
+)
+from specexec.executor.speculative_config import SpeculativeConfig
+from test_speculative_identity import BATCHES, assert_all_pages_free, make_config, make_requests, num_accepted
+from tiny_models import make_tiny_model
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def random_linear(out_features=64, in_features=96, seed=0, bias=False) -> torch.nn.Linear:
+    torch.manual_seed(seed)
+    layer = torch.nn.Linear(in_features, out_features, bias=bias)
+    torch.nn.init.normal_(layer.weight, std=0.05)
+    return layer.requires_grad_(False)
+
+
+# ---- the layers -----------------------------------------------------------------------------------------
+
+
+def test_int4_quantization_keeps_every_weight_within_half_a_step_of_its_group():
+    weight = random_linear().weight
+    q = Int4Weights.quantize(weight)
+    assert q.q.dtype == torch.uint8 and int(q.q.max()) <= 15
+    step = q.scale.repeat_interleave(32, dim=1)  # [out, in]
+    assert torch.all((q.dequantize() - weight).abs() <= step / 2 + 1e-6)
+
+
+def test_int4_packing_keeps_the_codes():
+    layer = random_linear(48, 64)
+    weights = Int4Weights.quantize(layer.weight)
+    packed = Int4WeightOnlyLinear(layer, weights).packed
+    assert torch.equal(_unpack_int4(packed, 48, 64), weights.q)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+def test_kernel_computes_with_the_layers_dequantized_weights(scheme, dtype):
+    layer = random_linear(bias=True).to(dtype)
+    quantized = (Int8WeightOnlyLinear if scheme == "int8" else Int4WeightOnlyLinear)(layer)
+    x = torch.randn(3, 5, 96).to(dtype)
+    got = quantized(x)  # [3, 5, 64]
+    want = torch.nn.functional.linear(x.double(), quantized.dequantized(torch.float64), layer.bias.double())
+    assert got.shape == (3, 5, 64) and got.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bf16 / fp16 round the activations and scales
+    assert (got.double() - want).abs().max() <= tolerance * want.abs().max()
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_float64_multiplies_by_exactly_the_dequantized_weights(scheme):
+    layer = random_linear().double()
+    quantized = (Int8WeightOnlyLinear if scheme == "int8" else Int4WeightOnlyLinear)(layer)
+    x = torch.randn(4, 96, dtype=torch.float64)
+    assert torch.equal(quantized(x), torch.nn.functional.linear(x, quantized.dequantized(torch.float64)))
+    assert (quantized.dequantized(torch.float64) - layer.weight).abs().max() < 0.05
+
+
+def test_int4_refuses_shapes_its_kernel_cannot_hold_and_the_model_takes_int8_there():
+    with pytest.raises(QuantizationError, match="out_features by 16"):
+        Int4WeightOnlyLinear(random_linear(out_features=40))
+    model = torch.nn.Sequential(random_linear(64, 96), random_linear(40, 64))
+    report = quantize_model(model, "int4")
+    assert isinstance(model[0], Int4WeightOnlyLinear) and isinstance(model[1], Int8WeightOnlyLinear)
+    assert report.layers == {"int4": 1, "int8 (shape not int4-able)": 1}
+    assert "1 int4" in report.summary()
+
+
+def test_a_layer_packed_for_one_device_refuses_another():
+    quantized = Int4WeightOnlyLinear(random_linear())
+    quantized.packed_for = "cuda"  # as if packed there: the CPU layout differs
+    with pytest.raises(QuantizationError, match="packed for cuda"):
+        quantized(torch.randn(1, 96))
+
+
+def test_cuda_refuses_a_dtype_its_int4_kernel_does_not_take():
+    with pytest.raises(QuantizationError, match="runs in bfloat16"):
+        check_kernel("int4", torch.device("cuda"), torch.float32)
+
+
+def test_match_rows_finds_a_reordering_and_refuses_anything_else():
+    stored = torch.randn(8, 4)
+    order = torch.tensor([3, 1, 0, 2, 7, 6, 5, 4])
+    assert torch.equal(match_rows(stored, stored[order], "t"), order)
+    assert torch.equal(match_rows(stored, stored.bfloat16()[order], "t"), order)
+    with pytest.raises(QuantizationError, match="not a reordering"):
+        match_rows(stored, stored[order] + 1e-3, "t")
+
+
+# ---- settings ----------------------------------------------------------------------------------------
+
+
+def test_quantization_setting_is_checked_with_the_allowed_values():
+    assert ExecutorConfig(quantization="int4").quantization == "int4"
+    with pytest.raises(ValueError, match=r"'quantization': got 'q4_k'; allowed: null, int8, int4, gguf"):
+        ExecutorConfig(quantization="q4_k")
+
+
+def test_yaml_sets_quantization_for_the_target_and_the_draft(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "quantization: gguf\nspeculative_config:\n  decoding_type: DraftTarget\n  quantization: int4\n"
+    )
+    config = ExecutorConfig.from_yaml(path)
+    assert config.quantization == "gguf"
+    assert config.speculative_config.options == {"quantization": "int4"}
+
+
+def test_draft_quantization_is_checked_before_loading_and_only_drafters_with_a_model_take_it():
+    _, model = make_tiny_model("llama")
+    bad = SpeculativeConfig.from_dict({"decoding_type": "DraftTarget", "quantization": "int2"})
+    with pytest.raises(ValueError, match="'quantization': got 'int2'"):
+        Executor(model, make_config(speculative_config=bad))
+    ngram = SpeculativeConfig.from_dict({"decoding_type": "NGram", "quantization": "int8"})
+    with pytest.raises(ValueError, match="quantization"):
+        Executor(model, make_config(speculative_config=ngram))
+
+
+def test_gguf_quantization_of_a_model_without_a_gguf_file_is_refused():
+    _, model = make_tiny_model("llama")
+    with pytest.raises(QuantizationError, match="needs a .gguf model"):
+        Executor(model, make_config(quantization="gguf"))
+
+
+# ---- speculation on a quantized target (float64: the dequantized weights, every drafter exact) ------------
+
+
+def quantized_reference(arch, prompts, scheme):
+    _, model = make_tiny_model(arch)
+    executor = Executor(model, make_config(quantization=scheme))
+    return [o.token_ids for o in executor.run(make_requests(prompts))]
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("drafter", ["ngram", "int8-self-draft", "int4-self-draft"])
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_speculation_on_a_quantized_target_keeps_its_greedy_output(scheme, drafter, batch):
+    prompts = BATCHES[batch]
+    if drafter == "ngram":
+        spec = {"decoding_type": "NGram", "max_draft_len": 3}
+    else:
+        spec = {"decoding_type": "DraftTarget", "max_draft_len": 4, "quantization": drafter[:4]}
+    _, model = make_tiny_model("llama")
+    num_linears = sum(type(m) is torch.nn.Linear for m in model.modules())
+    executor = Executor(model, make_config(quantization=scheme, speculative_config=spec))
+    assert executor.quantization is not None and sum(executor.quantization.layers.values()) == num_linears
+    assert has_quantized_layers(executor.model)
+    outputs = executor.run(make_requests(prompts))
+    assert [o.token_ids for o in outputs] == quantized_reference("llama", prompts, scheme)
+    assert num_accepted(outputs) > 0
+    assert_all_pages_free(executor)
+
+
+def test_quantized_output_differs_from_the_dense_model_so_the_identity_above_means_something():
+    prompts = BATCHES["batch8"]
+    _, model = make_tiny_model("llama")
+    dense = [o.token_ids for o in Executor(model, make_config()).run(make_requests(prompts))]
+    assert dense != quantized_reference("llama", prompts, "int4")
+
+
+def test_self_draft_takes_its_own_quantization():
+    _, model = make_tiny_model("llama")
+    spec = {"decoding_type": "DraftTarget", "max_draft_len": 3, "quantization": "int4"}
+    executor = Executor(model, make_config(speculative_config=spec))
+    draft = executor.speculation.drafter.runner.model
+    kinds = {type(m) for m in draft.modules()}
+    assert Int4WeightOnlyLinear in kinds and torch.nn.Linear not in kinds
+    assert not has_quantized_layers(executor.model), "the target stays as loaded"
+
+
+def test_self_draft_of_a_quantized_target_loaded_from_disk_is_loaded_again_at_its_own_setting(tmp_path):
+    reference, _ = make_tiny_model("llama")
+    reference.save_pretrained(tmp_path / "tiny")
+    spec = {"decoding_type": "DraftTarget", "max_draft_len": 3, "quantization": "int4"}
+    config = make_config(model=str(tmp_path / "tiny"), quantization="int8", speculative_config=spec)
+    executor = Executor(config=config)
+    target_kinds = {type(m) for m in executor.model.modules()}
+    draft_kinds = {type(m) for m in executor.speculation.drafter.runner.model.modules()}
+    assert Int8WeightOnlyLinear in target_kinds and Int4WeightOnlyLinear not in target_kinds
+    assert Int4WeightOnlyLinear in draft_kinds and Int8WeightOnlyLinear not in draft_kinds
+    outputs = executor.run(make_requests(BATCHES["batch8"]))
+    assert [o.token_ids for o in outputs] == quantized_reference("llama", BATCHES["batch8"], "int8")
+    assert_all_pages_free(executor)
