@@ -8,7 +8,7 @@ every step verifies 4 tokens per request). After the prompts are prefilled and t
 scenario times ``--steps`` executor steps without the profiler (the wall time per step), then runs them
 again under ``torch.profiler`` for the split:
 
-- *linear*: ``aten::linear`` calls (q/k/v/o, MLP, the LM head);
+- *linear*: ``aten::linear`` calls and the quantized kernels (q/k/v/o, MLP, the LM head);
 - *attention*: the paged attention function (cache write, gather, the attention kernel);
 - *other ops*: every other top-level op inside the model call (norms, rotary, residual adds, embeddings);
 - *Python in model*: the model call's time not inside any op (module dispatch, HF glue);
@@ -66,8 +66,10 @@ SCENARIOS = (
 )
 
 
-def make_executor(dtype: str, scenario: Scenario) -> Executor:
-    config = ExecutorConfig(dtype=dtype, max_batch_size=scenario.batch, max_num_tokens=4096)
+def make_executor(dtype: str, scenario: Scenario, quantization: str | None = None) -> Executor:
+    config = ExecutorConfig(
+        dtype=dtype, max_batch_size=scenario.batch, max_num_tokens=4096, quantization=quantization
+    )
     drafter = FixedDrafter(scenario.num_drafts) if scenario.num_drafts else None
     return Executor(config=config, drafter=drafter)
 
@@ -109,6 +111,10 @@ def label_the_model(executor: Executor) -> None:
     ALL_ATTENTION_FUNCTIONS[PAGED_ATTENTION] = labelled_attention
 
 
+#: the linear layers' ops: dense, and the weight-only quantized kernels (`executor/quantized_linear.py`)
+LINEAR_OPS = ("aten::linear", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu")
+
+
 def split(events) -> dict[str, float]:
     """Microseconds per category over the profiled steps (see the module docstring)."""
     labels = (STEP, MODEL, ATTENTION)
@@ -130,7 +136,7 @@ def split(events) -> dict[str, float]:
         if ATTENTION in ancestors:
             continue  # the attention range is counted whole
         if MODEL in ancestors:
-            totals["linear" if e.name == "aten::linear" else "other ops"] += e.cpu_time_total
+            totals["linear" if e.name in LINEAR_OPS else "other ops"] += e.cpu_time_total
         else:
             totals["outside: ops"] += e.cpu_time_total
     totals["attention"] = totals[ATTENTION]
@@ -139,8 +145,10 @@ def split(events) -> dict[str, float]:
     return totals
 
 
-def profile_scenario(dtype: str, scenario: Scenario, num_steps: int) -> dict[str, float]:
-    executor = make_executor(dtype, scenario)
+def profile_scenario(
+    dtype: str, scenario: Scenario, num_steps: int, quantization: str | None = None
+) -> dict[str, float]:
+    executor = make_executor(dtype, scenario, quantization)
     try:
         start_requests(executor, scenario)
         walls = []
@@ -179,11 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32,bfloat16", help="comma-separated (default both)")
     parser.add_argument("--steps", type=int, default=16, help="steps timed and profiled per scenario")
     parser.add_argument("--output", help="also write the table to this file")
+    parser.add_argument("--quantization", choices=["int8", "int4", "gguf"], help="quantize the linear layers")
     args = parser.parse_args(argv)
     rows = []
     for dtype in args.dtype.split(","):
         for scenario in SCENARIOS:
-            shares = profile_scenario(dtype, scenario, args.steps)
+            shares = profile_scenario(dtype, scenario, args.steps, args.quantization)
             rows.append((dtype, scenario.name, shares))
             print(f"{dtype} {scenario.name}: wall {shares['wall ms']:.1f} ms per step", flush=True)
     table = format_table(rows)

@@ -11,6 +11,7 @@ from specexec.executor.executor import Executor
 from specexec.executor.gguf_weights import match_rows
 from specexec.executor.quantization import quantize_model
 from specexec.executor.quantized_linear import (
+    DENSE_FROM_ROWS,
     Int4WeightOnlyLinear,
     Int4Weights,
     Int8WeightOnlyLinear,
@@ -43,11 +44,29 @@ def test_int4_quantization_keeps_every_weight_within_half_a_step_of_its_group():
     assert torch.all((q.dequantize() - weight).abs() <= step / 2 + 1e-6)
 
 
-def test_int4_packing_keeps_the_codes():
-    layer = random_linear(48, 64)
+@pytest.mark.parametrize("out_features", [48, 192])
+def test_int4_packing_keeps_the_codes(out_features):
+    layer = random_linear(out_features, 64)
     weights = Int4Weights.quantize(layer.weight)
-    packed = Int4WeightOnlyLinear(layer, weights).packed
-    assert torch.equal(_unpack_int4(packed, 48, 64), weights.q)
+    quantized = Int4WeightOnlyLinear(layer, weights)
+    assert quantized.can_dequantize_fast == (out_features % 64 == 0)  # the CPU layout's row blocks
+    assert torch.equal(_unpack_int4(quantized.packed, out_features, 64), weights.q)
+    # equal up to one rounding (the kernel-free path fuses q * scale + offset)
+    torch.testing.assert_close(
+        quantized.dequantized(torch.float32), weights.dequantize(), rtol=1e-6, atol=1e-7
+    )
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_prefill_sized_input_takes_the_dense_path_with_the_same_weights(scheme, dtype):
+    layer = random_linear(128, 96).to(dtype)
+    quantized = (Int8WeightOnlyLinear if scheme == "int8" else Int4WeightOnlyLinear)(layer)
+    x = torch.randn(DENSE_FROM_ROWS, 96).to(dtype)
+    kernel = torch.cat([quantized(x[:64]), quantized(x[64:])])  # below the threshold: the kernel
+    dense = quantized(x)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    assert (dense.float() - kernel.float()).abs().max() <= tolerance * kernel.float().abs().max()
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
