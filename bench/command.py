@@ -41,6 +41,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="overrides every config"
     )
     parser.add_argument(
+        "--quantization",
+        choices=["none", "int8", "int4", "gguf"],
+        help="overrides every config's weight-only quantization (gguf: the GGUF file's own codes)",
+    )
+    parser.add_argument(
+        "--hf-dtype",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="the HF baselines' dtype (default: the first configuration's)",
+    )
+    parser.add_argument(
         "--decoding-type", help="add one configuration with this drafter (NGram, DraftTarget, ...)"
     )
     parser.add_argument("--max-draft-len", type=int, default=3, help="with --decoding-type (default 3)")
@@ -121,6 +131,8 @@ def load_configs(args) -> list[NamedConfig]:
             c.config.model = args.model
         if args.dtype:
             c.config.dtype = args.dtype
+        if args.quantization:
+            c.config.quantization = None if args.quantization == "none" else args.quantization
     names = [c.name for c in configs]
     if len(set(names)) != len(names):
         raise ValueError(f"configuration names must differ: {names}")

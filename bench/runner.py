@@ -67,18 +67,22 @@ class BenchRunner:
             hf = (single if 1 in self.concurrencies else 0) + sum(c > 1 for c in self.concurrencies)
         return (len(self.configs) * len(self.concurrencies) + hf) * len(self.prompts)
 
-    def _resolve(self, model: str | None, dtype: str) -> str:
-        """``auto`` becomes this machine's pick (the executor's own rule), so HF runs the same dtype."""
+    def _resolve(self, model: str | None, dtype: str, quantization: str | None = None) -> str:
+        """``auto`` becomes this machine's pick (the executor's own rule, for weights quantized as
+        ``quantization``), so HF runs the same dtype."""
         if dtype != "auto":
             return dtype
         from ..executor.config import ExecutorConfig
         from ..executor.engine_setup import resolve_dtype
 
         base = self.configs[0].config
-        choice = resolve_dtype(
-            model, ExecutorConfig(model=model, device=base.device, cache_dir=base.cache_dir)
+        config = ExecutorConfig(
+            model=model, device=base.device, cache_dir=base.cache_dir, quantization=quantization
         )
-        self.dtypes["auto"] = f"{choice.dtype} ({choice.reason})"
+        choice = resolve_dtype(model, config)
+        self.dtypes["auto" + (f" ({quantization})" if quantization else "")] = (
+            f"{choice.dtype} ({choice.reason})"
+        )
         return choice.dtype
 
     # ---- running --------------------------------------------------------------------------------
@@ -93,8 +97,15 @@ class BenchRunner:
         from ..executor.executor import Executor
 
         cfg = named.config
-        model = self._load(cfg.model, cfg.dtype)
+        # a quantizing executor loads its own copy (it replaces layers, and gguf reads the file again)
+        model = None if cfg.quantization else self._load(cfg.model, cfg.dtype)
+        if self._tokenizer is None:
+            self._load(cfg.model, cfg.dtype)  # the workload is tokenized with the model's tokenizer
         executor = Executor(model, cfg, tokenizer=self._tokenizer)
+        if cfg.quantization and cfg.dtype == "auto":
+            self.dtypes[f"auto ({named.name})"] = (
+                f"{executor.dtype_choice.dtype} ({executor.dtype_choice.reason})"
+            )
         work = self._workload()
         self._warm_up(lambda w: run_specexec(executor, w, 1))
         if self.forward_cost is None:
@@ -108,6 +119,7 @@ class BenchRunner:
             extra = {
                 "drafting_share": drafting / (drafting + target) if drafting + target else None,
                 "engine": "specexec",
+                "quantization": cfg.quantization,
                 "guided": self.args.guided,
                 "mask_wait_ms_total": sum(r.mask_wait_ms for r in records),
                 "grammar_compile_ms": executor.guided.pool.compile_time_percentiles()
@@ -134,7 +146,7 @@ class BenchRunner:
         }
 
     def _run_hf(self, bar) -> None:
-        dtype = self.args.dtype or self.configs[0].config.dtype
+        dtype = self.args.hf_dtype or self.args.dtype or self.configs[0].config.dtype
         model = self._load(self.configs[0].config.model, dtype, fresh=True)
         tok = self._tokenizer
         work = self._workload()

@@ -31,7 +31,7 @@ from .quantized_linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear, fits_i
 logger = logging.getLogger("specexec")
 
 MEASUREMENT_VERSION = (
-    3  #: bump when the measured work changes (the attention path did; quantization): old answers are stale
+    4  #: bump when the measured work changes (the attention path did; quantization): old answers are stale
 )
 BF16_MARGIN = 0.9  #: bfloat16 must take under this fraction of float32's time to be chosen
 CONTEXT = 1024  #: cached keys each measured attention call reads
@@ -150,7 +150,8 @@ class _DecodeStepWork:
         ]
         self.keys = torch.empty(1, s.num_kv_heads, CONTEXT, s.head_dim, dtype=dtype).uniform_(-1, 1)
         self.values = torch.empty(1, s.num_kv_heads, CONTEXT, s.head_dim, dtype=dtype).uniform_(-1, 1)
-        self.head = weight(s.vocab, s.hidden, quantize=quantization != "gguf")  # gguf: dense (Q8_0)
+        # gguf: a Q8_0 head is dense in float32, int8 per row in bfloat16 (`quantization.py`)
+        self.head = weight(s.vocab, s.hidden, quantize=quantization != "gguf" or dtype != torch.float32)
         self.shape, self.dtype = s, dtype
 
     @torch.inference_mode()

@@ -1,16 +1,22 @@
 """``quantization:`` — replace a loaded model's linear layers by weight-only quantized ones, in place.
 
 - ``int8``: every ``nn.Linear`` (the LM head included) as int8 per output channel.
-- ``int4``: every ``nn.Linear`` as int4 in groups of 32 (asymmetric min/max, GGUF's Q4_1 rule); a layer
-  whose shape the int4 kernels cannot hold takes int8, and the report says how many did.
+- ``int4``: every ``nn.Linear`` as int4 in groups of 32 (asymmetric min/max, GGUF's Q4_1 rule) but the
+  LM head, which takes int8 (a 4-bit SmolLM2 head kept 86% top-1 agreement with the float32 model on
+  20 chat prompts and no greedy output); a layer whose shape the int4 kernels cannot hold takes int8
+  too, and the report says how many did.
 - ``gguf``: the file's own codes where a kernel layout holds them exactly — Q4_0 / Q4_1 linear weights
   become int4 with scale = d, zero = m + 8d — and the rest dequantized (as transformers converts them).
-  Torch has no kernel for Q8_0's one scale per 32 values, so SmolLM2's Q8_0 token embedding and the LM
-  head tied to it stay dequantized (dense, in the model's dtype). Requantizing the head per output row
-  for the int8 kernel would halve its bytes in bfloat16 but made it no longer the file's model: on six
-  chat prompts in float32 its top-1 agreement with the file fell to 97.9% and only 1 of 6 greedy
-  outputs stayed the same, where the dequantized head keeps 100% and 6 of 6 (`gguf` in float32 is the
-  file's model exactly; `tests/test_quantization.py`).
+  Torch has no kernel for Q8_0's one scale per 32 values (18 int8 calls of 32 columns each, summed,
+  took 3.8 ms for SmolLM2's head against 4.75 dense), so SmolLM2's Q8_0 token embedding stays dense
+  and the LM head tied to it is run
+  - in float32 (and float64): dense, dequantized: `gguf` in float32 is the file's model exactly
+    (`tests/test_gguf_quantization_smollm2.py`); requantized per row, top-1 agreement with the file
+    fell to 97.9% and 1 of 6 greedy chat outputs stayed the same, so float32 keeps the file's values;
+  - in bfloat16 and float16: int8 with one scale per output row, requantized from the file's values,
+    so no longer the file's own. A dense bfloat16 head already rounds every weight to 8 significant
+    bits (top-1 96.1% against the file on the same prompts); the per-row int8 head measured 95.4%, and
+    reads half the bytes: 2.9 ms instead of 4.75 per batch-1 step, a tenth of the whole step.
 """
 
 from __future__ import annotations
@@ -70,8 +76,11 @@ def quantize_model(model: nn.Module, scheme: str, gguf_path: str | Path | None =
             )
         _install_gguf(model, GGUFFile(gguf_path), report)
     else:
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         for _name, parent, child_name, linear in _linears(model):
-            if scheme == "int4" and fits_int4(linear):
+            if scheme == "int4" and linear is head:
+                _replace(parent, child_name, Int8WeightOnlyLinear(linear), report, "int8 (the LM head)")
+            elif scheme == "int4" and fits_int4(linear):
                 _replace(parent, child_name, Int4WeightOnlyLinear(linear), report, "int4")
             else:
                 form = "int8" if scheme == "int8" else "int8 (shape not int4-able)"
@@ -110,6 +119,8 @@ def _install_gguf(model: nn.Module, file: GGUFFile, report: QuantizationReport) 
             )
             layer = Int4WeightOnlyLinear(linear, weights)
             _replace(parent, child_name, layer, report, f"{tensor.type_name} -> int4 (exact)")
+        elif tensor is not None and tensor.type_name == "Q8_0" and linear.weight.element_size() == 2:
+            _replace(parent, child_name, Int8WeightOnlyLinear(linear), report, "Q8_0 -> int8 per row")
         else:
             report.layers[f"{tensor.type_name if tensor else 'unmatched'} -> dense"] += 1
 

@@ -210,9 +210,40 @@ def test_self_draft_of_a_quantized_target_loaded_from_disk_is_loaded_again_at_it
     config = make_config(model=str(tmp_path / "tiny"), quantization="int8", speculative_config=spec)
     executor = Executor(config=config)
     target_kinds = {type(m) for m in executor.model.modules()}
-    draft_kinds = {type(m) for m in executor.speculation.drafter.runner.model.modules()}
+    draft = executor.speculation.drafter.runner.model
+    draft_kinds = {type(m) for m in draft.model.modules()}
     assert Int8WeightOnlyLinear in target_kinds and Int4WeightOnlyLinear not in target_kinds
     assert Int4WeightOnlyLinear in draft_kinds and Int8WeightOnlyLinear not in draft_kinds
+    assert isinstance(draft.lm_head, Int8WeightOnlyLinear), "int4 keeps the LM head in int8"
     outputs = executor.run(make_requests(BATCHES["batch8"]))
     assert [o.token_ids for o in outputs] == quantized_reference("llama", BATCHES["batch8"], "int8")
+    assert_all_pages_free(executor)
+
+
+# ---- CUDA (marked gpu: skipped where no CUDA device exists) ----------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("rows", [1, 4, DENSE_FROM_ROWS])
+def test_cuda_kernels_compute_with_the_layers_dequantized_weights(scheme, rows):
+    check_kernel(scheme, torch.device("cuda"), torch.bfloat16)  # raises where torch has no kernel
+    layer = random_linear(256, 512).to("cuda", torch.bfloat16)
+    quantized = (Int8WeightOnlyLinear if scheme == "int8" else Int4WeightOnlyLinear)(layer)
+    x = torch.randn(rows, 512, device="cuda", dtype=torch.bfloat16)
+    want = torch.nn.functional.linear(x.double(), quantized.dequantized(torch.float64))
+    assert (quantized(x).double() - want).abs().max() <= 2e-2 * want.abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_a_quantized_target_decodes_on_cuda_and_frees_its_pages(scheme):
+    _, model = make_tiny_model("llama", dtype=torch.bfloat16)
+    spec = {"decoding_type": "NGram", "max_draft_len": 3}
+    config = make_config(dtype="bfloat16", device="cuda", quantization=scheme, speculative_config=spec)
+    executor = Executor(model, config)
+    outputs = executor.run(make_requests(BATCHES["batch8"]))
+    assert all(len(o.token_ids) == 16 and o.error is None for o in outputs)
     assert_all_pages_free(executor)
