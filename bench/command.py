@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 logger = logging.getLogger("specexec")
-BASELINES = ("none", "hf")
+BASELINES = ("none", "hf", "llamacpp")
 
 
 @dataclass(slots=True)
@@ -72,7 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", default="1", help="comma-separated, e.g. 1,2,4,8")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up requests per engine (not timed)")
     parser.add_argument(
-        "--baseline", default="none", help="comma-separated: none (specexec without drafts), hf"
+        "--baseline",
+        default="none",
+        help="comma-separated: none (specexec without drafts), hf, llamacpp (the same GGUF through "
+        "llama-cpp-python, at concurrency 1)",
     )
     parser.add_argument(
         "--hf-prompt-lookup-tokens",
@@ -122,6 +125,11 @@ def load_configs(args) -> list[NamedConfig]:
     for b in baselines:
         if b not in BASELINES:
             raise ValueError(f"--baseline {b!r}: choose from {', '.join(BASELINES)}")
+    if "llamacpp" in baselines:  # before any model loads: the binding and a GGUF file
+        from .llamacpp_engine import gguf_file, import_llama_cpp
+
+        import_llama_cpp()
+        gguf_file(args.model or (configs[0].config.model if configs else None))
     if "none" in baselines or not configs:
         base = copy.deepcopy(configs[0].config) if configs else ExecutorConfig()
         base.speculative_config = None

@@ -65,7 +65,8 @@ class BenchRunner:
         elif "hf" in self.baselines:
             single = 2 + len(self._prompt_lookup_lengths())
             hf = (single if 1 in self.concurrencies else 0) + sum(c > 1 for c in self.concurrencies)
-        return (len(self.configs) * len(self.concurrencies) + hf) * len(self.prompts)
+        llamacpp = int("llamacpp" in self.baselines and 1 in self.concurrencies)
+        return (len(self.configs) * len(self.concurrencies) + hf + llamacpp) * len(self.prompts)
 
     def _resolve(self, model: str | None, dtype: str, quantization: str | None = None) -> str:
         """``auto`` becomes this machine's pick (the executor's own rule, for weights quantized as
@@ -92,6 +93,8 @@ class BenchRunner:
                 self._run_specexec(named, bar)
             if "hf" in self.baselines:
                 self._run_hf(bar)
+            if "llamacpp" in self.baselines:
+                self._run_llamacpp(bar)
 
     def _run_specexec(self, named, bar) -> None:
         from ..executor.executor import Executor
@@ -179,6 +182,25 @@ class BenchRunner:
             self.rows.append(
                 summarize("hf-batch", c, records, wall, {"engine": "transformers generate_batch"})
             )
+
+    def _run_llamacpp(self, bar) -> None:
+        """The same GGUF through llama-cpp-python, at concurrency 1 only (one request at a time)."""
+        from .command import torch_threads
+        from .llamacpp_engine import gguf_file, import_llama_cpp, load_llama, run_llamacpp
+
+        if 1 not in self.concurrencies:
+            logger.info("llamacpp runs at concurrency 1 only; not in --concurrency")
+            return
+        if self._tokenizer is None:
+            self._load(self.configs[0].config.model, self.configs[0].config.dtype)
+        llama_cpp = import_llama_cpp()
+        work = self._workload()
+        llm = load_llama(llama_cpp, gguf_file(self.configs[0].config.model), work, torch_threads())
+        bar.set_postfix_str("llamacpp c=1")
+        self._warm_up(lambda w: run_llamacpp(llama_cpp, llm, self._tokenizer, w))
+        records, wall = run_llamacpp(llama_cpp, llm, self._tokenizer, work, bar.update)
+        extra = {"engine": f"llama-cpp-python {llama_cpp.__version__}", "guided": self.args.guided}
+        self.rows.append(summarize("llamacpp", 1, records, wall, extra))
 
     def _warm_up(self, fn) -> None:
         if self.args.warmup <= 0:

@@ -1,0 +1,144 @@
+"""``--baseline llamacpp``: refused clearly without llama-cpp-python or a GGUF file; the engine drives
+llama.cpp like the other engines (same token ids, greedy, the schema as a grammar), tested against a
+stand-in for the binding; and, where llama-cpp-python is installed, once for real on the embedded GGUF."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+from specexec.bench.datasets import BenchPrompt
+from specexec.bench.engines import Workload
+from specexec.bench.llamacpp_engine import run_llamacpp
+from specexec.cli import main
+from test_bench_command import bench_argv, tiny_dir  # noqa: F401  (a fixture)
+
+EOS = 0
+
+
+class FakeTokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        words = {1: "{", 2: "}", 3: "x"}
+        return "".join(words.get(i, "") for i in ids if not (skip_special_tokens and i == EOS))
+
+
+class FakeLlama:
+    """Yields its script; records what each call asked for."""
+
+    def __init__(self, script: list[int]) -> None:
+        self.script, self.calls, self.resets = script, [], 0
+
+    def token_eos(self) -> int:
+        return EOS
+
+    def reset(self) -> None:
+        self.resets += 1
+
+    def generate(self, tokens, **kwargs):
+        self.calls.append((list(tokens), kwargs))
+        for token in self.script:
+            scores = [0.0] * 4
+            for processor in kwargs.get("logits_processor") or []:
+                scores = processor(tokens, scores)
+            yield 3 if token == EOS and scores[EOS] == -float("inf") else token  # EOS forbidden: next best
+
+
+def fake_binding(bad_schema: bool = False):
+    grammars = []
+
+    class LlamaGrammar:
+        @staticmethod
+        def from_json_schema(text, verbose=True):
+            if bad_schema:
+                raise ValueError("unsupported schema")
+            grammars.append(text)
+            return ("grammar", text)
+
+    module = types.SimpleNamespace(LlamaGrammar=LlamaGrammar, LogitsProcessorList=list)
+    return module, grammars
+
+
+def workload(guided=False, ignore_eos=False, max_tokens=4) -> Workload:
+    prompts = [BenchPrompt("a", [], {"type": "object"}), BenchPrompt("b", [], None)]
+    return Workload(prompts, [[5, 6, 7], [8, 9]], max_tokens, 0.0, ignore_eos, guided)
+
+
+def test_the_engine_passes_the_same_token_ids_greedy_and_stops_at_eos():
+    binding, grammars = fake_binding()
+    llm = FakeLlama([1, 2, EOS, 3])
+    records, wall = run_llamacpp(binding, llm, FakeTokenizer(), workload())
+    assert [call[0] for call in llm.calls] == [[5, 6, 7], [8, 9]]
+    _, kwargs = llm.calls[0]
+    assert kwargs["top_k"] == 1 and kwargs["temp"] == 0.0 and kwargs["repeat_penalty"] == 1.0
+    assert kwargs["grammar"] is None and grammars == []  # not guided: no grammar
+    assert llm.resets == 2, "each request starts from an empty cache"
+    assert [r.num_output_tokens for r in records] == [3, 3]
+    assert records[0].finish_reason == "stop" and records[0].text == "{}"
+    assert records[0].schema_valid is True and records[1].schema_valid is None
+    assert wall > 0 and records[0].ttft_ms is not None
+
+
+def test_guided_requests_get_their_schema_as_a_grammar_and_a_bad_schema_fails_only_its_request():
+    binding, grammars = fake_binding()
+    llm = FakeLlama([1, 2, EOS])
+    run_llamacpp(binding, llm, FakeTokenizer(), workload(guided=True))
+    assert grammars == ['{"type": "object"}']
+    assert llm.calls[0][1]["grammar"] == ("grammar", '{"type": "object"}')
+    assert llm.calls[1][1]["grammar"] is None  # the prompt without a schema runs free
+    bad, _ = fake_binding(bad_schema=True)
+    records, _ = run_llamacpp(bad, FakeLlama([1, 2, EOS]), FakeTokenizer(), workload(guided=True))
+    assert records[0].finish_reason == "error" and "unsupported schema" in records[0].error
+    assert records[1].num_output_tokens == 3
+
+
+def test_ignore_eos_forbids_the_eos_token_and_runs_to_max_tokens():
+    binding, _ = fake_binding()
+    records, _ = run_llamacpp(
+        binding, FakeLlama([1, EOS, EOS, 2, 3]), FakeTokenizer(), workload(ignore_eos=True)
+    )
+    assert [r.num_output_tokens for r in records] == [4, 4]
+    assert all(r.finish_reason == "length" for r in records)
+
+
+def test_without_llama_cpp_python_the_baseline_is_refused_with_the_install_command(
+    tiny_dir,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+    capsys,
+):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails
+    assert main(bench_argv(tiny_dir, tmp_path, "--baseline", "llamacpp")) == 2
+    assert "pip install llama-cpp-python" in capsys.readouterr().err
+
+
+def test_a_hugging_face_directory_is_refused_for_llamacpp(tiny_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))
+    assert main(bench_argv(tiny_dir, tmp_path, "--baseline", "llamacpp")) == 2
+    assert "Hugging Face directory" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_llama_cpp_runs_the_embedded_gguf_greedy_and_guided(tmp_path, capsys):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is an optional tool, not a dependency")
+    argv = [
+        "bench",
+        "--baseline",
+        "llamacpp",
+        "--dataset",
+        "extraction",
+        "--num-requests",
+        "1",
+        "--max-tokens",
+        "48",
+        "--guided",
+        "--warmup",
+        "0",
+        "--output",
+        str(tmp_path / "r.json"),
+    ]
+    assert main(argv) == 0
+    rows = {r["name"]: r for r in json.loads((tmp_path / "r.json").read_text())["rows"]}
+    assert rows["llamacpp"]["requests"][0]["num_output_tokens"] > 0
+    assert rows["llamacpp"]["schema_valid_rate"] == 1.0
