@@ -12,6 +12,8 @@ import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from ..executor.options import parse_options, reject_unknown_keys
 from ..executor.quantization import check_quantization
 from ..plugins import hookimpl
@@ -170,17 +172,33 @@ def self_draft(context: DrafterContext, quantization: str):
     from .quantize import has_quantized_layers, quantized_copy
 
     target = context.target_model
+    dtype = self_draft_dtype(context, quantization)
     if context.target_path is None or not has_quantized_layers(target):
-        return quantized_copy(target, quantization, context.target_path)
-    param = next(target.parameters())
+        return quantized_copy(target, quantization, context.target_path, getattr(torch, dtype))
     return load_model(
         context.target_path,
-        dtype=str(param.dtype).removeprefix("torch."),
-        device=str(param.device),
+        dtype=dtype,
+        device=str(next(target.parameters()).device),
         cache_dir=context.executor_config.cache_dir,
         quantization=quantization,
         progress=False,
     ).model
+
+
+def self_draft_dtype(context: DrafterContext, quantization: str) -> str:
+    """The self-draft's dtype: the target's, except a float32 target's draft takes what ``dtype: auto``
+    measures for the quantized weights (on the AVX512-BF16 machine the int8 kernel took ~10x longer
+    with float32 activations than with bfloat16 ones, so a float32 draft would cost more than the
+    target). The draft's dtype does not touch the output: the target verifies every token."""
+    from ..executor.dtype_choice import choose_dtype
+    from ..executor.engine_setup import measurement_dir
+
+    param = next(context.target_model.parameters())
+    dtype = str(param.dtype).removeprefix("torch.")
+    if param.dtype != torch.float32:
+        return dtype
+    shape = context.target_model.config.get_text_config().to_dict()
+    return choose_dtype(param.device, shape, measurement_dir(context.executor_config), quantization).dtype
 
 
 @declare_options(Eagle3Options)

@@ -69,7 +69,7 @@ def resolve_dtype(model, config: ExecutorConfig) -> DtypeChoice:
     from .model_peek import peek_text_config
 
     shape = peek_text_config(model if model is not None else config.model)
-    return choose_dtype(_resolve_device(config.device), shape, _measurement_dir(config), config.quantization)
+    return choose_dtype(_resolve_device(config.device), shape, measurement_dir(config), config.quantization)
 
 
 def build_engine_core(
@@ -96,7 +96,7 @@ def build_engine_core(
         spec.head_dim,
         spec.dtype,
         param.device,
-        _measurement_dir(config),
+        measurement_dir(config),
     )
     vocab_size = text_config.vocab_size
     max_model_len = _max_model_len(model, config, block_manager)
@@ -170,7 +170,7 @@ def time_forward(
         block_manager.free(scratch)
 
 
-def _measurement_dir(config: ExecutorConfig) -> Path:
+def measurement_dir(config: ExecutorConfig) -> Path:
     """Where this machine's measurements are cached (dtype, attention kernels, forward cost)."""
     return Path(config.cache_dir) if config.cache_dir else default_cache_dir()
 
@@ -265,7 +265,7 @@ def _speculation_stage(
             sizes = tuple(n for n in MEASURED_SIZES if n <= limit) or (1,)
             key = cost_cache_key(model) + ("|cuda graphs" if runner.graphs is not None else "")
             cost = ForwardCostModel.cached(
-                key, lambda n: time_forward(runner, block_manager, n), _measurement_dir(config), sizes
+                key, lambda n: time_forward(runner, block_manager, n), measurement_dir(config), sizes
             )
         policy = DraftLengthPolicy(drafter.max_draft_len, cost)
     return SpeculationStage(plugins, drafter, spec, vocab_size, policy, config.drafter_timeout_s)

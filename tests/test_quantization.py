@@ -247,3 +247,44 @@ def test_a_quantized_target_decodes_on_cuda_and_frees_its_pages(scheme):
     outputs = executor.run(make_requests(BATCHES["batch8"]))
     assert all(len(o.token_ids) == 16 and o.error is None for o in outputs)
     assert_all_pages_free(executor)
+
+
+def test_the_command_line_sets_quantization_over_the_config(tmp_path):
+    from specexec.cli import _build_parser, _load_config
+
+    config = tmp_path / "c.yaml"
+    config.write_text("quantization: int8\n")
+    args = _build_parser().parse_args(["run", "--prompt", "x", "--config", str(config)])
+    assert _load_config(args).quantization == "int8"
+    args = _build_parser().parse_args(
+        ["run", "--prompt", "x", "--config", str(config), "--quantization", "none"]
+    )
+    assert _load_config(args).quantization is None
+    args = _build_parser().parse_args(["run", "--prompt", "x", "--quantization", "gguf"])
+    assert _load_config(args).quantization == "gguf"
+
+
+@pytest.mark.parametrize(("measured", "expected"), [("bfloat16", torch.bfloat16), ("float32", torch.float32)])
+def test_a_float32_targets_self_draft_takes_the_dtype_measured_for_its_quantized_kernels(
+    measured, expected, monkeypatch
+):
+    from specexec.executor import dtype_choice
+
+    asked = []
+
+    def choose(device, shape, cache_dir, quantization=None):
+        asked.append(quantization)
+        return dtype_choice.DtypeChoice(measured, "test")
+
+    monkeypatch.setattr(dtype_choice, "choose_dtype", choose)
+    _, model = make_tiny_model("llama", dtype=torch.float32)
+    spec = {"decoding_type": "DraftTarget", "max_draft_len": 3}
+    executor = Executor(model, make_config(dtype="float32", speculative_config=spec))
+    draft = executor.speculation.drafter.runner.model
+    assert asked == ["int8"]
+    assert (
+        draft.model.norm.weight.dtype == expected and executor.model.model.norm.weight.dtype == torch.float32
+    )
+    outputs = executor.run(make_requests(BATCHES["batch1"]))
+    assert all(len(o.token_ids) == 16 for o in outputs)
+    assert_all_pages_free(executor)
