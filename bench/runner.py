@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 
+import torch
 from tqdm import tqdm
 
 from .engines import Workload, hf_grammar_processors, run_hf_generate, run_hf_generate_batch, run_specexec
@@ -170,7 +171,9 @@ class BenchRunner:
             variants: dict[str, dict] = {"hf": {}}
             for n in self._prompt_lookup_lengths():
                 variants[f"hf-prompt-lookup-{n}"] = {"prompt_lookup_num_tokens": n}
-            variants["hf-assisted"] = {"assistant_model": quantized_copy(model)}
+            # the same int8 copy specexec's self-draft uses, in the dtype measured for its kernels
+            assistant = quantized_copy(model, dtype=self._self_draft_dtype(model))
+            variants["hf-assisted"] = {"assistant_model": assistant}
             for name, kwargs in variants.items():
                 bar.set_postfix_str(f"{name} c=1")
                 self._warm_up(lambda w, kw=kwargs: run_hf_generate(model, tok, w, kw))
@@ -201,6 +204,13 @@ class BenchRunner:
         records, wall = run_llamacpp(llama_cpp, llm, self._tokenizer, work, bar.update)
         extra = {"engine": f"llama-cpp-python {llama_cpp.__version__}", "guided": self.args.guided}
         self.rows.append(summarize("llamacpp", 1, records, wall, extra))
+
+    def _self_draft_dtype(self, model) -> torch.dtype:
+        from ..drafters.base import DrafterContext
+        from ..drafters.builtin import self_draft_dtype
+
+        context = DrafterContext(model, self._tokenizer, 0, self.configs[0].config)
+        return getattr(torch, self_draft_dtype(context, "int8"))
 
     def _warm_up(self, fn) -> None:
         if self.args.warmup <= 0:
