@@ -24,11 +24,21 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("specexec")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specexec", description="Speculative-decoding executor for HF models."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the executor does")
+    parser.add_argument("--version", action="version", version=f"specexec {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="generate from one prompt, streaming the text")
     run.add_argument("--prompt", required=True, help="the prompt text ('-' reads it from standard input)")

@@ -34,6 +34,9 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"  #: this request failed (bad input, its grammar, its logits, ...); see `error`
     ABORT = "abort"  #: cancelled: `abort_request`, a closed stream, an interrupted `run`
 
+    def __str__(self) -> str:  # print(out.finish_reason) shows "length", as the README does
+        return self.value
+
 
 @dataclass(slots=True)
 class RequestMetrics:
