@@ -54,9 +54,11 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--system", help="system message for the chat template")
     run.add_argument(
         "--decoding-type",
-        help="speculative drafter: NGram, DraftTarget, UserProvided or a plugin's name (default off)",
+        help="speculative drafter: NGram, DraftTarget, Eagle, UserProvided or a plugin's name "
+        "(`specexec drafters` lists the installed ones; default off)",
     )
     run.add_argument("--max-draft-len", type=int, default=None, help="draft tokens per step (default 3)")
+    sub.add_parser("drafters", help="list the installed drafters (built-in and plugins) and their options")
     bench = sub.add_parser("bench", help="measure configurations and baselines side by side")
     from .bench.command import add_arguments
 
@@ -170,6 +172,20 @@ def _print_metrics(output) -> None:
     print("[" + " ".join(parts) + "]", file=sys.stderr)
 
 
+def _cmd_drafters(args: argparse.Namespace) -> int:
+    """What pytest's header does for its plugins: every drafter, where it comes from, its options."""
+    from .plugins.manager import get_plugin_manager, list_drafters
+
+    for drafter in list_drafters(get_plugin_manager()):
+        print(f"{' / '.join(drafter.names)}  ({drafter.source})")
+        for option, default in drafter.options:
+            print(f"    {option}: {default!r}")
+    print(
+        "speculative_config also takes max_draft_len, draft_len_schedule and draft_len_policy for every drafter"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(
@@ -178,7 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         logging.getLogger("specexec").setLevel(logging.WARNING)
     try:
-        commands = {"run": _cmd_run, "bench": _cmd_bench, "train-eagle3": _cmd_train_eagle3}
+        commands = {
+            "run": _cmd_run,
+            "bench": _cmd_bench,
+            "train-eagle3": _cmd_train_eagle3,
+            "drafters": _cmd_drafters,
+        }
         return commands[args.command](args)
     except ValueError as exc:  # bad config, bad flags, a model that cannot load
         print(f"error: {exc}", file=sys.stderr)

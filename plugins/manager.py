@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
+from dataclasses import dataclass
 
 import pluggy
 
@@ -24,3 +26,38 @@ def get_plugin_manager() -> pluggy.PluginManager:
         pm.load_setuptools_entrypoints("specexec")
     pm.check_pending()
     return pm
+
+
+@dataclass(frozen=True, slots=True)
+class DrafterListing:
+    names: tuple[str, ...]  #: the decoding_type names of one factory (aliases share it)
+    source: str  #: "built-in", or the plugin's distribution and version
+    options: tuple[tuple[str, object], ...]  #: (option, default) of its declared options dataclass
+
+
+def list_drafters(pm: pluggy.PluginManager) -> list[DrafterListing]:
+    """Every drafter the manager knows, built-in first, with where it comes from and its options."""
+    dists = {
+        id(plugin): f"plugin {dist.project_name} {dist.version}" for plugin, dist in pm.list_plugin_distinfo()
+    }
+    listings = []
+    for impl in pm.hook.specexec_drafter_factories.get_hookimpls():
+        source = (
+            "built-in"
+            if impl.plugin_name in BUILTIN_PLUGINS
+            else dists.get(id(impl.plugin), f"plugin {impl.plugin_name}")
+        )
+        by_factory: dict[int, list[str]] = {}
+        factories = impl.function() or {}
+        for name, factory in factories.items():
+            by_factory.setdefault(id(factory), []).append(name)
+        for names in by_factory.values():
+            options_type = getattr(factories[names[0]], "options", None)
+            options = ()
+            if options_type is not None and dataclasses.is_dataclass(options_type):
+                options = tuple(
+                    (f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
+                    for f in dataclasses.fields(options_type)
+                )
+            listings.append(DrafterListing(tuple(names), source, options))
+    return sorted(listings, key=lambda d: d.source != "built-in")

@@ -30,3 +30,46 @@ def test_python_dash_m_runs_the_same_command_line():
 def test_a_finish_reason_prints_as_its_value(reason):
     assert str(reason) == reason.value == f"{reason}"
     assert reason == reason.value  # still a str enum: comparisons with the plain string hold
+
+
+def test_drafters_lists_built_in_and_plugin_drafters_with_their_options(monkeypatch, capsys):
+    import types
+
+    from specexec.plugins import hookimpl, manager
+
+    plugin = types.ModuleType("my_drafters")
+
+    def factory(spec_config, context):
+        raise AssertionError("listing builds no drafter")
+
+    plugin.specexec_drafter_factories = hookimpl(lambda: {"MyDrafter": factory})
+    real = manager.get_plugin_manager
+
+    def with_plugin():
+        pm = real()
+        pm.register(plugin, name="my_drafters")
+        return pm
+
+    monkeypatch.setattr(manager, "get_plugin_manager", with_plugin)
+    listing = {d.names: d for d in manager.list_drafters(with_plugin())}
+    assert listing[("Eagle", "Eagle3")].source == "built-in"
+    assert ("quantization", None) in listing[("DraftTarget",)].options
+    assert listing[("MyDrafter",)].source == "plugin my_drafters" and listing[("MyDrafter",)].options == ()
+    assert main(["drafters"]) == 0
+    out = capsys.readouterr().out
+    for name in (
+        "NGram  (built-in)",
+        "DraftTarget",
+        "Eagle / Eagle3",
+        "UserProvided",
+        "MyDrafter  (plugin my_drafters)",
+    ):
+        assert name in out
+    assert "max_matching_ngram_size: 3" in out
+
+
+def test_run_help_names_every_built_in_drafter(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "NGram, DraftTarget, Eagle, UserProvided" in help_text and "specexec drafters" in help_text
