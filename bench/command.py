@@ -180,7 +180,7 @@ def run(args) -> int:
     rows = runner.finish()
     from .report import format_table, plot, write_json
 
-    print(format_table(rows))
+    print(format_table(rows, guided=args.guided))
     print(f"threads: {torch_threads()} for every engine (one process); CPU: {_machine()['cpu']}")
     for asked, ran in runner.dtypes.items():
         print(f"dtype {asked}: {ran}")

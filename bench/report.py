@@ -26,7 +26,9 @@ COLUMNS = (
 )
 
 
-def format_table(rows: list[dict]) -> str:
+def format_table(rows: list[dict], guided: bool = False) -> str:
+    """One line per row; ``valid`` (the schema-valid share) only for a ``--guided`` run, where it means
+    something (unguided outputs are not asked to follow the prompts' schemas)."""
     cells = [
         [
             row["name"],
@@ -38,14 +40,14 @@ def format_table(rows: list[dict]) -> str:
             _fmt(row["tpot_ms_p50"]),
             _fmt(row["mean_acceptance_length"], ".2f"),
             _fmt(row.get("drafting_share") if row.get("mean_acceptance_length") else None, ".0%"),
-            _fmt(row["schema_valid_rate"], ".0%"),
+            _fmt(row["schema_valid_rate"] if guided else None, ".0%"),
             _fmt(row["speedup"].get("none"), ".2f") + ("x" if row["speedup"].get("none") else ""),
             _fmt(row["speedup"].get("hf"), ".2f") + ("x" if row["speedup"].get("hf") else ""),
         ]
         for row in rows
     ]
     header = [c for c, _ in COLUMNS]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(header)]
     lines = ["  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths)))]
     lines.append("  ".join("-" * w for w in widths))
     for r in cells:

@@ -1,0 +1,22 @@
+"""The benchmark table: ``valid`` means something only in a ``--guided`` run."""
+
+from __future__ import annotations
+
+from specexec.bench.records import RequestRecord, summarize
+from specexec.bench.report import format_table
+
+
+def table_row(guided: bool) -> list[str]:
+    record = RequestRecord("p0", 10, 5, 100.0, 20.0, 10.0, schema_valid=False)
+    row = summarize("none", 1, [record], 0.1)
+    row["speedup"] = {}
+    return format_table([row], guided=guided).splitlines()[2].split()
+
+
+def test_valid_is_a_dash_without_guided_and_a_share_with_it():
+    unguided, guided = table_row(False), table_row(True)  # ..., valid, vs none, vs hf
+    assert unguided[-3] == "-" and guided[-3] == "0%"
+
+
+def test_an_empty_run_still_prints_the_header():
+    assert format_table([]).splitlines()[0].startswith("name")
