@@ -149,6 +149,7 @@ def make_draft_target(spec_config, context: DrafterContext) -> Drafter:
             dtype=str(param.dtype).removeprefix("torch."),
             device=str(param.device),
             cache_dir=cfg.cache_dir,
+            progress=cfg.progress,
             quantization=opts.quantization,
         )
         check_vocab_compatible(loaded.model, context.vocab_size, loaded.tokenizer, context.tokenizer)

@@ -58,6 +58,7 @@ class ExecutorConfig:
     num_kv_blocks: int | None = None  #: exact number of KV pages (tests use small pools)
     capture_hidden_layers: list[int] = field(default_factory=list)  #: hidden_states indices to capture
     cache_dir: str | None = None  #: where converted GGUF models are cached (default ~/.cache/specexec)
+    progress: bool = True  #: transformers' progress bars while a model loads (false: quiet)
     #: drafter settings (trtllm-bench's block): {decoding_type: NGram, max_draft_len: 3, ...}; None = off
     speculative_config: SpeculativeConfig | None = None
     #: guided requests: mask each drafting step with the grammar (off only for the ablation)
@@ -146,6 +147,7 @@ class ExecutorConfig:
             "null or a number of seconds > 0",
         )
         _check(isinstance(self.cuda_graphs, bool), "cuda_graphs", self.cuda_graphs, "true or false")
+        _check(isinstance(self.progress, bool), "progress", self.progress, "true or false")
         _check(
             self.speculative_config is None or isinstance(self.speculative_config, SpeculativeConfig),
             "speculative_config",

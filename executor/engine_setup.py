@@ -202,6 +202,7 @@ def _load(model, tokenizer, config: ExecutorConfig, dtype: str):
         device=str(_resolve_device(config.device)),
         device_map=config.device_map,
         cache_dir=config.cache_dir,
+        progress=config.progress,
         quantization=config.quantization,
     )
     logger.info("loaded %s", loaded.source)

@@ -73,3 +73,17 @@ def test_run_help_names_every_built_in_drafter(capsys):
         main(["run", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "NGram, DraftTarget, Eagle, UserProvided" in help_text and "specexec drafters" in help_text
+
+
+def test_progress_false_loads_a_model_without_progress_bars(tmp_path, capfd):
+    from specexec import Executor, ExecutorConfig
+    from tiny_models import save_tiny_model_dir
+
+    path = save_tiny_model_dir(tmp_path / "tiny")
+    capfd.readouterr()
+    Executor(config=ExecutorConfig(model=str(path), dtype="float32", num_kv_blocks=8, progress=False))
+    quiet = capfd.readouterr()
+    assert "Loading weights" not in quiet.err + quiet.out
+    Executor(config=ExecutorConfig(model=str(path), dtype="float32", num_kv_blocks=8))
+    loud = capfd.readouterr()
+    assert "Loading weights" in loud.err + loud.out, "the test must see the bar when it is on"
