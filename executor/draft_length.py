@@ -73,8 +73,13 @@ class ForwardCostModel:
 def cost_cache_key(model: torch.nn.Module) -> str:
     param = next(model.parameters())
     num_params = sum(p.numel() for p in model.parameters())
+    # quantized weights are buffers: their bytes tell an int8 model from an int4 one of the same params
+    buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
     name = getattr(model.config, "_name_or_path", "") or type(model).__name__
-    return f"{name}|{num_params}|{param.dtype}|{param.device}|threads={torch.get_num_threads()}"
+    return (
+        f"{name}|{num_params}|buffers={buffer_bytes}|{param.dtype}|{param.device}"
+        f"|threads={torch.get_num_threads()}"
+    )
 
 
 def default_cache_dir() -> Path:

@@ -288,3 +288,15 @@ def test_a_float32_targets_self_draft_takes_the_dtype_measured_for_its_quantized
     outputs = executor.run(make_requests(BATCHES["batch1"]))
     assert all(len(o.token_ids) == 16 for o in outputs)
     assert_all_pages_free(executor)
+
+
+def test_the_forward_cost_curve_is_cached_per_quantization():
+    from specexec.executor.draft_length import cost_cache_key
+
+    keys = set()
+    for scheme in (None, "int8", "int4"):
+        _, model = make_tiny_model("llama")
+        if scheme:
+            quantize_model(model, scheme)
+        keys.add(cost_cache_key(model))
+    assert len(keys) == 3, "a curve measured for one setting must not be reused for another"
