@@ -2,7 +2,8 @@
 
 Like with like: the prompts are the same token ids the other engines get (the model's chat template,
 rendered by the HF tokenizer; llama.cpp reads the same vocabulary from the file), the same number of
-threads as torch, greedy (top-k 1, no penalties), the same max tokens and EOS handling, and with
+threads as torch, greedy (top-k 1, no penalties; with ``--temperature`` > 0, sampling from the whole
+distribution seeded per request, as the other engines do), the same max tokens and EOS handling, and with
 ``--guided`` each prompt's JSON schema as a llama.cpp grammar (the binding's own JSON-schema
 converter). One request at a time (concurrency 1). llama-cpp-python is never a dependency of the
 project or its tests; it is imported only when asked for.
@@ -65,7 +66,7 @@ def run_llamacpp(
     records = []
     eos = llm.token_eos()
     start_all = time.perf_counter()
-    for prompt, ids in zip(work.prompts, work.token_ids):
+    for i, (prompt, ids) in enumerate(zip(work.prompts, work.token_ids)):
         grammar = None
         if work.guided and prompt.schema:
             try:
@@ -74,6 +75,7 @@ def run_llamacpp(
                 records.append(_failed_record(prompt, ids, f"{type(exc).__name__}: {exc}"))
                 on_done()
                 continue
+        llm.set_seed(i)  # the seed the other engines give request i (matters only when sampling)
         records.append(_generate_one(llama_cpp, llm, tokenizer, prompt, ids, work, grammar, eos))
         on_done()
     return records, time.perf_counter() - start_all
@@ -92,12 +94,14 @@ def _generate_one(llama_cpp, llm, tokenizer, prompt, ids, work: Workload, gramma
     first = None
     llm.reset()  # no prefix reuse from the previous prompt: the other engines do not reuse one either
     start = time.perf_counter()
+    greedy = work.temperature <= 0
     tokens = llm.generate(
         ids,
-        top_k=1,
+        top_k=1 if greedy else 0,  # llama.cpp's top-k 0 keeps every token, like HF's top_k=0
         top_p=1.0,
         min_p=0.0,
-        temp=0.0,
+        typical_p=1.0,
+        temp=0.0 if greedy else work.temperature,
         repeat_penalty=1.0,
         reset=True,
         logits_processor=processors,

@@ -28,10 +28,13 @@ class FakeLlama:
     """Yields its script; records what each call asked for."""
 
     def __init__(self, script: list[int]) -> None:
-        self.script, self.calls, self.resets = script, [], 0
+        self.script, self.calls, self.resets, self.seeds = script, [], 0, []
 
     def token_eos(self) -> int:
         return EOS
+
+    def set_seed(self, seed: int) -> None:
+        self.seeds.append(seed)
 
     def reset(self) -> None:
         self.resets += 1
@@ -60,9 +63,9 @@ def fake_binding(bad_schema: bool = False):
     return module, grammars
 
 
-def workload(guided=False, ignore_eos=False, max_tokens=4) -> Workload:
+def workload(guided=False, ignore_eos=False, max_tokens=4, temperature=0.0) -> Workload:
     prompts = [BenchPrompt("a", [], {"type": "object"}), BenchPrompt("b", [], None)]
-    return Workload(prompts, [[5, 6, 7], [8, 9]], max_tokens, 0.0, ignore_eos, guided)
+    return Workload(prompts, [[5, 6, 7], [8, 9]], max_tokens, temperature, ignore_eos, guided)
 
 
 def test_the_engine_passes_the_same_token_ids_greedy_and_stops_at_eos():
@@ -91,6 +94,16 @@ def test_guided_requests_get_their_schema_as_a_grammar_and_a_bad_schema_fails_on
     records, _ = run_llamacpp(bad, FakeLlama([1, 2, EOS]), FakeTokenizer(), workload(guided=True))
     assert records[0].finish_reason == "error" and "unsupported schema" in records[0].error
     assert records[1].num_output_tokens == 3
+
+
+def test_a_temperature_samples_the_whole_distribution_seeded_per_request_like_the_other_engines():
+    binding, _ = fake_binding()
+    llm = FakeLlama([1, 2, EOS])
+    run_llamacpp(binding, llm, FakeTokenizer(), workload(temperature=0.7))
+    _, kwargs = llm.calls[0]
+    assert kwargs["temp"] == 0.7 and kwargs["top_k"] == 0 and kwargs["top_p"] == 1.0
+    assert kwargs["min_p"] == 0.0 and kwargs["repeat_penalty"] == 1.0
+    assert llm.seeds == [0, 1], "request i gets seed i, as in Workload.sampling_params"
 
 
 def test_ignore_eos_forbids_the_eos_token_and_runs_to_max_tokens():
