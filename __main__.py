@@ -1,5 +1,5 @@
 """``python -m specexec``: the same command line as ``specexec``."""
 
-from .cli import main
+from .cli import entry
 
-raise SystemExit(main())
+entry()

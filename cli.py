@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 
@@ -52,6 +53,11 @@ def _build_parser() -> argparse.ArgumentParser:
         "--raw", action="store_true", help="send the prompt as plain text, not as a chat message"
     )
     run.add_argument("--system", help="system message for the chat template")
+    run.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="skip the start-up warm-up (one tiny forward of each model before the prompt runs)",
+    )
     run.add_argument(
         "--decoding-type",
         help="speculative drafter: NGram, DraftTarget, Eagle, UserProvided or a plugin's name "
@@ -111,25 +117,26 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     params.validate()
     config = _load_config(args)
+    config.warmup = not args.no_warmup  # the first request then pays no cold start: ttft= is its own
     from .executor.executor import Executor
 
-    executor = Executor(config=config)
-    choice = executor.dtype_choice
-    print(f"[dtype {choice.dtype}: {choice.reason}]", file=sys.stderr)
-    if executor.quantization is not None:
-        print(f"[{executor.quantization.summary()}]", file=sys.stderr)
-    for report in executor.cuda_graphs:
-        print(f"[{report.describe()}]", file=sys.stderr)
-    prompt = prompt_text
-    if not args.raw and getattr(executor.tokenizer, "chat_template", None):
-        prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [
-            {"role": "user", "content": prompt_text}
-        ]
-    output = None
-    for event in executor.stream([prompt], params):
-        sys.stdout.write(event.text)
-        sys.stdout.flush()
-        output = event.output or output
+    with Executor(config=config) as executor:
+        choice = executor.dtype_choice
+        print(f"[dtype {choice.dtype}: {choice.reason}]", file=sys.stderr)
+        if executor.quantization is not None:
+            print(f"[{executor.quantization.summary()}]", file=sys.stderr)
+        for report in executor.cuda_graphs:
+            print(f"[{report.describe()}]", file=sys.stderr)
+        prompt = prompt_text
+        if not args.raw and getattr(executor.tokenizer, "chat_template", None):
+            prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [
+                {"role": "user", "content": prompt_text}
+            ]
+        output = None
+        for event in executor.stream([prompt], params):
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+            output = event.output or output
     sys.stdout.write("\n")
     if output is None:
         return 1
@@ -186,13 +193,45 @@ def _cmd_drafters(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show_loading() -> None:
+    """Print the loader's lines (a GGUF converted once and where the copy goes, then where the model
+    came from) as ``[...]`` on standard error, without -v."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[%(message)s]"))
+    loading = logging.getLogger("specexec.loading")
+    loading.addHandler(handler)
+    loading.setLevel(logging.INFO)
+    loading.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
+    return _dispatch(_build_parser().parse_args(argv))
+
+
+#: commands whose work is all written and closed when they return: the console command then exits
+#: without the interpreter's teardown of torch and transformers (about 1 s here, after the answer is out)
+_NO_TEARDOWN = frozenset({"run", "drafters"})
+
+
+def entry() -> None:
+    """The ``specexec`` console command (and ``python -m specexec``)."""
+    args = _build_parser().parse_args()
+    code = _dispatch(args)
+    if args.command in _NO_TEARDOWN:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s"
     )
     if not args.verbose:
         logging.getLogger("specexec").setLevel(logging.WARNING)
+    _show_loading()
     try:
         commands = {
             "run": _cmd_run,
@@ -210,4 +249,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -132,6 +132,11 @@ class Drafter:
         `GraphCaptureReport`s. A drafter without a model of its own captures nothing."""
         return []
 
+    def warm_up(self) -> None:
+        """One tiny forward of each model this drafter runs, over scratch pages it frees at once (called
+        at start-up with ``warmup`` on, so that the first request pays no cold start). A drafter
+        without a model of its own does nothing."""
+
     # ---- hook implementations (the executor calls these through the plugin manager) ------------
     @hookimpl
     def specexec_prepare_draft_requests(self, requests: list) -> dict[str, int]:

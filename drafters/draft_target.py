@@ -17,6 +17,7 @@ from ..executor.block_manager import BlockManager
 from ..executor.graph_shapes import GraphShapes
 from ..executor.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from ..executor.model_runner import ModelRunner, SequenceInput
+from ..executor.scratch_forward import scratch_forward
 from ..sampling import sample_from_probs
 from .base import Drafter, DraftProposal, draft_distribution
 from .draft_masks import DraftMasks
@@ -92,6 +93,10 @@ class DraftTargetDrafter(Drafter):
         pages = min(-(-max_model_len // bs), self.block_manager.num_blocks)
         shapes = GraphShapes.for_model(max_batch_size, (1, 2), pages, bs, self.runner.max_num_tokens)
         return [self.runner.capture_graphs(shapes, backend, "draft model")]
+
+    def warm_up(self) -> None:
+        """A catch-up of two tokens after a page of context, as each drafting step begins."""
+        scratch_forward(self.runner, self.block_manager, 2, context_len=self.block_manager.block_size)
 
     # ---- drafting -------------------------------------------------------------------------------
     def prepare_draft_tokens(self, scheduled_requests: list, resources) -> dict[str, DraftProposal]:

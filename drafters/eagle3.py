@@ -24,6 +24,7 @@ from ..executor.graph_shapes import GraphShapes
 from ..executor.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from ..executor.model_runner import PagedInputs, SequenceInput
 from ..executor.paged_attention import paged_attention_forward
+from ..executor.scratch_forward import SCRATCH_REQUEST_ID
 from ..sampling import sample_from_probs
 from .base import Drafter, DraftProposal, draft_distribution
 from .draft_masks import DraftMasks
@@ -117,6 +118,18 @@ class Eagle3Drafter(Drafter):
         return [
             inputs.capture_forward(shapes, backend, "EAGLE-3 head", self._static_forward, {"hidden": hidden})
         ]
+
+    def warm_up(self) -> None:
+        """The head over 1 + k scratch positions (a catch-up after a verify step), zeros for features."""
+        num_tokens, bm = 1 + self.max_draft_len, self.block_manager
+        bm.allocate(SCRATCH_REQUEST_ID, num_tokens)
+        try:
+            hidden = self.head.fc.weight.new_zeros(num_tokens, self.head.config.hidden_size)
+            self._forward(
+                [SequenceInput([0] * num_tokens, 0, bm.block_tables[SCRATCH_REQUEST_ID], 1)], hidden
+            )
+        finally:
+            bm.free(SCRATCH_REQUEST_ID)
 
     def _static_forward(self, views, meta, token_inputs):
         """What a graph captures: the head over the shape's flat batch, outputs and logits at every row."""

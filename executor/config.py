@@ -59,6 +59,9 @@ class ExecutorConfig:
     capture_hidden_layers: list[int] = field(default_factory=list)  #: hidden_states indices to capture
     cache_dir: str | None = None  #: where converted GGUF models are cached (default ~/.cache/specexec)
     progress: bool = True  #: transformers' progress bars while a model loads (false: quiet)
+    #: at start-up, one tiny forward of each model and one grammar compile, outside every metric, so
+    #: that the first request pays no cold start (on in `specexec run`; `Executor.warmup_seconds`)
+    warmup: bool = False
     #: drafter settings (trtllm-bench's block): {decoding_type: NGram, max_draft_len: 3, ...}; None = off
     speculative_config: SpeculativeConfig | None = None
     #: guided requests: mask each drafting step with the grammar (off only for the ablation)
@@ -148,6 +151,7 @@ class ExecutorConfig:
         )
         _check(isinstance(self.cuda_graphs, bool), "cuda_graphs", self.cuda_graphs, "true or false")
         _check(isinstance(self.progress, bool), "progress", self.progress, "true or false")
+        _check(isinstance(self.warmup, bool), "warmup", self.warmup, "true or false")
         _check(
             self.speculative_config is None or isinstance(self.speculative_config, SpeculativeConfig),
             "speculative_config",

@@ -26,9 +26,10 @@ from .engine_core import EngineCore
 from .graph_shapes import GraphShapes
 from .guided import MAX_FORCED_TOKENS, GuidedDecodingStage
 from .kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
-from .model_runner import ModelRunner, SequenceInput
+from .model_runner import ModelRunner
 from .output_processor import OutputProcessor
 from .scheduler import Scheduler
+from .scratch_forward import scratch_forward
 from .speculation import SpeculationStage, build_drafter, check_drafter_options
 
 logger = logging.getLogger("specexec")
@@ -153,23 +154,6 @@ def capture_cuda_graphs(
     return reports
 
 
-def time_forward(
-    runner: ModelRunner, block_manager: BlockManager, num_tokens: int, context_len: int = 128
-) -> None:
-    """One target forward over ``num_tokens`` new tokens after ``context_len`` cached ones (for the
-    cost model; the scratch pages are freed at once)."""
-    scratch = "__forward_cost__"
-    context_len = max(0, min(context_len, block_manager.capacity_tokens - num_tokens))
-    block_manager.allocate(scratch, context_len + num_tokens)
-    try:
-        table = block_manager.block_tables[scratch]
-        runner.forward([SequenceInput([0] * num_tokens, context_len, table, num_tokens)])
-        if runner.device.type == "cuda":
-            torch.cuda.synchronize(runner.device)  # the forward's time, not its launch's
-    finally:
-        block_manager.free(scratch)
-
-
 def measurement_dir(config: ExecutorConfig) -> Path:
     """Where this machine's measurements are cached (dtype, attention kernels, forward cost)."""
     return Path(config.cache_dir) if config.cache_dir else default_cache_dir()
@@ -183,7 +167,7 @@ def _resolve_device(device: str) -> torch.device:
 
 def _load(model, tokenizer, config: ExecutorConfig, dtype: str):
     """(model, tokenizer, the path it was loaded from or None, its QuantizationReport or None)."""
-    from .model_loader import check_device, load_model
+    from .model_loader import check_device, load_model, loading_logger
     from .quantization import quantize_model
 
     if isinstance(model, torch.nn.Module):
@@ -205,7 +189,7 @@ def _load(model, tokenizer, config: ExecutorConfig, dtype: str):
         progress=config.progress,
         quantization=config.quantization,
     )
-    logger.info("loaded %s", loaded.source)
+    loading_logger.info("model: %s", loaded.source)
     path = loaded.gguf_path or Path(model if model is not None else config.model)
     return loaded.model, tokenizer or loaded.tokenizer, path, loaded.quantization
 
@@ -266,7 +250,7 @@ def _speculation_stage(
             sizes = tuple(n for n in MEASURED_SIZES if n <= limit) or (1,)
             key = cost_cache_key(model) + ("|cuda graphs" if runner.graphs is not None else "")
             cost = ForwardCostModel.cached(
-                key, lambda n: time_forward(runner, block_manager, n), measurement_dir(config), sizes
+                key, lambda n: scratch_forward(runner, block_manager, n), measurement_dir(config), sizes
             )
         policy = DraftLengthPolicy(drafter.max_draft_len, cost)
     return SpeculationStage(plugins, drafter, spec, vocab_size, policy, config.drafter_timeout_s)

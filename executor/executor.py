@@ -14,9 +14,11 @@ from ..plugins import get_plugin_manager
 from ..sampling import SamplingParams
 from .caller_loop import Caller, CallerLoop
 from .config import ExecutorConfig
-from .engine_setup import build_engine_core, check_before_loading, resolve_dtype, time_forward
+from .engine_setup import build_engine_core, check_before_loading, resolve_dtype
 from .inputs import InvalidRequestError, as_request, check_length, tokenize_prompt
 from .request import FinishReason, Prompt, Request, RequestOutput, RequestState, TokenEvent
+from .scratch_forward import scratch_forward
+from .warmup import warm_up
 
 
 class Executor:
@@ -42,6 +44,8 @@ class Executor:
         #: the dtype the model runs in, and why (``dtype: auto`` measures this machine once)
         self.dtype_choice = resolve_dtype(model, config)
         self.core = build_engine_core(model, config, tokenizer, drafter, plugins, self.dtype_choice.dtype)
+        #: seconds the start-up warm-up took (``warmup: true``), else None
+        self.warmup_seconds = warm_up(self.core) if config.warmup else None
         self._loop = CallerLoop(self.core)
         self._direct = Caller()  # requests submitted with add_request(), whose events step() returns
         self._ids = itertools.count()
@@ -174,7 +178,7 @@ class Executor:
     def time_forward(self, num_tokens: int, context_len: int = 128) -> None:
         """One target forward over ``num_tokens`` new tokens after ``context_len`` cached ones."""
         with self._loop.exclusive():
-            time_forward(self.core.runner, self.core.block_manager, num_tokens, context_len)
+            scratch_forward(self.core.runner, self.core.block_manager, num_tokens, context_len)
 
     # ---- shutting down ----------------------------------------------------------------------------
     def close(self) -> None:

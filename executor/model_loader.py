@@ -22,6 +22,8 @@ from transformers.utils import logging as hf_logging
 from .quantization import QuantizationReport, check_quantization, quantize_model
 
 logger = logging.getLogger("specexec")
+#: what loading is doing and where the model came from (the CLI prints it; library users configure it)
+loading_logger = logging.getLogger("specexec.loading")
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -175,10 +177,11 @@ def _load_gguf(path: Path, dtype: torch.dtype, device_map: str | dict | None, ro
     target = root / f"{path.stem}-{hashlib.sha256(key_text.encode()).hexdigest()[:16]}"
     if _cache_valid(target):
         try:
-            return _load_dir(target, dtype, device_map, f"{path} (cached conversion at {target})")
+            with _progress_bars(False):  # under a second: quiet after the first conversion
+                return _load_dir(target, dtype, device_map, f"{path} (cached conversion at {target})")
         except ModelLoadError as exc:
             logger.warning("cached conversion at %s is unreadable (%s); rebuilding it", target, exc)
-    logger.info("Converting GGUF %s to float32 once (slow); caching the converted copy at %s", path, target)
+    loading_logger.info("converting %s to float32 once; the converted copy goes to %s", path.name, target)
     model, tokenizer = _convert_gguf(path)
     try:
         _write_cache(model, tokenizer, target, key_text)
@@ -194,7 +197,8 @@ def _load_gguf(path: Path, dtype: torch.dtype, device_map: str | dict | None, ro
             f"{path} (converted in memory, not cached)",
         )
     del model
-    return _load_dir(target, dtype, device_map, f"{path} (converted now, saved to cache at {target})")
+    with _progress_bars(False):
+        return _load_dir(target, dtype, device_map, f"{path} (converted now, saved to cache at {target})")
 
 
 def _convert_gguf(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

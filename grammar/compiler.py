@@ -166,6 +166,11 @@ class GrammarCompilerPool:
         """Blocking convenience wrapper around submit()."""
         return self.submit(spec).result(timeout)
 
+    def warm_up(self) -> None:
+        """Compile one tiny JSON schema, outside the cache and the statistics: the first compile of a
+        process sets up xgrammar's own tables (start-up warm-up)."""
+        self._dispatch(GrammarSpec("json_schema", '{"type": "object"}'))
+
     def cached(self, spec: GrammarSpec) -> bool:
         with self._lock:
             return (spec.kind, spec.text) in self._cache

@@ -87,3 +87,56 @@ def test_progress_false_loads_a_model_without_progress_bars(tmp_path, capfd):
     Executor(config=ExecutorConfig(model=str(path), dtype="float32", num_kv_blocks=8))
     loud = capfd.readouterr()
     assert "Loading weights" in loud.err + loud.out, "the test must see the bar when it is on"
+
+
+def test_a_cached_conversion_loads_quietly_and_the_cli_says_where_it_lies(tmp_path, capfd, monkeypatch):
+    """The first load of a GGUF converts it (announced, with its bars); every later load is quiet even
+    with progress on, and the CLI's loader line names the cached copy."""
+    import logging
+
+    import torch
+    from specexec.cli import _show_loading
+    from specexec.executor import model_loader
+    from tiny_models import make_tiny_model, make_tiny_tokenizer
+
+    fake = tmp_path / "tiny.gguf"
+    fake.write_bytes(b"GGUF" + bytes(64))
+    monkeypatch.setattr(
+        model_loader,
+        "_convert_gguf",
+        lambda path: (make_tiny_model("llama", torch.float32)[1], make_tiny_tokenizer()),
+    )
+    loading = logging.getLogger("specexec.loading")
+    saved = (list(loading.handlers), loading.level, loading.propagate)
+    try:
+        _show_loading()
+        first = model_loader.load_model(fake, cache_dir=tmp_path / "cache", progress=True)
+        assert "converted now" in first.source
+        err = capfd.readouterr().err
+        assert (
+            f"[converting tiny.gguf to float32 once; the converted copy goes to {tmp_path / 'cache'}" in err
+        )
+        second = model_loader.load_model(fake, cache_dir=tmp_path / "cache", progress=True)
+        assert "cached conversion at" in second.source
+        quiet = capfd.readouterr()
+        assert quiet.out == "" and quiet.err == "", quiet
+    finally:
+        loading.handlers[:], loading.level, loading.propagate = saved
+
+
+def test_the_console_command_runs_a_prompt_to_the_end_and_exits_with_its_code(tmp_path):
+    """``python -m specexec run`` (the console entry, which skips the interpreter's teardown): the whole
+    answer and the metrics line are out, the loader's line names the model, the exit code is run's."""
+    from tiny_models import save_tiny_model_dir
+
+    path = save_tiny_model_dir(tmp_path / "tiny")
+    command = [sys.executable, "-m", "specexec", "run", "--model", path, "--dtype", "float32"]
+    done = subprocess.run(
+        command + ["--prompt", "w1 w2 w3", "--max-tokens", "5"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.split()) >= 1 and done.stdout.endswith("\n")
+    assert f"[model: {path}]" in done.stderr
+    assert "[finish=length prompt=" in done.stderr and "output=5" in done.stderr
+    failed = subprocess.run(command + ["--prompt", "w1", "--max-tokens", "0"], capture_output=True, text=True)
+    assert failed.returncode == 2 and "max_tokens" in failed.stderr
