@@ -25,6 +25,15 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_drafter_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--decoding-type",
+        help="speculative drafter: NGram, DraftTarget, Eagle, UserProvided or a plugin's name "
+        "(`specexec drafters` lists the installed ones; default off)",
+    )
+    parser.add_argument("--max-draft-len", type=int, default=None, help="draft tokens per step (default 3)")
+
+
 def _version() -> str:
     import importlib.metadata
 
@@ -58,12 +67,20 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip the start-up warm-up (one tiny forward of each model before the prompt runs)",
     )
-    run.add_argument(
-        "--decoding-type",
-        help="speculative drafter: NGram, DraftTarget, Eagle, UserProvided or a plugin's name "
-        "(`specexec drafters` lists the installed ones; default off)",
+    _add_drafter_args(run)
+    serve = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    _add_model_args(serve)
+    _add_drafter_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 (default: none)")
+    serve.add_argument("--served-model-name", help="the id clients pass as model (default: the file's name)")
+    serve.add_argument(
+        "--max-queued-requests", type=int, default=256, help="waiting + running requests before 503"
     )
-    run.add_argument("--max-draft-len", type=int, default=None, help="draft tokens per step (default 3)")
+    serve.add_argument(
+        "--request-timeout", type=float, default=600.0, help="seconds before a request is aborted"
+    )
     sub.add_parser("drafters", help="list the installed drafters (built-in and plugins) and their options")
     bench = sub.add_parser("bench", help="measure configurations and baselines side by side")
     from .bench.command import add_arguments
@@ -144,6 +161,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"error: {output.error}", file=sys.stderr)
         return 1
     _print_metrics(output)
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from .server.app import ServerLimits
+        from .server.serve import serve
+    except ImportError as exc:
+        raise ValueError(
+            f"specexec serve needs the serve extra: pip install 'specexec[serve]' ({exc})"
+        ) from exc
+    if args.max_queued_requests < 1 or args.request_timeout <= 0:
+        raise ValueError("--max-queued-requests must be >= 1 and --request-timeout > 0")
+    limits = ServerLimits(
+        max_queued_requests=args.max_queued_requests, request_timeout_s=args.request_timeout
+    )
+    serve(_load_config(args), args.host, args.port, args.api_key, limits, args.served_model_name)
     return 0
 
 
@@ -237,6 +271,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             "run": _cmd_run,
             "bench": _cmd_bench,
             "train-eagle3": _cmd_train_eagle3,
+            "serve": _cmd_serve,
             "drafters": _cmd_drafters,
         }
         return commands[args.command](args)

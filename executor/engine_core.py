@@ -83,6 +83,11 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return bool(self._submitted) or self.scheduler.has_unfinished()
 
+    def queue_sizes(self) -> tuple[int, int]:
+        """(waiting, running) requests, the submitted ones counted as waiting; a snapshot that any
+        thread may take (metrics, a server's queue limit)."""
+        return len(self._submitted) + len(self.scheduler.waiting), len(self.scheduler.running)
+
     def abort(self, request_id: str) -> TokenEvent | None:
         """Finish a waiting or running request with finish_reason "abort" and free all it holds."""
         self._admit_submitted()

@@ -115,6 +115,7 @@ class Executor:
         if claimed:
             self._loop.unclaim(state.request_id)
         state.finish_reason, state.error = FinishReason.ERROR, message
+        state.is_invalid_request = True
         state.metrics.finish_time = state.metrics.arrival_time
         caller.events.put(self.core.outputs.make_event(state, []))
         return state

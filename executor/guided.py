@@ -132,14 +132,20 @@ class GuidedDecodingStage:
                     failed.append((r, f"grammar did not compile within {self.compile_timeout_s} s"))
                 continue
             try:
+                compiled = fut.result()
+            except Exception as exc:  # GrammarError: the request's grammar does not compile
+                r.is_invalid_request = True
+                failed.append((r, str(exc)))
+                continue
+            try:
                 r.grammar = RequestGrammar(
-                    fut.result(),
+                    compiled,
                     override_stop_tokens=self.eos_token_ids or None,
                     terminate_without_stop_token=self.ends_without_stop_token,
                 )
                 if r.num_output_tokens:  # recomputed after preemption: replay what it already emitted
                     r.grammar.accept_now(r.output_token_ids)
-            except Exception as exc:  # GrammarError from compiling, or a matcher that cannot start
+            except Exception as exc:  # a matcher that cannot start
                 failed.append((r, str(exc)))
         return failed
 

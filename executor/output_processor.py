@@ -101,6 +101,7 @@ class OutputProcessor:
             finish_reason=request.finish_reason or FinishReason.LENGTH,
             prompt_token_ids=request.token_ids[: request.num_prompt_tokens],
             error=request.error,
+            is_invalid_request=request.is_invalid_request,
             metrics=request.metrics,
             guided_valid=request.guided_valid,
             guided_error=request.guided_error,

@@ -112,6 +112,8 @@ class RequestOutput:
     finish_reason: FinishReason
     prompt_token_ids: list[int] = field(default_factory=list)
     error: str | None = None  #: what was wrong, when finish_reason is "error"
+    #: the error came from the request's own input (bad values, a grammar that does not compile)
+    is_invalid_request: bool = False
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     #: guided requests: does the output match its schema (jsonschema) / regex / JSON object? None when
     #: unguided, when the request ended in error or abort, or when nothing can check it (EBNF grammars)
@@ -154,6 +156,9 @@ class RequestState:
     num_computed_tokens: int = 0  #: tokens whose K/V are in the cache
     finish_reason: FinishReason | None = None
     error: str | None = None
+    #: its error came from its own input (refused when submitted, a grammar that does not compile): a
+    #: server answers 400 for it, 500 for any other error
+    is_invalid_request: bool = False
     is_streaming: bool = False  #: its events carry text deltas (stream())
     grammar_spec: Any = None  #: GrammarSpec of its response_format as given (checked against at the end)
     grammar_future: Any = None  #: Future of the compiled grammar, for guided requests

@@ -1,0 +1,140 @@
+"""The async front (for the server): one background thread runs the shared loop; ``generate`` yields a
+request's events from an asyncio queue, and the requests of every caller run in the same batches.
+
+    async with AsyncExecutor(Executor(config=...)) as engine:
+        async for event in engine.generate(prompt, SamplingParams(max_tokens=64)):
+            print(event.text, end="")
+
+Cancelling the consumer (or closing the generator) aborts its request: the abort is handed to the loop
+thread, which frees the request's pages before its next step. `close()` stops taking requests, lets the
+running ones finish (up to a deadline, then aborts them), stops the thread and closes the executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+
+from ..sampling import SamplingParams
+from .caller_loop import Caller
+from .executor import Executor
+from .request import Prompt, Request, TokenEvent
+
+logger = logging.getLogger("specexec")
+
+
+class ExecutorClosedError(RuntimeError):
+    """The async executor no longer takes requests (it is closing or closed)."""
+
+
+class _QueueEvents:
+    """A caller's event sink that hands each event to an asyncio queue on its event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
+        self._loop, self._queue = loop, queue
+
+    def put(self, event: TokenEvent) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+    def empty(self) -> bool:  # (CallerLoop.drive reads it; async callers are never driven)
+        return True
+
+
+class AsyncExecutor:
+    """An `Executor` driven by a background thread, for asyncio callers."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+        self._wake = threading.Condition()
+        self._aborts: list[str] = []  # request ids to abort before the next step
+        self._accepting = True
+        self._stopping = False
+        self._fault: str | None = None  # set when the loop thread died: every later call fails
+        self._thread = threading.Thread(target=self._run_loop, name="specexec-loop", daemon=True)
+        self._thread.start()
+
+    # ---- what callers use -----------------------------------------------------------------------
+    @property
+    def is_closing(self) -> bool:
+        """True once `close()` began (or the loop thread died): new requests are refused."""
+        return not self._accepting or self._fault is not None
+
+    @property
+    def num_unfinished(self) -> int:
+        """Requests waiting or running (the server's queue limit counts these)."""
+        return sum(self.executor.core.queue_sizes())
+
+    async def generate(
+        self, request: Request | Prompt, sampling_params: SamplingParams | None = None
+    ) -> AsyncIterator[TokenEvent]:
+        """The request's events as they are generated; the last has ``finished`` and ``output``. A bad
+        request yields one finished event with ``finish_reason="error"``."""
+        if not self._accepting or self._fault is not None:
+            raise ExecutorClosedError(self._fault or "the executor is closing: no new requests")
+        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        caller = Caller()
+        caller.events = _QueueEvents(asyncio.get_running_loop(), queue)  # type: ignore[assignment]
+        state = self.executor._submit(request, sampling_params, caller, streaming=True)
+        self._notify()
+        finished = False
+        try:
+            while not finished:
+                event = await queue.get()
+                finished = event.finished
+                yield event
+        finally:
+            if not finished:  # cancelled, or the consumer stopped reading: abort it on the loop thread
+                self.abort(state.request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (from any thread, without waiting for the step in flight)."""
+        with self._wake:
+            self._aborts.append(request_id)
+            self._wake.notify()
+
+    async def close(self, timeout_s: float = 30.0) -> None:
+        """Stop taking requests, let the running ones finish for up to ``timeout_s`` seconds, abort the
+        rest, stop the loop thread and close the executor."""
+        self._accepting = False
+        deadline = time.monotonic() + timeout_s
+        while self.num_unfinished and time.monotonic() < deadline and self._thread.is_alive():
+            await asyncio.sleep(0.02)
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        await asyncio.to_thread(self._thread.join)
+        self.executor.close()
+
+    async def __aenter__(self) -> AsyncExecutor:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+    # ---- the loop thread ------------------------------------------------------------------------
+    def _notify(self) -> None:
+        with self._wake:
+            self._wake.notify()
+
+    def _run_loop(self) -> None:
+        core = self.executor.core
+        try:
+            while True:
+                with self._wake:
+                    while not (self._stopping or self._aborts or core.has_unfinished()):
+                        self._wake.wait()
+                    aborts, self._aborts = self._aborts, []
+                    if self._stopping:
+                        self.executor._loop.abort_all()
+                        return
+                for request_id in aborts:
+                    self.executor.abort_request(request_id)
+                if core.has_unfinished():
+                    self.executor._loop.step()
+        except BaseException as exc:  # a bug in the loop itself: fail every request, take no more
+            self._fault = f"the executor's loop stopped: {type(exc).__name__}: {exc}"
+            logger.exception("the async executor's loop thread stopped")
+            self.executor._loop.abort_all()

@@ -1,0 +1,2 @@
+"""``specexec serve``: an OpenAI-compatible HTTP server over the async front (needs the ``serve`` extra:
+FastAPI, uvicorn, prometheus-client)."""

@@ -1,0 +1,218 @@
+"""The OpenAI-compatible HTTP front (FastAPI): ``/v1/chat/completions``, ``/v1/completions`` (SSE
+streaming and not), ``/v1/models``, ``/health``, ``/metrics``.
+
+What a client sees when something goes wrong: a bad body or a request the executor refuses -> 400 with
+an OpenAI error object whose ``param`` names the field; an internal fault -> 500; the queue full ->
+503 with ``Retry-After``; past the request timeout -> 504 (streaming: an error event, then the stream
+ends). A client that disconnects aborts its request at once; an aborted stream simply ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..executor.async_executor import AsyncExecutor, ExecutorClosedError
+from ..executor.request import FinishReason, RequestOutput, TokenEvent
+from . import responses
+from .metrics import ServerMetrics
+from .protocol import BadRequest, ParsedRequest, parse_chat, parse_completion
+
+
+@dataclass(slots=True)
+class ServerLimits:
+    max_queued_requests: int = 256  #: waiting + running requests beyond which new ones get 503
+    request_timeout_s: float = 600.0  #: a request running longer is aborted (504)
+    retry_after_s: int = 1  #: the Retry-After of a 503
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, kind: str, param: str | None = None, headers=None) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.param, self.headers = status, kind, param, headers
+
+
+def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None, limits=None) -> FastAPI:
+    """The app around a running `AsyncExecutor`; closing the app's lifespan closes the engine."""
+    limits = limits or ServerLimits()
+    metrics = ServerMetrics(engine.executor)
+    max_model_len = engine.executor.core.max_model_len
+    created = int(time.time())
+
+    async def lifespan(app: FastAPI):
+        yield
+        await engine.close(timeout_s=limits.request_timeout_s)
+
+    app = FastAPI(title="specexec", lifespan=lifespan)
+    app.state.engine, app.state.metrics = engine, metrics
+
+    @app.exception_handler(HTTPError)
+    async def http_error(request: Request, exc: HTTPError) -> JSONResponse:
+        return JSONResponse(
+            responses.error_body(str(exc), exc.kind, exc.status, exc.param), exc.status, headers=exc.headers
+        )
+
+    def check_key(request: Request) -> None:
+        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
+            raise HTTPError(
+                401, "missing or wrong API key (Authorization: Bearer ...)", "authentication_error"
+            )
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.is_closing:
+            return JSONResponse({"status": "closing"}, 503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        check_key(request)
+        card = {"id": model_name, "object": "model", "created": created, "owned_by": "specexec"}
+        return JSONResponse({"object": "list", "data": [{**card, "max_model_len": max_model_len}]})
+
+    async def complete(request: Request, parse: Callable[..., ParsedRequest]) -> Response:
+        check_key(request)
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise HTTPError(400, f"the body is not JSON: {exc}", "invalid_request_error") from exc
+        try:
+            parsed = parse(body, max_model_len)
+        except BadRequest as exc:
+            raise HTTPError(400, str(exc), "invalid_request_error", exc.param) from exc
+        if body.get("model") not in (None, model_name):
+            raise HTTPError(
+                404,
+                f"model {body['model']!r} is not served here; this server serves {model_name!r}",
+                "not_found_error",
+                "model",
+            )
+        if engine.num_unfinished >= limits.max_queued_requests:
+            raise HTTPError(
+                503,
+                f"{engine.num_unfinished} requests queued: try again later",
+                "server_error",
+                headers={"Retry-After": str(limits.retry_after_s)},
+            )
+        try:
+            events = engine.generate(parsed.request)
+            first = await _first_event(events, request, limits.request_timeout_s)
+        except ExecutorClosedError as exc:
+            raise HTTPError(
+                503, str(exc), "server_error", headers={"Retry-After": str(limits.retry_after_s)}
+            ) from exc
+        if first is None:  # the client went away, or it ran past the timeout before its first token
+            await events.aclose()
+            raise HTTPError(504, f"no token within {limits.request_timeout_s} s", "timeout_error")
+        if first.finished and first.output is not None and first.output.finish_reason is FinishReason.ERROR:
+            metrics.record(first.output)
+            raise _error_of(first.output)
+        ids = responses.ResponseIds(parsed.is_chat, model_name)
+        if parsed.stream:
+            chunks = _stream(events, first, parsed, ids, metrics, request, limits.request_timeout_s)
+            return StreamingResponse(chunks, media_type="text/event-stream")
+        output = await _collect(events, first, request, limits.request_timeout_s)
+        metrics.record(output)
+        if output.finish_reason is FinishReason.ERROR:
+            raise _error_of(output)
+        if output.finish_reason is FinishReason.ABORT:
+            raise HTTPError(503, "the request was aborted (the server is shutting down)", "server_error")
+        return JSONResponse(responses.full_response(output, parsed, ids))
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await complete(request, parse_chat)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await complete(request, parse_completion)
+
+    return app
+
+
+async def _first_event(
+    events: AsyncIterator[TokenEvent], request: Request, timeout_s: float
+) -> TokenEvent | None:
+    """The first event, or None when the client disconnects or the timeout passes first."""
+    return await _next_or_none(events, request, time.monotonic() + timeout_s)
+
+
+async def _next_or_none(
+    events: AsyncIterator[TokenEvent], request: Request, deadline: float
+) -> TokenEvent | None:
+    step = asyncio.ensure_future(anext(events))
+    while True:
+        done, _ = await asyncio.wait({step}, timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+        if done:
+            return step.result()
+        if time.monotonic() >= deadline or await request.is_disconnected():
+            step.cancel()
+            return None
+
+
+async def _collect(events, first: TokenEvent, request: Request, timeout_s: float) -> RequestOutput:
+    deadline = time.monotonic() + timeout_s
+    event = first
+    while not event.finished:
+        nxt = await _next_or_none(events, request, deadline)
+        if nxt is None:
+            await events.aclose()  # aborts the request
+            if await request.is_disconnected():
+                raise HTTPError(499, "client disconnected", "client_closed_request")
+            raise HTTPError(504, f"the request ran past {timeout_s} s and was aborted", "timeout_error")
+        event = nxt
+    assert event.output is not None
+    return event.output
+
+
+async def _stream(
+    events, first, parsed: ParsedRequest, ids, metrics: ServerMetrics, request: Request, timeout_s: float
+):
+    """Server-sent events: one chunk per token event; the usage chunk when asked; ``[DONE]``."""
+    deadline = time.monotonic() + timeout_s
+    event: TokenEvent | None = first
+    try:
+        if parsed.is_chat:
+            yield responses.sse(responses.first_chunk(parsed, ids))
+        while event is not None:
+            output = event.output if event.finished else None
+            if output is not None and output.finish_reason is FinishReason.ABORT:
+                metrics.record(output)
+                return  # an aborted request's stream simply ends
+            if output is not None and output.finish_reason is FinishReason.ERROR:
+                metrics.record(output)
+                yield responses.sse(responses.error_body(output.error or "error", *_kind_of(output)))
+                return
+            yield responses.sse(responses.chunk(event, parsed, ids))
+            if output is not None:
+                metrics.record(output)
+                if parsed.include_usage:
+                    yield responses.sse(responses.usage_chunk(output, parsed, ids))
+                yield b"data: [DONE]\n\n"
+                return
+            event = await _next_or_none(events, request, deadline)
+            if event is None and time.monotonic() >= deadline:
+                yield responses.sse(
+                    responses.error_body(f"the request ran past {timeout_s} s", "timeout_error", 504)
+                )
+    finally:
+        await events.aclose()  # (a no-op once finished; otherwise it aborts the request)
+
+
+def _kind_of(output: RequestOutput) -> tuple[str, int]:
+    return ("invalid_request_error", 400) if output.is_invalid_request else ("server_error", 500)
+
+
+def _error_of(output: RequestOutput) -> HTTPError:
+    kind, status = _kind_of(output)
+    return HTTPError(status, output.error or "error", kind)

@@ -1,0 +1,101 @@
+"""The async front: one loop thread, requests of all callers batched together, a cancelled consumer
+aborts its request, `close()` drains."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from specexec.executor.async_executor import AsyncExecutor, ExecutorClosedError
+from specexec.executor.executor import Executor
+from specexec.executor.request import FinishReason, Request
+from specexec.sampling import SamplingParams
+from test_speculative_identity import BATCHES, assert_all_pages_free, make_config, reference
+from tiny_models import make_tiny_model
+
+
+def make_engine(**config) -> AsyncExecutor:
+    _, model = make_tiny_model("llama")
+    return AsyncExecutor(Executor(model, make_config(**config)))
+
+
+async def collect(engine: AsyncExecutor, prompt, max_tokens=16):
+    events = [
+        e
+        async for e in engine.generate(
+            Request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        )
+    ]
+    return events
+
+
+def test_concurrent_callers_get_their_own_greedy_outputs_batched_together():
+    prompts = BATCHES["batch8"]
+
+    async def main():
+        engine = make_engine(speculative_config={"decoding_type": "NGram", "max_draft_len": 3})
+        steps = []
+        step = engine.executor.core.step
+
+        def counting_step():
+            events = step()
+            steps.append(len({e.request_id for e in events}))
+            return events
+
+        engine.executor.core.step = counting_step
+        results = await asyncio.gather(*(collect(engine, p) for p in prompts))
+        await engine.close()
+        return engine, results, steps
+
+    engine, results, steps = asyncio.run(main())
+    for events, want in zip(results, reference("llama", prompts)):
+        assert events[-1].finished and events[-1].output.finish_reason is FinishReason.LENGTH
+        assert [t for e in events for t in e.token_ids] == want == events[-1].output.token_ids
+    assert max(steps) > 1, "requests of different callers never shared a step"
+    assert_all_pages_free(engine.executor)
+
+
+def test_a_cancelled_consumer_aborts_its_request_and_frees_its_pages():
+    async def main():
+        engine = make_engine()
+        started = asyncio.Event()
+
+        async def consume():
+            async for _ in engine.generate(
+                Request([5, 6, 7], SamplingParams(max_tokens=10_000, ignore_eos=True))
+            ):
+                started.set()
+
+        task = asyncio.create_task(consume())
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(200):  # the abort is applied by the loop thread before its next step
+            if engine.num_unfinished == 0:
+                break
+            await asyncio.sleep(0.01)
+        other = await collect(engine, [1, 2, 3], max_tokens=4)  # later requests still run
+        await engine.close()
+        return engine, other
+
+    engine, other = asyncio.run(main())
+    assert other[-1].output.finish_reason is FinishReason.LENGTH
+    assert engine.num_unfinished == 0
+    assert_all_pages_free(engine.executor)
+
+
+def test_a_bad_request_fails_alone_and_close_drains_then_refuses():
+    async def main():
+        engine = make_engine()
+        bad = await collect(engine, [], max_tokens=4)
+        good = asyncio.create_task(collect(engine, [1, 2, 3], max_tokens=8))
+        await asyncio.sleep(0)
+        await engine.close()  # lets the running request finish
+        with pytest.raises(ExecutorClosedError):
+            await collect(engine, [1, 2], max_tokens=2)
+        return engine, bad, await good
+
+    engine, bad, good = asyncio.run(main())
+    assert bad[-1].output.finish_reason is FinishReason.ERROR and "empty" in bad[-1].output.error
+    assert good[-1].output.finish_reason is FinishReason.LENGTH and len(good[-1].output.token_ids) == 8

@@ -1,0 +1,317 @@
+"""`specexec serve`: a real server on 127.0.0.1 (uvicorn in a thread), driven by the official `openai`
+client and by httpx; a tiny float32 model with the SmolLM2 tokenizer, so chat templates and JSON
+schemas work."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+
+import httpx
+import jsonschema
+import openai
+import pytest
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+from specexec import Request, SamplingParams
+from specexec.executor.async_executor import AsyncExecutor
+from specexec.server.app import ServerLimits, build_app
+from test_guided_decoding import PERSON, make_executor, schema_format
+from test_speculative_identity import assert_all_pages_free
+
+NGRAM = {"decoding_type": "NGram", "max_draft_len": 3, "max_matching_ngram_size": 2}
+MESSAGES = [{"role": "user", "content": "Say something about cats and dogs."}]
+
+
+@contextlib.contextmanager
+def served(spec=None, limits=None, api_key=None):
+    """(base URL, the AsyncExecutor, an ExitStack for the test's clients) of a server running until the block ends."""
+    engine = AsyncExecutor(make_executor(spec, dtype="float32"))
+    app = build_app(engine, "tiny", api_key=api_key, limits=limits)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        assert thread.is_alive(), "the server did not start"
+        time.sleep(0.02)
+    try:
+        with contextlib.ExitStack() as stack:  # the clients a test opens are closed before the server stops
+            yield f"http://127.0.0.1:{port}", engine, stack
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def client(base: str, api_key: str = "none") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=api_key, max_retries=0)
+
+
+def reference_text(prompt, max_tokens: int, spec=None, response_format=None) -> str:
+    executor = make_executor(spec, dtype="float32")
+    params = SamplingParams(max_tokens=max_tokens)
+    return executor.run([Request(prompt, params, response_format=response_format)])[0].text
+
+
+def wait_until_idle(engine: AsyncExecutor, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while engine.num_unfinished and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.num_unfinished == 0
+
+
+@pytest.mark.parametrize("spec", [None, NGRAM], ids=["no-drafts", "ngram"])
+def test_greedy_through_the_server_equals_executor_run_streamed_or_not(spec):
+    want_chat = reference_text(MESSAGES, 12, spec)
+    want_text = reference_text("The cat sat on the", 12, spec)
+    with served(spec) as (base, engine, stack):
+        api = stack.enter_context(client(base))
+        chat = api.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=12, temperature=0)
+        assert chat.choices[0].message.content == want_chat and chat.choices[0].message.role == "assistant"
+        usage = chat.usage
+        assert (
+            0 < usage.completion_tokens <= 12
+            and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+        )
+        stream = api.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want_chat
+        assert chunks[-1].usage.completion_tokens == chat.usage.completion_tokens
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == chat.choices[0].finish_reason
+        done = api.completions.create(model="tiny", prompt="The cat sat on the", max_tokens=12, temperature=0)
+        assert done.choices[0].text == want_text
+        streamed = api.completions.create(
+            model="tiny", prompt="The cat sat on the", max_tokens=12, temperature=0, stream=True
+        )
+        assert "".join(c.choices[0].text for c in streamed) == want_text
+        wait_until_idle(engine)
+        assert_all_pages_free(engine.executor)
+
+
+def test_json_schema_outputs_validate():
+    rf = schema_format(PERSON)
+    with served(NGRAM) as (base, _, stack):
+        api = stack.enter_context(client(base))
+        outs = [
+            api.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": f"Pet {i} as JSON"}],
+                max_tokens=60,
+                temperature=1,
+                seed=i,
+                response_format=rf,
+            )
+            for i in range(4)
+        ]
+    finished = [o for o in outs if o.choices[0].finish_reason == "stop"]
+    assert finished, "no guided output finished: nothing was checked"
+    for out in finished:
+        jsonschema.validate(json.loads(out.choices[0].message.content), PERSON)
+
+
+def test_bad_requests_get_400_naming_the_field_and_a_wrong_key_401():
+    with served(api_key="secret") as (base, engine, stack):
+        api = stack.enter_context(client(base, "secret"))
+        cases = [
+            ({"messages": MESSAGES, "tools": []}, "tools"),
+            ({"messages": MESSAGES, "temperature": -1}, "temperature"),
+            ({"messages": MESSAGES, "n": 0}, "n"),
+            ({"messages": []}, "messages"),
+            (
+                {
+                    "messages": MESSAGES,
+                    "response_format": {
+                        "type": "json_schema",
+                        "json_schema": {"schema": {"type": "nonsense"}},
+                    },
+                },
+                None,
+            ),
+        ]
+        for body, param in cases:
+            with pytest.raises(openai.BadRequestError) as err:
+                api.chat.completions.create(model="tiny", **body)
+            assert err.value.status_code == 400
+            if param is not None:
+                assert err.value.body["param"] == param, (body, err.value.body)
+        with pytest.raises(openai.NotFoundError):
+            api.chat.completions.create(model="other", messages=MESSAGES)
+        with pytest.raises(openai.AuthenticationError):
+            stack.enter_context(client(base, "wrong")).models.list()
+        assert [m.id for m in api.models.list()] == ["tiny"]
+        assert (
+            httpx.post(
+                f"{base}/v1/completions", content=b"{not json", headers={"authorization": "Bearer secret"}
+            ).status_code
+            == 400
+        )
+        wait_until_idle(engine)
+        assert_all_pages_free(engine.executor)
+
+
+def test_32_concurrent_streams_mixing_guided_sampled_and_greedy_with_drafts_and_bad_requests():
+    want = reference_text(MESSAGES, 16, NGRAM)
+
+    async def main(base):
+        api = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+        async with api:
+            return await asyncio.gather(*(one(api, i) for i in range(32)))
+
+    async def one(api, i: int):
+        kind = ("greedy", "sampled", "guided", "bad")[i % 4]
+        options = {"max_tokens": 16, "temperature": 0}
+        if kind == "sampled":
+            options.update(temperature=1.0, seed=i)
+        if kind == "guided":
+            options.update(max_tokens=60, temperature=1.0, seed=i, response_format=schema_format(PERSON))
+        if kind == "bad":
+            options.update(top_p=5)
+        try:
+            stream = await api.chat.completions.create(
+                model="tiny", messages=MESSAGES, stream=True, **options
+            )
+            async with stream:
+                text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        except openai.BadRequestError as exc:
+            return kind, exc.status_code
+        return kind, text
+
+    with served(NGRAM) as (base, engine, stack):
+        results = asyncio.run(main(base))
+        wait_until_idle(engine)
+        assert_all_pages_free(engine.executor)
+        assert engine.executor.speculation.stats.num_draft_tokens > 0
+    for kind, result in results:
+        if kind == "greedy":
+            assert result == want
+        elif kind == "bad":
+            assert result == 400
+        elif kind == "guided" and result.endswith("}"):
+            with contextlib.suppress(json.JSONDecodeError):
+                jsonschema.validate(json.loads(result), PERSON)
+        else:
+            assert isinstance(result, str)
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_pages_at_once():
+    with served() as (base, engine, stack):
+        body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 200, "temperature": 0, "stream": True}
+        with (
+            httpx.Client() as http,
+            http.stream("POST", f"{base}/v1/chat/completions", json=body) as response,
+        ):
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")
+            assert engine.num_unfinished == 1
+        wait_until_idle(engine, 2.0)
+        assert_all_pages_free(engine.executor)
+
+
+def test_the_queue_limit_answers_503_with_retry_after():
+    with served(limits=ServerLimits(max_queued_requests=1)) as (base, engine, stack):
+        body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 200, "temperature": 0, "stream": True}
+        with httpx.Client() as http, http.stream("POST", f"{base}/v1/chat/completions", json=body) as running:
+            next(running.iter_lines())
+            refused = http.post(f"{base}/v1/chat/completions", json={**body, "stream": False})
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        wait_until_idle(engine, 2.0)
+
+
+def test_metrics_parse_and_count_the_requests_sent():
+    with served(NGRAM) as (base, _, stack):
+        api = stack.enter_context(client(base))
+        outs = [
+            api.completions.create(model="tiny", prompt=f"cat dog cat dog {i}", max_tokens=8, temperature=0)
+            for i in range(3)
+        ]
+        with pytest.raises(openai.BadRequestError):
+            api.completions.create(model="tiny", prompt=[10**9], max_tokens=2)
+        text = httpx.get(f"{base}/metrics").text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    by_reason = {
+        dict(k[1]).get("finished_reason"): v
+        for k, v in samples.items()
+        if k[0] == "specexec:request_success_total"
+    }
+    assert by_reason.get("stop", 0) + by_reason.get("length", 0) == 3 and by_reason["error"] == 1
+    assert samples[("specexec:generation_tokens_total", ())] == sum(o.usage.completion_tokens for o in outs)
+    assert samples[("specexec:prompt_tokens_total", ())] >= sum(o.usage.prompt_tokens for o in outs)
+    drafted = samples[("specexec:spec_decode_num_draft_tokens_total", ())]
+    accepted = samples[("specexec:spec_decode_num_accepted_tokens_total", ())]
+    per_pos = sum(
+        v for k, v in samples.items() if k[0] == "specexec:spec_decode_num_accepted_tokens_per_pos_total"
+    )
+    assert drafted >= accepted == per_pos
+    assert samples[("specexec:time_to_first_token_seconds_count", ())] == 3
+    assert samples[("specexec:num_requests_running", ())] == 0
+
+
+def test_sigterm_stops_taking_requests_finishes_the_running_one_and_exits(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from tiny_models import save_tiny_model_dir
+
+    path = save_tiny_model_dir(tmp_path / "tiny")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [
+        sys.executable,
+        "-m",
+        "specexec",
+        "serve",
+        "--model",
+        path,
+        "--dtype",
+        "float32",
+        "--port",
+        str(port),
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.communicate()[1]
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{base}/health").status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        body = {"model": "tiny", "prompt": "w1 w2 w3", "max_tokens": 60, "temperature": 0, "stream": True}
+        with (
+            httpx.Client(timeout=60) as http,
+            http.stream("POST", f"{base}/v1/completions", json=body) as response,
+        ):
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")
+            process.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]", "the running request was cut off"
+        assert sum(1 for line in rest if line.startswith("data: {")) >= 1
+        # (uvicorn re-raises the SIGTERM once it has shut down, so the exit status reads as the signal)
+        assert process.wait(60) in (0, -signal.SIGTERM)
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{base}/health")
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
