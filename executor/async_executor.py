@@ -7,7 +7,12 @@ request's events from an asyncio queue, and the requests of every caller run in 
 
 Cancelling the consumer (or closing the generator) aborts its request: the abort is handed to the loop
 thread, which frees the request's pages before its next step. `close()` stops taking requests, lets the
-running ones finish (up to a deadline, then aborts them), stops the thread and closes the executor.
+running ones finish (up to a deadline, then aborts them), stops the loop and closes the executor.
+
+Which thread steps: by default a background thread. ``start_thread=False`` leaves it to the caller's
+`run_loop()`, for a process's main thread: torch's CPU kernels run slower from any other thread (its
+OpenMP pool; measured here in bfloat16, 2 cores: a step took 1.7x as long, 123 against 232 tok/s), so
+`specexec serve` steps in the main thread and runs the HTTP server beside it.
 """
 
 from __future__ import annotations
@@ -46,15 +51,16 @@ class _QueueEvents:
 class AsyncExecutor:
     """An `Executor` driven by a background thread, for asyncio callers."""
 
-    def __init__(self, executor: Executor) -> None:
+    def __init__(self, executor: Executor, *, start_thread: bool = True) -> None:
         self.executor = executor
         self._wake = threading.Condition()
         self._aborts: list[str] = []  # request ids to abort before the next step
         self._accepting = True
         self._stopping = False
-        self._fault: str | None = None  # set when the loop thread died: every later call fails
-        self._thread = threading.Thread(target=self._run_loop, name="specexec-loop", daemon=True)
-        self._thread.start()
+        self._fault: str | None = None  # set when the loop died: every later call fails
+        self._loop_done = threading.Event()
+        if start_thread:
+            threading.Thread(target=self.run_loop, name="specexec-loop", daemon=True).start()
 
     # ---- what callers use -----------------------------------------------------------------------
     @property
@@ -100,13 +106,18 @@ class AsyncExecutor:
         rest, stop the loop thread and close the executor."""
         self._accepting = False
         deadline = time.monotonic() + timeout_s
-        while self.num_unfinished and time.monotonic() < deadline and self._thread.is_alive():
+        while self.num_unfinished and time.monotonic() < deadline and not self._loop_done.is_set():
             await asyncio.sleep(0.02)
+        self.stop_loop()
+        await asyncio.to_thread(self._loop_done.wait)
+        self.executor.close()
+
+    def stop_loop(self) -> None:
+        """Make `run_loop()` abort what is unfinished and return (close() calls it)."""
+        self._accepting = False
         with self._wake:
             self._stopping = True
             self._wake.notify()
-        await asyncio.to_thread(self._thread.join)
-        self.executor.close()
 
     async def __aenter__(self) -> AsyncExecutor:
         return self
@@ -119,7 +130,8 @@ class AsyncExecutor:
         with self._wake:
             self._wake.notify()
 
-    def _run_loop(self) -> None:
+    def run_loop(self) -> None:
+        """Step the shared loop whenever a request is unfinished, until `stop_loop()` (or `close()`)."""
         core = self.executor.core
         try:
             while True:
@@ -136,5 +148,9 @@ class AsyncExecutor:
                     self.executor._loop.step()
         except BaseException as exc:  # a bug in the loop itself: fail every request, take no more
             self._fault = f"the executor's loop stopped: {type(exc).__name__}: {exc}"
-            logger.exception("the async executor's loop thread stopped")
+            logger.exception("the async executor's loop stopped")
             self.executor._loop.abort_all()
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._loop_done.set()

@@ -1,12 +1,14 @@
 """Start the server: load the executor (warm-up on), build the app, run uvicorn until SIGTERM / Ctrl-C.
 
-On SIGTERM uvicorn stops accepting connections and waits up to ``graceful_shutdown_s`` for the
-requests in flight; the app's lifespan then closes the executor (running requests are aborted only if
-they outlast that)."""
+On SIGTERM (or Ctrl-C) uvicorn stops accepting connections and waits up to ``graceful_shutdown_s`` for
+the requests in flight; the app's lifespan then closes the executor (running requests are aborted only
+if they outlast that), and the process exits with status 0."""
 
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from pathlib import Path
 
 from ..executor.async_executor import AsyncExecutor
@@ -33,11 +35,40 @@ def serve(
     model_name: str | None = None,
     graceful_shutdown_s: float = 30.0,
 ) -> None:
+    """Serve until SIGTERM or Ctrl-C (a second one stops at once). The executor steps in this (the main)
+    thread, where torch's CPU kernels run fastest; uvicorn's event loop runs in a thread beside it."""
     import uvicorn
 
     config.warmup = True
-    engine = AsyncExecutor(Executor(config=config))
+    engine = AsyncExecutor(Executor(config=config), start_thread=False)
     name = model_name or served_model_name(config)
     app = build_app(engine, name, api_key=api_key, limits=limits)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=graceful_shutdown_s
+        )
+    )
+
+    def run_server() -> None:
+        try:
+            server.run()  # (its lifespan's end closes the engine, which ends run_loop below)
+        finally:
+            engine.stop_loop()  # also when it never started (the port is taken)
+
+    def on_signal(signum, frame) -> None:
+        if server.should_exit:
+            server.force_exit = True
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    thread = threading.Thread(target=run_server, name="specexec-http")
+    thread.start()
     logger.warning("serving %s on http://%s:%d/v1", name, host, port)
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=graceful_shutdown_s)
+    try:
+        engine.run_loop()
+        thread.join()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if not server.started:
+        raise ValueError(f"the server could not start on {host}:{port} (is the port in use?)")
