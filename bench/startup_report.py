@@ -28,7 +28,7 @@ NUM_TOKENS = 8
 
 _EXECUTOR_CHILD = """
 import json, sys, time
-from specexec import Executor, ExecutorConfig, SamplingParams
+from specexec import Executor, ExecutorConfig, Request, SamplingParams
 options = json.loads(sys.argv[1])
 start = time.perf_counter()
 try:
@@ -42,7 +42,12 @@ ttfts = []
 for _ in range(2):
     out = executor.run([prompt], SamplingParams(max_tokens=NUM_TOKENS))[0]
     ttfts.append(out.metrics.time_to_first_token)
+schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+guided = Request(prompt, SamplingParams(max_tokens=NUM_TOKENS),
+                 response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+guided_ttft = executor.run([guided])[0].metrics.time_to_first_token
 print(json.dumps({"init_s": init, "ttft_first_s": ttfts[0], "ttft_second_s": ttfts[1],
+                  "guided_ttft_first_s": guided_ttft,
                   "dtype": executor.dtype_choice.dtype,
                   "warmup_s": getattr(executor, "warmup_seconds", None)}))
 """.replace("PROMPT", repr(PROMPT)).replace("NUM_TOKENS", str(NUM_TOKENS))
@@ -84,10 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         "executor_s": _median(plain, "init_s"),
         "executor_ttft_first_s": _median(plain, "ttft_first_s"),
         "executor_ttft_second_s": _median(plain, "ttft_second_s"),
+        "executor_guided_ttft_first_s": _median(plain, "guided_ttft_first_s"),
         "executor_warmup_s": _median(warm, "init_s"),
         "warmup_part_s": _median(warm, "warmup_s"),
         "executor_warmup_ttft_first_s": _median(warm, "ttft_first_s"),
         "executor_warmup_ttft_second_s": _median(warm, "ttft_second_s"),
+        "executor_warmup_guided_ttft_first_s": _median(warm, "guided_ttft_first_s"),
         "cli_wall_s": _median(cli_default, "wall_s"),
         "cli_ttft_s": _median(cli_default, "ttft_s"),
         "cli_no_warmup_wall_s": _median(cli_cold, "wall_s"),
@@ -119,11 +126,12 @@ def format_report(f: dict) -> str:
             f"start-up on a warm cache, median of {f['runs']} fresh processes, {f['cpu']}, {f['dtype']}",
             f"  HF from_pretrained of the converted copy  {s('hf_from_pretrained_s')}",
             f"  Executor()                                {s('executor_s')}{ratio}",
-            f"    first request TTFT {ms('executor_ttft_first_s')}, second {ms('executor_ttft_second_s')}",
+            f"    first request TTFT {ms('executor_ttft_first_s')}, second {ms('executor_ttft_second_s')}, "
+            f"first guided {ms('executor_guided_ttft_first_s')}",
             f"  Executor(warmup=True)                     {s('executor_warmup_s')}"
             f"  (warm-up {s('warmup_part_s')})",
             f"    first request TTFT {ms('executor_warmup_ttft_first_s')}, "
-            f"second {ms('executor_warmup_ttft_second_s')}",
+            f"second {ms('executor_warmup_ttft_second_s')}, first guided {ms('executor_warmup_guided_ttft_first_s')}",
             f"  specexec run, {NUM_TOKENS} tokens, wall     {s('cli_wall_s')}  ttft= {ms('cli_ttft_s')}",
             f"  specexec run --no-warmup, wall            {s('cli_no_warmup_wall_s')}"
             f"  ttft= {ms('cli_no_warmup_ttft_s')}",
