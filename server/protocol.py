@@ -13,9 +13,10 @@ from typing import Any
 from ..executor.request import Prompt, Request
 from ..sampling import SamplingParams
 
-#: fields both endpoints map onto SamplingParams (same name, same meaning)
+#: fields both endpoints map onto SamplingParams (same name, same meaning); ignore_eos is vLLM's extension
 _SAMPLING_FIELDS = frozenset(
     {
+        "ignore_eos",
         "temperature",
         "top_p",
         "top_k",
