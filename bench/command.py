@@ -73,10 +73,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="warm-up requests per engine (not timed)")
     parser.add_argument(
         "--baseline",
-        default="none",
+        default=None,
         help="comma-separated: none (specexec without drafts), hf, llamacpp (the same GGUF through "
-        "llama-cpp-python, at concurrency 1)",
+        "llama-cpp-python, at concurrency 1); default none, or nothing with --server alone",
     )
+    parser.add_argument(
+        "--server",
+        help="also drive a running OpenAI-compatible server (e.g. `specexec serve`) at this URL with the "
+        "same prompts and concurrencies; TTFT and TPOT measured at the client",
+    )
+    parser.add_argument("--api-key", help="with --server: sent as 'Authorization: Bearer KEY'")
     parser.add_argument(
         "--hf-prompt-lookup-tokens",
         default="3,10",
@@ -121,7 +127,7 @@ def load_configs(args) -> list[NamedConfig]:
         spec = {"decoding_type": args.decoding_type, "max_draft_len": args.max_draft_len}
         name = f"{args.decoding_type.lower()}-k{args.max_draft_len}"
         configs.append(NamedConfig(name, ExecutorConfig(speculative_config=spec)))
-    baselines = [b for b in args.baseline.split(",") if b]
+    baselines = chosen_baselines(args)
     for b in baselines:
         if b not in BASELINES:
             raise ValueError(f"--baseline {b!r}: choose from {', '.join(BASELINES)}")
@@ -130,7 +136,7 @@ def load_configs(args) -> list[NamedConfig]:
 
         import_llama_cpp()
         gguf_file(args.model or (configs[0].config.model if configs else None))
-    if "none" in baselines or not configs:
+    if "none" in baselines or not (configs or args.server):
         base = copy.deepcopy(configs[0].config) if configs else ExecutorConfig()
         base.speculative_config = None
         configs.insert(0, NamedConfig("none", base))
@@ -145,6 +151,13 @@ def load_configs(args) -> list[NamedConfig]:
     if len(set(names)) != len(names):
         raise ValueError(f"configuration names must differ: {names}")
     return configs
+
+
+def chosen_baselines(args) -> list[str]:
+    """--baseline's list; when not given: none, unless --server is the only thing to measure."""
+    if args.baseline is None:
+        return [] if args.server and not (args.config or args.decoding_type) else ["none"]
+    return [b for b in args.baseline.split(",") if b]
 
 
 def _check_drafters(configs: list[NamedConfig]) -> None:
@@ -164,12 +177,16 @@ def run(args) -> int:
         raise ValueError("--num-requests and --max-tokens must be >= 1")
     configs = load_configs(args)
     _check_drafters(configs)
+    if args.server:  # before any model loads: is a server there?
+        from .server_engine import check_server
+
+        check_server(args.server)
     from .datasets import load_dataset
 
     prompts = load_dataset(args.dataset, args.num_requests)
     from .runner import BenchRunner
 
-    runner = BenchRunner(args, configs, prompts, concurrencies, [b for b in args.baseline.split(",") if b])
+    runner = BenchRunner(args, configs, prompts, concurrencies, chosen_baselines(args))
     interrupted = False
     _stop_cleanly_on_signals()
     try:

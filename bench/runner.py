@@ -67,7 +67,8 @@ class BenchRunner:
             single = 2 + len(self._prompt_lookup_lengths())
             hf = (single if 1 in self.concurrencies else 0) + sum(c > 1 for c in self.concurrencies)
         llamacpp = int("llamacpp" in self.baselines and 1 in self.concurrencies)
-        return (len(self.configs) * len(self.concurrencies) + hf + llamacpp) * len(self.prompts)
+        server = len(self.concurrencies) if self.args.server else 0
+        return (len(self.configs) * len(self.concurrencies) + hf + llamacpp + server) * len(self.prompts)
 
     def _resolve(self, model: str | None, dtype: str, quantization: str | None = None) -> str:
         """``auto`` becomes this machine's pick (the executor's own rule, for weights quantized as
@@ -96,6 +97,8 @@ class BenchRunner:
                 self._run_hf(bar)
             if "llamacpp" in self.baselines:
                 self._run_llamacpp(bar)
+            if self.args.server:
+                self._run_server(bar)
 
     def _run_specexec(self, named, bar) -> None:
         from ..executor.executor import Executor
@@ -204,6 +207,29 @@ class BenchRunner:
         records, wall = run_llamacpp(llama_cpp, llm, self._tokenizer, work, bar.update)
         extra = {"engine": f"llama-cpp-python {llama_cpp.__version__}", "guided": self.args.guided}
         self.rows.append(summarize("llamacpp", 1, records, wall, extra))
+
+    def _run_server(self, bar) -> None:
+        """A running server driven over HTTP with the same token ids, at every concurrency."""
+        from .server_engine import check_server, run_server
+
+        url, key = self.args.server, self.args.api_key
+        served = check_server(url)
+        if self._tokenizer is None:  # the workload is rendered with the model's own chat template
+            from ..executor.model_loader import load_model
+
+            self._tokenizer = load_model(self.args.model, progress=False).tokenizer
+        work = self._workload()
+        self._warm_up(lambda w: run_server(url, w, 1, api_key=key))
+        for c in self.concurrencies:
+            bar.set_postfix_str(f"server c={c}")
+            records, wall, counters = run_server(url, work, c, bar.update, key)
+            drafted, accepted = counters.get("num_draft_tokens", 0), counters.get("num_accepted_tokens", 0)
+            extra = {
+                "engine": f"server {url} ({served})",
+                "guided": self.args.guided,
+                "acceptance_rate": accepted / drafted if drafted else None,
+            }
+            self.rows.append(summarize("server", c, records, wall, extra))
 
     def _self_draft_dtype(self, model) -> torch.dtype:
         from ..drafters.base import DrafterContext

@@ -29,8 +29,16 @@ MESSAGES = [{"role": "user", "content": "Say something about cats and dogs."}]
 
 @contextlib.contextmanager
 def served(spec=None, limits=None, api_key=None):
-    """(base URL, the AsyncExecutor, an ExitStack for the test's clients) of a server running until the block ends."""
-    engine = AsyncExecutor(make_executor(spec, dtype="float32"))
+    """(base URL, the AsyncExecutor, an ExitStack for the test's clients) of a server running until the
+    block ends, over the tiny model with the SmolLM2 tokenizer."""
+    with served_engine(make_executor(spec, dtype="float32"), limits, api_key) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def served_engine(executor, limits=None, api_key=None):
+    """`served` over any executor."""
+    engine = AsyncExecutor(executor)
     app = build_app(engine, "tiny", api_key=api_key, limits=limits)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,0 +1,50 @@
+"""`specexec bench --server URL`: the same workload through a running server (uvicorn on 127.0.0.1),
+side by side with the in-process executor: the same greedy texts, client-side TTFT/TPOT, the server's
+speculation counters."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from specexec import Executor, ExecutorConfig
+from specexec.cli import main
+from test_bench_command import bench_argv
+from test_server import served_engine
+from tiny_models import save_tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
+
+
+def test_bench_drives_a_server_with_the_same_prompts_and_gets_the_same_greedy_texts(
+    tiny_dir, tmp_path, capsys
+):
+    config = ExecutorConfig(
+        model=tiny_dir,
+        dtype="float32",
+        progress=False,
+        speculative_config={"decoding_type": "NGram", "max_draft_len": 3},
+    )
+    with served_engine(Executor(config=config)) as (base, engine, _):
+        argv = bench_argv(
+            tiny_dir, tmp_path, "--dtype", "float32", "--decoding-type", "NGram", "--concurrency", "1,2"
+        )
+        assert main([*argv, "--server", base, "--baseline", "none"]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    rows = {(r["name"], r["concurrency"]): r for r in report["results"]}
+    assert {("server", 1), ("server", 2), ("ngram-k3", 1), ("none", 1)} <= set(rows)
+    for c in (1, 2):
+        server, local = rows[("server", c)], rows[("ngram-k3", c)]
+        assert [r["text"] for r in server["requests"]] == [r["text"] for r in local["requests"]]
+        assert sum(r["num_output_tokens"] for r in server["requests"]) == 18
+        assert all(r["ttft_ms"] is not None and r["tpot_ms"] is not None for r in server["requests"])
+        assert server["acceptance_rate"] is not None and server["speedup"]["none"] > 0
+    assert "server" in capsys.readouterr().out
+
+
+def test_bench_refuses_a_url_where_no_server_answers(tmp_path, capsys):
+    assert main(["bench", "--server", "http://127.0.0.1:9", "--num-requests", "1"]) == 2
+    assert "no OpenAI-compatible server answers" in capsys.readouterr().err
