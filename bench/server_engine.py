@@ -82,7 +82,10 @@ async def _request(client, work: Workload, i: int) -> RequestRecord:
         "stream_options": {"include_usage": True},
     }
     if work.guided and prompt.schema:
-        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "b", "schema": prompt.schema}}
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "b", "schema": prompt.schema},
+        }
     sent = time.perf_counter()
     first = last = None
     texts, finish, usage, error = [], "length", None, None
