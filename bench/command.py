@@ -175,6 +175,10 @@ def run(args) -> int:
     concurrencies = _parse_int_list(args.concurrency, "--concurrency")
     if args.num_requests < 1 or args.max_tokens < 1:
         raise ValueError("--num-requests and --max-tokens must be >= 1")
+    if args.plot:
+        from .report import check_plotting
+
+        check_plotting()
     configs = load_configs(args)
     _check_drafters(configs)
     if args.server:  # before any model loads: is a server there?
@@ -195,16 +199,20 @@ def run(args) -> int:
         interrupted = True
         print("\ninterrupted: reporting what was measured", file=sys.stderr)
     rows = runner.finish()
-    from .report import format_table, plot, write_json
+    from .report import LEGEND, format_table, plot, write_json
 
     print(format_table(rows, guided=args.guided))
+    print(LEGEND)
     print(f"threads: {torch_threads()} for every engine (one process); CPU: {_machine()['cpu']}")
     for asked, ran in runner.dtypes.items():
         print(f"dtype {asked}: {ran}")
     if runner.forward_cost:
         fc = runner.forward_cost
         pairs = ", ".join(f"{n}: {r:.2f}x" for n, r in zip(fc["num_tokens"], fc["relative_to_one"]))
-        print(f"target forward over n new tokens vs one (context {fc['context_tokens']}): {pairs}")
+        print(
+            f"target forward over n new tokens vs one (context {fc['context_tokens']}; the median of 3 "
+            f"forwards each, noisy on a loaded machine): {pairs}"
+        )
     if args.output:
         meta = {
             "command": " ".join(["specexec", "bench", *sys.argv[2:]]),

@@ -214,7 +214,7 @@ def _generate(model, tokenizer, ids: list[int], work: Workload, timer, eos, kwar
             torch.tensor([ids]),
             attention_mask=torch.ones(1, len(ids), dtype=torch.long),
             max_new_tokens=work.max_tokens,
-            streamer=timer if "assistant_model" not in kwargs else None,
+            streamer=timer,  # (with an assistant too: its first put after the prompt is the first token)
             pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
             eos_token_id=eos,
             **kwargs,

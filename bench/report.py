@@ -55,6 +55,22 @@ def format_table(rows: list[dict], guided: bool = False) -> str:
     return "\n".join(lines)
 
 
+LEGEND = (
+    "tok/s       all output tokens / the row's wall time, first request sent to last finished (prefill,\n"
+    "            queueing and, at c=1, the gaps between requests included)\n"
+    "tok/s/user  the mean over requests of 1 / TPOT: one request's decoding speed after its first token\n"
+    "            (no prefill), so at c=1 it is above tok/s by the prefill's share of the time\n"
+    "ttft        from a request's submission to its first output token (queueing and prefill); median\n"
+    "tpot        a request's mean time per output token after the first; median over requests\n"
+    "acc.len     (decode steps + accepted drafts) / decode steps: tokens gained per target forward\n"
+    "draft%      drafting's share of drafting + target-forward time\n"
+    "valid       outputs that validate against the prompt's schema (--guided only, else -)\n"
+    "vs none     tok/s over specexec without drafts at the same concurrency; vs hf: over HF generate\n"
+    "            (c=1; hf-guided with --guided) or generate_batch (c>1)\n"
+    "hf rows measure TTFT with a streamer (the first token it is handed); server rows at the client"
+)
+
+
 def add_speedups(rows: list[dict], baselines: dict[int, dict[str, str]]) -> None:
     """Fill each row's ``speedup``: its tokens/s over each baseline's at the same concurrency.
     ``baselines[c]`` maps a baseline label ("none", "hf") to the row name that plays it at c."""
@@ -70,33 +86,94 @@ def write_json(path: str | Path, rows: list[dict], meta: dict) -> None:
     Path(path).write_text(json.dumps({**meta, "results": rows}, indent=1))
 
 
+MATPLOTLIB_MISSING = "--plot needs matplotlib: pip install 'specexec[bench]'"
+
+
+def check_plotting() -> None:
+    """Raise ValueError naming the extra when matplotlib is missing (before a run, not after it)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise ValueError(MATPLOTLIB_MISSING) from exc
+
+
 def plot(path: str | Path, rows: list[dict]) -> None:
+    fig = build_figure(rows)
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def build_figure(rows: list[dict]):
+    """Three panels, every y-axis from 0: total against per-user tokens/s (one line per engine, a
+    point per concurrency); each row's speed-up over ``none`` at its concurrency, with the 1.0x line;
+    the drafters' acceptance lengths, with the 1-token line of decoding without drafts."""
+    check_plotting()
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 5))
+    _throughput_panel(ax1, rows)
+    _speedup_panel(ax2, rows)
+    _acceptance_panel(ax3, rows)
+    fig.tight_layout()
+    return fig
+
+
+def _row_label(row: dict) -> str:
+    return f"{row['name']} c={row['concurrency']}"
+
+
+def _throughput_panel(ax, rows: list[dict]) -> None:
     for name in dict.fromkeys(r["name"] for r in rows):
         pts = sorted(
-            (r["per_user_tokens_per_s"], r["output_tokens_per_s"], r["concurrency"])
+            (r["per_user_tokens_per_s"] or 0.0, r["output_tokens_per_s"] or 0.0, r["concurrency"])
             for r in rows
-            if r["name"] == name and r["per_user_tokens_per_s"]
+            if r["name"] == name
         )
-        if pts:
-            ax1.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-            for x, y, c in pts:
-                ax1.annotate(f"c={c}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax1.set_xlabel("tokens/s per user")
-    ax1.set_ylabel("output tokens/s (total)")
-    ax1.set_title("throughput vs per-user speed")
-    ax1.legend(fontsize=7)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        for x, y, c in pts:
+            ax.annotate(f"c={c}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("tokens/s per user (1 / TPOT; 0 = not measured)")
+    ax.set_ylabel("output tokens/s, all requests")
+    ax.set_title("throughput against per-user speed")
+    ax.legend(fontsize=7)
+
+
+def _speedup_panel(ax, rows: list[dict]) -> None:
+    """Every row's tokens/s over the ``none`` row at the same concurrency (or, in a run without it, over
+    the first row at that concurrency)."""
+    ratios = []
+    for row in rows:
+        base = next((r for r in rows if r["name"] == "none" and r["concurrency"] == row["concurrency"]), None)
+        base = base or next(r for r in rows if r["concurrency"] == row["concurrency"])
+        ok = base["output_tokens_per_s"] and row["output_tokens_per_s"]
+        ratios.append(row["output_tokens_per_s"] / base["output_tokens_per_s"] if ok else 0.0)
+    bars = ax.bar(
+        range(len(rows)), ratios, color=["tab:gray" if r["name"] == "none" else "tab:blue" for r in rows]
+    )
+    ax.bar_label(bars, [f"{v:.2f}x" for v in ratios], fontsize=7)
+    ax.axhline(1.0, color="tab:red", linestyle="--", linewidth=1, label="1.0x = the baseline")
+    ax.set_xticks(range(len(rows)), [_row_label(r) for r in rows], fontsize=7, rotation=35, ha="right")
+    ax.set_ylim(bottom=0, top=max([1.0, *ratios]) * 1.15)
+    ax.set_ylabel("output tokens/s over the no-draft run (x)")
+    ax.set_title("speed-up over specexec without drafts, same concurrency")
+    ax.legend(fontsize=7, loc="upper left")
+
+
+def _acceptance_panel(ax, rows: list[dict]) -> None:
     drafted = [r for r in rows if r["mean_acceptance_length"]]
-    labels = [f"{r['name']}\nc={r['concurrency']}" for r in drafted]
-    ax2.bar(range(len(drafted)), [r["mean_acceptance_length"] for r in drafted])
-    ax2.set_xticks(range(len(drafted)), labels, fontsize=7, rotation=30, ha="right")
-    ax2.set_ylabel("mean acceptance length (tokens per step)")
-    ax2.set_title("acceptance length per drafter")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    bars = ax.bar(range(len(drafted)), [r["mean_acceptance_length"] for r in drafted], color="tab:green")
+    ax.bar_label(bars, [f"{r['mean_acceptance_length']:.2f}" for r in drafted], fontsize=7)
+    ax.axhline(1.0, color="tab:red", linestyle="--", linewidth=1, label="1 token per step = no drafts")
+    ax.set_xticks(range(len(drafted)), [_row_label(r) for r in drafted], fontsize=7, rotation=35, ha="right")
+    top = max([1.0, *(r["mean_acceptance_length"] for r in drafted)])
+    ax.set_ylim(bottom=0, top=top * 1.15)
+    ax.set_ylabel("tokens per target forward (acceptance length)")
+    ax.set_title("acceptance length of the drafting rows")
+    ax.legend(fontsize=7, loc="upper left")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import sys
+from collections.abc import Iterator
 
 import torch
 from tqdm import tqdm
@@ -13,6 +16,27 @@ from .records import summarize
 from .report import add_speedups
 
 logger = logging.getLogger("specexec")
+
+
+@contextlib.contextmanager
+def _transformers_messages_after_the_bar() -> Iterator[None]:
+    """transformers' log messages (e.g. a deprecation notice from its assisted generation) are held while
+    the progress bar draws, which they would break, and printed once each after it."""
+    messages: dict[str, None] = {}
+
+    class Hold(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.setdefault(record.getMessage())
+
+    hf_logger = logging.getLogger("transformers")
+    saved = hf_logger.handlers[:], hf_logger.propagate
+    hf_logger.handlers[:], hf_logger.propagate = [Hold()], False
+    try:
+        yield
+    finally:
+        hf_logger.handlers[:], hf_logger.propagate = saved
+        for message in messages:
+            print(f"[transformers: {message}]", file=sys.stderr)
 
 
 class BenchRunner:
@@ -90,7 +114,10 @@ class BenchRunner:
 
     # ---- running --------------------------------------------------------------------------------
     def run_all(self) -> None:
-        with tqdm(total=self._num_runs(), desc="bench", unit="req", dynamic_ncols=True) as bar:
+        with (
+            _transformers_messages_after_the_bar(),
+            tqdm(total=self._num_runs(), desc="bench", unit="req", dynamic_ncols=True) as bar,
+        ):
             for named in self.configs:
                 self._run_specexec(named, bar)
             if "hf" in self.baselines:

@@ -82,6 +82,8 @@ def test_configs_and_baselines_side_by_side(tiny_dir, tmp_path, capsys):
         assert set(row) >= ROW_KEYS, ROW_KEYS - set(row)
         assert row["num_requests"] == 3 and len(row["requests"]) == 3
         assert sum(r["num_output_tokens"] for r in row["requests"]) == 18
+    assisted = rows[("hf-assisted", 1)]
+    assert assisted["ttft_ms_p50"] is not None and assisted["tpot_ms_p50"] is not None
     ngram = rows[("ngram-k3", 1)]
     assert ngram["speedup"]["none"] == pytest.approx(
         ngram["output_tokens_per_s"] / rows[("none", 1)]["output_tokens_per_s"]
@@ -96,6 +98,7 @@ def test_configs_and_baselines_side_by_side(tiny_dir, tmp_path, capsys):
     assert (tmp_path / "r.png").stat().st_size > 0
     table = capsys.readouterr().out
     assert "ngram-k3" in table and "hf-batch" in table
+    assert "tok/s/user  the mean over requests of 1 / TPOT" in table, "the legend is printed"
 
 
 def test_guided_rows_compare_with_generate_under_xgrammars_processor(tiny_dir, tmp_path, capsys):

@@ -20,3 +20,14 @@ def test_valid_is_a_dash_without_guided_and_a_share_with_it():
 
 def test_an_empty_run_still_prints_the_header():
     assert format_table([]).splitlines()[0].startswith("name")
+
+
+def test_the_legend_explains_every_column():
+    from specexec.bench.report import COLUMNS, LEGEND
+
+    explained = {line.split()[0] for line in LEGEND.splitlines() if line and not line.startswith(" ")}
+    for header, _ in COLUMNS:
+        if header in ("name", "c", "n"):
+            continue
+        assert header.split()[0] in explained or header in LEGEND, header
+    assert "prefill" in LEGEND and "c=1" in LEGEND, "why tok/s/user can exceed tok/s at c=1"
