@@ -77,23 +77,25 @@ class AsyncExecutor:
         self, request: Request | Prompt, sampling_params: SamplingParams | None = None
     ) -> AsyncIterator[TokenEvent]:
         """The request's events as they are generated; the last has ``finished`` and ``output``. A bad
-        request yields one finished event with ``finish_reason="error"``."""
+        request yields one finished event with ``finish_reason="error"``. With ``n`` > 1 the samples'
+        events interleave (``sample_index``), each sample's last one ``finished``."""
         if not self._accepting or self._fault is not None:
             raise ExecutorClosedError(self._fault or "the executor is closing: no new requests")
         queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
         caller = Caller()
         caller.events = _QueueEvents(asyncio.get_running_loop(), queue)  # type: ignore[assignment]
-        state = self.executor._submit(request, sampling_params, caller, streaming=True)
+        samples = self.executor._submit_samples(request, sampling_params, caller, streaming=True)
         self._notify()
-        finished = False
+        unfinished = {s.request_id for s in samples}
         try:
-            while not finished:
+            while unfinished:
                 event = await queue.get()
-                finished = event.finished
+                if event.finished:
+                    unfinished.discard(event.request_id)
                 yield event
         finally:
-            if not finished:  # cancelled, or the consumer stopped reading: abort it on the loop thread
-                self.abort(state.request_id)
+            for request_id in unfinished:  # cancelled, or the consumer stopped: abort on the loop thread
+                self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
         """Abort a request (from any thread, without waiting for the step in flight)."""

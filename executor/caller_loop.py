@@ -54,6 +54,11 @@ class CallerLoop:
         if caller is not None:
             caller.unfinished.discard(request_id)
 
+    def unfinished_ids(self) -> list[str]:
+        """The ids of every unfinished request (a snapshot)."""
+        with self._ids_lock:
+            return list(self._owners)
+
     def drive(self, caller: Caller) -> Iterator[TokenEvent]:
         """The caller's events, stepping the shared loop whenever none are waiting, until its requests
         are finished."""

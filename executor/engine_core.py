@@ -24,6 +24,8 @@ import logging
 import time
 from dataclasses import dataclass
 
+from ..sampling.logprobs import token_logprobs
+from ..sampling.penalties import PenalizedRows, apply_penalties_inplace
 from ..sampling.rejection import RejectionSampler, Verification
 from ..sampling.spec_decode_metadata import SpecDecodeMetadata
 from .guided import GuidedDecodingStage
@@ -130,8 +132,10 @@ class EngineCore:
         masks = self._wait_for_masks(faults)
         verifications: list[Verification | None] = [None] * len(batch)
         if output is not None:
+            self._apply_penalties(batch, output)
             self._apply_masks(output, masks)
             verifications = self._sample(batch, output, drafts, masks, faults)
+            self._compute_logprobs(batch, output, verifications, faults)
             self._keep_hidden_states(batch, output, verifications, faults)
         kept = self._update_requests(batch, verifications, faults)
         self._free_resources(batch, verifications, faults, kept)
@@ -196,6 +200,31 @@ class EngineCore:
         """The mask-ready event: the worker's masks for this step (None when nothing is guided)."""
         return self.guided.wait_masks(faults)
 
+    def _apply_penalties(self, batch: list[ScheduledRequest], output: ForwardOutput) -> None:
+        """Repetition, frequency and presence penalties, each verify row with the tokens before it
+        (`sampling/penalties.py`); requests without penalties pay nothing."""
+        rows = [
+            PenalizedRows(
+                output.cu_logit_rows[i],
+                s.request.token_ids[: s.request.num_prompt_tokens],
+                s.request.token_ids[s.request.num_prompt_tokens :],
+                s.draft_token_ids,
+                p.repetition_penalty,
+                p.frequency_penalty,
+                p.presence_penalty,
+            )
+            for i, s in enumerate(batch)
+            if (p := s.request.sampling_params).has_penalties and self._has_rows(output, i, s)
+        ]
+        if rows:
+            apply_penalties_inplace(output.logits, rows)
+
+    @staticmethod
+    def _has_rows(output: ForwardOutput, i: int, s: ScheduledRequest) -> bool:
+        """Whether request i got its 1 + k rows (not a mid-prompt chunk, not a failed forward)."""
+        num_rows = output.cu_logit_rows[i + 1] - output.cu_logit_rows[i]
+        return s.completes_sequence and num_rows == 1 + len(s.draft_token_ids)
+
     def _apply_masks(self, output: ForwardOutput, masks) -> None:
         self.guided.apply_masks(output.logits, masks)
 
@@ -208,6 +237,20 @@ class EngineCore:
         faults: Faults,
     ) -> list[Verification | None]:
         return self.verifier.verify(batch, output, drafts, masks, faults)
+
+    def _compute_logprobs(self, batch, output: ForwardOutput, verifications, faults: Faults) -> None:
+        """Log-probabilities of the emitted tokens, for the requests that ask (`sampling/logprobs.py`);
+        a request whose computation fails fails alone."""
+        for i, (s, v) in enumerate(zip(batch, verifications)):
+            r = s.request
+            if v is None or r in faults or r.sampling_params.logprobs is None:
+                continue
+            first = output.cu_logit_rows[i]
+            try:
+                rows = output.logits[first : first + len(v.token_ids)]
+                r.pending_logprobs = token_logprobs(rows, list(v.token_ids), r.sampling_params)
+            except Exception as exc:
+                faults[r] = f"log-probabilities failed: {type(exc).__name__}: {exc}"
 
     def _keep_hidden_states(
         self, batch: list[ScheduledRequest], output: ForwardOutput, verifications, faults: Faults
@@ -249,6 +292,9 @@ class EngineCore:
             r.metrics.record_verification(len(s.draft_token_ids), v.num_accepted)
         tokens, grammar_complete = self.guided.after_verification(s, v.num_accepted, v.token_ids)
         kept = self.outputs.append_tokens(r, tokens)
+        if r.sampling_params.logprobs is not None:
+            r.logprobs.extend(r.pending_logprobs[: len(kept)])
+            r.pending_logprobs = []
         if grammar_complete and r.finish_reason is None:
             r.finish_reason = FinishReason.STOP
         return kept

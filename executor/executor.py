@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 
 from ..drafters.base import Drafter
 from ..plugins import get_plugin_manager
@@ -67,8 +68,44 @@ class Executor:
         self, request: Request | Prompt, sampling_params: SamplingParams | None = None
     ) -> RequestState:
         """Queue one request; its events come back from `step()`. A bad one is finished at once with
-        ``finish_reason="error"``."""
-        return self._submit(request, sampling_params, self._direct, streaming=False)
+        ``finish_reason="error"``. With ``n`` > 1 every sample is queued; sample 0's state is returned."""
+        return self._submit_samples(request, sampling_params, self._direct, streaming=False)[0]
+
+    def _submit_samples(
+        self,
+        request: Request | Prompt,
+        sampling_params: SamplingParams | None,
+        caller: Caller,
+        streaming: bool,
+    ) -> list[RequestState]:
+        """A request with ``n`` > 1 becomes n requests ``<id>#<i>``, sample i seeded with seed + i (the
+        prompt is computed for each); any other request is submitted as it is (and checked there)."""
+        request = as_request(request, sampling_params or SamplingParams())
+        params = request.sampling_params
+        n = getattr(params, "n", 1)
+        if not isinstance(params, SamplingParams) or not isinstance(n, int) or isinstance(n, bool) or n <= 1:
+            return [self._submit(request, None, caller, streaming)]
+        if n > 64:  # (validate() says so, naming n)
+            return [self._submit(request, None, caller, streaming)]
+        base_id = request.request_id or f"req-{next(self._ids)}"
+        samples = []
+        for i in range(n):
+            seed = None if params.seed is None else params.seed + i
+            sample = Request(
+                request.prompt, replace(params, n=1, seed=seed), f"{base_id}#{i}", request.response_format
+            )
+            state = self._submit(sample, None, caller, streaming)
+            state.sample_index = i
+            samples.append(state)
+        return samples
+
+    def _output_of(self, samples: list[RequestState]) -> RequestOutput:
+        """One request's output: its only sample's, or with n > 1 sample 0's under the request's id with
+        every sample in ``samples``."""
+        outputs = [self.core.outputs.make_output(s) for s in samples]
+        if len(outputs) == 1:
+            return outputs[0]
+        return replace(outputs[0], request_id=samples[0].request_id.rpartition("#")[0], samples=outputs)
 
     def _submit(
         self,
@@ -134,13 +171,13 @@ class Executor:
         interrupt (Ctrl-C) aborts this call's requests before it propagates."""
         caller = Caller()
         try:
-            states = [self._submit(r, sampling_params, caller, streaming=False) for r in requests]
+            groups = [self._submit_samples(r, sampling_params, caller, streaming=False) for r in requests]
             for _ in self._loop.drive(caller):
                 pass
         except BaseException:
             self._loop.cancel(caller)
             raise
-        return [self.core.outputs.make_output(s) for s in states]
+        return [self._output_of(samples) for samples in groups]
 
     def stream(
         self, requests: Iterable[Request | Prompt], sampling_params: SamplingParams | None = None
@@ -150,7 +187,7 @@ class Executor:
         caller = Caller()
         try:
             for r in requests:
-                self._submit(r, sampling_params, caller, streaming=True)
+                self._submit_samples(r, sampling_params, caller, streaming=True)
             yield from self._loop.drive(caller)
         finally:
             if caller.unfinished:
@@ -173,8 +210,11 @@ class Executor:
     def abort_request(self, request_id: str) -> bool:
         """Cancel a waiting or running request: it finishes with ``finish_reason="abort"`` and its KV
         pages, grammar and drafter state are freed at once (after the step in flight, if any). False when
-        no unfinished request has that id."""
-        return self._loop.abort(request_id)
+        no unfinished request has that id. The id of a request with n > 1 aborts all its samples."""
+        if self._loop.abort(request_id):
+            return True
+        samples = [rid for rid in self._loop.unfinished_ids() if rid.rpartition("#")[0] == request_id]
+        return any([self._loop.abort(rid) for rid in samples])
 
     def time_forward(self, num_tokens: int, context_len: int = 128) -> None:
         """One target forward over ``num_tokens`` new tokens after ``context_len`` cached ones."""

@@ -109,10 +109,22 @@ class OutputProcessor:
             hidden_states=torch.cat([rows for _, rows in request.captured_hidden])
             if request.captured_hidden
             else None,
+            logprobs=list(request.logprobs) if _asks_logprobs(request) else None,
+            sample_index=request.sample_index,
         )
 
     def make_event(self, request: RequestState, new_tokens: list[int]) -> TokenEvent:
         finished = request.finish_reason is not None
         text = self.text_delta(request) if request.is_streaming else ""
         output = self.make_output(request) if finished else None
-        return TokenEvent(request.request_id, new_tokens, text, finished, output)
+        logprobs = None
+        if _asks_logprobs(request):
+            logprobs = request.logprobs[len(request.logprobs) - len(new_tokens) :] if new_tokens else []
+        return TokenEvent(
+            request.request_id, new_tokens, text, finished, output, logprobs, request.sample_index
+        )
+
+
+def _asks_logprobs(request: RequestState) -> bool:
+    """(A request refused for its sampling_params may not hold a SamplingParams at all.)"""
+    return getattr(request.sampling_params, "logprobs", None) is not None

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..sampling import SamplingParams
+from ..sampling.logprobs import TokenLogprob
 
 #: a prompt is text, token ids, or chat messages ({"role": ..., "content": ...})
 Prompt = str | list[int] | list[dict[str, Any]]
@@ -124,6 +125,13 @@ class RequestOutput:
     #: with ``capture_hidden_layers``: [num_prompt + num_output - 1, num_layers * hidden] hidden states of
     #: every position fed to the model (the last token never is), the layers concatenated in config order
     hidden_states: torch.Tensor | None = None
+    #: with ``SamplingParams.logprobs``: one entry per output token (`sampling/logprobs.py` says which
+    #: log-probabilities); None when not asked for
+    logprobs: list[TokenLogprob] | None = None
+    #: with ``SamplingParams.n`` > 1: every sample's output, in order (this output is sample 0's, with the
+    #: request's own id); empty otherwise
+    samples: list[RequestOutput] = field(default_factory=list)
+    sample_index: int = 0  #: which of the request's ``n`` samples this is
 
 
 @dataclass(slots=True)
@@ -135,6 +143,8 @@ class TokenEvent:
     text: str  #: new text (held back while it ends inside a multi-byte character)
     finished: bool = False
     output: RequestOutput | None = None  #: the full output, on the event that finishes the request
+    logprobs: list[TokenLogprob] | None = None  #: the new tokens' entries, when the request asked
+    sample_index: int = 0  #: with n > 1: which sample (its request_id is ``<id>#<sample_index>``)
 
 
 class RequestStatus(enum.Enum):
@@ -177,6 +187,11 @@ class RequestState:
     captured_hidden: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     text: str = ""  #: decoded output, kept up to date only when needed (stop strings, streaming)
     num_text_sent: int = 0  #: characters of `text` already streamed
+    sample_index: int = 0  #: with n > 1: which sample of its request it is
+    #: with ``logprobs``: one entry per output token so far (`sampling/logprobs.py`)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    #: this step's entries for the tokens it emitted, until they are appended (cut to the tokens kept)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
     def __post_init__(self) -> None:

@@ -39,6 +39,19 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  #: stop strings (not included in the output text)
     stop_token_ids: list[int] = field(default_factory=list)  #: extra token ids that end the request
     ignore_eos: bool = False  #: keep going past EOS
+    #: HF's: every token already in the prompt or the output has its logit divided by this when positive,
+    #: multiplied when negative (> 0; 1 = off)
+    repetition_penalty: float = 1.0
+    #: OpenAI's: minus this times the token's count in the output so far (-2..2; 0 = off)
+    frequency_penalty: float = 0.0
+    #: OpenAI's: minus this once the token is in the output so far (-2..2; 0 = off)
+    presence_penalty: float = 0.0
+    #: the log-probability of each output token plus this many likeliest alternatives (0..20); None = off
+    #: (which log-probabilities: `sampling/logprobs.py`)
+    logprobs: int | None = None
+    #: samples of the prompt (1..64): each its own request ``<id>#<i>`` with seed + i (when seeded); the
+    #: request's output is sample 0's and lists all in ``samples``
+    n: int = 1
 
     def __post_init__(self) -> None:
         # Only normalise types here; validate() reports bad values.
@@ -48,6 +61,10 @@ class SamplingParams:
             self.stop = list(self.stop)
         if isinstance(self.stop_token_ids, (list, tuple)):
             self.stop_token_ids = list(self.stop_token_ids)
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1 or self.frequency_penalty != 0 or self.presence_penalty != 0
 
     @property
     def is_greedy(self) -> bool:
@@ -78,6 +95,17 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be a list of ints >= 0, got {self.stop_token_ids!r}")
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if not _is_int(self.n) or not 1 <= self.n <= 64:
+            raise ValueError(f"n must be an int in 1..64, got {self.n!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
+            raise ValueError(f"logprobs must be None or an int in 0..20, got {self.logprobs!r}")
+        rep = self.repetition_penalty
+        if not _is_real(rep) or not math.isfinite(rep) or rep <= 0:
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off), got {rep!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not -2 <= value <= 2:
+                raise ValueError(f"{name} must be a number in -2..2 (0 = off), got {value!r}")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SamplingParams:
