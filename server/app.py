@@ -43,6 +43,7 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
     limits = limits or ServerLimits()
     metrics = ServerMetrics(engine.executor)
     max_model_len = engine.executor.core.max_model_len
+    tokenizer = engine.executor.tokenizer
     created = int(time.time())
 
     async def lifespan(app: FastAPI):
@@ -116,18 +117,21 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
             raise HTTPError(504, f"no token within {limits.request_timeout_s} s", "timeout_error")
         if first.finished and first.output is not None and first.output.finish_reason is FinishReason.ERROR:
             metrics.record(first.output)
+            await events.aclose()
             raise _error_of(first.output)
-        ids = responses.ResponseIds(parsed.is_chat, model_name)
+        ids = responses.ResponseIds(parsed.is_chat, model_name, tokenizer)
         if parsed.stream:
             chunks = _stream(events, first, parsed, ids, metrics, request, limits.request_timeout_s)
             return StreamingResponse(chunks, media_type="text/event-stream")
-        output = await _collect(events, first, request, limits.request_timeout_s)
-        metrics.record(output)
-        if output.finish_reason is FinishReason.ERROR:
-            raise _error_of(output)
-        if output.finish_reason is FinishReason.ABORT:
-            raise HTTPError(503, "the request was aborted (the server is shutting down)", "server_error")
-        return JSONResponse(responses.full_response(output, parsed, ids))
+        outputs = await _collect(events, first, request, limits.request_timeout_s)
+        for output in outputs:
+            metrics.record(output)
+        for output in outputs:
+            if output.finish_reason is FinishReason.ERROR:
+                raise _error_of(output)
+            if output.finish_reason is FinishReason.ABORT:
+                raise HTTPError(503, "the request was aborted (the server is shutting down)", "server_error")
+        return JSONResponse(responses.full_response(outputs, parsed, ids))
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
@@ -140,17 +144,18 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
     return app
 
 
-async def _first_event(
-    events: AsyncIterator[TokenEvent], request: Request, timeout_s: float
-) -> TokenEvent | None:
+_END = object()  #: the request's events are over (every sample finished)
+
+
+async def _first_event(events: AsyncIterator[TokenEvent], request: Request, timeout_s: float):
     """The first event, or None when the client disconnects or the timeout passes first."""
     return await _next_or_none(events, request, time.monotonic() + timeout_s)
 
 
-async def _next_or_none(
-    events: AsyncIterator[TokenEvent], request: Request, deadline: float
-) -> TokenEvent | None:
-    step = asyncio.ensure_future(anext(events))
+async def _next_or_none(events: AsyncIterator[TokenEvent], request: Request, deadline: float):
+    """The next event; ``_END`` after the last; None when the client disconnects or the deadline
+    passes first (the pending read is cancelled, which aborts what is unfinished)."""
+    step = asyncio.ensure_future(anext(events, _END))
     while True:
         done, _ = await asyncio.wait({step}, timeout=min(0.5, max(0.0, deadline - time.monotonic())))
         if done:
@@ -160,51 +165,55 @@ async def _next_or_none(
             return None
 
 
-async def _collect(events, first: TokenEvent, request: Request, timeout_s: float) -> RequestOutput:
+async def _collect(events, first: TokenEvent, request: Request, timeout_s: float) -> list[RequestOutput]:
+    """Every sample's output, in sample order."""
     deadline = time.monotonic() + timeout_s
+    outputs: dict[int, RequestOutput] = {}
     event = first
-    while not event.finished:
-        nxt = await _next_or_none(events, request, deadline)
-        if nxt is None:
-            await events.aclose()  # aborts the request
+    while event is not _END:
+        if event.finished and event.output is not None:
+            outputs[event.sample_index] = event.output
+        event = await _next_or_none(events, request, deadline)
+        if event is None:
+            await events.aclose()  # aborts what is unfinished
             if await request.is_disconnected():
                 raise HTTPError(499, "client disconnected", "client_closed_request")
             raise HTTPError(504, f"the request ran past {timeout_s} s and was aborted", "timeout_error")
-        event = nxt
-    assert event.output is not None
-    return event.output
+    return [outputs[i] for i in sorted(outputs)]
 
 
 async def _stream(
     events, first, parsed: ParsedRequest, ids, metrics: ServerMetrics, request: Request, timeout_s: float
 ):
-    """Server-sent events: one chunk per token event; the usage chunk when asked; ``[DONE]``."""
+    """Server-sent events: one chunk per token event (``index`` = the sample); the usage chunk when
+    asked; ``[DONE]`` once every sample finished."""
     deadline = time.monotonic() + timeout_s
-    event: TokenEvent | None = first
+    event = first
+    finished: list[RequestOutput] = []
     try:
         if parsed.is_chat:
             yield responses.sse(responses.first_chunk(parsed, ids))
-        while event is not None:
-            output = event.output if event.finished else None
-            if output is not None and output.finish_reason is FinishReason.ABORT:
-                metrics.record(output)
-                return  # an aborted request's stream simply ends
-            if output is not None and output.finish_reason is FinishReason.ERROR:
-                metrics.record(output)
-                yield responses.sse(responses.error_body(output.error or "error", *_kind_of(output)))
+        while event is not _END:
+            if event is None:
+                if time.monotonic() >= deadline:
+                    yield responses.sse(
+                        responses.error_body(f"the request ran past {timeout_s} s", "timeout_error", 504)
+                    )
                 return
-            yield responses.sse(responses.chunk(event, parsed, ids))
+            output = event.output if event.finished else None
             if output is not None:
                 metrics.record(output)
-                if parsed.include_usage:
-                    yield responses.sse(responses.usage_chunk(output, parsed, ids))
-                yield b"data: [DONE]\n\n"
-                return
+                if output.finish_reason is FinishReason.ABORT:
+                    return  # an aborted request's stream simply ends
+                if output.finish_reason is FinishReason.ERROR:
+                    yield responses.sse(responses.error_body(output.error or "error", *_kind_of(output)))
+                    return
+                finished.append(output)
+            yield responses.sse(responses.chunk(event, parsed, ids))
             event = await _next_or_none(events, request, deadline)
-            if event is None and time.monotonic() >= deadline:
-                yield responses.sse(
-                    responses.error_body(f"the request ran past {timeout_s} s", "timeout_error", 504)
-                )
+        if parsed.include_usage:
+            yield responses.sse(responses.usage_chunk(finished, ids))
+        yield b"data: [DONE]\n\n"
     finally:
         await events.aclose()  # (a no-op once finished; otherwise it aborts the request)
 

@@ -322,3 +322,47 @@ def test_sigterm_stops_taking_requests_finishes_the_running_one_and_exits(tmp_pa
         if process.poll() is None:
             process.kill()
         process.communicate()
+
+
+def test_n_logprobs_and_penalties_through_the_server():
+    executor_params = SamplingParams(max_tokens=10, frequency_penalty=1.5, presence_penalty=0.5)
+    want = make_executor(NGRAM, dtype="float32").run([Request(MESSAGES, executor_params)])[0].text
+    with served(NGRAM) as (base, engine, stack):
+        api = stack.enter_context(client(base))
+        penalized = api.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=10,
+            temperature=0,
+            frequency_penalty=1.5,
+            presence_penalty=0.5,
+        )
+        assert penalized.choices[0].message.content == want
+        two = api.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=8,
+            temperature=1,
+            seed=3,
+            n=2,
+            logprobs=True,
+            top_logprobs=2,
+        )
+        assert [c.index for c in two.choices] == [0, 1]
+        assert two.usage.completion_tokens == sum(len(c.logprobs.content) for c in two.choices)
+        for c in two.choices:
+            assert all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in c.logprobs.content)
+        done = api.completions.create(model="tiny", prompt="The cat", max_tokens=6, temperature=0, logprobs=3)
+        lp = done.choices[0].logprobs
+        assert (
+            len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == done.usage.completion_tokens
+        )
+        assert "".join(lp.tokens) == done.choices[0].text
+        stream = api.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=6, temperature=1, seed=5, n=2, stream=True
+        )
+        chunks = [c for c in stream if c.choices]
+        finishes = {c.choices[0].index for c in chunks if c.choices[0].finish_reason}
+        assert finishes == {0, 1}
+        wait_until_idle(engine)
+        assert_all_pages_free(engine.executor)
