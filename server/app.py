@@ -10,6 +10,7 @@ ends). A client that disconnects aborts its request at once; an aborted stream s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -161,7 +162,9 @@ async def _next_or_none(events: AsyncIterator[TokenEvent], request: Request, dea
         if done:
             return step.result()
         if time.monotonic() >= deadline or await request.is_disconnected():
-            step.cancel()
+            step.cancel()  # the generator's own clean-up aborts the request; wait for it to run
+            with contextlib.suppress(asyncio.CancelledError):
+                await step
             return None
 
 

@@ -366,3 +366,23 @@ def test_n_logprobs_and_penalties_through_the_server():
         assert finishes == {0, 1}
         wait_until_idle(engine)
         assert_all_pages_free(engine.executor)
+
+
+def test_a_request_past_its_timeout_is_aborted_with_504_and_its_pages_freed():
+    with served(limits=ServerLimits(request_timeout_s=0.3)) as (base, engine, _):
+        body = {
+            "model": "tiny",
+            "messages": MESSAGES,
+            "max_tokens": 5000,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        slow = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=30)
+        assert slow.status_code == 504 and slow.json()["error"]["type"] == "timeout_error"
+        with httpx.stream(
+            "POST", f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=30
+        ) as r:
+            lines = [line for line in r.iter_lines() if line]
+        assert "timeout_error" in lines[-1] and "[DONE]" not in lines[-1]
+        wait_until_idle(engine, 2.0)
+        assert_all_pages_free(engine.executor)
