@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from .datasets import JSONSCHEMABENCH_SPLITS, BenchPrompt, load_dataset, spread
+from .eagle3_prompts import open_for_append
 
 logger = logging.getLogger("specexec")
 
@@ -138,7 +139,7 @@ def generate_corpus(
     features_dir = path.parent / "features"
     features_dir.mkdir(parents=True, exist_ok=True)
     start, num_tokens = time.perf_counter(), 0
-    with path.open("a") as f, tqdm(total=len(todo), desc="target answers", unit="prompt") as bar:
+    with open_for_append(path) as f, tqdm(total=len(todo), desc="target answers", unit="prompt") as bar:
         stream = executor.stream(requests)
         for event in stream:
             out = event.output
