@@ -101,12 +101,16 @@ def generate_corpus(
     max_prompt_tokens: int = 1536,
     keep_positions: int = 1024,
     model: str | None = None,
+    prompts: list[BenchPrompt] | None = None,
+    sampled_temperature: float = 0.0,
 ) -> list[dict]:
-    """Generate the target's greedy answers (float32) for the first ``num_prompts`` training prompts of
-    at most ``max_prompt_tokens`` tokens, capturing ``capture_layers`` (``hidden_states`` indices) at
-    every position in the same forwards. Each finished request is appended to ``path`` at once, its
-    last ``keep_positions`` positions' features (bfloat16) saved beside it in ``features/``; prompts
-    already in the file are skipped. Stops early (keeping what is written) after ``max_seconds``."""
+    """Generate the target's answers (float32) for the first ``num_prompts`` of ``prompts`` (default:
+    `training_prompts`) of at most ``max_prompt_tokens`` tokens, capturing ``capture_layers``
+    (``hidden_states`` indices) at every position in the same forwards: a greedy answer each, and with
+    ``sampled_temperature`` > 0 a sampled one too (id ``<id>~s``, its own seed). Each finished request
+    is appended to ``path`` at once, its last ``keep_positions`` positions' features (bfloat16) saved
+    beside it in ``features/``; answers already in the file are skipped. Stops early (keeping what is
+    written) after ``max_seconds``."""
     from tqdm import tqdm
 
     from ..executor.config import ExecutorConfig
@@ -115,7 +119,7 @@ def generate_corpus(
     from ..sampling import SamplingParams
 
     done = {r["id"] for r in read_corpus(path)}
-    if len(done) >= num_prompts or (max_seconds is not None and max_seconds <= 0):
+    if max_seconds is not None and max_seconds <= 0:
         return read_corpus(path)
     config = ExecutorConfig(
         model=model,
@@ -127,15 +131,29 @@ def generate_corpus(
     tok = executor.tokenizer
     fits = (
         p
-        for p in training_prompts()
+        for p in (training_prompts() if prompts is None else prompts)
         if len(
             tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
         )
         <= max_prompt_tokens
     )
-    todo = [p for _, p in zip(range(num_prompts), fits) if p.id not in done]
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    requests = [Request(p.messages, params, request_id=p.id) for p in todo]
+    chosen = [p for _, p in zip(range(num_prompts), fits)]
+    greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    requests = [Request(p.messages, greedy, request_id=p.id) for p in chosen if p.id not in done]
+    if sampled_temperature > 0:
+        requests += [
+            Request(
+                p.messages,
+                SamplingParams(max_tokens=max_tokens, temperature=sampled_temperature, seed=i),
+                request_id=f"{p.id}~s",
+            )
+            for i, p in enumerate(chosen)
+            if f"{p.id}~s" not in done
+        ]
+    todo = requests
+    if not todo:
+        executor.close()
+        return read_corpus(path)
     features_dir = path.parent / "features"
     features_dir.mkdir(parents=True, exist_ok=True)
     start, num_tokens = time.perf_counter(), 0
@@ -149,14 +167,14 @@ def generate_corpus(
             if out.error is None and out.hidden_states is not None:
                 name = f"{len(done):05d}.pt"
                 done.add(out.request_id)
-                torch.save(
-                    out.hidden_states[-keep_positions:].to(torch.bfloat16).clone(), features_dir / name
-                )
+                rows = out.hidden_states[-keep_positions:].to(torch.bfloat16).clone()
+                torch.save(rows, features_dir / name)
                 record = {
                     "id": out.request_id,
                     "prompt_token_ids": out.prompt_token_ids,
                     "output_token_ids": out.token_ids,
                     "features": f"features/{name}",
+                    "positions": rows.shape[0],
                 }
                 f.write(json.dumps(record) + "\n")
                 f.flush()
@@ -166,4 +184,25 @@ def generate_corpus(
                 stream.close()  # cancels what is left; the next run continues from the file
                 logger.warning("corpus generation stopped after %.0f s", max_seconds)
                 break
+    executor.close()
     return read_corpus(path)
+
+
+def pool_prompts(pool: list[dict]) -> list[BenchPrompt]:
+    """The self-instruct pool's instructions (`eagle3_prompts`) as chat prompts."""
+    return [BenchPrompt(r["id"], [{"role": "user", "content": r["prompt"]}]) for r in pool]
+
+
+def corpus_size(records: list[dict], corpus_dir: Path) -> dict:
+    """What the corpus holds: sequences (of them sampled), positions with features, output tokens,
+    and the features' bytes on disk."""
+    files = [corpus_dir / r["features"] for r in records]
+    return {
+        "sequences": len(records),
+        "sampled_sequences": sum(r["id"].endswith("~s") for r in records),
+        "positions": sum(
+            r.get("positions", len(r["prompt_token_ids"]) + len(r["output_token_ids"]) - 1) for r in records
+        ),
+        "output_tokens": sum(len(r["output_token_ids"]) for r in records),
+        "feature_bytes": sum(f.stat().st_size for f in files if f.exists()),
+    }

@@ -28,7 +28,7 @@ from .eagle3_ttt import Batch, ttt_loss
 def train(args) -> int:
     """The whole pipeline of `specexec train-eagle3` (see the module docstring)."""
     from ..executor.model_loader import load_model
-    from .eagle3_corpus import generate_corpus
+    from .eagle3_corpus import corpus_size, generate_corpus, pool_prompts, training_prompts
     from .eagle3_features import choose_draft_vocab, load_features
 
     if args.max_minutes <= 0 or args.corpus_minutes < 0 or args.ttt_steps < 1 or args.draft_vocab_size < 1:
@@ -41,17 +41,29 @@ def train(args) -> int:
     torch.manual_seed(args.seed)
     target = load_model(args.model, dtype="float32", progress=False).model
     cfg = _head_config(target.config, args.draft_vocab_size)
+    corpus_started = time.perf_counter()
+    pool = _grow_pool(args, out / "corpus" / "prompt_pool.jsonl")
     records = generate_corpus(
         out / "corpus" / "corpus.jsonl",
         (*cfg.aux_layer_ids, target.config.num_hidden_layers),
         num_prompts=args.num_prompts,
         max_tokens=args.max_new_tokens,
-        max_seconds=args.corpus_minutes * 60,
+        max_seconds=args.corpus_minutes * 60 - (time.perf_counter() - corpus_started),
         keep_positions=args.max_len + 1,
         model=args.model,
+        prompts=training_prompts() + pool_prompts(pool),
+        sampled_temperature=args.sampled_temperature,
     )
     if not records:
         raise ValueError("the corpus is empty: no answer was generated")
+    size = {**corpus_size(records, out / "corpus"), "prompt_pool": len(pool)}
+    (out / "corpus" / "size.json").write_text(json.dumps(size, indent=1) + "\n")
+    print(
+        f"corpus: {size['sequences']} sequences ({size['sampled_sequences']} sampled), {size['positions']} "
+        f"positions, {size['feature_bytes'] / 2**20:.0f} MiB of features; prompt pool {len(pool)}"
+    )
+    if args.corpus_only:
+        return 0
     eos = target.generation_config.eos_token_id
     draft_ids = choose_draft_vocab(
         records, cfg.draft_vocab_size, cfg.vocab_size, tuple(eos if isinstance(eos, list) else [eos or 0])
@@ -79,6 +91,23 @@ def train(args) -> int:
     _plot(log, out / "loss_curve.png")
     print(f"wrote the head to {out} ({log['total_minutes']:.1f} min)")
     return 0
+
+
+def _grow_pool(args, path: Path) -> list[dict]:
+    """The self-instruct pool (`eagle3_prompts`), grown toward ``--self-instruct`` instructions for up
+    to a third of the corpus time; what is already in the file is kept."""
+    from ..executor.config import ExecutorConfig
+    from ..executor.executor import Executor
+    from .eagle3_prompts import executor_generator, grow_pool, read_pool
+
+    pool = read_pool(path)
+    seconds = min(args.pool_minutes, args.corpus_minutes / 3) * 60
+    if args.self_instruct <= len(pool) or seconds <= 0:
+        return pool[: max(args.self_instruct, 0)]
+    with Executor(config=ExecutorConfig(model=args.model, max_batch_size=64, progress=False)) as executor:
+        counts = grow_pool(path, executor_generator(executor), args.self_instruct, max_seconds=seconds)
+    print(f"prompt pool: {counts}")
+    return read_pool(path)[: args.self_instruct]
 
 
 def _head_config(target_config, draft_vocab_size: int) -> Eagle3Config:

@@ -9,7 +9,30 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", help="target: HF directory or GGUF (default: the embedded SmolLM2)")
     parser.add_argument("--max-minutes", type=float, default=60.0, help="whole run's time budget")
     parser.add_argument("--corpus-minutes", type=float, default=22.0, help="of which generating answers")
-    parser.add_argument("--num-prompts", type=int, default=1200, help="training prompts to answer at most")
+    parser.add_argument("--num-prompts", type=int, default=5000, help="training prompts to answer at most")
+    parser.add_argument(
+        "--self-instruct",
+        type=int,
+        default=3000,
+        help="instructions the target writes itself, after the bundled prompts (0 = bundled prompts only)",
+    )
+    parser.add_argument(
+        "--pool-minutes",
+        type=float,
+        default=10.0,
+        help="for writing them (at most a third of --corpus-minutes)",
+    )
+    parser.add_argument(
+        "--sampled-temperature",
+        type=float,
+        default=0.7,
+        help="also one sampled answer per prompt at this temperature (0 = greedy answers only)",
+    )
+    parser.add_argument(
+        "--corpus-only",
+        action="store_true",
+        help="grow the corpus, report its size and stop (rerun to continue)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=256, help="answer length at most")
     parser.add_argument("--draft-vocab-size", type=int, default=8192)
     parser.add_argument("--ttt-steps", type=int, default=4, help="unrolled training-time-test steps")

@@ -111,8 +111,12 @@ def test_train_eagle3_end_to_end_on_a_tiny_model(tmp_path):
         "--draft-vocab-size",
         "64",
     ]
-    argv += ["--ttt-steps", "2", "--max-len", "48", "--batch-tokens", "96"]
+    argv += ["--ttt-steps", "2", "--max-len", "48", "--batch-tokens", "96", "--self-instruct", "4"]
     assert main(argv) == 0
+    size = json.loads((out / "corpus" / "size.json").read_text())
+    pool = (out / "corpus" / "prompt_pool.jsonl").read_text().splitlines()
+    assert size["prompt_pool"] == len(pool) >= 1, "the target wrote no instruction"
+    assert size["sampled_sequences"] >= 1 and size["positions"] > 0
     log = json.loads((out / "training_log.json").read_text())
     assert log["corpus_records"] >= 1 and log["steps"], "no corpus or no optimizer step"
     assert log["total_minutes"] < 2.0
@@ -127,3 +131,29 @@ def test_train_eagle3_end_to_end_on_a_tiny_model(tmp_path):
         speculative_config={"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model": str(out)},
     )
     assert sum(o.metrics.num_draft_tokens for o in outputs) > 0
+
+
+def test_corpus_only_runs_continue_the_same_corpus(tmp_path):
+    """Each `--corpus-only` run appends to the corpus the last one left (nothing is answered twice)."""
+    from specexec.cli import main
+
+    model_dir = save_tiny_model_dir(tmp_path / "tiny")
+    out = tmp_path / "head"
+    argv = [
+        "train-eagle3",
+        "--output",
+        str(out),
+        "--model",
+        model_dir,
+        "--corpus-only",
+        "--max-new-tokens",
+        "6",
+    ]
+    argv += ["--self-instruct", "6", "--draft-vocab-size", "64", "--corpus-minutes", "0.3"]
+    assert main([*argv, "--num-prompts", "3"]) == 0
+    first = json.loads((out / "corpus" / "size.json").read_text())
+    assert main([*argv, "--num-prompts", "6"]) == 0
+    second = json.loads((out / "corpus" / "size.json").read_text())
+    ids = [json.loads(line)["id"] for line in (out / "corpus" / "corpus.jsonl").read_text().splitlines()]
+    assert len(ids) == len(set(ids)) == second["sequences"] > first["sequences"]
+    assert not (out / "config.json").exists(), "--corpus-only trains nothing"
