@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..drafters.eagle3_head import Eagle3Config, Eagle3Head, default_aux_layers, save_head
+from .eagle3_checkpoint import CHECKPOINT_NAME, TrainingState, load_checkpoint, save_checkpoint, split_records
 from .eagle3_features import d2t_for
 from .eagle3_ttt import Batch, ttt_loss
 
@@ -31,9 +32,17 @@ def train(args) -> int:
     from .eagle3_corpus import corpus_size, generate_corpus, pool_prompts, training_prompts
     from .eagle3_features import choose_draft_vocab, load_features
 
-    if args.max_minutes <= 0 or args.corpus_minutes < 0 or args.ttt_steps < 1 or args.draft_vocab_size < 1:
+    if (
+        args.max_minutes <= 0
+        or args.corpus_minutes < 0
+        or args.ttt_steps < 1
+        or args.draft_vocab_size < 1
+        or args.eval_every < 1
+        or args.patience < 1
+    ):
         raise ValueError(
-            "--max-minutes > 0, --corpus-minutes >= 0, --ttt-steps >= 1, --draft-vocab-size >= 1"
+            "--max-minutes > 0, --corpus-minutes >= 0, --ttt-steps >= 1, --draft-vocab-size >= 1, "
+            "--eval-every >= 1, --patience >= 1"
         )
     started = time.perf_counter()
     out = Path(args.output)
@@ -64,22 +73,31 @@ def train(args) -> int:
     )
     if args.corpus_only:
         return 0
-    eos = target.generation_config.eos_token_id
-    draft_ids = choose_draft_vocab(
-        records, cfg.draft_vocab_size, cfg.vocab_size, tuple(eos if isinstance(eos, list) else [eos or 0])
-    )
-    random.Random(args.seed).shuffle(records)
-    num_val = max(1, len(records) // 25)
-    feats = load_features(records, out / "corpus", cfg.target_hidden_size)
-    val, train = feats[:num_val], feats[num_val:]
+    checkpoint = load_checkpoint(out / CHECKPOINT_NAME)
+    if checkpoint is not None:  # the vocabulary the head was trained with
+        draft_ids = checkpoint["draft_ids"]
+        if len(draft_ids) != cfg.draft_vocab_size:
+            raise ValueError(
+                f"{out / CHECKPOINT_NAME} holds a head with a {len(draft_ids)}-token draft vocabulary: pass "
+                f"--draft-vocab-size {len(draft_ids)}, or another --output to start over"
+            )
+    else:
+        eos = target.generation_config.eos_token_id
+        always = tuple(eos if isinstance(eos, list) else [eos or 0])
+        draft_ids = choose_draft_vocab(records, cfg.draft_vocab_size, cfg.vocab_size, always)
+    train_records, val_records = split_records(records)
+    train = load_features(train_records, out / "corpus", cfg.target_hidden_size)
+    val = load_features(val_records, out / "corpus", cfg.target_hidden_size)
     lm_rows = target.get_output_embeddings().weight[draft_ids].detach().clone()  # [draft_vocab, hidden]
     in_draft = torch.zeros(cfg.vocab_size, dtype=torch.bool)
     in_draft[draft_ids] = True
     head = _init_head(cfg, target, draft_ids, lm_rows)
+    if checkpoint is not None:
+        head.load_state_dict(checkpoint["head"])
     del target
     left = args.max_minutes * 60 - (time.perf_counter() - started)
     budget = left - min(30.0, 0.1 * left)  # keep time to evaluate and save
-    log = train_head(head, train, val, lm_rows, in_draft, args, budget)
+    log = train_head(head, train, val, lm_rows, in_draft, args, budget, checkpoint, out / CHECKPOINT_NAME)
     log.update(
         corpus_records=len(records),
         corpus_output_tokens=sum(len(r["output_token_ids"]) for r in records),
@@ -191,24 +209,57 @@ def make_batch(feats, lm_rows: torch.Tensor, in_draft: torch.Tensor, max_len: in
     return Batch(aux, next_ids, positions, target_logprobs, valid & real, real)
 
 
-def train_head(head, train, val, lm_rows, in_draft, args, budget_s: float) -> dict:
+def train_head(
+    head, train, val, lm_rows, in_draft, args, budget_s: float, checkpoint=None, checkpoint_path=None
+) -> dict:
+    """Train until the budget ends or validation stops improving (``--patience`` evaluations without a
+    better estimated acceptance length); evaluated every ``--eval-every`` steps and after each epoch,
+    with a checkpoint each time; a ``checkpoint`` from an earlier run is continued. The head ends with
+    the weights of its best evaluation."""
     from tqdm import tqdm
 
-    rng = random.Random(args.seed)
+    rng = random.Random(args.seed + (checkpoint["state"].step if checkpoint else 0))
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    log: dict = {"steps": [], "val": [], "args": {k: v for k, v in vars(args).items() if k != "func"}}
-    start, step, epoch = time.perf_counter(), 0, 0
-    est_total = None
+    state, best = (checkpoint["state"], checkpoint["best_head"]) if checkpoint else (TrainingState(), None)
+    if checkpoint:
+        opt.load_state_dict(checkpoint["optimizer"])
+    log = state.log
+    log["args"] = {k: v for k, v in vars(args).items() if k != "func"}
+    log["runs"].append(
+        {"first_step": state.step + 1, "train_sequences": len(train), "val_sequences": len(val)}
+    )
+    draft_ids = head.t2d.nonzero()[:, 0]  # [draft_vocab] sorted target ids, kept in the checkpoint
+    start, run_step, est_total, stop = time.perf_counter(), 0, None, None
+
+    def validate() -> None:
+        nonlocal best, stop
+        result = evaluate(head, val, lm_rows, in_draft, args)
+        log["val"].append({"step": state.step, **result})
+        if result["est_acceptance_length"] > state.best_score:
+            state.best_score, state.best_step, state.evals_without_gain = (
+                result["est_acceptance_length"],
+                state.step,
+                0,
+            )
+            best = {k: v.detach().clone() for k, v in head.state_dict().items()}
+        else:
+            state.evals_without_gain += 1
+            if state.evals_without_gain >= args.patience:
+                stop = "validation stopped improving"
+        if checkpoint_path is not None:
+            save_checkpoint(checkpoint_path, head, opt, state, draft_ids, best)
+
     bar = tqdm(total=round(budget_s), desc="training (s)", unit="s")
-    while time.perf_counter() - start < budget_s:
+    while stop is None:
         for group in _batches(train, args.batch_tokens, args.max_len, rng):
             elapsed = time.perf_counter() - start
             if elapsed >= budget_s:
+                stop = "time budget"
                 break
-            if step == 20:  # the schedule's length from the measured step time
-                est_total = int(budget_s / (elapsed / 20))
-            lr = _lr(step, est_total, args.lr)
+            if run_step == 20:  # this run's schedule length from the measured step time
+                est_total = state.step + int(budget_s / (elapsed / 20))
+            lr = _lr(state.step, est_total, args.lr, first=state.step - run_step)
             for g in opt.param_groups:
                 g["lr"] = lr
             batch = make_batch([train[i] for i in group], lm_rows, in_draft, args.max_len)
@@ -217,20 +268,30 @@ def train_head(head, train, val, lm_rows, in_draft, args, budget_s: float) -> di
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
-            step += 1
+            state.step += 1
+            run_step += 1
             log["steps"].append(
-                {"step": step, "t": round(elapsed, 1), "lr": lr, "loss": losses, "agree": agree}
+                {"step": state.step, "t": round(elapsed, 1), "lr": lr, "loss": losses, "agree": agree}
             )
             bar.n = round(elapsed)
-            bar.set_postfix(epoch=epoch, step=step, loss=f"{losses[0]:.3f}", agree0=f"{agree[0]:.2f}")
-            if step % 100 == 0:
-                log["val"].append({"step": step, **evaluate(head, val, lm_rows, in_draft, args)})
-        epoch += 1
+            bar.set_postfix(
+                epoch=state.epoch, step=state.step, loss=f"{losses[0]:.3f}", agree0=f"{agree[0]:.2f}"
+            )
+            if state.step % args.eval_every == 0:
+                validate()
+                if stop:
+                    break
+        else:
+            state.epoch += 1
+            validate()
     bar.close()
-    log["val"].append({"step": step, **evaluate(head, val, lm_rows, in_draft, args)})
-    log["epochs"] = epoch
-    log["train_seconds"] = time.perf_counter() - start
-    print(f"held-out agreement per step: {log['val'][-1]['agree']}")
+    if not log["val"] or log["val"][-1]["step"] != state.step:
+        validate()
+    if best is not None:
+        head.load_state_dict(best)
+    log.update(epochs=state.epoch, stopped=stop, best_step=state.best_step)
+    log["train_seconds"] = log.get("train_seconds", 0.0) + time.perf_counter() - start
+    print(f"stopped: {stop}; best held-out estimate {state.best_score:.2f} at step {state.best_step}")
     return log
 
 
@@ -254,12 +315,15 @@ def evaluate(head, val, lm_rows, in_draft, args) -> dict:
     return {"agree": agree, "loss": [round(s / counts, 4) for s in sums[k:]], "est_acceptance_length": length}
 
 
-def _lr(step: int, total: int | None, peak: float, warmup: int = 30) -> float:
+def _lr(step: int, total: int | None, peak: float, warmup: int = 30, first: int = 0) -> float:
+    """Linear warm-up over the first ``warmup`` steps ever, then a cosine from ``first`` (this run's
+    first step) to ``total`` (its estimated last), down to a tenth."""
     if step < warmup:
         return peak * (step + 1) / warmup
     if total is None:
         return peak
-    frac = min(1.0, (step - warmup) / max(1, total - warmup))
+    begin = max(first, warmup)
+    frac = min(1.0, (step - begin) / max(1, total - begin))
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 

@@ -39,6 +39,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-len", type=int, default=640, help="positions per sequence trained on")
     parser.add_argument("--batch-tokens", type=int, default=4096, help="positions per optimizer step")
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--eval-every", type=int, default=100, help="optimizer steps between validations")
+    parser.add_argument(
+        "--patience", type=int, default=5, help="stop after this many validations without a better head"
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 

@@ -157,3 +157,67 @@ def test_corpus_only_runs_continue_the_same_corpus(tmp_path):
     ids = [json.loads(line)["id"] for line in (out / "corpus" / "corpus.jsonl").read_text().splitlines()]
     assert len(ids) == len(set(ids)) == second["sequences"] > first["sequences"]
     assert not (out / "config.json").exists(), "--corpus-only trains nothing"
+
+
+def test_training_continues_from_its_checkpoint_with_the_same_vocabulary_and_split(tmp_path):
+    import torch
+    from specexec.bench.eagle3_checkpoint import (
+        CHECKPOINT_NAME,
+        is_validation,
+        load_checkpoint,
+        split_records,
+    )
+    from specexec.cli import main
+
+    model_dir = save_tiny_model_dir(tmp_path / "tiny")
+    out = tmp_path / "head"
+    argv = ["train-eagle3", "--output", str(out), "--model", model_dir, "--max-minutes", "0.6"]
+    argv += [
+        "--corpus-minutes",
+        "0.15",
+        "--num-prompts",
+        "6",
+        "--max-new-tokens",
+        "8",
+        "--self-instruct",
+        "3",
+    ]
+    argv += ["--draft-vocab-size", "64", "--ttt-steps", "2", "--max-len", "48", "--batch-tokens", "96"]
+    argv += ["--eval-every", "5", "--patience", "1000"]
+    assert main(argv) == 0
+    first = load_checkpoint(out / CHECKPOINT_NAME)
+    assert first is not None and first["state"].step > 0
+    assert main(argv) == 0
+    second = load_checkpoint(out / CHECKPOINT_NAME)
+    assert second["state"].step > first["state"].step, "the second run did not continue the first"
+    assert torch.equal(second["draft_ids"], first["draft_ids"])
+    log = json.loads((out / "training_log.json").read_text())
+    assert [run["first_step"] for run in log["runs"]] == [1, first["state"].step + 1]
+    assert [s["step"] for s in log["steps"]] == list(range(1, second["state"].step + 1))
+    records = [{"id": f"p{i}"} for i in range(200)] + [{"id": f"p{i}~s"} for i in range(200)]
+    train, val = split_records(records)
+    assert val and all(is_validation(r["id"]) == is_validation(r["id"].removesuffix("~s")) for r in records)
+    assert {r["id"].removesuffix("~s") for r in val}.isdisjoint(r["id"].removesuffix("~s") for r in train)
+
+
+def test_training_stops_early_when_validation_stops_improving(tmp_path):
+    from specexec.cli import main
+
+    model_dir = save_tiny_model_dir(tmp_path / "tiny")
+    out = tmp_path / "head"
+    argv = ["train-eagle3", "--output", str(out), "--model", model_dir, "--max-minutes", "1.0"]
+    argv += [
+        "--corpus-minutes",
+        "0.15",
+        "--num-prompts",
+        "6",
+        "--max-new-tokens",
+        "8",
+        "--self-instruct",
+        "3",
+    ]
+    argv += ["--draft-vocab-size", "64", "--ttt-steps", "2", "--max-len", "48", "--batch-tokens", "96"]
+    argv += ["--eval-every", "1", "--patience", "2", "--lr", "0"]  # a head that never changes never improves
+    assert main(argv) == 0
+    log = json.loads((out / "training_log.json").read_text())
+    assert log["stopped"] == "validation stopped improving" and log["best_step"] <= 1
