@@ -1,0 +1,180 @@
+"""Is a newly trained EAGLE-3 head better than the shipped one? Measured side by side in one process, on
+work the corpus never saw.
+
+    python -m specexec.bench.eagle3_eval --head runs/eagle3 [--against drafters/heads/...] \\
+        [--num-requests 16] [--max-tokens 128] [--max-draft-len 3] [--output DIR]
+
+For each evaluation set (Spec-Bench and the extraction set, the benchmark's own draws), at batch 1 and
+greedy: no drafts, the current head, the new head; per head the acceptance length, the acceptance rate
+at each draft position, and tokens/s over no drafts. Before anything runs, every evaluation prompt is
+checked against the new head's corpus by the hash of its rendered token ids (and its text against the
+self-instruct pool): an overlap stops the evaluation. The head's own forward (the drafting step, one
+token) is timed against one target decode forward. The new head is "better" only when its acceptance
+length and its speed-up are both higher than the current head's on every set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..drafters.eagle3_head import SHIPPED_HEAD
+from .datasets import load_dataset
+from .eagle3_corpus import read_corpus
+from .eagle3_prompts import normalized_hash, read_pool
+from .engines import Workload, run_specexec
+from .records import summarize
+
+EVAL_SETS = ("specbench", "extraction")
+
+
+def ids_hash(token_ids: list[int]) -> str:
+    return hashlib.sha256(json.dumps(list(token_ids)).encode()).hexdigest()[:20]
+
+
+def check_held_out(head_dir: Path, workloads: dict[str, Workload]) -> dict:
+    """Raise ValueError when an evaluation prompt is in the head's corpus (by token ids) or pool (by
+    text); returns how many prompts were checked against how large a corpus and pool."""
+    corpus = read_corpus(head_dir / "corpus" / "corpus.jsonl")
+    seen = {ids_hash(r["prompt_token_ids"]) for r in corpus}
+    pool = {r["hash"] for r in read_pool(head_dir / "corpus" / "prompt_pool.jsonl")}
+    checked = 0
+    for name, work in workloads.items():
+        for prompt, ids in zip(work.prompts, work.token_ids):
+            texts = {normalized_hash(m["content"]) for m in prompt.messages}
+            if ids_hash(ids) in seen or texts & pool:
+                raise ValueError(f"{name} prompt {prompt.id} is in the corpus of {head_dir}: not held out")
+            checked += 1
+    return {"prompts": checked, "corpus_sequences": len(corpus), "pool_instructions": len(pool)}
+
+
+def head_forward_cost(executor, repeats: int = 20) -> float:
+    """The drafter's one-token forward over the target's one-token decode forward (median times)."""
+    import statistics
+
+    drafter = executor.speculation.drafter
+
+    def median(fn) -> float:
+        fn()
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    return median(drafter.warm_up) / median(lambda: executor.time_forward(1, 128))
+
+
+def evaluate_heads(new_head: Path, current_head: Path, num_requests: int, max_tokens: int, k: int) -> dict:
+    from ..executor.config import ExecutorConfig
+    from ..executor.executor import Executor
+
+    def executor_for(head: Path | None) -> Executor:
+        spec = (
+            None
+            if head is None
+            else {"decoding_type": "Eagle", "max_draft_len": k, "speculative_model": str(head)}
+        )
+        return Executor(config=ExecutorConfig(speculative_config=spec, progress=False, warmup=True))
+
+    engines = {
+        "none": executor_for(None),
+        "current": executor_for(current_head),
+        "new": executor_for(new_head),
+    }
+    tok = engines["none"].tokenizer
+    workloads = {}
+    for name in EVAL_SETS:
+        prompts = load_dataset(name, num_requests)
+        ids = [
+            list(
+                tok.apply_chat_template(
+                    p.messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            )
+            for p in prompts
+        ]
+        workloads[name] = Workload(prompts, ids, max_tokens, 0.0)
+    report: dict = {"held_out": check_held_out(new_head, workloads), "sets": {}}
+    for name, work in workloads.items():
+        rows = {}
+        for label, executor in engines.items():
+            records, wall = run_specexec(executor, work, 1)
+            rows[label] = summarize(label, 1, records, wall)
+        base = rows["none"]["output_tokens_per_s"]
+        report["sets"][name] = {
+            label: {
+                "acceptance_length": row["mean_acceptance_length"],
+                "acceptance_per_position": row["acceptance_per_position"],
+                "tokens_per_s": row["output_tokens_per_s"],
+                "speedup": row["output_tokens_per_s"] / base if base else None,
+            }
+            for label, row in rows.items()
+        }
+    report["head_forward_cost"] = {label: head_forward_cost(engines[label]) for label in ("current", "new")}
+    report["new_is_better"] = is_better(report["sets"])
+    for executor in engines.values():
+        executor.close()
+    return report
+
+
+def is_better(sets: dict) -> bool:
+    """The rule for shipping: a higher acceptance length and a higher speed-up on every set."""
+    return all(
+        (s["new"]["acceptance_length"] or 0) > (s["current"]["acceptance_length"] or 0)
+        and (s["new"]["speedup"] or 0) > (s["current"]["speedup"] or 0)
+        for s in sets.values()
+    )
+
+
+def format_report(report: dict) -> str:
+    held = report["held_out"]
+    lines = [
+        f"held-out check: {held['prompts']} evaluation prompts, none among the corpus's "
+        f"{held['corpus_sequences']} sequences or the pool's {held['pool_instructions']} instructions"
+    ]
+    for name, rows in report["sets"].items():
+        for label, r in rows.items():
+            acc = "-" if r["acceptance_length"] is None else f"{r['acceptance_length']:.2f}"
+            per_pos = " ".join(f"{a:.2f}" for a in r["acceptance_per_position"]) or "-"
+            lines.append(
+                f"{name:10} {label:8} acc.len {acc:>5}  per position {per_pos:16}  "
+                f"{r['tokens_per_s']:.1f} tok/s  {r['speedup']:.2f}x no drafts"
+            )
+    cost = report["head_forward_cost"]
+    lines.append(
+        f"head forward over 1 + k positions / target decode forward: current {cost['current']:.2f}, "
+        f"new {cost['new']:.2f}"
+    )
+    lines.append("new head is better on every set: " + ("yes" if report["new_is_better"] else "no"))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--head", required=True, type=Path, help="the new head's train-eagle3 --output")
+    parser.add_argument(
+        "--against", type=Path, default=SHIPPED_HEAD, help="the current head (default: shipped)"
+    )
+    parser.add_argument("--num-requests", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-draft-len", type=int, default=3)
+    parser.add_argument("--output", type=Path, help="write eval.json and eval.txt here")
+    args = parser.parse_args(argv)
+    report = evaluate_heads(args.head, args.against, args.num_requests, args.max_tokens, args.max_draft_len)
+    text = format_report(report)
+    print(text)
+    if args.output:
+        args.output.mkdir(parents=True, exist_ok=True)
+        (args.output / "eval.json").write_text(json.dumps(report, indent=1) + "\n")
+        (args.output / "eval.txt").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

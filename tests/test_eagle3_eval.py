@@ -1,0 +1,59 @@
+"""The head evaluation's two rules: no evaluation prompt may be in the new head's corpus or pool, and a
+head ships only when it is better on every set."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from specexec.bench.datasets import BenchPrompt
+from specexec.bench.eagle3_eval import check_held_out, ids_hash, is_better
+from specexec.bench.eagle3_prompts import normalized_hash
+from specexec.bench.engines import Workload
+
+
+def write_corpus(head_dir, prompt_ids: list[list[int]], pool_texts: list[str]) -> None:
+    corpus = head_dir / "corpus"
+    corpus.mkdir(parents=True)
+    with (corpus / "corpus.jsonl").open("w") as f:
+        for i, ids in enumerate(prompt_ids):
+            f.write(json.dumps({"id": f"c{i}", "prompt_token_ids": ids, "output_token_ids": [1]}) + "\n")
+    with (corpus / "prompt_pool.jsonl").open("w") as f:
+        for i, text in enumerate(pool_texts):
+            f.write(
+                json.dumps({"id": f"si-{i}", "prompt": text, "hash": normalized_hash(text), "seed": i}) + "\n"
+            )
+
+
+def workload(texts_and_ids) -> Workload:
+    prompts = [
+        BenchPrompt(f"p{i}", [{"role": "user", "content": t}]) for i, (t, _) in enumerate(texts_and_ids)
+    ]
+    return Workload(prompts, [ids for _, ids in texts_and_ids], 8, 0.0)
+
+
+def test_an_evaluation_prompt_in_the_corpus_or_the_pool_stops_the_evaluation(tmp_path):
+    write_corpus(tmp_path, [[1, 2, 3]], ["Plan a trip to Rome."])
+    clean = {"set": workload([("Explain tides.", [4, 5, 6])])}
+    assert check_held_out(tmp_path, clean) == {"prompts": 1, "corpus_sequences": 1, "pool_instructions": 1}
+    with pytest.raises(ValueError, match="not held out"):
+        check_held_out(tmp_path, {"set": workload([("Something else.", [1, 2, 3])])})
+    with pytest.raises(ValueError, match="not held out"):
+        check_held_out(tmp_path, {"set": workload([("plan a TRIP to rome", [9, 9])])})
+    assert ids_hash([1, 2, 3]) != ids_hash([1, 2, 3, 4])
+
+
+def test_a_head_ships_only_when_better_on_every_set():
+    def sets(*pairs):
+        return {
+            f"s{i}": {
+                "current": {"acceptance_length": 2.0, "speedup": 1.0},
+                "new": {"acceptance_length": acc, "speedup": speed},
+            }
+            for i, (acc, speed) in enumerate(pairs)
+        }
+
+    assert is_better(sets((2.5, 1.2), (2.1, 1.05)))
+    assert not is_better(sets((2.5, 1.2), (2.1, 0.99)))  # slower on one set
+    assert not is_better(sets((2.0, 1.3)))  # the same acceptance length is not better
+    assert not is_better(sets((None, 1.3)))
