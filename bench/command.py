@@ -210,8 +210,8 @@ def run(args) -> int:
         fc = runner.forward_cost
         pairs = ", ".join(f"{n}: {r:.2f}x" for n, r in zip(fc["num_tokens"], fc["relative_to_one"]))
         print(
-            f"target forward over n new tokens vs one (context {fc['context_tokens']}; the median of 3 "
-            f"forwards each, noisy on a loaded machine): {pairs}"
+            f"target forward over n new tokens vs one (context {fc['context_tokens']}; per size the median "
+            f"of {fc['repeats']} timed forwards after one untimed: noisy on a loaded machine): {pairs}"
         )
     if args.output:
         meta = {

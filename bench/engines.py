@@ -94,7 +94,10 @@ def run_specexec(
 
 
 class _FirstTokenTimer:
-    """A `generate` streamer that notes when the first new token arrives (the first put is the prompt)."""
+    """A `generate` streamer that notes when the first new tokens arrive (the first put is the prompt).
+    Plain `generate` puts one token at a time; with ``assistant_model`` (batch 1, where transformers 5
+    takes a streamer) each put is one verify step's accepted drafts and bonus token, so the first time
+    is when the first step's tokens come out together."""
 
     def __init__(self) -> None:
         self.num_puts = 0
@@ -214,7 +217,7 @@ def _generate(model, tokenizer, ids: list[int], work: Workload, timer, eos, kwar
             torch.tensor([ids]),
             attention_mask=torch.ones(1, len(ids), dtype=torch.long),
             max_new_tokens=work.max_tokens,
-            streamer=timer,  # (with an assistant too: its first put after the prompt is the first token)
+            streamer=timer,
             pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
             eos_token_id=eos,
             **kwargs,

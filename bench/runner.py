@@ -2,41 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
-import sys
-from collections.abc import Iterator
 
 import torch
 from tqdm import tqdm
 
 from .engines import Workload, hf_grammar_processors, run_hf_generate, run_hf_generate_batch, run_specexec
+from .held_messages import library_messages_after_the_bar
 from .records import summarize
 from .report import add_speedups
 
 logger = logging.getLogger("specexec")
-
-
-@contextlib.contextmanager
-def _transformers_messages_after_the_bar() -> Iterator[None]:
-    """transformers' log messages (e.g. a deprecation notice from its assisted generation) are held while
-    the progress bar draws, which they would break, and printed once each after it."""
-    messages: dict[str, None] = {}
-
-    class Hold(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            messages.setdefault(record.getMessage())
-
-    hf_logger = logging.getLogger("transformers")
-    saved = hf_logger.handlers[:], hf_logger.propagate
-    hf_logger.handlers[:], hf_logger.propagate = [Hold()], False
-    try:
-        yield
-    finally:
-        hf_logger.handlers[:], hf_logger.propagate = saved
-        for message in messages:
-            print(f"[transformers: {message}]", file=sys.stderr)
+FORWARD_COST_REPEATS = 3  #: timed forwards per size (after one untimed); the median is kept
 
 
 class BenchRunner:
@@ -115,7 +93,7 @@ class BenchRunner:
     # ---- running --------------------------------------------------------------------------------
     def run_all(self) -> None:
         with (
-            _transformers_messages_after_the_bar(),
+            library_messages_after_the_bar(),
             tqdm(total=self._num_runs(), desc="bench", unit="req", dynamic_ncols=True) as bar,
         ):
             for named in self.configs:
@@ -170,10 +148,13 @@ class BenchRunner:
 
         context = max(16, sum(len(t) for t in self._workload().token_ids) // len(self.prompts))
         cost = ForwardCostModel.measure(
-            lambda n: executor.time_forward(n, context), sizes=(1, 2, 4, 6, 8, 16)
+            lambda n: executor.time_forward(n, context),
+            sizes=(1, 2, 4, 6, 8, 16),
+            repeats=FORWARD_COST_REPEATS,
         )
         self.forward_cost = {
             "context_tokens": context,
+            "repeats": FORWARD_COST_REPEATS,
             "num_tokens": cost.num_tokens,
             "ms": [s * 1000 for s in cost.seconds],
             "relative_to_one": [s / cost.seconds[0] for s in cost.seconds],
@@ -209,8 +190,10 @@ class BenchRunner:
                 self._warm_up(lambda w, kw=kwargs: run_hf_generate(model, tok, w, kw))
                 records, wall = run_hf_generate(model, tok, work, kwargs, bar.update)
                 self.rows.append(summarize(name, 1, records, wall, {"engine": "transformers generate"}))
-        for c in (c for c in self.concurrencies if c > 1):
+        for i, c in enumerate(c for c in self.concurrencies if c > 1):
             bar.set_postfix_str(f"hf-batch c={c}")
+            if i == 0:  # its first call pays one-off set-up (24 s against 9 s for 2 x 8 tokens here)
+                self._warm_up(lambda w: run_hf_generate_batch(model, tok, w, 1))
             records, wall = run_hf_generate_batch(model, tok, work, c, bar.update)
             self.rows.append(
                 summarize("hf-batch", c, records, wall, {"engine": "transformers generate_batch"})
