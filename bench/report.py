@@ -56,18 +56,17 @@ def format_table(rows: list[dict], guided: bool = False) -> str:
 
 
 LEGEND = (
-    "tok/s       all output tokens / the row's wall time, first request sent to last finished (prefill,\n"
-    "            queueing and, at c=1, the gaps between requests included)\n"
-    "tok/s/user  the mean over requests of 1 / TPOT: one request's decoding speed after its first token\n"
-    "            (no prefill), so at c=1 it is above tok/s by the prefill's share of the time\n"
-    "ttft        from a request's submission to its first output token (queueing and prefill); median\n"
-    "tpot        a request's mean time per output token after the first; median over requests\n"
-    "acc.len     (decode steps + accepted drafts) / decode steps: tokens gained per target forward\n"
-    "draft%      drafting's share of drafting + target-forward time\n"
-    "valid       outputs that validate against the prompt's schema (--guided only, else -)\n"
-    "vs none     tok/s over specexec without drafts at the same concurrency; vs hf: over HF generate\n"
-    "            (c=1; hf-guided with --guided) or generate_batch (c>1)\n"
-    "hf rows measure TTFT with a streamer (the first token it is handed); server rows at the client"
+    "tok/s       all requests' output tokens / wall time, first sent to last done (prefill and gaps included)\n"
+    "tok/s/user  mean over requests of 1 / TPOT: decoding only, no prefill, so at c=1 it is above tok/s\n"
+    "ttft p50    median time from a request's submission to its first output token (queueing, prefill)\n"
+    "tpot p50    median over requests of (finish - first token) / (output tokens - 1)\n"
+    "acc.len     (decode steps + accepted drafts) / decode steps: tokens per target forward\n"
+    "draft%      drafting time / (drafting + target-forward time)\n"
+    "valid       share of outputs valid against their prompt's schema (--guided only, else -)\n"
+    "vs none     tok/s over specexec's without drafts at the same concurrency\n"
+    "vs hf       tok/s over HF generate's (c=1; hf-guided with --guided) or generate_batch's (c>1)\n"
+    "timing: hf c=1 rows with a generate streamer (hf-assisted's first chunk brings its first accepted\n"
+    "        drafts along); hf-batch from generate_batch's timestamps; server rows at the client"
 )
 
 

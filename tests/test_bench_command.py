@@ -8,6 +8,7 @@ import json
 
 import pytest
 from specexec.bench import runner as bench_runner
+from specexec.bench.report import LEGEND
 from specexec.cli import main
 from tiny_models import save_tiny_model_dir
 
@@ -98,7 +99,8 @@ def test_configs_and_baselines_side_by_side(tiny_dir, tmp_path, capsys):
     assert (tmp_path / "r.png").stat().st_size > 0
     table = capsys.readouterr().out
     assert "ngram-k3" in table and "hf-batch" in table
-    assert "tok/s/user  the mean over requests of 1 / TPOT" in table, "the legend is printed"
+    assert LEGEND in table, "the legend is printed under the table"
+    assert "the median of 3 timed forwards" in table and report["forward_cost"]["repeats"] == 3
 
 
 def test_guided_rows_compare_with_generate_under_xgrammars_processor(tiny_dir, tmp_path, capsys):
