@@ -176,7 +176,7 @@ def run(args) -> int:
     if args.num_requests < 1 or args.max_tokens < 1:
         raise ValueError("--num-requests and --max-tokens must be >= 1")
     if args.plot:
-        from .report import check_plotting
+        from .plot import check_plotting
 
         check_plotting()
     configs = load_configs(args)
@@ -199,7 +199,7 @@ def run(args) -> int:
         interrupted = True
         print("\ninterrupted: reporting what was measured", file=sys.stderr)
     rows = runner.finish()
-    from .report import LEGEND, format_table, plot, write_json
+    from .report import LEGEND, format_table, write_json
 
     print(format_table(rows, guided=args.guided))
     print(LEGEND)
@@ -228,9 +228,21 @@ def run(args) -> int:
         write_json(args.output, rows, meta)
         print(f"wrote {args.output}", file=sys.stderr)
     if args.plot and rows:
-        plot(args.plot, rows)
+        from .plot import plot
+
+        plot(args.plot, rows, _plot_title(args))
         print(f"wrote {args.plot}", file=sys.stderr)
     return 130 if interrupted else 0
+
+
+def _plot_title(args) -> str:
+    sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature}"
+    length = f"{'exactly' if args.ignore_eos else 'up to'} {args.max_tokens} tokens"
+    guided = ", guided" if args.guided else ""
+    return (
+        f"specexec bench: {args.dataset}, {args.num_requests} requests of {length}, {sampling}{guided}; "
+        f"{torch_threads()} threads on {_machine()['cpu']}"
+    )
 
 
 def _stop_cleanly_on_signals() -> None:
