@@ -31,3 +31,15 @@ def test_the_legend_explains_every_column():
             continue
         assert header.split()[0] in explained or header in LEGEND, header
     assert "prefill" in LEGEND and "c=1" in LEGEND, "why tok/s/user can exceed tok/s at c=1"
+
+
+def test_the_readme_shows_the_legend_as_printed():
+    from pathlib import Path
+
+    import specexec
+    from specexec.bench.report import LEGEND
+
+    readme = (Path(specexec.__file__).parent / "README.md").read_text()
+    for line in LEGEND.splitlines():
+        if not line.startswith("timing:") and not line.startswith(" "):
+            assert line in readme, line
