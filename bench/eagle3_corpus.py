@@ -139,17 +139,13 @@ def generate_corpus(
     )
     chosen = [p for _, p in zip(range(num_prompts), fits)]
     greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    requests = [Request(p.messages, greedy, request_id=p.id) for p in chosen if p.id not in done]
-    if sampled_temperature > 0:
-        requests += [
-            Request(
-                p.messages,
-                SamplingParams(max_tokens=max_tokens, temperature=sampled_temperature, seed=i),
-                request_id=f"{p.id}~s",
-            )
-            for i, p in enumerate(chosen)
-            if f"{p.id}~s" not in done
-        ]
+    requests = []
+    for i, p in enumerate(chosen):  # each prompt's greedy answer, then its sampled one: a run cut short
+        if p.id not in done:  # by its time budget still has both kinds
+            requests.append(Request(p.messages, greedy, request_id=p.id))
+        if sampled_temperature > 0 and f"{p.id}~s" not in done:
+            params = SamplingParams(max_tokens=max_tokens, temperature=sampled_temperature, seed=i)
+            requests.append(Request(p.messages, params, request_id=f"{p.id}~s"))
     todo = requests
     if not todo:
         executor.close()
