@@ -83,6 +83,7 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
         return JSONResponse({"object": "list", "data": [{**card, "max_model_len": max_model_len}]})
 
     async def complete(request: Request, parse: Callable[..., ParsedRequest]) -> Response:
+        deadline = time.monotonic() + limits.request_timeout_s  # one deadline for the whole request
         check_key(request)
         try:
             body = await request.json()
@@ -108,7 +109,7 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
             )
         try:
             events = engine.generate(parsed.request)
-            first = await _first_event(events, request, limits.request_timeout_s)
+            first = await _next_or_none(events, request, deadline)
         except ExecutorClosedError as exc:
             raise HTTPError(
                 503, str(exc), "server_error", headers={"Retry-After": str(limits.retry_after_s)}
@@ -122,9 +123,9 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
             raise _error_of(first.output)
         ids = responses.ResponseIds(parsed.is_chat, model_name, tokenizer)
         if parsed.stream:
-            chunks = _stream(events, first, parsed, ids, metrics, request, limits.request_timeout_s)
+            chunks = _stream(events, first, parsed, ids, metrics, request, deadline, limits.request_timeout_s)
             return StreamingResponse(chunks, media_type="text/event-stream")
-        outputs = await _collect(events, first, request, limits.request_timeout_s)
+        outputs = await _collect(events, first, request, deadline, limits.request_timeout_s)
         for output in outputs:
             metrics.record(output)
         for output in outputs:
@@ -148,11 +149,6 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
 _END = object()  #: the request's events are over (every sample finished)
 
 
-async def _first_event(events: AsyncIterator[TokenEvent], request: Request, timeout_s: float):
-    """The first event, or None when the client disconnects or the timeout passes first."""
-    return await _next_or_none(events, request, time.monotonic() + timeout_s)
-
-
 async def _next_or_none(events: AsyncIterator[TokenEvent], request: Request, deadline: float):
     """The next event; ``_END`` after the last; None when the client disconnects or the deadline
     passes first (the pending read is cancelled, which aborts what is unfinished)."""
@@ -168,9 +164,11 @@ async def _next_or_none(events: AsyncIterator[TokenEvent], request: Request, dea
             return None
 
 
-async def _collect(events, first: TokenEvent, request: Request, timeout_s: float) -> list[RequestOutput]:
-    """Every sample's output, in sample order."""
-    deadline = time.monotonic() + timeout_s
+async def _collect(
+    events, first: TokenEvent, request: Request, deadline: float, timeout_s: float
+) -> list[RequestOutput]:
+    """Every sample's output, in sample order, unless ``deadline`` (the request's arrival + ``timeout_s``)
+    passes first."""
     outputs: dict[int, RequestOutput] = {}
     event = first
     while event is not _END:
@@ -186,11 +184,17 @@ async def _collect(events, first: TokenEvent, request: Request, timeout_s: float
 
 
 async def _stream(
-    events, first, parsed: ParsedRequest, ids, metrics: ServerMetrics, request: Request, timeout_s: float
+    events,
+    first,
+    parsed: ParsedRequest,
+    ids,
+    metrics: ServerMetrics,
+    request: Request,
+    deadline: float,
+    timeout_s: float,
 ):
     """Server-sent events: one chunk per token event (``index`` = the sample); the usage chunk when
-    asked; ``[DONE]`` once every sample finished."""
-    deadline = time.monotonic() + timeout_s
+    asked; ``[DONE]`` once every sample finished, or an error event when ``deadline`` passes first."""
     event = first
     finished: list[RequestOutput] = []
     try:
