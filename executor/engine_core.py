@@ -24,8 +24,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-from ..sampling.logprobs import token_logprobs
-from ..sampling.penalties import PenalizedRows, apply_penalties_inplace
+from ..sampling.logprobs import LogprobRows, TokenLogprob, token_logprobs
+from ..sampling.penalties import PenalizedRows, PenaltyMetadata, apply_penalties_inplace
 from ..sampling.rejection import RejectionSampler, Verification
 from ..sampling.spec_decode_metadata import SpecDecodeMetadata
 from .guided import GuidedDecodingStage
@@ -131,13 +131,14 @@ class EngineCore:
         output = self._forward(batch, faults)
         masks = self._wait_for_masks(faults)
         verifications: list[Verification | None] = [None] * len(batch)
+        logprobs: list[list[TokenLogprob] | None] = [None] * len(batch)
         if output is not None:
             self._apply_penalties(batch, output)
             self._apply_masks(output, masks)
             verifications = self._sample(batch, output, drafts, masks, faults)
-            self._compute_logprobs(batch, output, verifications, faults)
+            logprobs = self._compute_logprobs(batch, output, verifications, faults)
             self._keep_hidden_states(batch, output, verifications, faults)
-        kept = self._update_requests(batch, verifications, faults)
+        kept = self._update_requests(batch, verifications, logprobs, faults)
         self._free_resources(batch, verifications, faults, kept)
 
     # ---- the stages -------------------------------------------------------------------------------
@@ -217,7 +218,8 @@ class EngineCore:
             if (p := s.request.sampling_params).has_penalties and self._has_rows(output, i, s)
         ]
         if rows:
-            apply_penalties_inplace(output.logits, rows)
+            meta = PenaltyMetadata.build(rows, output.logits.shape[-1], output.logits.device)
+            apply_penalties_inplace(output.logits, meta)
 
     @staticmethod
     def _has_rows(output: ForwardOutput, i: int, s: ScheduledRequest) -> bool:
@@ -238,19 +240,29 @@ class EngineCore:
     ) -> list[Verification | None]:
         return self.verifier.verify(batch, output, drafts, masks, faults)
 
-    def _compute_logprobs(self, batch, output: ForwardOutput, verifications, faults: Faults) -> None:
-        """Log-probabilities of the emitted tokens, for the requests that ask (`sampling/logprobs.py`);
-        a request whose computation fails fails alone."""
-        for i, (s, v) in enumerate(zip(batch, verifications)):
-            r = s.request
-            if v is None or r in faults or r.sampling_params.logprobs is None:
-                continue
-            first = output.cu_logit_rows[i]
-            try:
-                rows = output.logits[first : first + len(v.token_ids)]
-                r.pending_logprobs = token_logprobs(rows, list(v.token_ids), r.sampling_params)
-            except Exception as exc:
-                faults[r] = f"log-probabilities failed: {type(exc).__name__}: {exc}"
+    def _compute_logprobs(
+        self, batch, output: ForwardOutput, verifications, faults: Faults
+    ) -> list[list[TokenLogprob] | None]:
+        """Log-probabilities of the emitted tokens of the requests that ask (`sampling/logprobs.py`), all
+        in one batch; if that raises, one request at a time, and a request whose own fails fails alone."""
+        asking = {
+            i: LogprobRows(output.cu_logit_rows[i], list(v.token_ids), s.request.sampling_params)
+            for i, (s, v) in enumerate(zip(batch, verifications))
+            if v is not None and s.request not in faults and s.request.sampling_params.logprobs is not None
+        }
+        logprobs: list[list[TokenLogprob] | None] = [None] * len(batch)
+        if not asking:
+            return logprobs
+        try:
+            for i, entries in zip(asking, token_logprobs(output.logits, list(asking.values()))):
+                logprobs[i] = entries
+        except Exception:
+            for i, rows in asking.items():
+                try:
+                    logprobs[i] = token_logprobs(output.logits, [rows])[0]
+                except Exception as exc:
+                    faults[batch[i].request] = f"log-probabilities failed: {type(exc).__name__}: {exc}"
+        return logprobs
 
     def _keep_hidden_states(
         self, batch: list[ScheduledRequest], output: ForwardOutput, verifications, faults: Faults
@@ -263,12 +275,17 @@ class EngineCore:
                     keep_verified_rows(s.request.captured_hidden, s, v, output, i, self.capture_layers)
 
     def _update_requests(
-        self, batch: list[ScheduledRequest], verifications: list[Verification | None], faults: Faults
+        self,
+        batch: list[ScheduledRequest],
+        verifications: list[Verification | None],
+        logprobs: list[list[TokenLogprob] | None],
+        faults: Faults,
     ) -> dict[RequestState, list[int]]:
-        """Append each request's emitted tokens and check its stop conditions; returns the tokens kept."""
+        """Append each request's emitted tokens (and their log-probabilities) and check its stop
+        conditions; returns the tokens kept."""
         kept: dict[RequestState, list[int]] = {}
         observed = []
-        for s, v in zip(batch, verifications):
+        for s, v, entries in zip(batch, verifications, logprobs):
             r = s.request
             if r in faults:
                 continue
@@ -277,7 +294,7 @@ class EngineCore:
                 continue
             num_drafts = len(s.draft_token_ids)
             try:
-                kept[r] = self._append_verified(s, v)
+                kept[r] = self._append_verified(s, v, entries)
             except Exception as exc:  # its grammar (or its stop strings) broke on these tokens
                 faults[r] = f"could not take the verified tokens: {type(exc).__name__}: {exc}"
                 continue
@@ -285,16 +302,17 @@ class EngineCore:
         self.speculation.observe(observed)
         return kept
 
-    def _append_verified(self, s: ScheduledRequest, v: Verification) -> list[int]:
+    def _append_verified(
+        self, s: ScheduledRequest, v: Verification, logprobs: list[TokenLogprob] | None
+    ) -> list[int]:
         r = s.request
         r.num_computed_tokens += v.num_accepted  # accepted drafts' K/V were written by this forward
         if r.num_output_tokens:  # a decode step (the first token comes from prefill)
             r.metrics.record_verification(len(s.draft_token_ids), v.num_accepted)
         tokens, grammar_complete = self.guided.after_verification(s, v.num_accepted, v.token_ids)
         kept = self.outputs.append_tokens(r, tokens)
-        if r.sampling_params.logprobs is not None:
-            r.logprobs.extend(r.pending_logprobs[: len(kept)])
-            r.pending_logprobs = []
+        if logprobs is not None:
+            r.logprobs.extend(logprobs[: len(kept)])  # (a stop may cut the tokens kept)
         if grammar_complete and r.finish_reason is None:
             r.finish_reason = FinishReason.STOP
         return kept

@@ -190,8 +190,6 @@ class RequestState:
     sample_index: int = 0  #: with n > 1: which sample of its request it is
     #: with ``logprobs``: one entry per output token so far (`sampling/logprobs.py`)
     logprobs: list[TokenLogprob] = field(default_factory=list)
-    #: this step's entries for the tokens it emitted, until they are appended (cut to the tokens kept)
-    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
     def __post_init__(self) -> None:

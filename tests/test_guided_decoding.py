@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import tempfile
 
 import jsonschema
@@ -105,6 +107,37 @@ def test_greedy_guided_speculation_is_token_identical(spec_name):
     outputs = executor.run(make_requests(4))
     assert [o.token_ids for o in outputs] == baseline
     assert sum(o.metrics.num_draft_tokens for o in outputs) > 0
+    assert_all_pages_free(executor)
+
+
+#: penalties that favour tokens already seen (the prompt's, the output's), most of which the grammar
+#: forbids at any given point: the masks must still win
+FAVOURING_PENALTIES = {"repetition_penalty": 0.2, "frequency_penalty": -2.0, "presence_penalty": -2.0}
+
+
+def with_penalties(requests: list[Request], **penalties) -> list[Request]:
+    for r in requests:
+        r.sampling_params = dataclasses.replace(r.sampling_params, logprobs=5, **penalties)
+    return requests
+
+
+@pytest.mark.parametrize("spec_name", ["ngram", "self-int8"])
+def test_penalties_never_unmask_a_token(spec_name):
+    """Penalties come before the grammar masks: penalized guided output still validates, its chosen
+    tokens have finite log-probabilities, and drafts keep greedy output identical."""
+    unpenalized = make_executor().run(with_penalties(make_requests(4)))
+    baseline = make_executor().run(with_penalties(make_requests(4), **FAVOURING_PENALTIES))
+    assert [o.token_ids for o in baseline] != [o.token_ids for o in unpenalized]
+    executor = make_executor(SPECS[spec_name])
+    outputs = executor.run(with_penalties(make_requests(4), **FAVOURING_PENALTIES))
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in baseline]
+    assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
+    finished = [o for o in outputs if o.finish_reason is FinishReason.STOP]
+    assert finished, "no guided request finished: the test would check nothing"
+    for out in finished:
+        jsonschema.validate(json.loads(out.text), PERSON)
+    for out in outputs:
+        assert all(math.isfinite(e.logprob) for e in out.logprobs)
     assert_all_pages_free(executor)
 
 

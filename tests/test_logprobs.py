@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from specexec.executor import engine_core
 from specexec.executor.executor import Executor
-from specexec.executor.request import Request
+from specexec.executor.request import FinishReason, Request
 from specexec.sampling import SamplingParams
 from specexec.sampling.logits import apply_sampling_filters
+from specexec.sampling.logprobs import token_logprobs
 from test_eagle3 import eagle_spec, make_head_dir
 from test_speculative_identity import BATCHES, SELF_DRAFT_SPEC, assert_all_pages_free, make_config
 from tiny_models import make_tiny_model
@@ -77,18 +79,86 @@ def test_float32_logprobs_with_drafts_are_within_1e_4():
         assert all(e.top == [] for e in d.logprobs)
 
 
-def test_sampled_tokens_get_the_log_probability_of_the_distribution_they_came_from(tmp_path):
-    """Accepted, recovered and bonus tokens alike: each is scored by the target's filtered row."""
+@pytest.mark.parametrize("sample_drafts", [False, True], ids=["point-mass-q", "sampled-q"])
+def test_sampled_tokens_get_the_log_probability_of_the_distribution_they_came_from(sample_drafts):
+    """Accepted, recovered and bonus tokens alike: each is scored by the target's filtered row (never by
+    the residual distribution a recovered token is drawn from)."""
     prompts = BATCHES["batch8"]
-    params = [SamplingParams(max_tokens=10, temperature=0.8, top_k=50, seed=i, logprobs=1) for i in range(8)]
+    params = [SamplingParams(max_tokens=16, temperature=0.8, top_k=50, seed=i, logprobs=1) for i in range(8)]
     _, model = make_tiny_model("llama")
-    spec = {**SELF_DRAFT_SPEC, "sample_drafts": True}
+    spec = {**SELF_DRAFT_SPEC, "sample_drafts": sample_drafts}
     executor = Executor(model, make_config(speculative_config=spec))
     outputs = executor.run([Request(p, sp) for p, sp in zip(prompts, params)])
-    assert executor.speculation.stats.num_draft_tokens > 0
+    num_accepted = sum(o.metrics.num_accepted_tokens for o in outputs)
+    assert 0 < num_accepted < sum(o.metrics.num_draft_tokens for o in outputs), "accepted and recovered"
     for out, prompt, sp in zip(outputs, prompts, params):
         want = reference_logprobs(prompt, out.token_ids, sp)
         assert [e.logprob for e in out.logprobs] == pytest.approx(want, abs=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["ngram", "self-draft"])
+def test_logprobs_after_penalties_are_the_same_with_and_without_drafts(spec):
+    """Each row's log-probabilities come after its penalties, which count the drafts before it."""
+    prompts = BATCHES["batch8"]
+    params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=2, repetition_penalty=0.5)
+    plain, _ = run(prompts, params)
+    drafted, _ = run(prompts, params, SPECS[spec])
+    assert sum(o.metrics.num_accepted_tokens for o in drafted) > 0
+    unpenalized, _ = run(prompts, SamplingParams(max_tokens=12, ignore_eos=True, logprobs=2))
+    assert [o.token_ids for o in plain] != [o.token_ids for o in unpenalized]
+    for p, d in zip(plain, drafted):
+        assert d.token_ids == p.token_ids
+        for a, b in zip(p.logprobs, d.logprobs):
+            assert [t for t, _ in a.top] == [t for t, _ in b.top]
+            assert [a.logprob] + [v for _, v in a.top] == pytest.approx(
+                [b.logprob] + [v for _, v in b.top], abs=1e-12
+            )
+
+
+def test_requests_of_one_step_each_get_their_own_logprobs(tmp_path):
+    """Greedy and sampled requests with different numbers of alternatives (and one without) share the
+    step's batched computation; each gets what it would get alone."""
+    prompts = BATCHES["batch8"][:4]
+    params = [
+        SamplingParams(max_tokens=8, ignore_eos=True, logprobs=3),
+        SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.7, top_p=0.9, seed=1, logprobs=0),
+        SamplingParams(max_tokens=8, ignore_eos=True),
+        SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.3, min_p=0.05, seed=2, logprobs=5),
+    ]
+    _, model = make_tiny_model("llama")
+    executor = Executor(model, make_config(speculative_config=SELF_DRAFT_SPEC))
+    together = executor.run([Request(p, sp) for p, sp in zip(prompts, params)])
+    for prompt, sp, out in zip(prompts, params, together):
+        (alone,) = executor.run([Request(prompt, sp)])
+        assert out.token_ids == alone.token_ids
+        if sp.logprobs is None:
+            assert out.logprobs is None
+            continue
+        assert [len(e.top) for e in out.logprobs] == [sp.logprobs] * len(out.token_ids)
+        assert [e.logprob for e in out.logprobs] == pytest.approx(
+            [e.logprob for e in alone.logprobs], abs=1e-6
+        )
+    assert_all_pages_free(executor)
+
+
+def test_a_request_whose_logprobs_fail_fails_alone(monkeypatch):
+    def failing_for_top_k_7(logits, requests):
+        if any(r.params.top_k == 7 for r in requests):
+            raise RuntimeError("boom")
+        return token_logprobs(logits, requests)
+
+    monkeypatch.setattr(engine_core, "token_logprobs", failing_for_top_k_7)
+    _, model = make_tiny_model("llama")
+    executor = Executor(model, make_config(speculative_config=NGRAM))
+    bad, good = executor.run(
+        [
+            Request([1, 2, 3], SamplingParams(max_tokens=4, top_k=7, logprobs=1)),
+            Request([4, 5, 6], SamplingParams(max_tokens=4, logprobs=1)),
+        ]
+    )
+    assert bad.finish_reason is FinishReason.ERROR and "log-probabilities failed" in bad.error
+    assert good.finish_reason is FinishReason.LENGTH and len(good.logprobs) == 4
+    assert_all_pages_free(executor)
 
 
 def test_streamed_events_carry_the_new_tokens_entries_and_no_logprobs_unless_asked():
