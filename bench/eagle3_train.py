@@ -20,9 +20,17 @@ from pathlib import Path
 
 import torch
 
-from ..drafters.eagle3_head import Eagle3Config, Eagle3Head, default_aux_layers, save_head
+from ..drafters.eagle3_head import (
+    SHIPPED_HEAD,
+    Eagle3Config,
+    Eagle3Head,
+    default_aux_layers,
+    load_head,
+    save_head,
+)
 from .eagle3_checkpoint import CHECKPOINT_NAME, TrainingState, load_checkpoint, save_checkpoint, split_records
 from .eagle3_features import d2t_for
+from .eagle3_precision import TrainingPrecision
 from .eagle3_ttt import Batch, ttt_loss
 
 
@@ -50,6 +58,9 @@ def train(args) -> int:
     torch.manual_seed(args.seed)
     target = load_model(args.model, dtype="float32", progress=False).model
     cfg = _head_config(target.config, args.draft_vocab_size)
+    start_head = _start_head(args.init_from, cfg, target) if args.init_from else None
+    if start_head is not None:  # its draft vocabulary comes with it
+        cfg = start_head.config
     corpus_started = time.perf_counter()
     pool = _grow_pool(args, out / "corpus" / "prompt_pool.jsonl")
     records = generate_corpus(
@@ -81,6 +92,8 @@ def train(args) -> int:
                 f"{out / CHECKPOINT_NAME} holds a head with a {len(draft_ids)}-token draft vocabulary: pass "
                 f"--draft-vocab-size {len(draft_ids)}, or another --output to start over"
             )
+    elif start_head is not None:
+        draft_ids = start_head.t2d.nonzero()[:, 0]
     else:
         eos = target.generation_config.eos_token_id
         always = tuple(eos if isinstance(eos, list) else [eos or 0])
@@ -91,7 +104,7 @@ def train(args) -> int:
     lm_rows = target.get_output_embeddings().weight[draft_ids].detach().clone()  # [draft_vocab, hidden]
     in_draft = torch.zeros(cfg.vocab_size, dtype=torch.bool)
     in_draft[draft_ids] = True
-    head = _init_head(cfg, target, draft_ids, lm_rows)
+    head = start_head if start_head is not None else _init_head(cfg, target, draft_ids, lm_rows)
     if checkpoint is not None:
         head.load_state_dict(checkpoint["head"])
     del target
@@ -126,6 +139,35 @@ def _grow_pool(args, path: Path) -> list[dict]:
         counts = grow_pool(path, executor_generator(executor), args.self_instruct, max_seconds=seconds)
     print(f"prompt pool: {counts}")
     return read_pool(path)[: args.self_instruct]
+
+
+#: what a head to start from must share with the head this target would get
+_SHAPE_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "target_hidden_size",
+    "aux_layer_ids",
+)
+
+
+def _start_head(path: str, cfg: Eagle3Config, target) -> Eagle3Head:
+    """``--init-from``: an existing head (``shipped``: the one shipped for the default model), trained
+    further with its own draft vocabulary; it must fit the target."""
+    where = SHIPPED_HEAD if path == "shipped" else Path(path)
+    embeddings = torch.nn.Embedding.from_pretrained(target.get_input_embeddings().weight.detach().clone())
+    head = load_head(where, embeddings, torch.float32, "cpu")
+    wrong = [f for f in _SHAPE_FIELDS if getattr(head.config, f) != getattr(cfg, f)]
+    if wrong:
+        mismatches = ", ".join(f"{f} {getattr(head.config, f)} (target: {getattr(cfg, f)})" for f in wrong)
+        raise ValueError(f"--init-from {where}: this head does not fit the target: {mismatches}")
+    head.train().requires_grad_(True)
+    if head.embed_tokens is not None:
+        head.embed_tokens.requires_grad_(False)
+    return head
 
 
 def _head_config(target_config, draft_vocab_size: int) -> Eagle3Config:
@@ -205,8 +247,9 @@ def make_batch(feats, lm_rows: torch.Tensor, in_draft: torch.Tensor, max_len: in
         valid[j, :n] = in_draft[f.token_ids[2 : n + 2]]
         real[j, :n] = True
     with torch.no_grad():
-        target_logprobs = torch.log_softmax(final @ lm_rows.T, dim=-1)  # [B, T, draft_vocab]
-    return Batch(aux, next_ids, positions, target_logprobs, valid & real, real)
+        target_logits = final @ lm_rows.T  # [B, T, draft_vocab]
+        target_probs = torch.softmax(target_logits, dim=-1)
+    return Batch(aux, next_ids, positions, target_probs, target_logits.argmax(-1), valid & real, real)
 
 
 def train_head(
@@ -230,6 +273,7 @@ def train_head(
         {"first_step": state.step + 1, "train_sequences": len(train), "val_sequences": len(val)}
     )
     draft_ids = head.t2d.nonzero()[:, 0]  # [draft_vocab] sorted target ids, kept in the checkpoint
+    precision = TrainingPrecision(args.train_dtype)
     start, run_step, est_total, stop = time.perf_counter(), 0, None, None
 
     def validate() -> None:
@@ -250,6 +294,8 @@ def train_head(
         if checkpoint_path is not None:
             save_checkpoint(checkpoint_path, head, opt, state, draft_ids, best)
 
+    if checkpoint is None and args.init_from:  # the head to beat is the one training starts from
+        validate()
     bar = tqdm(total=round(budget_s), desc="training (s)", unit="s")
     while stop is None:
         for group in _batches(train, args.batch_tokens, args.max_len, rng):
@@ -263,15 +309,25 @@ def train_head(
             for g in opt.param_groups:
                 g["lr"] = lr
             batch = make_batch([train[i] for i in group], lm_rows, in_draft, args.max_len)
-            loss, losses, agree = ttt_loss(head, batch, args.ttt_steps)
+            mode, step_started = precision.next(), time.perf_counter()
+            with precision.autocast(mode):
+                loss, losses, agree = ttt_loss(head, batch, args.ttt_steps)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
+            precision.record(mode, time.perf_counter() - step_started, int(batch.real.sum()))
             state.step += 1
             run_step += 1
             log["steps"].append(
-                {"step": state.step, "t": round(elapsed, 1), "lr": lr, "loss": losses, "agree": agree}
+                {
+                    "step": state.step,
+                    "t": round(elapsed, 1),
+                    "lr": lr,
+                    "loss": losses,
+                    "agree": agree,
+                    "dtype": mode,
+                }
             )
             bar.n = round(elapsed)
             bar.set_postfix(
@@ -289,9 +345,10 @@ def train_head(
         validate()
     if best is not None:
         head.load_state_dict(best)
-    log.update(epochs=state.epoch, stopped=stop, best_step=state.best_step)
+    log.update(epochs=state.epoch, stopped=stop, best_step=state.best_step, precision=precision.summary())
     log["train_seconds"] = log.get("train_seconds", 0.0) + time.perf_counter() - start
     print(f"stopped: {stop}; best held-out estimate {state.best_score:.2f} at step {state.best_step}")
+    print(f"training precision: {precision.chosen} ({precision.reason})")
     return log
 
 

@@ -8,7 +8,9 @@ indices <= t (the real context, as the inference cache holds) and the keys of st
 (its own earlier drafts): exactly what drafting k tokens after position t sees.
 
 Loss: soft cross-entropy against the target's distribution renormalized over the draft vocabulary,
-positions whose target argmax lies outside it left out, step k weighted 0.8^k.
+positions whose target argmax lies outside it left out, step k weighted 0.8^k. Only the scored rows go
+through the head's lm_head and the loss (padding and left-out positions are dropped before it), and the
+target's side is computed once per batch: the [B, T, draft_vocab] tensors are the step's largest.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ class Batch:
     aux: torch.Tensor  # [B, T, 3 * target_hidden] features at positions t
     next_ids: torch.Tensor  # [B, T] x_{t+1}: the token fed with h_t
     positions: torch.Tensor  # [B, T] position t
-    target_logprobs: torch.Tensor  # [B, T, draft_vocab] target log-probs of x_{t+2}, over the draft vocab
+    target_probs: torch.Tensor  # [B, T, draft_vocab] target probabilities of x_{t+2}, over the draft vocab
+    target_ids: torch.Tensor  # [B, T] the target's most likely draft id for x_{t+2}
     valid: torch.Tensor  # [B, T] bool: a real index whose target argmax is in the draft vocab
     real: torch.Tensor  # [B, T] bool: a real (not padding) index
 
@@ -74,17 +77,16 @@ def ttt_loss(head: Eagle3Head, batch: Batch, num_steps: int) -> tuple[torch.Tens
         # step k at index t is fed x_{t+1+k} at position t+k and scored on x_{t+2+k}
         ids = _shift(batch.next_ids, k, 0)
         pos = batch.positions + k
-        valid = _shift(batch.valid, k, False) & batch.real
-        target = _shift(batch.target_logprobs, k, 0.0)
         hidden = head.step(ids.reshape(-1), hidden, pos.reshape(-1), attend)
-        logp = F.log_softmax(head.logits(hidden).float(), dim=-1).view(b, t, -1)
-        per_pos = -(target.exp() * logp).sum(-1)  # [B, T]
-        n = valid.sum().clamp(min=1)
-        loss = (per_pos * valid).sum() / n
+        scored = batch.valid[:, k:] & batch.real[:, : t - k]  # [B, T - k]: index t scored on t + k
+        rows = hidden.view(b, t, -1)[:, : t - k][scored]  # [n, hidden]
+        logits = head.logits(rows).float()  # [n, draft_vocab]
+        n = max(rows.shape[0], 1)
+        loss = F.cross_entropy(logits, batch.target_probs[:, k:][scored], reduction="sum") / n
         total = total + STEP_WEIGHT**k * loss
-        agree = (logp.argmax(-1) == target.argmax(-1)) & valid
+        agree = logits.argmax(-1) == batch.target_ids[:, k:][scored]
         losses.append(float(loss.detach()))
-        agreements.append(float(agree.sum() / n))
+        agreements.append(float(agree.sum()) / n)
     return total, losses, agreements
 
 

@@ -43,6 +43,18 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--patience", type=int, default=5, help="stop after this many validations without a better head"
     )
+    parser.add_argument(
+        "--init-from",
+        help="start from this head directory ('shipped': the head shipped for the default model) and its "
+        "draft vocabulary instead of from the target's weights (ignored once a checkpoint exists)",
+    )
+    parser.add_argument(
+        "--train-dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="training steps' matmul precision (auto: bfloat16 autocast where the first steps time it "
+        "faster, float32 on CPUs without native bfloat16)",
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 

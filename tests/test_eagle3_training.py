@@ -45,11 +45,17 @@ def test_each_unrolled_step_equals_drafting_after_that_position(tmp_path):
     batch = make_batch(feats, lm_rows, in_draft, max_len=64)
     steps = 3
     outputs = []
-    original = head.logits
-    head.logits = lambda out: outputs.append(out.detach().clone()) or original(out)
+    original = head.step
+
+    def step_and_keep(*args):  # each unrolled step's outputs at every index
+        out = original(*args)
+        outputs.append(out.detach().clone())
+        return out
+
+    head.step = step_and_keep
     with torch.no_grad():
         ttt_loss(head, batch, steps)
-    head.logits = original
+    head.step = original
     b, t = batch.next_ids.shape
     for j, f in enumerate(feats):
         n = len(f.aux) - 1

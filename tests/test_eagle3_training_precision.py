@@ -1,0 +1,94 @@
+"""`specexec train-eagle3`: the training precision (float32 or bfloat16 autocast, chosen by timing the
+first steps) and ``--init-from`` (training an existing head further)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from specexec.bench import eagle3_precision
+from specexec.bench.eagle3_checkpoint import CHECKPOINT_NAME, load_checkpoint
+from specexec.bench.eagle3_precision import TRIAL_STEPS, TrainingPrecision
+from specexec.bench.eagle3_train import make_batch
+from specexec.bench.eagle3_ttt import ttt_loss
+from specexec.drafters.eagle3_head import load_head
+from test_eagle3 import make_head_dir
+from test_eagle3_training import make_features
+from tiny_models import save_tiny_model_dir
+
+
+def test_auto_tries_both_precisions_then_keeps_the_faster_per_position(monkeypatch):
+    monkeypatch.setattr(eagle3_precision, "native_bf16_flags", lambda: ["avx512_bf16"])
+    precision = TrainingPrecision("auto")
+    seen = []
+    while precision.chosen is None:
+        mode = precision.next()
+        seen.append(mode)
+        # bfloat16 steps are twice the positions in 1.5x the time: faster per position
+        precision.record(mode, 1.5 if mode == "bfloat16" else 1.0, 200 if mode == "bfloat16" else 100)
+    assert seen.count("float32") == seen.count("bfloat16") == TRIAL_STEPS
+    assert precision.chosen == "bfloat16" and precision.next() == "bfloat16"
+    assert "0.75x" in precision.reason
+    precision.record("float32", 0.001, 100)  # decided: later timings change nothing
+    assert precision.chosen == "bfloat16"
+
+
+def test_auto_is_float32_without_native_bfloat16_and_fixed_choices_are_kept(monkeypatch):
+    monkeypatch.setattr(eagle3_precision, "native_bf16_flags", lambda: [])
+    assert TrainingPrecision("auto").next() == "float32"
+    assert TrainingPrecision("bfloat16").next() == "bfloat16"
+    with pytest.raises(ValueError, match="--train-dtype"):
+        TrainingPrecision("float16")
+
+
+def test_a_bfloat16_autocast_step_computes_nearly_the_float32_loss(tmp_path):
+    head = load_head(make_head_dir(tmp_path), torch.nn.Embedding(256, 32), torch.float32, "cpu")
+    head.train().requires_grad_(True)
+    feats = [make_features(20, seed=s) for s in range(3)]
+    lm_rows = torch.randn(96, 32)  # the head's 96-token draft vocabulary
+    in_draft = torch.zeros(256, dtype=torch.bool)
+    in_draft[:96] = True
+    batch = make_batch(feats, lm_rows, in_draft, max_len=16)
+    precision = TrainingPrecision("bfloat16")
+    with precision.autocast("bfloat16"):
+        low, _, _ = ttt_loss(head, batch, 2)
+    with torch.no_grad():
+        full, _, _ = ttt_loss(head, batch, 2)
+    low.backward()  # the backward runs (outside the autocast context)
+    assert low.dtype == torch.float32
+    assert abs(low.detach().item() - full.item()) < 0.05 * abs(full.item())
+    assert all(p.grad is not None for p in head.parameters() if p.requires_grad)
+
+
+def tiny_training_argv(model_dir, out) -> list[str]:
+    argv = ["train-eagle3", "--output", str(out), "--model", model_dir, "--max-minutes", "0.6"]
+    argv += ["--corpus-minutes", "0.15", "--num-prompts", "6", "--max-new-tokens", "8"]
+    return argv + ["--self-instruct", "3", "--ttt-steps", "2", "--max-len", "48", "--batch-tokens", "96"]
+
+
+def test_init_from_trains_an_existing_head_further_with_its_vocabulary(tmp_path):
+    from specexec.cli import main
+
+    model_dir = save_tiny_model_dir(tmp_path / "tiny")
+    first = tmp_path / "first"
+    assert main([*tiny_training_argv(model_dir, first), "--draft-vocab-size", "64"]) == 0
+    second = tmp_path / "second"
+    argv = [*tiny_training_argv(model_dir, second), "--draft-vocab-size", "32", "--init-from", str(first)]
+    assert main(argv) == 0
+    start = load_head(first, torch.nn.Embedding(256, 32), torch.float32, "cpu")
+    checkpoint = load_checkpoint(second / CHECKPOINT_NAME)
+    assert torch.equal(checkpoint["draft_ids"], start.t2d.nonzero()[:, 0]), "not the start head's vocabulary"
+    assert json.loads((second / "config.json").read_text())["draft_vocab_size"] == 64
+    log = json.loads((second / "training_log.json").read_text())
+    assert log["val"][0]["step"] == 0, "the start head was not measured before training"
+    assert log["precision"]["chosen"] in ("float32", "bfloat16")
+
+
+def test_init_from_refuses_a_head_of_another_shape(tmp_path, capsys):
+    from specexec.cli import main
+
+    model_dir = save_tiny_model_dir(tmp_path / "tiny")
+    head_dir = make_head_dir(tmp_path / "other", aux_layers=(0, 0, 0))
+    assert main([*tiny_training_argv(model_dir, tmp_path / "out"), "--init-from", str(head_dir)]) == 2
+    assert "does not fit the target: aux_layer_ids (0, 0, 0)" in capsys.readouterr().err
