@@ -5,7 +5,9 @@ forwards that generate the answers: no second pass over the corpus). Per positio
 features the head is fed (``hidden_states[i]`` for the head's layer ids) and the final normed hidden
 state, from which the training loop recomputes the target's distribution over the draft vocabulary
 (``final @ lm_head[draft ids].T``) instead of storing wide rows. A long sequence keeps only its last
-positions (its answer and the prompt just before it), computed over the whole context.
+positions (its answer and the prompt just before it), computed over the whole context. Only positions
+whose next-but-one token belongs to the answer are scored (as EAGLE masks the loss to the assistant's
+turn): the prompt's positions are context the head attends, not what it will draft.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class SequenceFeatures:
     start_pos: int  #: position of token_ids[0] in the whole sequence
     aux: torch.Tensor  # [n, 3 * target_hidden] bfloat16: the head's input features
     final: torch.Tensor  # [n, target_hidden] bfloat16: last hidden state after the final norm
+    answer_start: int = 0  #: position of the answer's first token; earlier targets are not scored
 
 
 def load_features(records: list[dict], corpus_dir: Path, target_hidden: int) -> list[SequenceFeatures]:
@@ -38,7 +41,11 @@ def load_features(records: list[dict], corpus_dir: Path, target_hidden: int) -> 
         start = len(ids) - 1 - n  # every token but the last was fed
         features.append(
             SequenceFeatures(
-                torch.tensor(ids[start:]), start, rows[:, : 3 * target_hidden], rows[:, 3 * target_hidden :]
+                torch.tensor(ids[start:]),
+                start,
+                rows[:, : 3 * target_hidden],
+                rows[:, 3 * target_hidden :],
+                answer_start=len(r["prompt_token_ids"]),
             )
         )
     return features

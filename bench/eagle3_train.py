@@ -228,8 +228,8 @@ def _batches(feats, batch_tokens: int, max_len: int, rng: random.Random):
 
 def make_batch(feats, lm_rows: torch.Tensor, in_draft: torch.Tensor, max_len: int) -> Batch:
     """Index i of a sequence: features at its position, the next token, the target's log-probs (over
-    the draft vocabulary) of the token after that. An index counts when the token after that (the
-    target's greedy choice, in its own answers) is in the draft vocabulary."""
+    the draft vocabulary) of the token after that. An index counts when the token after that belongs to
+    the answer and (the target's greedy choice, in its own greedy answers) is in the draft vocabulary."""
     t = max(min(len(f.aux) - 1, max_len) for f in feats)
     b = len(feats)
     aux = torch.zeros(b, t, feats[0].aux.shape[1])
@@ -244,7 +244,8 @@ def make_batch(feats, lm_rows: torch.Tensor, in_draft: torch.Tensor, max_len: in
         next_ids[j, :n] = f.token_ids[1 : n + 1]
         positions[j, :n] = torch.arange(f.start_pos, f.start_pos + n)
         final[j, :n] = f.final[1 : n + 1].float()
-        valid[j, :n] = in_draft[f.token_ids[2 : n + 2]]
+        answer = torch.arange(f.start_pos + 2, f.start_pos + n + 2) >= f.answer_start  # [n]
+        valid[j, :n] = in_draft[f.token_ids[2 : n + 2]] & answer
         real[j, :n] = True
     with torch.no_grad():
         target_logits = final @ lm_rows.T  # [B, T, draft_vocab]

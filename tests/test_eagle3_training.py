@@ -71,6 +71,17 @@ def test_each_unrolled_step_equals_drafting_after_that_position(tmp_path):
                 ids = torch.cat([ids, f.token_ids[index + 2 + k : index + 3 + k]])
 
 
+def test_only_answer_targets_are_scored():
+    """A prompt's positions are context, not training targets: index i (position start + i) is scored
+    only when the token it predicts (position start + i + 2) is the answer's."""
+    f = make_features(12, 0)
+    f.answer_start = f.start_pos + 7  # the answer's first token sits at index 5's target
+    batch = make_batch([f], torch.randn(96, 32), torch.ones(256, dtype=torch.bool), max_len=64)
+    n = len(f.aux) - 1
+    assert batch.valid[0, :n].tolist() == [False] * 5 + [True] * (n - 5)
+    assert batch.real[0, :n].all()  # still fed: the head attends the prompt's keys
+
+
 def test_training_prompts_never_include_a_benchmark_draw():
     train_ids = {p.id for p in training_prompts()}
     for name, _ in TRAINING_DATASETS:
