@@ -2,10 +2,11 @@
 work the corpus never saw.
 
     python -m specexec.bench.eagle3_eval --head runs/eagle3 [--against drafters/heads/...] \\
-        [--num-requests 16] [--max-tokens 128] [--max-draft-len 3] [--output DIR]
+        [--num-requests 16] [--max-tokens 128] [--max-draft-len 3] [--with-confidence] [--output DIR]
 
 For each evaluation set (Spec-Bench and the extraction set, the benchmark's own draws), at batch 1 and
-greedy: no drafts, the current head, the new head; per head the acceptance length, the acceptance rate
+greedy: no drafts, the current head, the new head (and with ``--with-confidence`` the new head under
+draft_len_policy "confidence"); per head the acceptance length, the acceptance rate
 at each draft position, and tokens/s over no drafts. Before anything runs, every evaluation prompt is
 checked against the new head's corpus by the hash of its rendered token ids (and its text against the
 self-instruct pool): an overlap stops the evaluation. The head's own forward (the drafting step, one
@@ -70,15 +71,22 @@ def head_forward_cost(executor, repeats: int = 20) -> float:
     return median(drafter.warm_up) / median(lambda: executor.time_forward(1, 128))
 
 
-def evaluate_heads(new_head: Path, current_head: Path, num_requests: int, max_tokens: int, k: int) -> dict:
+def evaluate_heads(
+    new_head: Path, current_head: Path, num_requests: int, max_tokens: int, k: int, with_confidence: bool = False
+) -> dict:
     from ..executor.config import ExecutorConfig
     from ..executor.executor import Executor
 
-    def executor_for(head: Path | None) -> Executor:
+    def executor_for(head: Path | None, policy: str = "fixed") -> Executor:
         spec = (
             None
             if head is None
-            else {"decoding_type": "Eagle", "max_draft_len": k, "speculative_model": str(head)}
+            else {
+                "decoding_type": "Eagle",
+                "max_draft_len": k,
+                "speculative_model": str(head),
+                "draft_len_policy": policy,
+            }
         )
         return Executor(config=ExecutorConfig(speculative_config=spec, progress=False, warmup=True))
 
@@ -87,6 +95,8 @@ def evaluate_heads(new_head: Path, current_head: Path, num_requests: int, max_to
         "current": executor_for(current_head),
         "new": executor_for(new_head),
     }
+    if with_confidence:  # the new head, each chain ended by its confidence (not part of the shipping rule)
+        engines["new+conf"] = executor_for(new_head, "confidence")
     tok = engines["none"].tokenizer
     workloads = {}
     for name in EVAL_SETS:
@@ -164,9 +174,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--max-draft-len", type=int, default=3)
+    parser.add_argument(
+        "--with-confidence",
+        action="store_true",
+        help="also the new head under draft_len_policy 'confidence' (row new+conf; the shipping rule "
+        "compares the fixed-length rows)",
+    )
     parser.add_argument("--output", type=Path, help="write eval.json and eval.txt here")
     args = parser.parse_args(argv)
-    report = evaluate_heads(args.head, args.against, args.num_requests, args.max_tokens, args.max_draft_len)
+    report = evaluate_heads(
+        args.head, args.against, args.num_requests, args.max_tokens, args.max_draft_len, args.with_confidence
+    )
     text = format_report(report)
     print(text)
     if args.output:

@@ -92,6 +92,11 @@ class Drafter:
     #: OpenMP team slows a drafter's model by about a quarter); the deadline is then checked when a call
     #: returns, and a call that never returns cannot be cut short. The built-in drafters set it.
     runs_on_loop_thread: bool = False
+    #: it ends each request's chain early when ``confidence_stop`` says one more draft does not pay,
+    #: judged by its own confidence (draft_len_policy "confidence"; others fall back to "auto")
+    reports_confidence: bool = False
+    #: set by the executor under draft_len_policy "confidence" (an `executor.confidence_stop.ConfidenceStop`)
+    confidence_stop = None
 
     def grammar_of(self, request):
         """This step's snapshot of the request's grammar (``fork_for_drafting()``, ``is_terminated()``)

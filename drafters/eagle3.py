@@ -15,11 +15,13 @@ request's grammar mask reaches the draft logits through the same ``d2t`` map.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
 from ..executor.block_manager import BlockManager
+from ..executor.confidence_stop import ChainOdds
 from ..executor.graph_shapes import GraphShapes
 from ..executor.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from ..executor.model_runner import PagedInputs, SequenceInput
@@ -67,6 +69,7 @@ class Eagle3Drafter(Drafter):
     owns_kv_cache = True
     runs_on_loop_thread = True  #: built in: bounded work, no thread hop (see Drafter)
     accepts_grammar_masks = True  #: each drafting step of a guided request is masked (through d2t)
+    reports_confidence = True  #: draft_len_policy "confidence" ends each chain by the head's confidence
 
     def __init__(
         self,
@@ -154,14 +157,24 @@ class Eagle3Drafter(Drafter):
         drafts: dict[str, list[int]] = {r.request_id: [] for r, _ in ready}
         probs: dict[str, list[torch.Tensor]] = {r.request_id: [] for r, _ in ready}
         grammars = {r.request_id: g.fork_for_drafting() for r, _ in ready if (g := self.grammar_of(r))}
+        stop = self.confidence_stop
+        chains = {r.request_id: ChainOdds() for r, _ in ready}
         active = list(ready)
+        step_started = None
         while True:
             still = []
             matchers = [grammars.get(r.request_id) for r, _ in active]
             picks = self._pick_rows(logits, [r for r, _ in active], matchers)
-            for j, ((r, n), (token, q)) in enumerate(zip(active, picks)):
+            if stop is not None and step_started is not None:  # (picking reads the step's results back)
+                stop.time_draft_step(time.perf_counter() - step_started)
+            for j, ((r, n), (token, q, confidence)) in enumerate(zip(active, picks)):
                 if token is None:
                     continue
+                if stop is not None:
+                    chain = chains[r.request_id]
+                    if not stop.keeps(chain, confidence, len(scheduled_requests)):
+                        continue  # one more draft would not pay: this chain ends here
+                    chain.keep(confidence)
                 drafts[r.request_id].append(token)
                 if q is not None:
                     probs[r.request_id].append(q)
@@ -169,6 +182,7 @@ class Eagle3Drafter(Drafter):
                     still.append((j, r, n))
             if not still or not self._reserve([r for _, r, _ in still]):
                 break
+            step_started = time.perf_counter()
             hidden, logits = self._draft_step(
                 [r for _, r, _ in still],
                 hidden[[j for j, _, _ in still]],
@@ -292,36 +306,39 @@ class Eagle3Drafter(Drafter):
     # ---- picking a token ------------------------------------------------------------------------
     def _pick_rows(
         self, logits: torch.Tensor, requests: list, matchers: list
-    ) -> list[tuple[int | None, torch.Tensor | None]]:
+    ) -> list[tuple[int | None, torch.Tensor | None, float]]:
         """Each request's next draft as a target id from its row of ``logits`` [R, draft_vocab] (greedy,
-        or sampled with q over the target vocabulary); None when its grammar is done or leaves no
-        draft-vocabulary token (its row holds no finite logit). The greedy ids and the rows' finiteness
-        come back in one read."""
+        or sampled with q over the target vocabulary), and the head's confidence: the largest
+        probability of the row's (masked) distribution, read before a sampled token is drawn. None when
+        its grammar is done or leaves no draft-vocabulary token (its row holds no finite logit). The
+        greedy ids, the rows' finiteness and the confidences come back in one read."""
         logits = logits.float()
         done = [m is not None and m.is_terminated() for m in matchers]
         matchers = [None if is_done else m for m, is_done in zip(matchers, done)]
         self._masks.apply(logits, matchers, d2t=self.head.d2t)
         targets = self.head.to_target_ids(logits.argmax(dim=-1))  # [R]
         finite = torch.isfinite(logits.amax(dim=-1))  # [R]: some token is allowed
-        answers = torch.stack([targets, finite.long()], dim=1).tolist()
-        picks: list[tuple[int | None, torch.Tensor | None]] = []
+        confidence = torch.softmax(logits, dim=-1).amax(dim=-1)  # [R] (NaN where nothing is allowed)
+        answers = torch.stack([targets.double(), finite.double(), confidence.double()], dim=1).tolist()
+        picks: list[tuple[int | None, torch.Tensor | None, float]] = []
         for i, (request, matcher) in enumerate(zip(requests, matchers)):
-            token, q = answers[i][0], None
+            token, q, sure = int(answers[i][0]), None, answers[i][2]
             if done[i] or not answers[i][1]:
-                picks.append((None, None))
+                picks.append((None, None, 0.0))
                 continue
             params = request.sampling_params
             if self.returns_draft_probs and not params.is_greedy:
                 dev = logits.device
                 q_draft = draft_distribution(logits[i], params)  # [draft_vocab]
+                sure = float(q_draft.max()) if self.confidence_stop is not None else sure
                 draft_id = sample_from_probs(q_draft, request.generator)
                 q = torch.zeros(self.vocab_size, dtype=q_draft.dtype, device=dev)
                 q[self.head.to_target_ids(torch.arange(len(q_draft), device=dev))] = q_draft
                 token = draft_id + int(self.head.d2t[draft_id])
             if matcher is not None and not matcher.accept_token(token):
-                picks.append((None, None))
+                picks.append((None, None, 0.0))
                 continue
-            picks.append((token, q))
+            picks.append((token, q, sure))
         return picks
 
     def release(self, request) -> None:

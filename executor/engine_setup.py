@@ -13,6 +13,7 @@ from ..drafters.base import Drafter, DrafterContext
 from .attention_paths import choose_attention_paths
 from .block_manager import BlockManager
 from .config import ExecutorConfig
+from .confidence_stop import ConfidenceStop
 from .cuda_graphs import CudaGraphCapture, GraphCaptureReport
 from .draft_length import (
     MEASURED_SIZES,
@@ -243,14 +244,23 @@ def _speculation_stage(
     if drafter is None:
         return SpeculationStage(plugins, None, spec, vocab_size)
     policy = None
+    drafter.confidence_stop = None  # (a drafter passed in may have served another executor)
     if spec is not None and spec.draft_len_policy != "fixed":
         cost = ForwardCostModel.linear()
-        if spec.draft_len_policy == "auto":
+        if spec.draft_len_policy in ("auto", "confidence"):
             limit = min(config.max_num_tokens, block_manager.capacity_tokens)
             sizes = tuple(n for n in MEASURED_SIZES if n <= limit) or (1,)
             key = cost_cache_key(model) + ("|cuda graphs" if runner.graphs is not None else "")
             cost = ForwardCostModel.cached(
                 key, lambda n: scratch_forward(runner, block_manager, n), measurement_dir(config), sizes
             )
-        policy = DraftLengthPolicy(drafter.max_draft_len, cost)
+        if spec.draft_len_policy == "confidence" and drafter.reports_confidence:
+            drafter.confidence_stop = ConfidenceStop(cost)  # the drafter ends each chain itself
+        else:
+            if spec.draft_len_policy == "confidence":
+                logger.info(
+                    "%s reports no draft confidence: draft_len_policy 'confidence' runs as 'auto'",
+                    type(drafter).__name__,
+                )
+            policy = DraftLengthPolicy(drafter.max_draft_len, cost)
     return SpeculationStage(plugins, drafter, spec, vocab_size, policy, config.drafter_timeout_s)

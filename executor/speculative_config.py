@@ -13,7 +13,7 @@ from typing import Any
 
 from .options import reject_unknown_keys
 
-DRAFT_LEN_POLICIES = ("fixed", "acceptance", "auto")
+DRAFT_LEN_POLICIES = ("fixed", "acceptance", "auto", "confidence")
 #: vLLM's `speculative_config` keys -> the (TensorRT-LLM) keys specexec reads instead
 VLLM_KEYS = {
     "method": "decoding_type (ngram -> NGram, draft_model -> DraftTarget, eagle3 -> Eagle)",
@@ -46,7 +46,9 @@ class SpeculativeConfig:
     #: batch size -> draft length, e.g. {1: 4, 4: 2, 16: 0}; the largest key <= the running batch applies
     draft_len_schedule: dict[int, int] | None = None
     #: "fixed"; "acceptance": per-request length from its running acceptance rate (shrink, stop below
-    #: break-even, probe again); "auto": the same with this machine's measured forward cost curve
+    #: break-even, probe again); "auto": the same with this machine's measured forward cost curve;
+    #: "confidence": each chain ends at the first draft whose drafter confidence does not pay for its
+    #: cost on that curve (`executor/confidence_stop.py`; drafters that report no confidence: "auto")
     draft_len_policy: str = "fixed"
     options: dict[str, Any] = field(default_factory=dict)  #: the drafter's own options
 

@@ -314,6 +314,13 @@ def test_fixed_policy_has_no_policy(tmp_path):
     assert make_policy_executor("fixed", tmp_path).speculation.policy is None
 
 
+def test_confidence_policy_runs_as_auto_for_a_drafter_without_confidences(tmp_path):
+    executor = make_policy_executor("confidence", tmp_path)  # NGram reports no confidence
+    assert executor.speculation.drafter.confidence_stop is None
+    policy = executor.speculation.policy
+    assert policy is not None and policy.cost_model.num_tokens == list(MEASURED_SIZES), "measured, as auto"
+
+
 def test_auto_policy_measures_once_and_reuses_the_cache(tmp_path, monkeypatch):
     first = make_policy_executor("auto", tmp_path)
     (path,) = tmp_path.glob("forward-cost-*.json")

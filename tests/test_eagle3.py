@@ -26,7 +26,9 @@ from specexec.drafters.eagle3_head import (
     load_head,
     save_head,
 )
+from specexec.executor.confidence_stop import ChainOdds, ConfidenceStop
 from specexec.executor.config import ExecutorConfig
+from specexec.executor.draft_length import ForwardCostModel
 from specexec.executor.executor import Executor
 from specexec.sampling import SamplingParams
 from test_speculative_identity import (
@@ -203,20 +205,27 @@ def test_eagle_keeps_greedy_output_identical(tmp_path, arch, batch):
 
 
 def reference_drafts(head: Eagle3Head, target, layers, tokens: list[int], k: int) -> list[int]:
+    return reference_chain(head, target, layers, tokens, k)[0]
+
+
+def reference_chain(head: Eagle3Head, target, layers, tokens: list[int], k: int):
     """EAGLE-3 drafting from scratch: transformers' hidden states of the verified tokens (all but the
-    last), the head run densely over pairs (h_t, x_{t+1}), then chained on its own outputs."""
+    last), the head run densely over pairs (h_t, x_{t+1}), then chained on its own outputs; the drafts
+    and the head's confidence in each (its largest probability)."""
     with torch.no_grad():
         hs = target(input_ids=torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
         hidden = head.fuse(torch.cat([hs[i][0] for i in layers], -1))  # [N-1, hidden]
         ids = torch.tensor(tokens[1:])
-        drafts = []
+        drafts, confidences = [], []
         for _ in range(k):
             out = head.step(ids, hidden, torch.arange(len(ids)), dense_causal_attention)
-            draft = int(head.to_target_ids(head.logits(out[-1]).argmax()))
+            logits = head.logits(out[-1])
+            draft = int(head.to_target_ids(logits.argmax()))
             drafts.append(draft)
+            confidences.append(float(logits.softmax(-1).max()))
             hidden = torch.cat([hidden, out[-1:]])
             ids = torch.cat([ids, torch.tensor([draft])])
-    return drafts
+    return drafts, confidences
 
 
 def dense_causal_attention(q, k, v):  # [T, heads | kv_heads, d]
@@ -263,6 +272,68 @@ def test_every_proposal_equals_the_from_scratch_reference(tmp_path, setting):
     for tokens, drafted in proposals:
         assert drafted, "every scheduled decode gets drafts"
         assert drafted == reference_drafts(head, fresh_target, (1, 2, 3), tokens, len(drafted)), tokens
+
+
+# ---- draft length by the head's confidence ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch", ["batch1", "batch8"])
+def test_confidence_policy_keeps_greedy_output_identical(tmp_path, batch):
+    make_head_dir(tmp_path / "head")
+    spec = {**eagle_spec(tmp_path / "head"), "draft_len_policy": "confidence"}
+    executor, _ = run_speculative("llama", BATCHES[batch], speculative_config=spec, cache_dir=str(tmp_path))
+    assert isinstance(executor.speculation.drafter.confidence_stop, ConfidenceStop)
+    assert executor.speculation.policy is None, "the head ends its chains itself"
+
+
+#: the random head's confidences lie around 0.02-0.04: on this curve a first draft pays above 0.03, so
+#: some chains get one and some none (a second never pays: it would need a confidence near 0.9)
+SOME_PAY = ForwardCostModel([1, 2], [1.0, 1.03])
+
+
+@pytest.mark.parametrize(
+    "curve, batch, lengths",
+    [
+        pytest.param(ForwardCostModel([1, 64], [1.0, 1.0]), "batch8", {3}, id="free-drafts-full-chains"),
+        pytest.param(ForwardCostModel([1, 2], [1.0, 2.0]), "batch8", set(), id="costly-drafts-none"),
+        # (alone: in a batch of 8 its share of the forward is small, and a first draft needs 0.2)
+        pytest.param(SOME_PAY, "batch1", {0, 1}, id="each-chain-where-it-stops-paying"),
+    ],
+)
+def test_each_chain_ends_at_the_first_draft_that_does_not_pay(tmp_path, curve, batch, lengths):
+    make_head_dir(tmp_path)
+    _, target = make_tiny_model("llama")
+    head = load_head(tmp_path, target.get_input_embeddings(), torch.float64, "cpu")
+    drafter = Eagle3Drafter(head, 3, VOCAB, 4, block_size=4)
+    rule = ConfidenceStop(curve)
+    rule.time_draft_step = lambda seconds: None  # no wall-clock times: the decisions are reproducible
+    seen = []
+    prepare = drafter.prepare_draft_tokens
+
+    def recording(scheduled, resources):
+        snapshot = {s.request.request_id: (list(s.request.token_ids), s.num_draft_slots) for s in scheduled}
+        proposals = prepare(scheduled, resources)
+        seen.extend((*snapshot[rid], len(scheduled), p.token_ids) for rid, p in proposals.items())
+        return proposals
+
+    drafter.prepare_draft_tokens = recording
+
+    def use_rule(executor):
+        executor.speculation.drafter.confidence_stop = rule
+
+    _, outputs = run_speculative("llama", BATCHES[batch], drafter=drafter, before_run=use_rule)
+    _, fresh_target = make_tiny_model("llama")
+    assert len(seen) >= 8
+    for tokens, num_slots, batch_size, drafted in seen:
+        drafts, confidences = reference_chain(head, fresh_target, (1, 2, 3), tokens, num_slots)
+        chain = ChainOdds()
+        for c in confidences:
+            if not rule.keeps(chain, c, batch_size):
+                break
+            chain.keep(c)
+        assert drafted == drafts[: chain.num_drafts], tokens
+    full = [d for _, num_slots, _, d in seen if num_slots == 3]  # (not the last tokens' shorter room)
+    assert {len(d) for d in full} == lengths or not lengths and num_drafted(outputs) == 0
 
 
 def test_full_head_pool_ends_drafting_without_leaks(tmp_path):
@@ -342,7 +413,7 @@ def test_draft_side_mask_forbids_exactly_what_the_target_mask_forbids(tmp_path, 
     logits = torch.randn(DRAFT_VOCAB)
     request = SimpleNamespace(sampling_params=SamplingParams(temperature=0.0), generator=None)
     matcher = FixedMaskMatcher(allowed)
-    ((token, _),) = drafter._pick_rows(logits[None], [request], [matcher])
+    ((token, _, _),) = drafter._pick_rows(logits[None], [request], [matcher])
     target_of = head.to_target_ids(torch.arange(DRAFT_VOCAB)).tolist()
     for draft_id, target_id in enumerate(target_of):
         assert torch.isfinite(logits[draft_id]) == (target_id in allowed), (draft_id, target_id)
@@ -370,7 +441,7 @@ def test_rows_of_one_drafting_step_are_picked_each_by_its_own_grammar(tmp_path):
     together = drafter._pick_rows(logits, [request] * 3, [FixedMaskMatcher(allowed), None, done])
     assert together == alone
     assert together[0][0] in allowed and together[1][0] == target_of[int(logits[1].argmax())]
-    assert together[2] == (None, None)
+    assert together[2] == (None, None, 0.0)
 
 
 def test_grammar_with_no_draft_vocab_token_allowed_stops_drafting(tmp_path):
@@ -380,7 +451,7 @@ def test_grammar_with_no_draft_vocab_token_allowed_stops_drafting(tmp_path):
     outside = set(range(VOCAB)) - set(head.to_target_ids(torch.arange(DRAFT_VOCAB)).tolist())
     request = SimpleNamespace(sampling_params=SamplingParams(temperature=0.0), generator=None)
     matcher = FixedMaskMatcher({min(outside)})
-    ((token, q),) = drafter._pick_rows(torch.randn(1, DRAFT_VOCAB), [request], [matcher])
+    ((token, q, _),) = drafter._pick_rows(torch.randn(1, DRAFT_VOCAB), [request], [matcher])
     assert token is None and q is None
 
 
@@ -391,7 +462,7 @@ def test_sampled_drafts_carry_q_over_the_target_vocabulary(tmp_path):
     request = SimpleNamespace(
         sampling_params=SamplingParams(temperature=0.7), generator=torch.Generator().manual_seed(0)
     )
-    ((token, q),) = drafter._pick_rows(torch.randn(1, DRAFT_VOCAB, dtype=torch.float64), [request], [None])
+    ((token, q, _),) = drafter._pick_rows(torch.randn(1, DRAFT_VOCAB, dtype=torch.float64), [request], [None])
     assert q.shape == (VOCAB,)
     assert torch.isclose(q.sum(), torch.tensor(1.0, dtype=q.dtype))
     assert q[token] > 0
