@@ -189,6 +189,25 @@ def pool_prompts(pool: list[dict]) -> list[BenchPrompt]:
     return [BenchPrompt(r["id"], [{"role": "user", "content": r["prompt"]}]) for r in pool]
 
 
+def mix_prompts(bundled: list[BenchPrompt], pool: list[BenchPrompt], pool_share: float) -> list[BenchPrompt]:
+    """Both lists in one order where every prefix takes about ``pool_share`` of its prompts from the
+    pool (while both last), so a time-limited run reaches the pool's open chat instead of answering
+    every bundled prompt first; each list keeps its own order, and a rerun skips what is answered."""
+    if not 0.0 <= pool_share <= 1.0:
+        raise ValueError(f"the pool's share of the prompts must be in 0..1, got {pool_share}")
+    mixed: list[BenchPrompt] = []
+    i = j = 0
+    while i < len(bundled) or j < len(pool):
+        take_pool = j < len(pool) and (i >= len(bundled) or j < pool_share * (i + j + 1))
+        if take_pool:
+            mixed.append(pool[j])
+            j += 1
+        else:
+            mixed.append(bundled[i])
+            i += 1
+    return mixed
+
+
 def corpus_size(records: list[dict], corpus_dir: Path) -> dict:
     """What the corpus holds: sequences (of them sampled), positions with features, output tokens,
     and the features' bytes on disk."""

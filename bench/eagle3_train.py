@@ -37,7 +37,7 @@ from .eagle3_ttt import Batch, ttt_loss
 def train(args) -> int:
     """The whole pipeline of `specexec train-eagle3` (see the module docstring)."""
     from ..executor.model_loader import load_model
-    from .eagle3_corpus import corpus_size, generate_corpus, pool_prompts, training_prompts
+    from .eagle3_corpus import corpus_size, generate_corpus, mix_prompts, pool_prompts, training_prompts
     from .eagle3_features import choose_draft_vocab, load_features
 
     if (
@@ -47,10 +47,11 @@ def train(args) -> int:
         or args.draft_vocab_size < 1
         or args.eval_every < 1
         or args.patience < 1
+        or not 0 <= args.pool_share <= 1
     ):
         raise ValueError(
             "--max-minutes > 0, --corpus-minutes >= 0, --ttt-steps >= 1, --draft-vocab-size >= 1, "
-            "--eval-every >= 1, --patience >= 1"
+            "--eval-every >= 1, --patience >= 1, --pool-share in 0..1"
         )
     started = time.perf_counter()
     out = Path(args.output)
@@ -71,7 +72,7 @@ def train(args) -> int:
         max_seconds=args.corpus_minutes * 60 - (time.perf_counter() - corpus_started),
         keep_positions=args.max_len + 1,
         model=args.model,
-        prompts=training_prompts() + pool_prompts(pool),
+        prompts=mix_prompts(training_prompts(), pool_prompts(pool), args.pool_share),
         sampled_temperature=args.sampled_temperature,
     )
     if not records:

@@ -23,6 +23,12 @@ def add_arguments(parser) -> None:
         help="for writing them (at most a third of --corpus-minutes)",
     )
     parser.add_argument(
+        "--pool-share",
+        type=float,
+        default=0.5,
+        help="of the prompts answered, the share taken from the self-instruct pool while it lasts",
+    )
+    parser.add_argument(
         "--sampled-temperature",
         type=float,
         default=0.7,

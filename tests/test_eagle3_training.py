@@ -13,6 +13,7 @@ from specexec.bench.eagle3_corpus import (
     MAX_BENCH_REQUESTS_PER_CATEGORY,
     SPECBENCH_CATEGORIES,
     TRAINING_DATASETS,
+    mix_prompts,
     training_prompts,
 )
 from specexec.bench.eagle3_features import SequenceFeatures, choose_draft_vocab, d2t_for
@@ -92,6 +93,25 @@ def test_training_prompts_never_include_a_benchmark_draw():
     for category in SPECBENCH_CATEGORIES:
         drawn = {p.id for p in load_dataset(f"specbench:{category}", MAX_BENCH_REQUESTS_PER_CATEGORY)}
         assert not train_ids & drawn, category
+
+
+@pytest.mark.parametrize("share", [0.0, 0.25, 0.5, 0.75, 1.0])
+def test_every_prefix_of_the_mix_takes_the_pools_share(share):
+    bundled, pool = [f"b{i}" for i in range(300)], [f"p{i}" for i in range(100)]
+    mixed = mix_prompts(bundled, pool, share)
+    assert sorted(mixed) == sorted(bundled + pool), "every prompt once"
+    assert [m for m in mixed if m[0] == "b"] == bundled and [m for m in mixed if m[0] == "p"] == pool
+    for n in range(1, len(mixed) + 1):  # while both last, the pool's part of the first n is its share
+        taken = sum(m[0] == "p" for m in mixed[:n])
+        if taken < len(pool) and n - taken < len(bundled):
+            assert abs(taken - share * n) <= 1, (n, taken)
+    if share > 0:
+        assert mixed[0][0] == "p", "the pool starts at once, not after the bundle"
+
+
+def test_a_share_outside_0_to_1_is_refused():
+    with pytest.raises(ValueError, match="share"):
+        mix_prompts(["b"], ["p"], 1.5)
 
 
 @pytest.mark.parametrize("length", [1, 2, 3, 7, 10, 80, 480])
