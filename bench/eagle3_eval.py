@@ -5,7 +5,7 @@ work the corpus never saw.
         [--num-requests 16] [--max-tokens 128] [--max-draft-len 3] [--with-confidence] [--output DIR]
 
 For each evaluation set (Spec-Bench and the extraction set, the benchmark's own draws), at batch 1 and
-greedy: no drafts, the current head, the new head (and with ``--with-confidence`` the new head under
+greedy: no drafts, the current head, the new head (and with ``--with-confidence`` both heads under
 draft_len_policy "confidence"); per head the acceptance length, the acceptance rate
 at each draft position, and tokens/s over no drafts. Before anything runs, every evaluation prompt is
 checked against the new head's corpus by the hash of its rendered token ids (and its text against the
@@ -95,7 +95,8 @@ def evaluate_heads(
         "current": executor_for(current_head),
         "new": executor_for(new_head),
     }
-    if with_confidence:  # the new head, each chain ended by its confidence (not part of the shipping rule)
+    if with_confidence:  # each chain ended by the head's confidence (not part of the shipping rule)
+        engines["cur+conf"] = executor_for(current_head, "confidence")
         engines["new+conf"] = executor_for(new_head, "confidence")
     tok = engines["none"].tokenizer
     workloads = {}
@@ -177,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--with-confidence",
         action="store_true",
-        help="also the new head under draft_len_policy 'confidence' (row new+conf; the shipping rule "
-        "compares the fixed-length rows)",
+        help="also both heads under draft_len_policy 'confidence' (rows cur+conf, new+conf; the shipping "
+        "rule compares the fixed-length rows)",
     )
     parser.add_argument("--output", type=Path, help="write eval.json and eval.txt here")
     args = parser.parse_args(argv)
