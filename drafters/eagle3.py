@@ -318,7 +318,10 @@ class Eagle3Drafter(Drafter):
         self._masks.apply(logits, matchers, d2t=self.head.d2t)
         targets = self.head.to_target_ids(logits.argmax(dim=-1))  # [R]
         finite = torch.isfinite(logits.amax(dim=-1))  # [R]: some token is allowed
-        confidence = torch.softmax(logits, dim=-1).amax(dim=-1)  # [R] (NaN where nothing is allowed)
+        if self.confidence_stop is not None:  # [R] (NaN where nothing is allowed)
+            confidence = torch.softmax(logits, dim=-1).amax(dim=-1)
+        else:  # no rule reads it: no softmax on the drafting path
+            confidence = torch.zeros_like(finite, dtype=torch.float64)
         answers = torch.stack([targets.double(), finite.double(), confidence.double()], dim=1).tolist()
         picks: list[tuple[int | None, torch.Tensor | None, float]] = []
         for i, (request, matcher) in enumerate(zip(requests, matchers)):
