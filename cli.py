@@ -142,6 +142,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"[dtype {choice.dtype}: {choice.reason}]", file=sys.stderr)
         if executor.quantization is not None:
             print(f"[{executor.quantization.summary()}]", file=sys.stderr)
+        if executor.model.device.type == "cpu":
+            linear = executor.linear_backend
+            print(f"[cpu_linear {linear.backend}: {linear.reason}]", file=sys.stderr)
         for report in executor.cuda_graphs:
             print(f"[{report.describe()}]", file=sys.stderr)
         prompt = prompt_text

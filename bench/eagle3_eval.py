@@ -72,7 +72,12 @@ def head_forward_cost(executor, repeats: int = 20) -> float:
 
 
 def evaluate_heads(
-    new_head: Path, current_head: Path, num_requests: int, max_tokens: int, k: int, with_confidence: bool = False
+    new_head: Path,
+    current_head: Path,
+    num_requests: int,
+    max_tokens: int,
+    k: int,
+    with_confidence: bool = False,
 ) -> dict:
     from ..executor.config import ExecutorConfig
     from ..executor.executor import Executor

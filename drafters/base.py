@@ -137,6 +137,11 @@ class Drafter:
         `GraphCaptureReport`s. A drafter without a model of its own captures nothing."""
         return []
 
+    def torch_modules(self) -> list[torch.nn.Module]:
+        """The models this drafter runs (the executor repacks their linear layers for the CPU when
+        ``cpu_linear`` picks oneDNN). A drafter without a model of its own has none."""
+        return []
+
     def warm_up(self) -> None:
         """One tiny forward of each model this drafter runs, over scratch pages it frees at once (called
         at start-up with ``warmup`` on, so that the first request pays no cold start). A drafter

@@ -94,6 +94,9 @@ class DraftTargetDrafter(Drafter):
         shapes = GraphShapes.for_model(max_batch_size, (1, 2), pages, bs, self.runner.max_num_tokens)
         return [self.runner.capture_graphs(shapes, backend, "draft model")]
 
+    def torch_modules(self) -> list[torch.nn.Module]:
+        return [self.runner.model]
+
     def warm_up(self) -> None:
         """A catch-up of two tokens after a page of context, as each drafting step begins."""
         scratch_forward(self.runner, self.block_manager, 2, context_len=self.block_manager.block_size)

@@ -100,7 +100,7 @@ class Eagle3Drafter(Drafter):
         self.vocab_size = target_vocab_size
         self.returns_draft_probs = sample_drafts
         self.is_deterministic = not sample_drafts
-        dtype, device = head.fc.weight.dtype, head.fc.weight.device
+        dtype, device = head.dtype, head.norm.weight.device
         spec = KVCacheSpec(1, cfg.num_key_value_heads, cfg.head_dim, dtype)
         num_blocks = num_blocks_for_budget(spec, block_size, int(kv_cache_memory_gb * 2**30))
         self.block_manager = BlockManager(num_blocks, block_size)
@@ -117,17 +117,20 @@ class Eagle3Drafter(Drafter):
         shapes = GraphShapes.for_model(
             max_batch_size, (1, 1 + self.max_draft_len), pages, bs, inputs.max_num_tokens
         )
-        hidden = (self.head.config.hidden_size, self.head.fc.weight.dtype)
+        hidden = (self.head.config.hidden_size, self.head.dtype)
         return [
             inputs.capture_forward(shapes, backend, "EAGLE-3 head", self._static_forward, {"hidden": hidden})
         ]
+
+    def torch_modules(self) -> list[torch.nn.Module]:
+        return [self.head]
 
     def warm_up(self) -> None:
         """The head over 1 + k scratch positions (a catch-up after a verify step), zeros for features."""
         num_tokens, bm = 1 + self.max_draft_len, self.block_manager
         bm.allocate(SCRATCH_REQUEST_ID, num_tokens)
         try:
-            hidden = self.head.fc.weight.new_zeros(num_tokens, self.head.config.hidden_size)
+            hidden = self.head.norm.weight.new_zeros(num_tokens, self.head.config.hidden_size)
             self._forward(
                 [SequenceInput([0] * num_tokens, 0, bm.block_tables[SCRATCH_REQUEST_ID], 1)], hidden
             )

@@ -202,6 +202,11 @@ class Eagle3Head(nn.Module):
         self.embed_tokens: nn.Embedding | None = None  #: the head's own, when its checkpoint has them
         self._target_embeddings = (target_embeddings,)  # a tuple: not registered as a submodule
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The head's compute dtype (read off a norm: its linear layers may be packed or quantized)."""
+        return self.norm.weight.dtype
+
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         table = self.embed_tokens if self.embed_tokens is not None else self._target_embeddings[0]
         if table is None:
@@ -210,7 +215,7 @@ class Eagle3Head(nn.Module):
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """[T, 3 * target_hidden] captured target features -> [T, hidden]."""
-        return self.fc(features.to(self.fc.weight.dtype))
+        return self.fc(features.to(self.dtype))
 
     def step(
         self,

@@ -63,4 +63,6 @@ class ConfidenceStop:
         if not self._timed:
             self.draft_step_seconds, self._timed = seconds, True
         else:
-            self.draft_step_seconds = self.smoothing * self.draft_step_seconds + (1 - self.smoothing) * seconds
+            self.draft_step_seconds = (
+                self.smoothing * self.draft_step_seconds + (1 - self.smoothing) * seconds
+            )

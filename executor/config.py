@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .linear_backend import check_cpu_linear
 from .options import reject_unknown_keys
 from .quantization import check_quantization
 from .speculative_config import SpeculativeConfig
@@ -50,6 +51,10 @@ class ExecutorConfig:
     #: output channel), int4 (groups of 32), gguf (a GGUF file's own Q4_0/Q4_1 codes, exactly; the rest
     #: dequantized). Kernels: `executor/quantized_linear.py`; a device without one is refused
     quantization: str | None = None
+    #: a CPU model's dense linear layers: auto, blas (torch's F.linear), onednn (weights packed once
+    #: for oneDNN, the drafter's models too). auto measures both once per CPU and model shape and keeps
+    #: the faster (`executor/linear_backend.py`); on CUDA and for float64/float16: blas
+    cpu_linear: str = "auto"
     max_batch_size: int = 16  #: requests in one forward at most
     max_num_tokens: int = 2048  #: tokens in one forward at most (prefill chunks + decode + draft tokens)
     max_model_len: int | None = None  #: context length; None = the model's, capped by the KV pool
@@ -90,6 +95,7 @@ class ExecutorConfig:
         _check(self.model is None or isinstance(self.model, str), "model", self.model, "a path or null")
         _check(self.dtype in DTYPES, "dtype", self.dtype, ", ".join(DTYPES))
         check_quantization(self.quantization)
+        check_cpu_linear(self.cpu_linear)
         _check(
             isinstance(self.device, str)
             and (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")),

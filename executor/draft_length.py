@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from .measurement_cache import cached_measurement, median_seconds
+from .packed_linear import PackedLinear
 
 logger = logging.getLogger("specexec")
 
@@ -76,8 +77,10 @@ def cost_cache_key(model: torch.nn.Module) -> str:
     # quantized weights are buffers: their bytes tell an int8 model from an int4 one of the same params
     buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
     name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+    # packed layers' weights are neither: their count tells a oneDNN model from the same model on BLAS
+    packed = sum(isinstance(m, PackedLinear) for m in model.modules())
     return (
-        f"{name}|{num_params}|buffers={buffer_bytes}|{param.dtype}|{param.device}"
+        f"{name}|{num_params}|buffers={buffer_bytes}|packed={packed}|{param.dtype}|{param.device}"
         f"|threads={torch.get_num_threads()}"
     )
 

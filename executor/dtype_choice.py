@@ -113,13 +113,13 @@ def measure_bf16_ratio(shape: ModelShape, quantization: str | None = None, repea
     """bfloat16's time over float32's for one decode step's work at 1 and 4 new tokens (summed)."""
     seconds = {}
     for dtype in (torch.float32, torch.bfloat16):
-        step = _DecodeStepWork(shape, dtype, quantization)
+        step = DecodeStepWork(shape, dtype, quantization)
         step.run(1)  # warm-up
         seconds[dtype] = sum(median_seconds(lambda n=n, run=step.run: run(n), repeats) for n in (1, 4))
     return seconds[torch.bfloat16] / seconds[torch.float32]
 
 
-class _DecodeStepWork:
+class DecodeStepWork:
     """Random weights of a few distinct layers (enough to stream from memory) and the LM head; `run`
     does every layer's projections and attention (cycling through the distinct layers) and the head."""
 
@@ -153,6 +153,11 @@ class _DecodeStepWork:
         # gguf: a Q8_0 head is dense in float32, int8 per row in bfloat16 (`quantization.py`)
         self.head = weight(s.vocab, s.hidden, quantize=quantization != "gguf" or dtype != torch.float32)
         self.shape, self.dtype = s, dtype
+
+    def map_linears(self, fn) -> None:
+        """Replace every layer by ``fn(layer)`` (e.g. to time another linear backend on the same work)."""
+        self.layers = [tuple(fn(layer) for layer in group) for group in self.layers]
+        self.head = fn(self.head)
 
     @torch.inference_mode()
     def run(self, num_tokens: int) -> None:

@@ -71,6 +71,7 @@ class EngineCore:
         self.capture_layers = capture_layers  #: hidden states returned on the outputs
         self.graph_reports: list = []  #: GraphCaptureReport per captured model (set up on CUDA)
         self.quantization = None  #: QuantizationReport of the target's layers, when quantized
+        self.linear_backend = None  #: LinearBackendChoice: which kernels run the dense linear layers
         self.verifier = VerifyStage(RejectionSampler(), vocab_size)
         self.resources = StepResources(runner, outputs.tokenizer, vocab_size)
         self._submitted: collections.deque[RequestState] = collections.deque()  # from any thread

@@ -12,8 +12,8 @@ import torch
 from ..drafters.base import Drafter, DrafterContext
 from .attention_paths import choose_attention_paths
 from .block_manager import BlockManager
-from .config import ExecutorConfig
 from .confidence_stop import ConfidenceStop
+from .config import ExecutorConfig
 from .cuda_graphs import CudaGraphCapture, GraphCaptureReport
 from .draft_length import (
     MEASURED_SIZES,
@@ -27,8 +27,10 @@ from .engine_core import EngineCore
 from .graph_shapes import GraphShapes
 from .guided import MAX_FORCED_TOKENS, GuidedDecodingStage
 from .kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
+from .linear_backend import LinearBackendChoice, choose_linear_backend
 from .model_runner import ModelRunner
 from .output_processor import OutputProcessor
+from .packed_linear import pack_linears
 from .scheduler import Scheduler
 from .scratch_forward import scratch_forward
 from .speculation import SpeculationStage, build_drafter, check_drafter_options
@@ -104,6 +106,7 @@ def build_engine_core(
     max_model_len = _max_model_len(model, config, block_manager)
     context = DrafterContext(model, tokenizer, vocab_size, config, target_path)
     drafter = _setup_drafter(context, drafter, plugins, runner)
+    linear_backend = _apply_linear_backend(config, model, drafter)
     graph_reports = capture_cuda_graphs(config, runner, drafter, max_model_len)
     speculation = _speculation_stage(model, vocab_size, config, drafter, plugins, runner, block_manager)
     eos_token_ids = _eos_token_ids(model, tokenizer)
@@ -123,7 +126,27 @@ def build_engine_core(
     core = EngineCore(runner, scheduler, speculation, guided, outputs, max_model_len, vocab_size, capture)
     core.graph_reports = graph_reports
     core.quantization = quantization
+    core.linear_backend = linear_backend
     return core
+
+
+def _apply_linear_backend(config: ExecutorConfig, model, drafter: Drafter | None) -> LinearBackendChoice:
+    """Choose ``cpu_linear``'s backend and, for oneDNN, pack the target's and the drafter's dense linear
+    layers in place (after the drafter is built: a drafter that copies the target copies it dense)."""
+    param = next(model.parameters())
+    choice = choose_linear_backend(
+        config.cpu_linear,
+        param.device,
+        param.dtype,
+        model.config.get_text_config().to_dict(),
+        measurement_dir(config),
+        config.quantization,
+    )
+    if choice.backend == "onednn":
+        modules = [model, *(drafter.torch_modules() if drafter is not None else [])]
+        packed = sum(pack_linears(module) for module in modules)
+        logger.info("cpu_linear onednn: %d linear layers packed (%s)", packed, choice.reason)
+    return choice
 
 
 def capture_cuda_graphs(

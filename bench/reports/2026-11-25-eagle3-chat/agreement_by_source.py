@@ -9,15 +9,18 @@ target's token (every answer position, tokens outside the draft vocabulary count
 draft vocabulary's coverage of those tokens, and calibration: per confidence bin, count and agreement.
 A one-off diagnosis, not part of the package; answers are cached in WORK_DIR (default /tmp/diag).
 """
-import sys, json, torch
-from pathlib import Path
+
+import sys
 from collections import defaultdict
+from pathlib import Path
+
+import torch
 from specexec.bench.datasets import load_dataset
+from specexec.bench.eagle3_checkpoint import split_records
 from specexec.bench.eagle3_corpus import generate_corpus, read_corpus
 from specexec.bench.eagle3_features import load_features
-from specexec.bench.eagle3_checkpoint import split_records
 from specexec.bench.eagle3_ttt import ChainAttention
-from specexec.drafters.eagle3_head import load_head, SHIPPED_HEAD
+from specexec.drafters.eagle3_head import SHIPPED_HEAD, load_head
 from specexec.executor.model_loader import load_model
 
 head_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else SHIPPED_HEAD
@@ -30,8 +33,15 @@ H = cfg.target_hidden_size
 sets = {}
 for name in ("specbench", "extraction"):
     p = out / name / "corpus.jsonl"
-    recs = generate_corpus(p, layers, num_prompts=16, max_tokens=128, keep_positions=641,
-                           prompts=load_dataset(name, 16), max_batch_size=16)
+    recs = generate_corpus(
+        p,
+        layers,
+        num_prompts=16,
+        max_tokens=128,
+        keep_positions=641,
+        prompts=load_dataset(name, 16),
+        max_batch_size=16,
+    )
     sets[name] = (recs, out / name)
 corpus = Path(".train/smollm2-eagle3/corpus")
 _, val = split_records(read_corpus(corpus / "corpus.jsonl"))
@@ -44,10 +54,11 @@ for r in val:
 for k, v in by_src.items():
     sets[k] = (v, corpus)
 
+
 @torch.no_grad()
 def agreement(recs, d):
     feats = load_features(recs, d, H)
-    hit = tot = cov = conf_hit = 0
+    hit = tot = cov = 0
     confs, oks = [], []
     for f in feats:
         n = len(f.aux) - 1
@@ -55,20 +66,25 @@ def agreement(recs, d):
         attend = ChainAttention(1, n, torch.ones(1, n, dtype=torch.bool))
         hidden = head.fuse(f.aux[:n].float())
         pos = torch.arange(f.start_pos, f.start_pos + n)
-        o = head.step(ids[1:n + 1], hidden, pos, attend)
+        o = head.step(ids[1 : n + 1], hidden, pos, attend)
         logits = head.logits(o).float()
         p = logits.softmax(-1)
         c, a = p.max(-1)
         pred = head.to_target_ids(a)
-        want = ids[2:n + 2]
+        want = ids[2 : n + 2]
         ans = torch.arange(f.start_pos + 2, f.start_pos + n + 2) >= f.answer_start
         ok = (pred == want)[ans]
-        hit += int(ok.sum()); tot += int(ans.sum()); cov += int(head.t2d[want[ans]].sum())
-        confs.append(c[ans]); oks.append(ok)
-    c = torch.cat(confs); ok = torch.cat(oks).float()
+        hit += int(ok.sum())
+        tot += int(ans.sum())
+        cov += int(head.t2d[want[ans]].sum())
+        confs.append(c[ans])
+        oks.append(ok)
+    c = torch.cat(confs)
+    ok = torch.cat(oks).float()
     bins = [(lo, (c >= lo) & (c < lo + 0.2)) for lo in (0, 0.2, 0.4, 0.6, 0.8)]
     cal = " ".join(f"[{lo:.1f}:{int(m.sum())} {ok[m].mean():.2f}]" for lo, m in bins if m.any())
     return hit / tot, cov / tot, tot, cal
+
 
 for k, (recs, d) in sets.items():
     a, cov, tot, cal = agreement(recs, d)
