@@ -1,14 +1,16 @@
 """Where one decode step's time goes: linear layers, attention, other ops, Python.
 
-    python -m specexec.bench.profile_step [--dtype float32,bfloat16] [--steps 16] [--output table.txt]
+    python -m specexec.bench.profile_step [--dtype float32,bfloat16] [--cpu-linear blas,onednn] [--steps 16]
+        [--output table.txt]
 
-Three scenarios on the embedded SmolLM2 and extraction prompts (~1.3k tokens each): batch 1 and batch 8
-without drafts, and batch 8 with exactly 3 drafts per request (a drafter that always proposes 3 tokens, so
-every step verifies 4 tokens per request). After the prompts are prefilled and two warm-up steps, each
+Four scenarios on the embedded SmolLM2 and extraction prompts (~1.3k tokens each): batch 1 and batch 8
+without drafts, and with exactly 3 drafts per request (a drafter that always proposes 3 tokens, so every
+step verifies 4 tokens per request). After the prompts are prefilled and two warm-up steps, each
 scenario times ``--steps`` executor steps without the profiler (the wall time per step), then runs them
 again under ``torch.profiler`` for the split:
 
-- *linear*: ``aten::linear`` calls and the quantized kernels (q/k/v/o, MLP, the LM head);
+- *linear*: ``aten::linear`` calls, oneDNN's packed linears (``cpu_linear``) and the quantized kernels
+  (q/k/v/o, MLP, the LM head);
 - *attention*: the paged attention function (cache write, gather, the attention kernel);
 - *other ops*: every other top-level op inside the model call (norms, rotary, residual adds, embeddings);
 - *Python in model*: the model call's time not inside any op (module dispatch, HF glue);
@@ -61,14 +63,21 @@ class Scenario:
 
 SCENARIOS = (
     Scenario("batch 1, no drafts", 1, 0),
+    Scenario("batch 1, k=3 drafts", 1, 3),
     Scenario("batch 8, no drafts", 8, 0),
     Scenario("batch 8, k=3 drafts", 8, 3),
 )
 
 
-def make_executor(dtype: str, scenario: Scenario, quantization: str | None = None) -> Executor:
+def make_executor(
+    dtype: str, scenario: Scenario, quantization: str | None = None, cpu_linear: str = "auto"
+) -> Executor:
     config = ExecutorConfig(
-        dtype=dtype, max_batch_size=scenario.batch, max_num_tokens=4096, quantization=quantization
+        dtype=dtype,
+        max_batch_size=scenario.batch,
+        max_num_tokens=4096,
+        quantization=quantization,
+        cpu_linear=cpu_linear,
     )
     drafter = FixedDrafter(scenario.num_drafts) if scenario.num_drafts else None
     return Executor(config=config, drafter=drafter)
@@ -111,8 +120,14 @@ def label_the_model(executor: Executor) -> None:
     ALL_ATTENTION_FUNCTIONS[PAGED_ATTENTION] = labelled_attention
 
 
-#: the linear layers' ops: dense, and the weight-only quantized kernels (`executor/quantized_linear.py`)
-LINEAR_OPS = ("aten::linear", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu")
+#: the linear layers' ops: dense (the BLAS, or oneDNN on packed weights: `executor/packed_linear.py`), and
+#: the weight-only quantized kernels (`executor/quantized_linear.py`)
+LINEAR_OPS = (
+    "aten::linear",
+    "mkldnn::_linear_pointwise",
+    "aten::_weight_int8pack_mm",
+    "aten::_weight_int4pack_mm_for_cpu",
+)
 
 
 def split(events) -> dict[str, float]:
@@ -146,9 +161,9 @@ def split(events) -> dict[str, float]:
 
 
 def profile_scenario(
-    dtype: str, scenario: Scenario, num_steps: int, quantization: str | None = None
+    dtype: str, scenario: Scenario, num_steps: int, quantization: str | None = None, cpu_linear: str = "auto"
 ) -> dict[str, float]:
-    executor = make_executor(dtype, scenario, quantization)
+    executor = make_executor(dtype, scenario, quantization, cpu_linear)
     try:
         start_requests(executor, scenario)
         walls = []
@@ -188,13 +203,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=16, help="steps timed and profiled per scenario")
     parser.add_argument("--output", help="also write the table to this file")
     parser.add_argument("--quantization", choices=["int8", "int4", "gguf"], help="quantize the linear layers")
+    parser.add_argument(
+        "--cpu-linear", default="auto", help="comma-separated cpu_linear settings (auto, blas, onednn)"
+    )
     args = parser.parse_args(argv)
     rows = []
     for dtype in args.dtype.split(","):
-        for scenario in SCENARIOS:
-            shares = profile_scenario(dtype, scenario, args.steps, args.quantization)
-            rows.append((dtype, scenario.name, shares))
-            print(f"{dtype} {scenario.name}: wall {shares['wall ms']:.1f} ms per step", flush=True)
+        for cpu_linear in args.cpu_linear.split(","):
+            label = dtype if cpu_linear == "auto" else f"{dtype} {cpu_linear}"
+            for scenario in SCENARIOS:
+                shares = profile_scenario(dtype, scenario, args.steps, args.quantization, cpu_linear)
+                rows.append((label, scenario.name, shares))
+                print(f"{label} {scenario.name}: wall {shares['wall ms']:.1f} ms per step", flush=True)
     table = format_table(rows)
     header = (
         f"# profile_step: {describe_cpu()}, torch {torch.__version__}, "
