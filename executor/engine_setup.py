@@ -143,7 +143,12 @@ def _apply_linear_backend(config: ExecutorConfig, model, drafter: Drafter | None
         config.quantization,
     )
     if choice.backend == "onednn":
-        modules = [model, *(drafter.torch_modules() if drafter is not None else [])]
+        modules = [model]
+        if drafter is not None:
+            try:
+                modules += list(drafter.torch_modules())
+            except Exception:  # a plugin's hook: its models stay as they are, the target is packed
+                logger.exception("cpu_linear onednn: %s.torch_modules() raised", type(drafter).__name__)
         packed = sum(pack_linears(module) for module in modules)
         logger.info("cpu_linear onednn: %d linear layers packed (%s)", packed, choice.reason)
     return choice

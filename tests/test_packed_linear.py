@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from specexec.drafters.base import Drafter, DraftProposal
 from specexec.executor import linear_backend
 from specexec.executor.dtype_choice import ModelShape
 from specexec.executor.executor import Executor
@@ -164,3 +165,23 @@ def test_executor_on_onednn_drafts_and_outputs_what_it_outputs_on_blas(tmp_path)
         assert_all_pages_free(executor)
         tokens[backend] = [o.token_ids for o in outputs]
     assert tokens["onednn"] == tokens["blas"]
+
+
+class _HidesItsModels(Drafter):
+    """Drafts one fixed token; its torch_modules hook raises."""
+
+    def propose(self, request, num_slots: int, resources) -> DraftProposal:
+        return DraftProposal([7][:num_slots])
+
+    def torch_modules(self):
+        raise RuntimeError("no models to show")
+
+
+def test_a_drafter_whose_torch_modules_raises_still_runs_on_a_packed_target(caplog):
+    _, model = make_tiny_model("llama", dtype=torch.float32)
+    executor = Executor(model, make_config(dtype="float32", cpu_linear="onednn"), drafter=_HidesItsModels(2))
+    assert _packed(executor.model) > 0
+    assert "torch_modules() raised" in caplog.text
+    outputs = executor.run(make_requests(BATCHES["batch1"]))
+    assert len(outputs[0].token_ids) == 16 and num_drafted(outputs) > 0
+    assert_all_pages_free(executor)
