@@ -117,6 +117,7 @@ def evaluate_heads(
         ]
         workloads[name] = Workload(prompts, ids, max_tokens, 0.0)
     report: dict = {"held_out": check_held_out(new_head, workloads), "sets": {}}
+    report["machine"] = machine_line(engines["none"])
     for name, work in workloads.items():
         rows = {}
         for label, executor in engines.items():
@@ -148,9 +149,25 @@ def is_better(sets: dict) -> bool:
     )
 
 
+def machine_line(executor) -> str:
+    """Where the figures come from: the CPU (or device), torch, threads, dtype, linear kernels."""
+    import torch
+
+    from ..executor.cpu_info import describe_cpu
+
+    device = executor.model.device
+    where = describe_cpu() if device.type == "cpu" else torch.cuda.get_device_name(device)
+    linear = executor.linear_backend
+    return (
+        f"{where}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{executor.dtype_choice.dtype}, cpu_linear {linear.backend} ({linear.reason})"
+    )
+
+
 def format_report(report: dict) -> str:
     held = report["held_out"]
-    lines = [
+    lines = [f"machine: {report['machine']}"] if "machine" in report else []
+    lines += [
         f"held-out check: {held['prompts']} evaluation prompts, none among the corpus's "
         f"{held['corpus_sequences']} sequences or the pool's {held['pool_instructions']} instructions"
     ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from specexec.bench.datasets import BenchPrompt
 from specexec.bench.eagle3_eval import check_held_out, ids_hash, is_better
 from specexec.bench.eagle3_prompts import normalized_hash
@@ -57,3 +58,18 @@ def test_a_head_ships_only_when_better_on_every_set():
     assert not is_better(sets((2.5, 1.2), (2.1, 0.99)))  # slower on one set
     assert not is_better(sets((2.0, 1.3)))  # the same acceptance length is not better
     assert not is_better(sets((None, 1.3)))
+
+
+def test_the_report_names_the_machine_dtype_and_linear_kernels():
+    from specexec.bench.eagle3_eval import format_report, machine_line
+    from specexec.executor.executor import Executor
+    from test_speculative_identity import make_config
+    from tiny_models import make_tiny_model
+
+    _, model = make_tiny_model("llama", dtype=torch.float32)
+    with Executor(model, make_config(dtype="float32", cpu_linear="blas")) as executor:
+        line = machine_line(executor)
+    assert "threads, float32, cpu_linear blas (configured)" in line
+    report = {"machine": line, "held_out": {"prompts": 0, "corpus_sequences": 0, "pool_instructions": 0},
+              "sets": {}, "head_forward_cost": {"current": 0.1, "new": 0.1}, "new_is_better": False}  # fmt: skip
+    assert format_report(report).splitlines()[0] == f"machine: {line}"
