@@ -30,7 +30,7 @@ from .kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from .linear_backend import LinearBackendChoice, choose_linear_backend
 from .model_runner import ModelRunner
 from .output_processor import OutputProcessor
-from .packed_linear import pack_linears
+from .packed_linear import pack_linears, unpack_linears
 from .scheduler import Scheduler
 from .scratch_forward import scratch_forward
 from .speculation import SpeculationStage, build_drafter, check_drafter_options
@@ -132,7 +132,8 @@ def build_engine_core(
 
 def _apply_linear_backend(config: ExecutorConfig, model, drafter: Drafter | None) -> LinearBackendChoice:
     """Choose ``cpu_linear``'s backend and, for oneDNN, pack the target's and the drafter's dense linear
-    layers in place (after the drafter is built: a drafter that copies the target copies it dense)."""
+    layers in place (after the drafter is built: a drafter that copies the target copies it dense); for
+    the BLAS, unpack a module an earlier executor packed."""
     param = next(model.parameters())
     choice = choose_linear_backend(
         config.cpu_linear,
@@ -142,7 +143,9 @@ def _apply_linear_backend(config: ExecutorConfig, model, drafter: Drafter | None
         measurement_dir(config),
         config.quantization,
     )
-    if choice.backend == "onednn":
+    if choice.backend == "blas":
+        unpack_linears(model)
+    else:
         modules = [model]
         if drafter is not None:
             try:

@@ -29,6 +29,7 @@ from pathlib import Path
 from torch import nn
 
 from .gguf_weights import INT4_TYPES, GGUFFile, match_rows
+from .packed_linear import unpack_linears
 from .quantized_linear import (
     Int4WeightOnlyLinear,
     Int8WeightOnlyLinear,
@@ -65,6 +66,7 @@ def quantize_model(model: nn.Module, scheme: str, gguf_path: str | Path | None =
     """Quantize ``model``'s linear layers in place (see the module docstring); ``gguf_path``: the file
     the model was converted from (``gguf`` only)."""
     check_quantization(scheme)
+    unpack_linears(model)  # a module an earlier executor packed for oneDNN (`packed_linear.py`)
     for device, dtype in {(m.weight.device, m.weight.dtype) for *_, m in _linears(model)}:
         check_kernel("int4" if scheme == "gguf" else scheme, device, dtype)
     report = QuantizationReport(scheme)
@@ -92,7 +94,8 @@ def quantize_model(model: nn.Module, scheme: str, gguf_path: str | Path | None =
 
 def dequantize_model(model: nn.Module) -> nn.Module:
     """Replace quantized layers by dense ``nn.Linear`` ones holding their dequantized weights, in place
-    (to quantize a quantized model again under another scheme)."""
+    (to quantize a quantized model again under another scheme); packed layers are unpacked too."""
+    unpack_linears(model)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, WeightOnlyLinear):

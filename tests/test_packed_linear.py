@@ -185,3 +185,18 @@ def test_a_drafter_whose_torch_modules_raises_still_runs_on_a_packed_target(capl
     outputs = executor.run(make_requests(BATCHES["batch1"]))
     assert len(outputs[0].token_ids) == 16 and num_drafted(outputs) > 0
     assert_all_pages_free(executor)
+
+
+def test_a_module_packed_by_one_executor_serves_the_next_on_blas_or_quantized():
+    _, model = make_tiny_model("llama", dtype=torch.float32)
+    request = BATCHES["batch1"]
+    packed = Executor(model, make_config(dtype="float32", cpu_linear="onednn"))
+    first = packed.run(make_requests(request))[0].token_ids
+    assert _packed(model) > 0
+    on_blas = Executor(model, make_config(dtype="float32", cpu_linear="blas"))
+    assert _packed(model) == 0
+    assert on_blas.run(make_requests(request))[0].token_ids == first
+    Executor(model, make_config(dtype="float32", cpu_linear="onednn"))
+    quantized = Executor(model, make_config(dtype="float32", cpu_linear="blas", quantization="int8"))
+    assert _packed(model) == 0 and sum(isinstance(m, Int8WeightOnlyLinear) for m in model.modules()) > 0
+    assert len(quantized.run(make_requests(request))[0].token_ids) == 16
