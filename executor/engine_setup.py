@@ -133,7 +133,7 @@ def build_engine_core(
 def _apply_linear_backend(config: ExecutorConfig, model, drafter: Drafter | None) -> LinearBackendChoice:
     """Choose ``cpu_linear``'s backend and, for oneDNN, pack the target's and the drafter's dense linear
     layers in place (after the drafter is built: a drafter that copies the target copies it dense); for
-    the BLAS, unpack a module an earlier executor packed."""
+    the BLAS, unpack those an earlier executor packed."""
     param = next(model.parameters())
     choice = choose_linear_backend(
         config.cpu_linear,
@@ -143,15 +143,16 @@ def _apply_linear_backend(config: ExecutorConfig, model, drafter: Drafter | None
         measurement_dir(config),
         config.quantization,
     )
+    modules = [model]
+    if drafter is not None:
+        try:
+            modules += list(drafter.torch_modules())
+        except Exception:  # a plugin's hook: its models stay as they are
+            logger.exception("cpu_linear: %s.torch_modules() raised", type(drafter).__name__)
     if choice.backend == "blas":
-        unpack_linears(model)
+        for module in modules:
+            unpack_linears(module)
     else:
-        modules = [model]
-        if drafter is not None:
-            try:
-                modules += list(drafter.torch_modules())
-            except Exception:  # a plugin's hook: its models stay as they are, the target is packed
-                logger.exception("cpu_linear onednn: %s.torch_modules() raised", type(drafter).__name__)
         packed = sum(pack_linears(module) for module in modules)
         logger.info("cpu_linear onednn: %d linear layers packed (%s)", packed, choice.reason)
     return choice

@@ -35,7 +35,9 @@ tokens = dict.fromkeys(engines, 0)
 forwards = dict.fromkeys(engines, 0)
 for i, ids in enumerate(prompts):
     for name, executor in engines.items():
-        request = Request(list(ids), SamplingParams(max_tokens=max_tokens, ignore_eos=True), request_id=f"{i}")
+        request = Request(
+            list(ids), SamplingParams(max_tokens=max_tokens, ignore_eos=True), request_id=f"{i}"
+        )
         start = time.perf_counter()
         (out,) = executor.run([request])
         seconds[name] += time.perf_counter() - start

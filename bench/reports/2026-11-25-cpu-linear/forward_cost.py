@@ -20,6 +20,8 @@ for backend in ("blas", "onednn"):
         with torch.inference_mode():
             for n in SIZES:
                 scratch_forward(runner, pages, n)
-            seconds = {n: median_seconds(lambda n=n: scratch_forward(runner, pages, n), 7) for n in SIZES}
+            seconds = {
+                n: median_seconds(lambda r=runner, p=pages, n=n: scratch_forward(r, p, n), 7) for n in SIZES
+            }
     cells = "  ".join(f"{n}: {seconds[n] * 1000:.0f} ms {seconds[n] / seconds[1]:.2f}x" for n in SIZES)
     print(f"{backend:>6}  {cells}", flush=True)
