@@ -103,14 +103,17 @@ def generate_corpus(
     model: str | None = None,
     prompts: list[BenchPrompt] | None = None,
     sampled_temperature: float = 0.0,
+    archived: list[dict] | None = None,
 ) -> list[dict]:
     """Generate the target's answers (float32) for the first ``num_prompts`` of ``prompts`` (default:
     `training_prompts`) of at most ``max_prompt_tokens`` tokens, capturing ``capture_layers``
     (``hidden_states`` indices) at every position in the same forwards: a greedy answer each, and with
     ``sampled_temperature`` > 0 a sampled one too (id ``<id>~s``, its own seed). Each finished request
     is appended to ``path`` at once, its last ``keep_positions`` positions' features (bfloat16) saved
-    beside it in ``features/``; answers already in the file are skipped. Stops early (keeping what is
-    written) after ``max_seconds``."""
+    beside it in ``features/``; answers already in the file are skipped. The ``archived`` answers
+    (`eagle3_archive`) that the file lacks come first: their features are rebuilt by a prefill of the
+    answer's tokens, and their prompts are not answered again. Stops early (keeping what is written)
+    after ``max_seconds``."""
     from tqdm import tqdm
 
     from ..executor.config import ExecutorConfig
@@ -139,7 +142,8 @@ def generate_corpus(
     )
     chosen = [p for _, p in zip(range(num_prompts), fits)]
     greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    requests = []
+    requests, rebuilt = rebuild_requests(archived or [], done)
+    done |= rebuilt.keys()
     for i, p in enumerate(chosen):  # each prompt's greedy answer, then its sampled one: a run cut short
         if p.id not in done:  # by its time budget still has both kinds
             requests.append(Request(p.messages, greedy, request_id=p.id))
@@ -152,7 +156,7 @@ def generate_corpus(
         return read_corpus(path)
     features_dir = path.parent / "features"
     features_dir.mkdir(parents=True, exist_ok=True)
-    start, num_tokens = time.perf_counter(), 0
+    start, num_tokens, num_records = time.perf_counter(), 0, len(read_corpus(path))
     with open_for_append(path) as f, tqdm(total=len(todo), desc="target answers", unit="prompt") as bar:
         stream = executor.stream(requests)
         for event in stream:
@@ -161,20 +165,21 @@ def generate_corpus(
                 continue
             bar.update(1)
             if out.error is None and out.hidden_states is not None:
-                name = f"{len(done):05d}.pt"
-                done.add(out.request_id)
+                name = f"{num_records:05d}.pt"
+                num_records += 1
                 rows = out.hidden_states[-keep_positions:].to(torch.bfloat16).clone()
                 torch.save(rows, features_dir / name)
+                answer = rebuilt.get(out.request_id)
                 record = {
                     "id": out.request_id,
-                    "prompt_token_ids": out.prompt_token_ids,
-                    "output_token_ids": out.token_ids,
+                    "prompt_token_ids": answer["prompt_token_ids"] if answer else out.prompt_token_ids,
+                    "output_token_ids": answer["output_token_ids"] if answer else out.token_ids,
                     "features": f"features/{name}",
                     "positions": rows.shape[0],
                 }
                 f.write(json.dumps(record) + "\n")
                 f.flush()
-                num_tokens += len(out.token_ids)
+                num_tokens += len(record["output_token_ids"])
                 bar.set_postfix(output_tokens=num_tokens)
             if max_seconds is not None and time.perf_counter() - start > max_seconds:
                 stream.close()  # cancels what is left; the next run continues from the file
@@ -182,6 +187,22 @@ def generate_corpus(
                 break
     executor.close()
     return read_corpus(path)
+
+
+def rebuild_requests(archived: list[dict], done: set[str]) -> tuple[list, dict[str, dict]]:
+    """Prefill-only requests for the archived answers not in ``done``: the prompt is the whole answered
+    sequence but its last token, so the request's captured rows are the features generation saved
+    (every position fed to the target). Returns the requests and the answers by id."""
+    from ..executor.request import Request
+    from ..sampling import SamplingParams
+
+    prefill = SamplingParams(max_tokens=1, temperature=0.0)
+    todo = {a["id"]: a for a in archived if a["id"] not in done and a["output_token_ids"]}
+    requests = [
+        Request(a["prompt_token_ids"] + a["output_token_ids"][:-1], prefill, request_id=i)
+        for i, a in todo.items()
+    ]
+    return requests, todo
 
 
 def pool_prompts(pool: list[dict]) -> list[BenchPrompt]:

@@ -3,7 +3,8 @@
     specexec train-eagle3 --output heads/smollm2 --max-minutes 60
 
 1. the corpus: the target's greedy answers to bundled prompts no benchmark draw can pick
-   (`eagle3_corpus`), appended to ``<output>/corpus.jsonl`` (a rerun continues it);
+   (`eagle3_corpus`), appended to ``<output>/corpus.jsonl`` (a rerun continues it); answers the token
+   archive holds (`eagle3_archive`) are restored by prefill, new ones are added to it;
 2. the draft vocabulary: the corpus's most frequent tokens; the target's features over the corpus;
 3. the training-time test (`eagle3_ttt`) until the time budget ends, with a progress bar, a held-out
    agreement check, and ``training_log.json`` + ``loss_curve.png``;
@@ -28,6 +29,7 @@ from ..drafters.eagle3_head import (
     load_head,
     save_head,
 )
+from .eagle3_archive import BUNDLED_ARCHIVE, CorpusArchive, target_fingerprint
 from .eagle3_checkpoint import CHECKPOINT_NAME, TrainingState, load_checkpoint, save_checkpoint, split_records
 from .eagle3_features import d2t_for
 from .eagle3_precision import TrainingPrecision
@@ -63,7 +65,11 @@ def train(args) -> int:
     if start_head is not None:  # its draft vocabulary comes with it
         cfg = start_head.config
     corpus_started = time.perf_counter()
-    pool = _grow_pool(args, out / "corpus" / "prompt_pool.jsonl")
+    pool_path = out / "corpus" / "prompt_pool.jsonl"
+    archive = _open_archive(args, target)
+    if archive is not None:
+        print(f"archive {archive.root}: {archive.restore_pool(pool_path)} instructions restored")
+    pool = _grow_pool(args, pool_path)
     records = generate_corpus(
         out / "corpus" / "corpus.jsonl",
         (*cfg.aux_layer_ids, target.config.num_hidden_layers),
@@ -74,7 +80,10 @@ def train(args) -> int:
         model=args.model,
         prompts=mix_prompts(training_prompts(), pool_prompts(pool), args.pool_share),
         sampled_temperature=args.sampled_temperature,
+        archived=archive.answers() if archive is not None else None,
     )
+    if archive is not None:
+        _export(archive, records, pool_path)
     if not records:
         raise ValueError("the corpus is empty: no answer was generated")
     size = {**corpus_size(records, out / "corpus"), "prompt_pool": len(pool)}
@@ -123,6 +132,28 @@ def train(args) -> int:
     _plot(log, out / "loss_curve.png")
     print(f"wrote the head to {out} ({log['total_minutes']:.1f} min)")
     return 0
+
+
+def _open_archive(args, target) -> CorpusArchive | None:
+    """``--archive``: the directory given, the bundled one for the default model, or none."""
+    if args.archive == "none" or (args.archive is None and args.model is not None):
+        return None
+    archive = CorpusArchive(Path(args.archive) if args.archive else BUNDLED_ARCHIVE)
+    archive.check_target(target_fingerprint(target))
+    return archive
+
+
+def _export(archive: CorpusArchive, records: list[dict], pool_path: Path) -> None:
+    """Add the new answers and instructions to the archive; a read-only archive (an installed package)
+    is reported, not fatal: the corpus in --output keeps them."""
+    from .eagle3_prompts import read_pool
+
+    try:
+        counts = archive.export(records, read_pool(pool_path))
+    except OSError as e:
+        print(f"archive {archive.root}: not updated ({e})")
+        return
+    print(f"archive {archive.root}: added {counts['answers']} answers, {counts['instructions']} instructions")
 
 
 def _grow_pool(args, path: Path) -> list[dict]:

@@ -39,6 +39,12 @@ def add_arguments(parser) -> None:
         action="store_true",
         help="grow the corpus, report its size and stop (rerun to continue)",
     )
+    parser.add_argument(
+        "--archive",
+        help="directory of the corpus's token archive: answers and instructions it holds are restored "
+        "(features rebuilt by prefill) instead of generated again, and new ones are added to it; default: "
+        "the archive bundled for the default model when --model is not given, else none ('none': off)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=256, help="answer length at most")
     parser.add_argument("--draft-vocab-size", type=int, default=8192)
     parser.add_argument("--ttt-steps", type=int, default=4, help="unrolled training-time-test steps")
