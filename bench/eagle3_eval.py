@@ -7,7 +7,8 @@ work the corpus never saw.
 For each evaluation set (Spec-Bench and the extraction set, the benchmark's own draws), at batch 1 and
 greedy: no drafts, the current head, the new head (and with ``--with-confidence`` both heads under
 draft_len_policy "confidence"); per head the acceptance length, the acceptance rate
-at each draft position, and tokens/s over no drafts. Before anything runs, every evaluation prompt is
+at each draft position, and tokens/s over no drafts. The engines take turns prompt by prompt, so drift
+of a shared machine falls on all of them alike. Before anything runs, every evaluation prompt is
 checked against the new head's corpus by the hash of its rendered token ids (and its text against the
 self-instruct pool): an overlap stops the evaluation. The head's own forward (the drafting step, one
 token) is timed against one target decode forward. The new head is "better" only when its acceptance
@@ -21,6 +22,7 @@ import hashlib
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ..drafters.eagle3_head import SHIPPED_HEAD
@@ -119,10 +121,7 @@ def evaluate_heads(
     report: dict = {"held_out": check_held_out(new_head, workloads), "sets": {}}
     report["machine"] = machine_line(engines["none"])
     for name, work in workloads.items():
-        rows = {}
-        for label, executor in engines.items():
-            records, wall = run_specexec(executor, work, 1)
-            rows[label] = summarize(label, 1, records, wall)
+        rows = run_interleaved(engines, work)
         base = rows["none"]["output_tokens_per_s"]
         report["sets"][name] = {
             label: {
@@ -138,6 +137,22 @@ def evaluate_heads(
     for executor in engines.values():
         executor.close()
     return report
+
+
+def run_interleaved(engines: dict, work: Workload) -> dict[str, dict]:
+    """Each engine's summary row over ``work`` at batch 1, the engines taking turns prompt by prompt
+    (the order rotating each prompt), so a slow spell of a shared machine falls on every engine alike
+    instead of on whichever ran through the set at that time."""
+    labels = list(engines)
+    records: dict[str, list] = {label: [] for label in labels}
+    wall = dict.fromkeys(labels, 0.0)
+    for i in range(len(work.prompts)):
+        one = replace(work, prompts=[work.prompts[i]], token_ids=[work.token_ids[i]])
+        for label in labels[i % len(labels) :] + labels[: i % len(labels)]:
+            done, seconds = run_specexec(engines[label], one, 1)
+            records[label] += done
+            wall[label] += seconds
+    return {label: summarize(label, 1, records[label], wall[label]) for label in labels}
 
 
 def is_better(sets: dict) -> bool:

@@ -73,3 +73,26 @@ def test_the_report_names_the_machine_dtype_and_linear_kernels():
     report = {"machine": line, "held_out": {"prompts": 0, "corpus_sequences": 0, "pool_instructions": 0},
               "sets": {}, "head_forward_cost": {"current": 0.1, "new": 0.1}, "new_is_better": False}  # fmt: skip
     assert format_report(report).splitlines()[0] == f"machine: {line}"
+
+
+def test_engines_take_turns_prompt_by_prompt_and_each_row_sums_its_own_runs(monkeypatch):
+    from specexec.bench import eagle3_eval
+    from specexec.bench.records import RequestRecord
+
+    calls = []
+
+    def fake_run(executor, work, concurrency):
+        assert concurrency == 1 and len(work.prompts) == 1
+        calls.append((executor, work.prompts[0].id))
+        tokens = {"none": 10, "a": 20, "b": 30}[executor]
+        return [RequestRecord(work.prompts[0].id, len(work.token_ids[0]), tokens, 1.0)], 0.5
+
+    monkeypatch.setattr(eagle3_eval, "run_specexec", fake_run)
+    work = workload([(f"prompt {i}", [i, i + 1]) for i in range(4)])
+    rows = eagle3_eval.run_interleaved({"none": "none", "a": "a", "b": "b"}, work)
+    assert [c[1] for c in calls] == [p for p in ("p0", "p1", "p2", "p3") for _ in range(3)]
+    assert [c[0] for c in calls[:6]] == ["none", "a", "b", "a", "b", "none"]
+    for label, tokens in (("none", 10), ("a", 20), ("b", 30)):
+        assert [r for r in calls if r[0] == label] == [(label, f"p{i}") for i in range(4)]
+        assert rows[label]["num_requests"] == 4 and rows[label]["wall_s"] == 2.0
+        assert rows[label]["output_tokens_per_s"] == 4 * tokens / 2.0
