@@ -17,6 +17,7 @@ import json
 import math
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -50,10 +51,11 @@ def train(args) -> int:
         or args.eval_every < 1
         or args.patience < 1
         or not 0 <= args.pool_share <= 1
+        or (args.fresh_vocab and not args.init_from)
     ):
         raise ValueError(
             "--max-minutes > 0, --corpus-minutes >= 0, --ttt-steps >= 1, --draft-vocab-size >= 1, "
-            "--eval-every >= 1, --patience >= 1, --pool-share in 0..1"
+            "--eval-every >= 1, --patience >= 1, --pool-share in 0..1, --fresh-vocab only with --init-from"
         )
     started = time.perf_counter()
     out = Path(args.output)
@@ -62,8 +64,10 @@ def train(args) -> int:
     target = load_model(args.model, dtype="float32", progress=False).model
     cfg = _head_config(target.config, args.draft_vocab_size)
     start_head = _start_head(args.init_from, cfg, target) if args.init_from else None
-    if start_head is not None:  # its draft vocabulary comes with it
+    if start_head is not None and not args.fresh_vocab:  # its draft vocabulary comes with it
         cfg = start_head.config
+    elif start_head is not None:
+        cfg = replace(start_head.config, draft_vocab_size=cfg.draft_vocab_size)
     corpus_started = time.perf_counter()
     pool_path = out / "corpus" / "prompt_pool.jsonl"
     archive = _open_archive(args, target)
@@ -102,7 +106,7 @@ def train(args) -> int:
                 f"{out / CHECKPOINT_NAME} holds a head with a {len(draft_ids)}-token draft vocabulary: pass "
                 f"--draft-vocab-size {len(draft_ids)}, or another --output to start over"
             )
-    elif start_head is not None:
+    elif start_head is not None and not args.fresh_vocab:
         draft_ids = start_head.t2d.nonzero()[:, 0]
     else:
         eos = target.generation_config.eos_token_id
@@ -112,6 +116,8 @@ def train(args) -> int:
     train = load_features(train_records, out / "corpus", cfg.target_hidden_size)
     val = load_features(val_records, out / "corpus", cfg.target_hidden_size)
     lm_rows = target.get_output_embeddings().weight[draft_ids].detach().clone()  # [draft_vocab, hidden]
+    if start_head is not None and not torch.equal(start_head.t2d.nonzero()[:, 0], draft_ids):
+        start_head = with_draft_vocab(start_head, draft_ids, lm_rows)
     in_draft = torch.zeros(cfg.vocab_size, dtype=torch.bool)
     in_draft[draft_ids] = True
     head = start_head if start_head is not None else _init_head(cfg, target, draft_ids, lm_rows)
@@ -202,6 +208,33 @@ def _start_head(path: str, cfg: Eagle3Config, target) -> Eagle3Head:
     return head
 
 
+def with_draft_vocab(head: Eagle3Head, draft_ids: torch.Tensor, lm_rows: torch.Tensor) -> Eagle3Head:
+    """``head`` drafting over ``draft_ids`` instead (``--fresh-vocab``): every weight but the lm_head is
+    kept; a token the head already drafted keeps its trained lm_head row, a new one starts from the
+    target's output row (``lm_rows``, [len(draft_ids), hidden]; trained rows stay close to the target's:
+    cosine 0.98 for the shipped head)."""
+    cfg = replace(head.config, draft_vocab_size=len(draft_ids))
+    new = Eagle3Head(cfg, head._target_embeddings[0])
+    new.embed_tokens = head.embed_tokens
+    kept = {k: v for k, v in head.state_dict().items() if not k.startswith(("lm_head.", "d2t", "t2d"))}
+    new.load_state_dict(kept, strict=False)
+    old_ids = head.t2d.nonzero()[:, 0]
+    row_of = torch.full((cfg.vocab_size,), -1, dtype=torch.long)  # target id -> the head's old row
+    row_of[old_ids] = torch.arange(len(old_ids))
+    rows = lm_rows.clone().to(head.lm_head.weight.dtype)
+    had = row_of[draft_ids] >= 0
+    with torch.no_grad():
+        rows[had] = head.lm_head.weight[row_of[draft_ids][had]]
+        new.lm_head.weight.copy_(rows)
+        new.d2t.copy_(d2t_for(draft_ids))
+        new.t2d.zero_()
+        new.t2d[draft_ids] = True
+    new.train().requires_grad_(True)
+    if new.embed_tokens is not None:
+        new.embed_tokens.requires_grad_(False)
+    return new
+
+
 def _head_config(target_config, draft_vocab_size: int) -> Eagle3Config:
     tc = target_config.get_text_config()
     heads = tc.num_attention_heads
@@ -270,6 +303,7 @@ def make_batch(feats, lm_rows: torch.Tensor, in_draft: torch.Tensor, max_len: in
     final = torch.zeros(b, t, feats[0].final.shape[1])
     valid = torch.zeros(b, t, dtype=torch.bool)
     real = torch.zeros(b, t, dtype=torch.bool)
+    answers = torch.zeros(b, t, dtype=torch.bool)
     for j, f in enumerate(feats):
         n = min(len(f.aux) - 1, max_len)
         aux[j, :n] = f.aux[:n].float()
@@ -278,11 +312,14 @@ def make_batch(feats, lm_rows: torch.Tensor, in_draft: torch.Tensor, max_len: in
         final[j, :n] = f.final[1 : n + 1].float()
         answer = torch.arange(f.start_pos + 2, f.start_pos + n + 2) >= f.answer_start  # [n]
         valid[j, :n] = in_draft[f.token_ids[2 : n + 2]] & answer
+        answers[j, :n] = answer
         real[j, :n] = True
     with torch.no_grad():
         target_logits = final @ lm_rows.T  # [B, T, draft_vocab]
         target_probs = torch.softmax(target_logits, dim=-1)
-    return Batch(aux, next_ids, positions, target_probs, target_logits.argmax(-1), valid & real, real)
+    return Batch(
+        aux, next_ids, positions, target_probs, target_logits.argmax(-1), valid & real, real, answers
+    )
 
 
 def train_head(

@@ -8,8 +8,8 @@ indices <= t (the real context, as the inference cache holds) and the keys of st
 (its own earlier drafts): exactly what drafting k tokens after position t sees.
 
 Loss: soft cross-entropy against the target's distribution renormalized over the draft vocabulary,
-step k weighted 0.8^k; left out are positions whose target argmax lies outside that vocabulary and
-those whose target is still a prompt token (the prompt is context, its text not the target's). Only the
+step k weighted 0.8^k; left out are positions whose target argmax lies outside that vocabulary (they
+still count, as misses, in the agreement) and those whose target is still a prompt token (the prompt is context, its text not the target's). Only the
 scored rows go through the head's lm_head and the loss (padding and left-out positions are dropped
 before it), and the target's side is computed once per batch: the [B, T, draft_vocab] tensors are the
 step's largest.
@@ -36,6 +36,7 @@ class Batch:
     target_ids: torch.Tensor  # [B, T] the target's most likely draft id for x_{t+2}
     valid: torch.Tensor  # [B, T] bool: a real index whose target argmax is in the draft vocab
     real: torch.Tensor  # [B, T] bool: a real (not padding) index
+    answer: torch.Tensor  # [B, T] bool: a real index whose target is an answer token (in the vocab or not)
 
 
 class ChainAttention:
@@ -69,7 +70,9 @@ class ChainAttention:
 
 
 def ttt_loss(head: Eagle3Head, batch: Batch, num_steps: int) -> tuple[torch.Tensor, list[float], list[float]]:
-    """Weighted loss over ``num_steps`` unrolled steps; also each step's loss and top-1 agreement."""
+    """Weighted loss over ``num_steps`` unrolled steps; also each step's loss and top-1 agreement. The
+    agreement is over every answer position, those whose target lies outside the draft vocabulary
+    counted as misses (a draft can never match there), so heads with different vocabularies compare."""
     b, t = batch.next_ids.shape
     attend = ChainAttention(b, t, batch.real)
     hidden = head.fuse(batch.aux.reshape(b * t, -1))  # [B*T, hidden]
@@ -87,8 +90,9 @@ def ttt_loss(head: Eagle3Head, batch: Batch, num_steps: int) -> tuple[torch.Tens
         loss = F.cross_entropy(logits, batch.target_probs[:, k:][scored], reduction="sum") / n
         total = total + STEP_WEIGHT**k * loss
         agree = logits.argmax(-1) == batch.target_ids[:, k:][scored]
+        num_answer = int((batch.answer[:, k:] & batch.real[:, : t - k]).sum())
         losses.append(float(loss.detach()))
-        agreements.append(float(agree.sum()) / n)
+        agreements.append(float(agree.sum()) / max(num_answer, 1))
     return total, losses, agreements
 
 

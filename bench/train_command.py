@@ -61,6 +61,12 @@ def add_arguments(parser) -> None:
         "draft vocabulary instead of from the target's weights (ignored once a checkpoint exists)",
     )
     parser.add_argument(
+        "--fresh-vocab",
+        action="store_true",
+        help="with --init-from: choose the draft vocabulary (--draft-vocab-size tokens) from this corpus; "
+        "tokens the head had keep their trained rows, new ones start from the target's",
+    )
+    parser.add_argument(
         "--train-dtype",
         choices=["auto", "float32", "bfloat16"],
         default="auto",

@@ -83,6 +83,36 @@ def test_only_answer_targets_are_scored():
     assert batch.real[0, :n].all()  # still fed: the head attends the prompt's keys
 
 
+def test_agreement_counts_answer_targets_outside_the_draft_vocabulary_as_misses(tmp_path):
+    """The loss can only score targets inside the draft vocabulary, but the agreement is over every
+    answer target: a smaller vocabulary cannot look better by leaving its misses out."""
+    make_head_dir(tmp_path, draft_vocab=96)
+    head = load_head(tmp_path, torch.nn.Embedding(256, 32).double(), torch.float64, "cpu")
+    f = make_features(40, 0)
+    f.answer_start = f.start_pos + 12
+    lm_rows = torch.randn(96, 32)
+    everything = torch.ones(256, dtype=torch.bool)
+    full = make_batch([f], lm_rows, everything, max_len=64)
+    full.target_ids = torch.zeros_like(full.target_ids)  # the head's argmax, forced below
+    head.logits = lambda rows: torch.nn.functional.one_hot(
+        torch.zeros(len(rows), dtype=torch.long), 96
+    ).double()
+    with torch.no_grad():
+        _, _, agree_all = ttt_loss(head, full, 2)
+    assert agree_all == [1.0, 1.0]
+    some = everything.clone()
+    some[f.token_ids[2 + 10 :: 2]] = False  # about half of the answer's targets leave the vocabulary
+    part = make_batch([f], lm_rows, some, max_len=64)
+    part.target_ids = torch.zeros_like(part.target_ids)
+    with torch.no_grad():
+        _, _, agree_part = ttt_loss(head, part, 2)
+    for k in range(2):
+        scored = int((part.valid[:, k:] & part.real[:, : part.real.shape[1] - k]).sum())
+        answer = int((part.answer[:, k:] & part.real[:, : part.real.shape[1] - k]).sum())
+        assert 0 < scored < answer
+        assert agree_part[k] == pytest.approx(scored / answer)
+
+
 def test_training_prompts_never_include_a_benchmark_draw():
     train_ids = {p.id for p in training_prompts()}
     for name, _ in TRAINING_DATASETS:

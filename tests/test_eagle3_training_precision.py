@@ -92,3 +92,45 @@ def test_init_from_refuses_a_head_of_another_shape(tmp_path, capsys):
     head_dir = make_head_dir(tmp_path / "other", aux_layers=(0, 0, 0))
     assert main([*tiny_training_argv(model_dir, tmp_path / "out"), "--init-from", str(head_dir)]) == 2
     assert "does not fit the target: aux_layer_ids (0, 0, 0)" in capsys.readouterr().err
+
+
+def test_a_fresh_vocabulary_keeps_the_trained_rows_of_the_tokens_it_keeps(tmp_path):
+    from specexec.bench.eagle3_train import with_draft_vocab
+
+    make_head_dir(tmp_path, draft_vocab=64, draft_ids=range(0, 128, 2))  # the even ids below 128
+    head = load_head(tmp_path, torch.nn.Embedding(256, 32), torch.float32, "cpu")
+    new_ids = torch.arange(64, 160)  # 32 kept (even 64..126), 64 new
+    lm_rows = torch.randn(96, 32)
+    fresh = with_draft_vocab(head, new_ids, lm_rows)
+    assert fresh.config.draft_vocab_size == 96
+    assert torch.equal(fresh.t2d.nonzero()[:, 0], new_ids)
+    assert torch.equal(new_ids, torch.arange(96) + fresh.d2t)
+    for i, token in enumerate(new_ids.tolist()):
+        want = head.lm_head.weight[token // 2] if token < 128 and token % 2 == 0 else lm_rows[i]
+        assert torch.equal(fresh.lm_head.weight[i], want)
+    for name, tensor in head.state_dict().items():
+        if not name.startswith(("lm_head.", "d2t", "t2d")):
+            assert torch.equal(fresh.state_dict()[name], tensor), name
+    rows = torch.randn(5, 32)
+    kept = torch.arange(0, 64, 2)  # rows of the kept tokens in the new vocabulary
+    with torch.no_grad():
+        torch.testing.assert_close(fresh.logits(rows)[:, kept], head.logits(rows)[:, 32:64])
+
+
+def test_fresh_vocab_trains_a_head_further_over_the_corpus_vocabulary(tmp_path, capsys):
+    from specexec.cli import main
+
+    model_dir = save_tiny_model_dir(tmp_path / "tiny")
+    first = tmp_path / "first"
+    assert main([*tiny_training_argv(model_dir, first), "--draft-vocab-size", "64"]) == 0
+    second = tmp_path / "second"
+    argv = [*tiny_training_argv(model_dir, second), "--draft-vocab-size", "48", "--init-from", str(first)]
+    assert main([*argv, "--fresh-vocab"]) == 0
+    assert json.loads((second / "config.json").read_text())["draft_vocab_size"] == 48
+    start = load_head(first, torch.nn.Embedding(256, 32), torch.float32, "cpu")
+    draft_ids = load_checkpoint(second / CHECKPOINT_NAME)["draft_ids"]
+    assert len(draft_ids) == 48 and not torch.equal(draft_ids, start.t2d.nonzero()[:, 0][:48])
+    assert main([*argv, "--fresh-vocab"]) == 0, "a rerun does not continue its checkpoint"
+    assert torch.equal(load_checkpoint(second / CHECKPOINT_NAME)["draft_ids"], draft_ids)
+    assert main([*tiny_training_argv(model_dir, tmp_path / "third"), "--fresh-vocab"]) == 2
+    assert "--fresh-vocab only with --init-from" in capsys.readouterr().err
