@@ -100,14 +100,17 @@ def test_a_fresh_vocabulary_keeps_the_trained_rows_of_the_tokens_it_keeps(tmp_pa
     make_head_dir(tmp_path, draft_vocab=64, draft_ids=range(0, 128, 2))  # the even ids below 128
     head = load_head(tmp_path, torch.nn.Embedding(256, 32), torch.float32, "cpu")
     new_ids = torch.arange(64, 160)  # 32 kept (even 64..126), 64 new
-    lm_rows = torch.randn(96, 32)
-    fresh = with_draft_vocab(head, new_ids, lm_rows)
+    output_rows = torch.randn(256, 32)  # the target's lm_head
+    fresh = with_draft_vocab(head, new_ids, output_rows)
+    shift = (head.lm_head.weight - output_rows[0:128:2]).mean(0)
     assert fresh.config.draft_vocab_size == 96
     assert torch.equal(fresh.t2d.nonzero()[:, 0], new_ids)
     assert torch.equal(new_ids, torch.arange(96) + fresh.d2t)
     for i, token in enumerate(new_ids.tolist()):
-        want = head.lm_head.weight[token // 2] if token < 128 and token % 2 == 0 else lm_rows[i]
-        assert torch.equal(fresh.lm_head.weight[i], want)
+        if token < 128 and token % 2 == 0:
+            assert torch.equal(fresh.lm_head.weight[i], head.lm_head.weight[token // 2])
+        else:
+            torch.testing.assert_close(fresh.lm_head.weight[i], output_rows[token] + shift)
     for name, tensor in head.state_dict().items():
         if not name.startswith(("lm_head.", "d2t", "t2d")):
             assert torch.equal(fresh.state_dict()[name], tensor), name
