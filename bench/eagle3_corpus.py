@@ -105,7 +105,7 @@ def generate_corpus(
     sampled_temperature: float = 0.0,
     archived: list[dict] | None = None,
 ) -> list[dict]:
-    """Generate the target's answers (float32) for the first ``num_prompts`` of ``prompts`` (default:
+    """Generate the target's answers (in the executor's auto dtype) for the first ``num_prompts`` of ``prompts`` (default:
     `training_prompts`) of at most ``max_prompt_tokens`` tokens, capturing ``capture_layers``
     (``hidden_states`` indices) at every position in the same forwards: a greedy answer each, and with
     ``sampled_temperature`` > 0 a sampled one too (id ``<id>~s``, its own seed). Each finished request
