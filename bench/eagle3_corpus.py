@@ -105,8 +105,8 @@ def generate_corpus(
     sampled_temperature: float = 0.0,
     archived: list[dict] | None = None,
 ) -> list[dict]:
-    """Generate the target's answers (in the executor's auto dtype) for the first ``num_prompts`` of ``prompts`` (default:
-    `training_prompts`) of at most ``max_prompt_tokens`` tokens, capturing ``capture_layers``
+    """Generate the target's answers (in the executor's auto dtype) for the first ``num_prompts`` of
+    ``prompts`` (default: `training_prompts`) of at most ``max_prompt_tokens`` tokens, capturing ``capture_layers``
     (``hidden_states`` indices) at every position in the same forwards: a greedy answer each, and with
     ``sampled_temperature`` > 0 a sampled one too (id ``<id>~s``, its own seed). Each finished request
     is appended to ``path`` at once, its last ``keep_positions`` positions' features (bfloat16) saved
