@@ -106,9 +106,9 @@ def generate_corpus(
     archived: list[dict] | None = None,
 ) -> list[dict]:
     """Generate the target's answers (in the executor's auto dtype) for the first ``num_prompts`` of
-    ``prompts`` (default: `training_prompts`) of at most ``max_prompt_tokens`` tokens, capturing ``capture_layers``
-    (``hidden_states`` indices) at every position in the same forwards: a greedy answer each, and with
-    ``sampled_temperature`` > 0 a sampled one too (id ``<id>~s``, its own seed). Each finished request
+    ``prompts`` (default: `training_prompts`) of at most ``max_prompt_tokens`` tokens, capturing
+    ``capture_layers`` (``hidden_states`` indices) at every position in the same forwards: a greedy
+    answer each, and with ``sampled_temperature`` > 0 a sampled one too (id ``<id>~s``, its own seed). Each finished request
     is appended to ``path`` at once, its last ``keep_positions`` positions' features (bfloat16) saved
     beside it in ``features/``; answers already in the file are skipped. The ``archived`` answers
     (`eagle3_archive`) that the file lacks come first: their features are rebuilt by a prefill of the
@@ -121,9 +121,10 @@ def generate_corpus(
     from ..executor.request import Request
     from ..sampling import SamplingParams
 
-    done = {r["id"] for r in read_corpus(path)}
+    existing = read_corpus(path)
+    done = {r["id"] for r in existing}
     if max_seconds is not None and max_seconds <= 0:
-        return read_corpus(path)
+        return existing
     config = ExecutorConfig(
         model=model,
         max_batch_size=max_batch_size,
@@ -156,7 +157,7 @@ def generate_corpus(
         return read_corpus(path)
     features_dir = path.parent / "features"
     features_dir.mkdir(parents=True, exist_ok=True)
-    start, num_tokens, num_records = time.perf_counter(), 0, len(read_corpus(path))
+    start, num_tokens, num_records = time.perf_counter(), 0, len(existing)
     with open_for_append(path) as f, tqdm(total=len(todo), desc="target answers", unit="prompt") as bar:
         stream = executor.stream(requests)
         for event in stream:

@@ -202,10 +202,7 @@ def _start_head(path: str, cfg: Eagle3Config, target) -> Eagle3Head:
     if wrong:
         mismatches = ", ".join(f"{f} {getattr(head.config, f)} (target: {getattr(cfg, f)})" for f in wrong)
         raise ValueError(f"--init-from {where}: this head does not fit the target: {mismatches}")
-    head.train().requires_grad_(True)
-    if head.embed_tokens is not None:
-        head.embed_tokens.requires_grad_(False)
-    return head
+    return _trainable(head)
 
 
 def with_draft_vocab(head: Eagle3Head, draft_ids: torch.Tensor, output_rows: torch.Tensor) -> Eagle3Head:
@@ -232,10 +229,15 @@ def with_draft_vocab(head: Eagle3Head, draft_ids: torch.Tensor, output_rows: tor
         new.d2t.copy_(d2t_for(draft_ids))
         new.t2d.zero_()
         new.t2d[draft_ids] = True
-    new.train().requires_grad_(True)
-    if new.embed_tokens is not None:
-        new.embed_tokens.requires_grad_(False)
-    return new
+    return _trainable(new)
+
+
+def _trainable(head: Eagle3Head) -> Eagle3Head:
+    """``head`` in training mode with every weight trained but its own embeddings (the target's)."""
+    head.train().requires_grad_(True)
+    if head.embed_tokens is not None:
+        head.embed_tokens.requires_grad_(False)
+    return head
 
 
 def _head_config(target_config, draft_vocab_size: int) -> Eagle3Config:

@@ -9,10 +9,10 @@ indices <= t (the real context, as the inference cache holds) and the keys of st
 
 Loss: soft cross-entropy against the target's distribution renormalized over the draft vocabulary,
 step k weighted 0.8^k; left out are positions whose target argmax lies outside that vocabulary (they
-still count, as misses, in the agreement) and those whose target is still a prompt token (the prompt is context, its text not the target's). Only the
-scored rows go through the head's lm_head and the loss (padding and left-out positions are dropped
-before it), and the target's side is computed once per batch: the [B, T, draft_vocab] tensors are the
-step's largest.
+still count, as misses, in the agreement) and those whose target is still a prompt token (the prompt
+is context, its text not the target's). Only the scored rows go through the head's lm_head and the
+loss (padding and left-out positions are dropped before it), and the target's side is computed once per
+batch: the [B, T, draft_vocab] tensors are the step's largest.
 """
 
 from __future__ import annotations
