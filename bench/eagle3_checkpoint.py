@@ -35,6 +35,13 @@ def split_records(records: list[dict]) -> tuple[list[dict], list[dict]]:
     return train, val
 
 
+def validation_key(val_records: list[dict]) -> str:
+    """Names the validation split: a grown corpus adds answers to it, and scores measured on the old
+    split no longer compare with new ones."""
+    ids = "\n".join(sorted(r["id"] for r in val_records))
+    return hashlib.sha256(ids.encode()).hexdigest()[:16]
+
+
 @dataclass(slots=True)
 class TrainingState:
     step: int = 0  #: optimizer steps over every run
@@ -42,6 +49,7 @@ class TrainingState:
     best_score: float = 0.0  #: the best validation estimate of the acceptance length so far
     best_step: int = 0
     evals_without_gain: int = 0
+    val_key: str = ""  #: `validation_key` of the split best_score was measured on
     log: dict = field(default_factory=lambda: {"steps": [], "val": [], "runs": []})
 
 

@@ -31,7 +31,14 @@ from ..drafters.eagle3_head import (
     save_head,
 )
 from .eagle3_archive import BUNDLED_ARCHIVE, CorpusArchive, target_fingerprint
-from .eagle3_checkpoint import CHECKPOINT_NAME, TrainingState, load_checkpoint, save_checkpoint, split_records
+from .eagle3_checkpoint import (
+    CHECKPOINT_NAME,
+    TrainingState,
+    load_checkpoint,
+    save_checkpoint,
+    split_records,
+    validation_key,
+)
 from .eagle3_features import d2t_for
 from .eagle3_precision import TrainingPrecision
 from .eagle3_ttt import Batch, ttt_loss
@@ -79,6 +86,7 @@ def train(args) -> int:
         (*cfg.aux_layer_ids, target.config.num_hidden_layers),
         num_prompts=args.num_prompts,
         max_tokens=args.max_new_tokens,
+        max_prompt_tokens=args.max_prompt_tokens,
         max_seconds=args.corpus_minutes * 60 - (time.perf_counter() - corpus_started),
         keep_positions=args.max_len + 1,
         model=args.model,
@@ -126,7 +134,18 @@ def train(args) -> int:
     del target
     left = args.max_minutes * 60 - (time.perf_counter() - started)
     budget = left - min(30.0, 0.1 * left)  # keep time to evaluate and save
-    log = train_head(head, train, val, lm_rows, in_draft, args, budget, checkpoint, out / CHECKPOINT_NAME)
+    log = train_head(
+        head,
+        train,
+        val,
+        lm_rows,
+        in_draft,
+        args,
+        budget,
+        checkpoint,
+        out / CHECKPOINT_NAME,
+        val_key=validation_key(val_records),
+    )
     log.update(
         corpus_records=len(records),
         corpus_output_tokens=sum(len(r["output_token_ids"]) for r in records),
@@ -328,12 +347,23 @@ def make_batch(feats, lm_rows: torch.Tensor, in_draft: torch.Tensor, max_len: in
 
 
 def train_head(
-    head, train, val, lm_rows, in_draft, args, budget_s: float, checkpoint=None, checkpoint_path=None
+    head,
+    train,
+    val,
+    lm_rows,
+    in_draft,
+    args,
+    budget_s: float,
+    checkpoint=None,
+    checkpoint_path=None,
+    val_key: str = "",
 ) -> dict:
     """Train until the budget ends or validation stops improving (``--patience`` evaluations without a
     better estimated acceptance length); evaluated every ``--eval-every`` steps and after each epoch,
-    with a checkpoint each time; a ``checkpoint`` from an earlier run is continued. The head ends with
-    the weights of its best evaluation."""
+    with a checkpoint each time; a ``checkpoint`` from an earlier run is continued. If the validation
+    split changed since (``val_key``: the corpus grew), the best head so far and the current one are
+    scored again on the new split before training goes on, so that "best" compares like with like. The
+    head ends with the weights of its best evaluation."""
     from tqdm import tqdm
 
     rng = random.Random(args.seed + (checkpoint["state"].step if checkpoint else 0))
@@ -369,7 +399,18 @@ def train_head(
         if checkpoint_path is not None:
             save_checkpoint(checkpoint_path, head, opt, state, draft_ids, best)
 
+    split_changed = checkpoint is not None and state.val_key != val_key
+    state.val_key = val_key
     if checkpoint is None and args.init_from:  # the head to beat is the one training starts from
+        validate()
+    elif split_changed:  # scores measured on another validation split do not compare
+        state.best_score, state.evals_without_gain = 0.0, 0
+        if best is not None:
+            current = {k: v.detach().clone() for k, v in head.state_dict().items()}
+            head.load_state_dict(best)
+            best = None
+            validate()
+            head.load_state_dict(current)
         validate()
     bar = tqdm(total=round(budget_s), desc="training (s)", unit="s")
     while stop is None:
