@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -41,11 +42,17 @@ SPECBENCH_CATEGORIES = [
     "math_reasoning",
     "rag",
 ]
+#: prompts longer than this (document extraction's are 1.1k-3.2k tokens) are answered after the others,
+#: ``LONG_PROMPT_BATCH_DIVISOR`` times fewer at once: decode attention over many long contexts at once
+#: crawls on a CPU (bfloat16, 2k-token contexts: 24 ms per layer call at batch 8, 3 ms at batch 4)
+LONG_PROMPT_TOKENS = 1024
+LONG_PROMPT_BATCH_DIVISOR = 8
 #: (dataset, weight): each round of the interleave takes `weight` prompts of each dataset; open chat
-#: (Spec-Bench) gets the largest share, the JSON tasks the rest
+#: (Spec-Bench) and document extraction (a benchmark set of its own, long prompts) get the largest
+#: shares, the other JSON tasks the rest
 TRAINING_DATASETS: tuple[tuple[str, int], ...] = (
     ("specbench", 4),
-    ("extraction", 1),
+    ("extraction", 4),
     *((f"jsonschemabench:{s}", 1) for s in JSONSCHEMABENCH_SPLITS),
     ("bfcl", 1),
     ("humaneval", 1),
@@ -98,7 +105,8 @@ def generate_corpus(
     max_tokens: int,
     max_seconds: float | None = None,
     max_batch_size: int = 32,
-    max_prompt_tokens: int = 1536,
+    max_prompt_tokens: int = 4096,
+    long_prompt_tokens: int = LONG_PROMPT_TOKENS,
     keep_positions: int = 1024,
     model: str | None = None,
     prompts: list[BenchPrompt] | None = None,
@@ -112,8 +120,9 @@ def generate_corpus(
     is appended to ``path`` at once, its last ``keep_positions`` positions' features (bfloat16) saved
     beside it in ``features/``; answers already in the file are skipped. The ``archived`` answers
     (`eagle3_archive`) that the file lacks come first: their features are rebuilt by a prefill of the
-    answer's tokens, and their prompts are not answered again. Stops early (keeping what is written)
-    after ``max_seconds``."""
+    answer's tokens, and their prompts are not answered again. Prompts over ``long_prompt_tokens`` are
+    answered last, ``LONG_PROMPT_BATCH_DIVISOR`` times fewer at once. Stops early (keeping what is
+    written) after ``max_seconds``."""
     from tqdm import tqdm
 
     from ..executor.config import ExecutorConfig
@@ -126,66 +135,80 @@ def generate_corpus(
     if max_seconds is not None and max_seconds <= 0:
         return existing
     config = ExecutorConfig(
-        model=model,
-        max_batch_size=max_batch_size,
-        kv_cache_memory_gb=2.0,
-        capture_hidden_layers=list(capture_layers),
+        model=model, max_batch_size=max_batch_size, capture_hidden_layers=list(capture_layers)
     )
+    # pages for every running request's longest sequence: with fewer, long prompts (document extraction)
+    # preempt each other, and each one preempted is prefilled again from its first token
+    longest = max_prompt_tokens + max_tokens
+    config = replace(config, num_kv_blocks=-(-max_batch_size * longest // config.block_size))
     executor = Executor(config=config)
     tok = executor.tokenizer
-    fits = (
-        p
-        for p in (training_prompts() if prompts is None else prompts)
-        if len(
-            tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    lengths: dict[str, int] = {}
+
+    def fits(p: BenchPrompt) -> bool:
+        ids = tok.apply_chat_template(
+            p.messages, add_generation_prompt=True, tokenize=True, return_dict=False
         )
-        <= max_prompt_tokens
-    )
-    chosen = [p for _, p in zip(range(num_prompts), fits)]
+        lengths[p.id] = len(ids)
+        return len(ids) <= max_prompt_tokens
+
+    source = training_prompts() if prompts is None else prompts
+    chosen = [p for _, p in zip(range(num_prompts), filter(fits, source))]
     greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    requests, rebuilt = rebuild_requests(archived or [], done)
+    short, rebuilt = rebuild_requests(archived or [], done)
     done |= rebuilt.keys()
+    long: list = []
     for i, p in enumerate(chosen):  # each prompt's greedy answer, then its sampled one: a run cut short
-        if p.id not in done:  # by its time budget still has both kinds
-            requests.append(Request(p.messages, greedy, request_id=p.id))
+        answers = long if lengths[p.id] > long_prompt_tokens else short  # by its time budget has both
+        if p.id not in done:
+            answers.append(Request(p.messages, greedy, request_id=p.id))
         if sampled_temperature > 0 and f"{p.id}~s" not in done:
             params = SamplingParams(max_tokens=max_tokens, temperature=sampled_temperature, seed=i)
-            requests.append(Request(p.messages, params, request_id=f"{p.id}~s"))
-    todo = requests
-    if not todo:
+            answers.append(Request(p.messages, params, request_id=f"{p.id}~s"))
+    if not short and not long:
         executor.close()
         return read_corpus(path)
+    long_batch = max(1, max_batch_size // LONG_PROMPT_BATCH_DIVISOR)
+    passes = [short] + [long[i : i + long_batch] for i in range(0, len(long), long_batch)]
     features_dir = path.parent / "features"
     features_dir.mkdir(parents=True, exist_ok=True)
     start, num_tokens, num_records = time.perf_counter(), 0, len(existing)
-    with open_for_append(path) as f, tqdm(total=len(todo), desc="target answers", unit="prompt") as bar:
-        stream = executor.stream(requests)
-        for event in stream:
-            out = event.output
-            if out is None:
-                continue
-            bar.update(1)
-            if out.error is None and out.hidden_states is not None:
-                name = f"{num_records:05d}.pt"
-                num_records += 1
-                rows = out.hidden_states[-keep_positions:].to(torch.bfloat16).clone()
-                torch.save(rows, features_dir / name)
-                answer = rebuilt.get(out.request_id)
-                record = {
-                    "id": out.request_id,
-                    "prompt_token_ids": answer["prompt_token_ids"] if answer else out.prompt_token_ids,
-                    "output_token_ids": answer["output_token_ids"] if answer else out.token_ids,
-                    "features": f"features/{name}",
-                    "positions": rows.shape[0],
-                }
-                f.write(json.dumps(record) + "\n")
-                f.flush()
-                num_tokens += len(record["output_token_ids"])
-                bar.set_postfix(output_tokens=num_tokens)
-            if max_seconds is not None and time.perf_counter() - start > max_seconds:
-                stream.close()  # cancels what is left; the next run continues from the file
-                logger.warning("corpus generation stopped after %.0f s", max_seconds)
+    total = len(short) + len(long)
+    with open_for_append(path) as f, tqdm(total=total, desc="target answers", unit="prompt") as bar:
+        out_of_time = False
+        for requests in passes:
+            if out_of_time:
                 break
+            if not requests:
+                continue
+            stream = executor.stream(requests)
+            for event in stream:
+                out = event.output
+                if out is None:
+                    continue
+                bar.update(1)
+                if out.error is None and out.hidden_states is not None:
+                    name = f"{num_records:05d}.pt"
+                    num_records += 1
+                    rows = out.hidden_states[-keep_positions:].to(torch.bfloat16).clone()
+                    torch.save(rows, features_dir / name)
+                    answer = rebuilt.get(out.request_id)
+                    record = {
+                        "id": out.request_id,
+                        "prompt_token_ids": answer["prompt_token_ids"] if answer else out.prompt_token_ids,
+                        "output_token_ids": answer["output_token_ids"] if answer else out.token_ids,
+                        "features": f"features/{name}",
+                        "positions": rows.shape[0],
+                    }
+                    f.write(json.dumps(record) + "\n")
+                    f.flush()
+                    num_tokens += len(record["output_token_ids"])
+                    bar.set_postfix(output_tokens=num_tokens)
+                if max_seconds is not None and time.perf_counter() - start > max_seconds:
+                    stream.close()  # cancels what is left; the next run continues from the file
+                    logger.warning("corpus generation stopped after %.0f s", max_seconds)
+                    out_of_time = True
+                    break
     executor.close()
     return read_corpus(path)
 

@@ -46,6 +46,12 @@ def add_arguments(parser) -> None:
         "the archive bundled for the default model when --model is not given, else none ('none': off)",
     )
     parser.add_argument("--max-new-tokens", type=int, default=256, help="answer length at most")
+    parser.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=4096,
+        help="longer prompts are not answered (a long prompt keeps only its last --max-len positions)",
+    )
     parser.add_argument("--draft-vocab-size", type=int, default=8192)
     parser.add_argument("--ttt-steps", type=int, default=4, help="unrolled training-time-test steps")
     parser.add_argument("--max-len", type=int, default=640, help="positions per sequence trained on")

@@ -226,6 +226,54 @@ def test_corpus_only_runs_continue_the_same_corpus(tmp_path):
     assert not (out / "config.json").exists(), "--corpus-only trains nothing"
 
 
+def test_long_prompts_are_answered_last_and_fewer_at_once(tmp_path, monkeypatch):
+    """Decode attention over many long contexts at once crawls on a CPU, so the corpus answers prompts
+    over ``long_prompt_tokens`` after the others, max_batch_size // 8 at a time; every answer is kept."""
+    from specexec.bench.datasets import BenchPrompt
+    from specexec.bench.eagle3_corpus import generate_corpus
+    from specexec.executor.executor import Executor
+    from transformers import AutoTokenizer
+
+    model_dir = save_tiny_model_dir(tmp_path / "tiny")
+    prompts = [
+        BenchPrompt(f"p{i}", [{"role": "user", "content": "word " * (30 if i % 3 == 0 else 3)}])
+        for i in range(6)
+    ]
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    length = {
+        p.id: len(
+            tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        )
+        for p in prompts
+    }
+    threshold = max(length[p.id] for i, p in enumerate(prompts) if i % 3)
+    assert all(length[p.id] > threshold for i, p in enumerate(prompts) if i % 3 == 0)
+    streamed: list[list[str]] = []
+    real_stream = Executor.stream
+
+    def recording_stream(self, requests, *args, **kwargs):
+        requests = list(requests)
+        streamed.append([r.request_id for r in requests])
+        return real_stream(self, requests, *args, **kwargs)
+
+    monkeypatch.setattr(Executor, "stream", recording_stream)
+    records = generate_corpus(
+        tmp_path / "corpus" / "corpus.jsonl",
+        (1, 2),
+        num_prompts=6,
+        max_tokens=4,
+        max_batch_size=8,
+        long_prompt_tokens=threshold,
+        model=model_dir,
+        prompts=prompts,
+        sampled_temperature=0.7,
+    )
+    short = [f"p{i}{s}" for i in (1, 2, 4, 5) for s in ("", "~s")]
+    assert streamed == [short, ["p0"], ["p0~s"], ["p3"], ["p3~s"]]
+    assert sorted(r["id"] for r in records) == sorted([*short, "p0", "p0~s", "p3", "p3~s"])
+    assert all((tmp_path / "corpus" / r["features"]).exists() for r in records)
+
+
 def test_training_continues_from_its_checkpoint_with_the_same_vocabulary_and_split(tmp_path):
     import torch
     from specexec.bench.eagle3_checkpoint import (
@@ -265,6 +313,53 @@ def test_training_continues_from_its_checkpoint_with_the_same_vocabulary_and_spl
     train, val = split_records(records)
     assert val and all(is_validation(r["id"]) == is_validation(r["id"].removesuffix("~s")) for r in records)
     assert {r["id"].removesuffix("~s") for r in val}.isdisjoint(r["id"].removesuffix("~s") for r in train)
+
+
+def test_a_changed_validation_split_scores_the_best_head_again(tmp_path):
+    """A grown corpus grows the validation split: the best score of an earlier run was measured on other
+    sequences, so the next run scores the best head and the current one again instead of keeping a
+    number no new evaluation can compare with (and ending with the old best head because of it)."""
+    import torch
+    from specexec.bench.eagle3_checkpoint import (
+        CHECKPOINT_NAME,
+        load_checkpoint,
+        split_records,
+        validation_key,
+    )
+    from specexec.bench.eagle3_corpus import read_corpus
+    from specexec.cli import main
+
+    model_dir = save_tiny_model_dir(tmp_path / "tiny")
+    out = tmp_path / "head"
+    argv = ["train-eagle3", "--output", str(out), "--model", model_dir, "--max-minutes", "0.5"]
+    argv += [
+        "--corpus-minutes",
+        "0.15",
+        "--num-prompts",
+        "6",
+        "--max-new-tokens",
+        "8",
+        "--self-instruct",
+        "3",
+    ]
+    argv += ["--draft-vocab-size", "64", "--ttt-steps", "2", "--max-len", "48", "--batch-tokens", "96"]
+    argv += ["--eval-every", "5", "--patience", "1000"]
+    assert main(argv) == 0
+    first = load_checkpoint(out / CHECKPOINT_NAME)
+    split = validation_key(split_records(read_corpus(out / "corpus" / "corpus.jsonl"))[1])
+    assert first["state"].val_key == split
+    saved = torch.load(out / CHECKPOINT_NAME, weights_only=False)
+    saved["state"].update(val_key="a split of another corpus", best_score=99.0)
+    torch.save(saved, out / CHECKPOINT_NAME)
+
+    assert main([*argv, "--corpus-minutes", "0"]) == 0
+    second = load_checkpoint(out / CHECKPOINT_NAME)
+    assert second["state"].val_key == split
+    assert second["state"].best_score < 99.0, "the score from another split was kept"
+    log = json.loads((out / "training_log.json").read_text())
+    second_run = log["val"][len(first["state"].log["val"]) :]
+    assert [v["step"] for v in second_run[:2]] == [first["state"].step] * 2, "best and current not rescored"
+    assert second["state"].best_score == max(v["est_acceptance_length"] for v in second_run)
 
 
 def test_training_stops_early_when_validation_stops_improving(tmp_path):
