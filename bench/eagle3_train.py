@@ -380,6 +380,7 @@ def train_head(
     draft_ids = head.t2d.nonzero()[:, 0]  # [draft_vocab] sorted target ids, kept in the checkpoint
     precision = TrainingPrecision(args.train_dtype)
     start, run_step, est_total, stop = time.perf_counter(), 0, None, None
+    earlier_seconds = log.get("train_seconds", 0.0)  # of the runs before this one
 
     def validate() -> None:
         nonlocal best, stop
@@ -396,6 +397,7 @@ def train_head(
             state.evals_without_gain += 1
             if state.evals_without_gain >= args.patience:
                 stop = "validation stopped improving"
+        log["train_seconds"] = earlier_seconds + time.perf_counter() - start  # kept with the checkpoint
         if checkpoint_path is not None:
             save_checkpoint(checkpoint_path, head, opt, state, draft_ids, best)
 
@@ -462,7 +464,7 @@ def train_head(
     if best is not None:
         head.load_state_dict(best)
     log.update(epochs=state.epoch, stopped=stop, best_step=state.best_step, precision=precision.summary())
-    log["train_seconds"] = log.get("train_seconds", 0.0) + time.perf_counter() - start
+    log["train_seconds"] = earlier_seconds + time.perf_counter() - start
     print(f"stopped: {stop}; best held-out estimate {state.best_score:.2f} at step {state.best_step}")
     print(f"training precision: {precision.chosen} ({precision.reason})")
     return log

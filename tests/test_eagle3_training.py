@@ -309,6 +309,7 @@ def test_training_continues_from_its_checkpoint_with_the_same_vocabulary_and_spl
     log = json.loads((out / "training_log.json").read_text())
     assert [run["first_step"] for run in log["runs"]] == [1, first["state"].step + 1]
     assert [s["step"] for s in log["steps"]] == list(range(1, second["state"].step + 1))
+    assert log["train_seconds"] > first["state"].log["train_seconds"] > 0, "a run's training time was lost"
     records = [{"id": f"p{i}"} for i in range(200)] + [{"id": f"p{i}~s"} for i in range(200)]
     train, val = split_records(records)
     assert val and all(is_validation(r["id"]) == is_validation(r["id"].removesuffix("~s")) for r in records)
