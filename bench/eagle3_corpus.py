@@ -42,11 +42,12 @@ SPECBENCH_CATEGORIES = [
     "math_reasoning",
     "rag",
 ]
-#: prompts longer than this (document extraction's are 1.1k-3.2k tokens) are answered after the others,
-#: ``LONG_PROMPT_BATCH_DIVISOR`` times fewer at once: decode attention over many long contexts at once
+#: prompts longer than this (document extraction's are 1.1k-3.2k tokens) are answered apart from the
+#: others, ``LONG_PROMPT_BATCH_DIVISOR`` times fewer at once: decode attention over many long contexts at once
 #: crawls on a CPU (bfloat16, 2k-token contexts: 24 ms per layer call at batch 8, 3 ms at batch 4)
 LONG_PROMPT_TOKENS = 1024
 LONG_PROMPT_BATCH_DIVISOR = 8
+WINDOW_BATCHES = 8  #: answers per window of `answer_passes`, in batches
 #: (dataset, weight): each round of the interleave takes `weight` prompts of each dataset; open chat
 #: (Spec-Bench) and document extraction (a benchmark set of its own, long prompts) get the largest
 #: shares, the other JSON tasks the rest
@@ -121,7 +122,8 @@ def generate_corpus(
     beside it in ``features/``; answers already in the file are skipped. The ``archived`` answers
     (`eagle3_archive`) that the file lacks come first: their features are rebuilt by a prefill of the
     answer's tokens, and their prompts are not answered again. Prompts over ``long_prompt_tokens`` are
-    answered last, ``LONG_PROMPT_BATCH_DIVISOR`` times fewer at once. Stops early (keeping what is
+    answered ``LONG_PROMPT_BATCH_DIVISOR`` times fewer at once, after the short ones of their window of
+    the prompt order (`answer_passes`). Stops early (keeping what is
     written) after ``max_seconds``."""
     from tqdm import tqdm
 
@@ -155,25 +157,24 @@ def generate_corpus(
     source = training_prompts() if prompts is None else prompts
     chosen = [p for _, p in zip(range(num_prompts), filter(fits, source))]
     greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    short, rebuilt = rebuild_requests(archived or [], done)
+    rebuilds, rebuilt = rebuild_requests(archived or [], done)
     done |= rebuilt.keys()
-    long: list = []
+    answers: list[tuple[Request, bool]] = []  # (request, its prompt is long), in the prompts' order
     for i, p in enumerate(chosen):  # each prompt's greedy answer, then its sampled one: a run cut short
-        answers = long if lengths[p.id] > long_prompt_tokens else short  # by its time budget has both
+        is_long = lengths[p.id] > long_prompt_tokens  # by its time budget still has both kinds
         if p.id not in done:
-            answers.append(Request(p.messages, greedy, request_id=p.id))
+            answers.append((Request(p.messages, greedy, request_id=p.id), is_long))
         if sampled_temperature > 0 and f"{p.id}~s" not in done:
             params = SamplingParams(max_tokens=max_tokens, temperature=sampled_temperature, seed=i)
-            answers.append(Request(p.messages, params, request_id=f"{p.id}~s"))
-    if not short and not long:
+            answers.append((Request(p.messages, params, request_id=f"{p.id}~s"), is_long))
+    if not rebuilds and not answers:
         executor.close()
         return read_corpus(path)
-    long_batch = max(1, max_batch_size // LONG_PROMPT_BATCH_DIVISOR)
-    passes = [short] + [long[i : i + long_batch] for i in range(0, len(long), long_batch)]
+    passes = [rebuilds, *answer_passes(answers, max_batch_size)]
     features_dir = path.parent / "features"
     features_dir.mkdir(parents=True, exist_ok=True)
     start, num_tokens, num_records = time.perf_counter(), 0, len(existing)
-    total = len(short) + len(long)
+    total = len(rebuilds) + len(answers)
     with open_for_append(path) as f, tqdm(total=total, desc="target answers", unit="prompt") as bar:
         out_of_time = False
         for requests in passes:
@@ -211,6 +212,22 @@ def generate_corpus(
                     break
     executor.close()
     return read_corpus(path)
+
+
+def answer_passes(answers: list[tuple], max_batch_size: int) -> list[list]:
+    """The executor runs of ``answers`` (``(request, its prompt is long)``, in the prompts' order):
+    window by window of ``WINDOW_BATCHES * max_batch_size`` answers, so that a run cut short by its time
+    budget still answers the long prompts near the front, one run of the window's short prompts, then
+    its long ones ``LONG_PROMPT_BATCH_DIVISOR`` times fewer at once."""
+    long_batch = max(1, max_batch_size // LONG_PROMPT_BATCH_DIVISOR)
+    window = WINDOW_BATCHES * max_batch_size
+    passes = []
+    for start in range(0, len(answers), window):
+        part = answers[start : start + window]
+        passes.append([r for r, is_long in part if not is_long])
+        long = [r for r, is_long in part if is_long]
+        passes += [long[i : i + long_batch] for i in range(0, len(long), long_batch)]
+    return [p for p in passes if p]
 
 
 def rebuild_requests(archived: list[dict], done: set[str]) -> tuple[list, dict[str, dict]]:

@@ -226,9 +226,28 @@ def test_corpus_only_runs_continue_the_same_corpus(tmp_path):
     assert not (out / "config.json").exists(), "--corpus-only trains nothing"
 
 
-def test_long_prompts_are_answered_last_and_fewer_at_once(tmp_path, monkeypatch):
+def test_answer_passes_take_long_prompts_apart_window_by_window():
+    """Long prompts run apart and fewer at once, but window by window of the prompt order, so a run cut
+    short by its time budget still reaches the long prompts near the front."""
+    from specexec.bench.eagle3_corpus import LONG_PROMPT_BATCH_DIVISOR, WINDOW_BATCHES, answer_passes
+
+    batch = LONG_PROMPT_BATCH_DIVISOR * 2  # long prompts two at a time
+    window = WINDOW_BATCHES * batch
+    answers = [(f"r{i}", i % 5 == 0) for i in range(window + 10)]
+    passes = answer_passes(answers, batch)
+    first_long = [f"r{i}" for i in range(0, window, 5)]
+    assert passes[0] == [f"r{i}" for i in range(window) if i % 5]
+    assert passes[1 : 1 + len(first_long) // 2] == [
+        first_long[i : i + 2] for i in range(0, len(first_long), 2)
+    ]
+    assert passes[1 + len(first_long) // 2] == [f"r{i}" for i in range(window, window + 10) if i % 5]
+    assert sorted(r for p in passes for r in p) == sorted(r for r, _ in answers)
+
+
+def test_long_prompts_are_answered_apart_and_fewer_at_once(tmp_path, monkeypatch):
     """Decode attention over many long contexts at once crawls on a CPU, so the corpus answers prompts
-    over ``long_prompt_tokens`` after the others, max_batch_size // 8 at a time; every answer is kept."""
+    over ``long_prompt_tokens`` after the short ones of their window, max_batch_size // 8 at a time;
+    every answer is kept."""
     from specexec.bench.datasets import BenchPrompt
     from specexec.bench.eagle3_corpus import generate_corpus
     from specexec.executor.executor import Executor
