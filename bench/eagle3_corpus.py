@@ -43,8 +43,8 @@ SPECBENCH_CATEGORIES = [
     "rag",
 ]
 #: prompts longer than this (document extraction's are 1.1k-3.2k tokens) are answered apart from the
-#: others, ``LONG_PROMPT_BATCH_DIVISOR`` times fewer at once: decode attention over many long contexts at once
-#: crawls on a CPU (bfloat16, 2k-token contexts: 24 ms per layer call at batch 8, 3 ms at batch 4)
+#: others, ``LONG_PROMPT_BATCH_DIVISOR`` times fewer at once: decode attention over many long contexts
+#: at once crawls on a CPU (bfloat16, 2k-token contexts: 24 ms per layer call at batch 8, 3 at batch 4)
 LONG_PROMPT_TOKENS = 1024
 LONG_PROMPT_BATCH_DIVISOR = 8
 WINDOW_BATCHES = 8  #: answers per window of `answer_passes`, in batches
@@ -123,8 +123,7 @@ def generate_corpus(
     (`eagle3_archive`) that the file lacks come first: their features are rebuilt by a prefill of the
     answer's tokens, and their prompts are not answered again. Prompts over ``long_prompt_tokens`` are
     answered ``LONG_PROMPT_BATCH_DIVISOR`` times fewer at once, after the short ones of their window of
-    the prompt order (`answer_passes`). Stops early (keeping what is
-    written) after ``max_seconds``."""
+    the prompt order (`answer_passes`). Stops early (keeping what is written) after ``max_seconds``."""
     from tqdm import tqdm
 
     from ..executor.config import ExecutorConfig
@@ -171,8 +170,7 @@ def generate_corpus(
         executor.close()
         return read_corpus(path)
     passes = [rebuilds, *answer_passes(answers, max_batch_size)]
-    features_dir = path.parent / "features"
-    features_dir.mkdir(parents=True, exist_ok=True)
+    (path.parent / "features").mkdir(parents=True, exist_ok=True)
     start, num_tokens, num_records = time.perf_counter(), 0, len(existing)
     total = len(rebuilds) + len(answers)
     with open_for_append(path) as f, tqdm(total=total, desc="target answers", unit="prompt") as bar:
@@ -189,18 +187,9 @@ def generate_corpus(
                     continue
                 bar.update(1)
                 if out.error is None and out.hidden_states is not None:
-                    name = f"{num_records:05d}.pt"
+                    name = f"features/{num_records:05d}.pt"
                     num_records += 1
-                    rows = out.hidden_states[-keep_positions:].to(torch.bfloat16).clone()
-                    torch.save(rows, features_dir / name)
-                    answer = rebuilt.get(out.request_id)
-                    record = {
-                        "id": out.request_id,
-                        "prompt_token_ids": answer["prompt_token_ids"] if answer else out.prompt_token_ids,
-                        "output_token_ids": answer["output_token_ids"] if answer else out.token_ids,
-                        "features": f"features/{name}",
-                        "positions": rows.shape[0],
-                    }
+                    record = _save_answer(out, rebuilt.get(out.request_id), path.parent, name, keep_positions)
                     f.write(json.dumps(record) + "\n")
                     f.flush()
                     num_tokens += len(record["output_token_ids"])
@@ -212,6 +201,20 @@ def generate_corpus(
                     break
     executor.close()
     return read_corpus(path)
+
+
+def _save_answer(out, archived: dict | None, corpus_dir: Path, name: str, keep_positions: int) -> dict:
+    """Save a finished request's last ``keep_positions`` feature rows (bfloat16) as ``name`` in
+    ``corpus_dir``; its corpus record (a rebuilt answer keeps the ``archived`` token ids)."""
+    rows = out.hidden_states[-keep_positions:].to(torch.bfloat16).clone()
+    torch.save(rows, corpus_dir / name)
+    return {
+        "id": out.request_id,
+        "prompt_token_ids": archived["prompt_token_ids"] if archived else out.prompt_token_ids,
+        "output_token_ids": archived["output_token_ids"] if archived else out.token_ids,
+        "features": name,
+        "positions": rows.shape[0],
+    }
 
 
 def answer_passes(answers: list[tuple], max_batch_size: int) -> list[list]:
