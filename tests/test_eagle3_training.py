@@ -4,6 +4,7 @@ benchmark prompt, and `specexec train-eagle3` runs end to end (on a tiny model) 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -293,6 +294,17 @@ def test_long_prompts_are_answered_apart_and_fewer_at_once(tmp_path, monkeypatch
     assert all((tmp_path / "corpus" / r["features"]).exists() for r in records)
 
 
+def tiny_training_argv(tmp_path, max_minutes: str) -> tuple[list[str], Path]:
+    """`train-eagle3` on a tiny target saved in ``tmp_path``: a corpus of 6 prompts for 9 s, then
+    training for the rest of ``max_minutes``; also the head's directory."""
+    out = tmp_path / "head"
+    argv = ["train-eagle3", "--output", str(out), "--model", save_tiny_model_dir(tmp_path / "tiny")]
+    argv += ["--max-minutes", max_minutes, "--corpus-minutes", "0.15", "--num-prompts", "6"]
+    argv += ["--max-new-tokens", "8", "--self-instruct", "3", "--draft-vocab-size", "64", "--ttt-steps", "2"]
+    argv += ["--max-len", "48", "--batch-tokens", "96"]
+    return argv, out
+
+
 def test_training_continues_from_its_checkpoint_with_the_same_vocabulary_and_split(tmp_path):
     import torch
     from specexec.bench.eagle3_checkpoint import (
@@ -303,20 +315,7 @@ def test_training_continues_from_its_checkpoint_with_the_same_vocabulary_and_spl
     )
     from specexec.cli import main
 
-    model_dir = save_tiny_model_dir(tmp_path / "tiny")
-    out = tmp_path / "head"
-    argv = ["train-eagle3", "--output", str(out), "--model", model_dir, "--max-minutes", "0.6"]
-    argv += [
-        "--corpus-minutes",
-        "0.15",
-        "--num-prompts",
-        "6",
-        "--max-new-tokens",
-        "8",
-        "--self-instruct",
-        "3",
-    ]
-    argv += ["--draft-vocab-size", "64", "--ttt-steps", "2", "--max-len", "48", "--batch-tokens", "96"]
+    argv, out = tiny_training_argv(tmp_path, "0.6")
     argv += ["--eval-every", "5", "--patience", "1000"]
     assert main(argv) == 0
     first = load_checkpoint(out / CHECKPOINT_NAME)
@@ -349,20 +348,7 @@ def test_a_changed_validation_split_scores_the_best_head_again(tmp_path):
     from specexec.bench.eagle3_corpus import read_corpus
     from specexec.cli import main
 
-    model_dir = save_tiny_model_dir(tmp_path / "tiny")
-    out = tmp_path / "head"
-    argv = ["train-eagle3", "--output", str(out), "--model", model_dir, "--max-minutes", "0.5"]
-    argv += [
-        "--corpus-minutes",
-        "0.15",
-        "--num-prompts",
-        "6",
-        "--max-new-tokens",
-        "8",
-        "--self-instruct",
-        "3",
-    ]
-    argv += ["--draft-vocab-size", "64", "--ttt-steps", "2", "--max-len", "48", "--batch-tokens", "96"]
+    argv, out = tiny_training_argv(tmp_path, "0.5")
     argv += ["--eval-every", "5", "--patience", "1000"]
     assert main(argv) == 0
     first = load_checkpoint(out / CHECKPOINT_NAME)
@@ -385,20 +371,7 @@ def test_a_changed_validation_split_scores_the_best_head_again(tmp_path):
 def test_training_stops_early_when_validation_stops_improving(tmp_path):
     from specexec.cli import main
 
-    model_dir = save_tiny_model_dir(tmp_path / "tiny")
-    out = tmp_path / "head"
-    argv = ["train-eagle3", "--output", str(out), "--model", model_dir, "--max-minutes", "1.0"]
-    argv += [
-        "--corpus-minutes",
-        "0.15",
-        "--num-prompts",
-        "6",
-        "--max-new-tokens",
-        "8",
-        "--self-instruct",
-        "3",
-    ]
-    argv += ["--draft-vocab-size", "64", "--ttt-steps", "2", "--max-len", "48", "--batch-tokens", "96"]
+    argv, out = tiny_training_argv(tmp_path, "1.0")
     argv += ["--eval-every", "1", "--patience", "2", "--lr", "0"]  # a head that never changes never improves
     assert main(argv) == 0
     log = json.loads((out / "training_log.json").read_text())
