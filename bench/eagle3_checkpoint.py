@@ -71,6 +71,6 @@ def save_checkpoint(path: Path, head, optimizer, state: TrainingState, draft_ids
 def load_checkpoint(path: Path) -> dict | None:
     if not path.exists():
         return None
-    data = torch.load(path, weights_only=False)
+    data = torch.load(path, weights_only=False, map_location="cpu")  # a GPU run continues on a CPU
     data["state"] = TrainingState(**data["state"])
     return data

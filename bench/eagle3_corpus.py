@@ -113,17 +113,19 @@ def generate_corpus(
     prompts: list[BenchPrompt] | None = None,
     sampled_temperature: float = 0.0,
     archived: list[dict] | None = None,
+    device: str = "auto",
 ) -> list[dict]:
     """Generate the target's answers (in the executor's auto dtype) for the first ``num_prompts`` of
-    ``prompts`` (default: `training_prompts`) of at most ``max_prompt_tokens`` tokens, capturing
-    ``capture_layers`` (``hidden_states`` indices) at every position in the same forwards: a greedy
-    answer each, and with ``sampled_temperature`` > 0 a sampled one too (id ``<id>~s``, its own seed). Each finished request
-    is appended to ``path`` at once, its last ``keep_positions`` positions' features (bfloat16) saved
-    beside it in ``features/``; answers already in the file are skipped. The ``archived`` answers
-    (`eagle3_archive`) that the file lacks come first: their features are rebuilt by a prefill of the
-    answer's tokens, and their prompts are not answered again. Prompts over ``long_prompt_tokens`` are
-    answered ``LONG_PROMPT_BATCH_DIVISOR`` times fewer at once, after the short ones of their window of
-    the prompt order (`answer_passes`). Stops early (keeping what is written) after ``max_seconds``."""
+        ``prompts`` (default: `training_prompts`) of at most ``max_prompt_tokens`` tokens, capturing
+        ``capture_layers`` (``hidden_states`` indices) at every position in the same forwards: a greedy
+        answer each, and with ``sampled_temperature`` > 0 a sampled one too (id ``<id>~s``, its own seed). Each finished request
+        is appended to ``path`` at once, its last ``keep_positions`` positions' features (bfloat16) saved
+        beside it in ``features/``; answers already in the file are skipped. The ``archived`` answers
+        (`eagle3_archive`) that the file lacks come first: their features are rebuilt by a prefill of the
+        answer's tokens, and their prompts are not answered again. Prompts over ``long_prompt_tokens`` are
+        answered ``LONG_PROMPT_BATCH_DIVISOR`` times fewer at once, after the short ones of their window of
+        the prompt order (`answer_passes`). Stops early (keeping what is written) after ``max_seconds``. The
+    executor runs on ``device`` (`ExecutorConfig.device`)."""
     from tqdm import tqdm
 
     from ..executor.config import ExecutorConfig
@@ -136,7 +138,10 @@ def generate_corpus(
     if max_seconds is not None and max_seconds <= 0:
         return existing
     config = ExecutorConfig(
-        model=model, max_batch_size=max_batch_size, capture_hidden_layers=list(capture_layers)
+        model=model,
+        max_batch_size=max_batch_size,
+        capture_hidden_layers=list(capture_layers),
+        device=device,
     )
     # pages for every running request's longest sequence: with fewer, long prompts (document extraction)
     # preempt each other, and each one preempted is prefilled again from its first token

@@ -1,4 +1,5 @@
-"""`specexec train-eagle3`: train an EAGLE-3 head for a target on this machine's CPU.
+"""`specexec train-eagle3`: train an EAGLE-3 head for a target on this machine (``--device``: its GPU
+when it has one, else its CPU).
 
     specexec train-eagle3 --output heads/smollm2 --max-minutes 60
 
@@ -64,6 +65,7 @@ def train(args) -> int:
             "--max-minutes > 0, --corpus-minutes >= 0, --ttt-steps >= 1, --draft-vocab-size >= 1, "
             "--eval-every >= 1, --patience >= 1, --pool-share in 0..1, --fresh-vocab only with --init-from"
         )
+    device = training_device(args.device)
     started = time.perf_counter()
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -80,7 +82,7 @@ def train(args) -> int:
     archive = _open_archive(args, target)
     if archive is not None:
         print(f"archive {archive.root}: {archive.restore_pool(pool_path)} instructions restored")
-    pool = _grow_pool(args, pool_path)
+    pool = _grow_pool(args, pool_path, device)
     records = generate_corpus(
         out / "corpus" / "corpus.jsonl",
         (*cfg.aux_layer_ids, target.config.num_hidden_layers),
@@ -93,6 +95,7 @@ def train(args) -> int:
         prompts=mix_prompts(training_prompts(), pool_prompts(pool), args.pool_share),
         sampled_temperature=args.sampled_temperature,
         archived=archive.answers() if archive is not None else None,
+        device=str(device),
     )
     if archive is not None:
         _export(archive, records, pool_path)
@@ -121,16 +124,17 @@ def train(args) -> int:
         always = tuple(eos if isinstance(eos, list) else [eos or 0])
         draft_ids = choose_draft_vocab(records, cfg.draft_vocab_size, cfg.vocab_size, always)
     train_records, val_records = split_records(records)
-    train = load_features(train_records, out / "corpus", cfg.target_hidden_size)
-    val = load_features(val_records, out / "corpus", cfg.target_hidden_size)
-    lm_rows = target.get_output_embeddings().weight[draft_ids].detach().clone()  # [draft_vocab, hidden]
+    train = load_features(train_records, out / "corpus", cfg.target_hidden_size, device)
+    val = load_features(val_records, out / "corpus", cfg.target_hidden_size, device)
+    lm_rows = target.get_output_embeddings().weight[draft_ids].detach().to(device)  # [draft_vocab, hidden]
     if start_head is not None and not torch.equal(start_head.t2d.nonzero()[:, 0], draft_ids):
         start_head = with_draft_vocab(start_head, draft_ids, target.get_output_embeddings().weight.detach())
-    in_draft = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-    in_draft[draft_ids] = True
-    head = start_head if start_head is not None else _init_head(cfg, target, draft_ids, lm_rows)
+    in_draft = torch.zeros(cfg.vocab_size, dtype=torch.bool, device=device)
+    in_draft[draft_ids.to(device)] = True
+    head = start_head if start_head is not None else _init_head(cfg, target, draft_ids, lm_rows.cpu())
     if checkpoint is not None:
         head.load_state_dict(checkpoint["head"])
+    head = _head_to(head, device)
     del target
     left = args.max_minutes * 60 - (time.perf_counter() - started)
     budget = left - min(30.0, 0.1 * left)  # keep time to evaluate and save
@@ -152,11 +156,37 @@ def train(args) -> int:
         train_positions=sum(len(f.aux) - 1 for f in train),
         total_minutes=(time.perf_counter() - started) / 60,
     )
-    save_head(head, out)
+    save_head(_head_to(head, torch.device("cpu")), out)
     (out / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
     _plot(log, out / "loss_curve.png")
     print(f"wrote the head to {out} ({log['total_minutes']:.1f} min)")
     return 0
+
+
+def training_device(name: str) -> torch.device:
+    """``--device``: ``auto`` is the GPU when there is one, else the CPU; a GPU named where there is
+    none is refused before any work starts."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
+    if device.type == "cuda" and (
+        not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()
+    ):
+        raise ValueError(f"--device {name}: no such CUDA device on this machine")
+    return device
+
+
+def _head_to(head: Eagle3Head, device: torch.device) -> Eagle3Head:
+    """The head and the target embeddings it shares (not its submodule) on ``device``."""
+    head.to(device)
+    if head._target_embeddings[0] is not None:
+        head._target_embeddings[0].to(device)
+    return head
 
 
 def _open_archive(args, target) -> CorpusArchive | None:
@@ -181,7 +211,7 @@ def _export(archive: CorpusArchive, records: list[dict], pool_path: Path) -> Non
     print(f"archive {archive.root}: added {counts['answers']} answers, {counts['instructions']} instructions")
 
 
-def _grow_pool(args, path: Path) -> list[dict]:
+def _grow_pool(args, path: Path, device: torch.device) -> list[dict]:
     """The self-instruct pool (`eagle3_prompts`), grown toward ``--self-instruct`` instructions for up
     to a third of the corpus time; what is already in the file is kept."""
     from ..executor.config import ExecutorConfig
@@ -192,7 +222,8 @@ def _grow_pool(args, path: Path) -> list[dict]:
     seconds = min(args.pool_minutes, args.corpus_minutes / 3) * 60
     if args.self_instruct <= len(pool) or seconds <= 0:
         return pool[: max(args.self_instruct, 0)]
-    with Executor(config=ExecutorConfig(model=args.model, max_batch_size=64, progress=False)) as executor:
+    config = ExecutorConfig(model=args.model, max_batch_size=64, progress=False, device=str(device))
+    with Executor(config=config) as executor:
         counts = grow_pool(path, executor_generator(executor), args.self_instruct, max_seconds=seconds)
     print(f"prompt pool: {counts}")
     return read_pool(path)[: args.self_instruct]
@@ -320,21 +351,21 @@ def make_batch(feats, lm_rows: torch.Tensor, in_draft: torch.Tensor, max_len: in
     the draft vocabulary) of the token after that. An index counts when the token after that belongs to
     the answer and (the target's greedy choice, in its own greedy answers) is in the draft vocabulary."""
     t = max(min(len(f.aux) - 1, max_len) for f in feats)
-    b = len(feats)
-    aux = torch.zeros(b, t, feats[0].aux.shape[1])
-    next_ids = torch.zeros(b, t, dtype=torch.long)
-    positions = torch.zeros(b, t, dtype=torch.long)
-    final = torch.zeros(b, t, feats[0].final.shape[1])
-    valid = torch.zeros(b, t, dtype=torch.bool)
-    real = torch.zeros(b, t, dtype=torch.bool)
-    answers = torch.zeros(b, t, dtype=torch.bool)
+    b, device = len(feats), lm_rows.device  # the features are on it too (`load_features`)
+    aux = torch.zeros(b, t, feats[0].aux.shape[1], device=device)
+    next_ids = torch.zeros(b, t, dtype=torch.long, device=device)
+    positions = torch.zeros(b, t, dtype=torch.long, device=device)
+    final = torch.zeros(b, t, feats[0].final.shape[1], device=device)
+    valid = torch.zeros(b, t, dtype=torch.bool, device=device)
+    real = torch.zeros(b, t, dtype=torch.bool, device=device)
+    answers = torch.zeros(b, t, dtype=torch.bool, device=device)
     for j, f in enumerate(feats):
         n = min(len(f.aux) - 1, max_len)
         aux[j, :n] = f.aux[:n].float()
         next_ids[j, :n] = f.token_ids[1 : n + 1]
-        positions[j, :n] = torch.arange(f.start_pos, f.start_pos + n)
+        positions[j, :n] = torch.arange(f.start_pos, f.start_pos + n, device=device)
         final[j, :n] = f.final[1 : n + 1].float()
-        answer = torch.arange(f.start_pos + 2, f.start_pos + n + 2) >= f.answer_start  # [n]
+        answer = torch.arange(f.start_pos + 2, f.start_pos + n + 2, device=device) >= f.answer_start  # [n]
         valid[j, :n] = in_draft[f.token_ids[2 : n + 2]] & answer
         answers[j, :n] = answer
         real[j, :n] = True
@@ -378,7 +409,7 @@ def train_head(
         {"first_step": state.step + 1, "train_sequences": len(train), "val_sequences": len(val)}
     )
     draft_ids = head.t2d.nonzero()[:, 0]  # [draft_vocab] sorted target ids, kept in the checkpoint
-    precision = TrainingPrecision(args.train_dtype)
+    precision = TrainingPrecision(args.train_dtype, lm_rows.device.type)
     start, run_step, est_total, stop = time.perf_counter(), 0, None, None
     earlier_seconds = log.get("train_seconds", 0.0)  # of the runs before this one
 

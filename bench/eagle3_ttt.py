@@ -44,7 +44,7 @@ class ChainAttention:
 
     def __init__(self, batch_size: int, length: int, real: torch.Tensor) -> None:
         self.b, self.t = batch_size, length
-        causal = torch.ones(length, length, dtype=torch.bool).tril()  # [T, T]
+        causal = torch.ones(length, length, dtype=torch.bool, device=real.device).tril()  # [T, T]
         self.mask = causal[None] & real[:, None, :]  # [B, T(query), T(key)]
         self.keys: list[torch.Tensor] = []  # per step [B, heads, T, d]
         self.values: list[torch.Tensor] = []

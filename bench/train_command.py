@@ -79,6 +79,12 @@ def add_arguments(parser) -> None:
         help="training steps' matmul precision (auto: bfloat16 autocast where the first steps time it "
         "faster, float32 on CPUs without native bfloat16)",
     )
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help="where the target answers and the head trains: auto (cuda when available, else cpu), cpu, "
+        "cuda, cuda:N",
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 

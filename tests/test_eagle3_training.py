@@ -376,3 +376,39 @@ def test_training_stops_early_when_validation_stops_improving(tmp_path):
     assert main(argv) == 0
     log = json.loads((out / "training_log.json").read_text())
     assert log["stopped"] == "validation stopped improving" and log["best_step"] <= 1
+
+
+def test_the_training_device_is_the_gpu_when_there_is_one_and_a_missing_one_is_refused():
+    from specexec.bench.eagle3_train import training_device
+
+    assert training_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert training_device("cpu") == torch.device("cpu")
+    for wrong in ("tpu", "meta", "cuda:x"):
+        with pytest.raises(ValueError, match="--device must be"):
+            training_device(wrong)
+    with pytest.raises(ValueError, match="no such CUDA device"):
+        training_device(f"cuda:{torch.cuda.device_count()}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_head_trained_on_the_gpu_continues_on_the_cpu_and_drafts_there(tmp_path):
+    """The corpus answered and the head trained on CUDA; its checkpoint continues on the CPU (the
+    tensors it holds load there), and the head it writes drafts for the CPU executor."""
+    from specexec.bench.eagle3_checkpoint import CHECKPOINT_NAME
+    from specexec.cli import main
+
+    argv, out = tiny_training_argv(tmp_path, "0.6")
+    assert main([*argv, "--device", "cuda", "--eval-every", "5"]) == 0
+    log = json.loads((out / "training_log.json").read_text())
+    assert log["steps"] and log["precision"]["chosen"] in ("float32", "bfloat16")
+    assert main([*argv, "--device", "cpu", "--eval-every", "5", "--corpus-minutes", "0"]) == 0
+    resumed = json.loads((out / "training_log.json").read_text())
+    assert len(resumed["runs"]) == 2 and resumed["steps"][-1]["step"] > log["steps"][-1]["step"]
+    assert (out / CHECKPOINT_NAME).exists()
+    _, outputs = run_speculative(
+        "llama",
+        BATCHES["batch8"],
+        speculative_config={"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model": str(out)},
+    )
+    assert sum(o.metrics.num_draft_tokens for o in outputs) > 0
