@@ -9,8 +9,8 @@ greedy: no drafts, the current head, the new head (and with ``--with-confidence`
 draft_len_policy "confidence"); per head the acceptance length, the acceptance rate
 at each draft position, and tokens/s over no drafts. The engines take turns prompt by prompt, so drift
 of a shared machine falls on all of them alike. Before anything runs, every evaluation prompt is
-checked against the new head's corpus by the hash of its rendered token ids (and its text against the
-self-instruct pool): an overlap stops the evaluation. The head's own forward (the drafting step, one
+checked against the new head's corpus and the bundled token archive by the hash of its rendered token
+ids (and its text against the self-instruct pools): an overlap stops the evaluation. The head's own forward (the drafting step, one
 token) is timed against one target decode forward. The new head is "better" only when its acceptance
 length and its speed-up are both higher than the current head's on every set.
 """
@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ..drafters.eagle3_head import SHIPPED_HEAD
 from .datasets import load_dataset
+from .eagle3_archive import BUNDLED_ARCHIVE, CorpusArchive
 from .eagle3_corpus import read_corpus
 from .eagle3_prompts import normalized_hash, read_pool
 from .engines import Workload, run_specexec
@@ -39,12 +40,18 @@ def ids_hash(token_ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(list(token_ids)).encode()).hexdigest()[:20]
 
 
-def check_held_out(head_dir: Path, workloads: dict[str, Workload]) -> dict:
+def check_held_out(head_dir: Path, workloads: dict[str, Workload], archive_dir: Path | None = None) -> dict:
     """Raise ValueError when an evaluation prompt is in the head's corpus (by token ids) or pool (by
-    text); returns how many prompts were checked against how large a corpus and pool."""
+    text), or in the token archive's answers or instructions (``archive_dir``, `eagle3_archive`: a
+    head trained on another machine comes without its corpus, and the archive holds what it was
+    trained on); returns how many prompts were checked against how many sequences and instructions."""
     corpus = read_corpus(head_dir / "corpus" / "corpus.jsonl")
-    seen = {ids_hash(r["prompt_token_ids"]) for r in corpus}
-    pool = {r["hash"] for r in read_pool(head_dir / "corpus" / "prompt_pool.jsonl")}
+    instructions = read_pool(head_dir / "corpus" / "prompt_pool.jsonl")
+    archive = CorpusArchive(archive_dir) if archive_dir is not None else None
+    answers = archive.answers() if archive is not None else []
+    instructions += archive.instructions() if archive is not None else []
+    seen = {ids_hash(r["prompt_token_ids"]) for r in corpus + answers}
+    pool = {r["hash"] for r in instructions}
     checked = 0
     for name, work in workloads.items():
         for prompt, ids in zip(work.prompts, work.token_ids):
@@ -52,7 +59,12 @@ def check_held_out(head_dir: Path, workloads: dict[str, Workload]) -> dict:
             if ids_hash(ids) in seen or texts & pool:
                 raise ValueError(f"{name} prompt {prompt.id} is in the corpus of {head_dir}: not held out")
             checked += 1
-    return {"prompts": checked, "corpus_sequences": len(corpus), "pool_instructions": len(pool)}
+    return {
+        "prompts": checked,
+        "corpus_sequences": len(corpus),
+        "archive_answers": len(answers),
+        "pool_instructions": len(pool),
+    }
 
 
 def head_forward_cost(executor, repeats: int = 20) -> float:
@@ -118,7 +130,7 @@ def evaluate_heads(
             for p in prompts
         ]
         workloads[name] = Workload(prompts, ids, max_tokens, 0.0)
-    report: dict = {"held_out": check_held_out(new_head, workloads), "sets": {}}
+    report: dict = {"held_out": check_held_out(new_head, workloads, BUNDLED_ARCHIVE), "sets": {}}
     report["machine"] = machine_line(engines["none"])
     for name, work in workloads.items():
         rows = run_interleaved(engines, work)
@@ -184,7 +196,8 @@ def format_report(report: dict) -> str:
     lines = [f"machine: {report['machine']}"] if "machine" in report else []
     lines += [
         f"held-out check: {held['prompts']} evaluation prompts, none among the corpus's "
-        f"{held['corpus_sequences']} sequences or the pool's {held['pool_instructions']} instructions"
+        f"{held['corpus_sequences']} sequences, the archive's {held.get('archive_answers', 0)} answers "
+        f"or the pool's {held['pool_instructions']} instructions"
     ]
     for name, rows in report["sets"].items():
         for label, r in rows.items():

@@ -36,12 +36,31 @@ def workload(texts_and_ids) -> Workload:
 def test_an_evaluation_prompt_in_the_corpus_or_the_pool_stops_the_evaluation(tmp_path):
     write_corpus(tmp_path, [[1, 2, 3]], ["Plan a trip to Rome."])
     clean = {"set": workload([("Explain tides.", [4, 5, 6])])}
-    assert check_held_out(tmp_path, clean) == {"prompts": 1, "corpus_sequences": 1, "pool_instructions": 1}
+    held = {"prompts": 1, "corpus_sequences": 1, "archive_answers": 0, "pool_instructions": 1}
+    assert check_held_out(tmp_path, clean) == held
     with pytest.raises(ValueError, match="not held out"):
         check_held_out(tmp_path, {"set": workload([("Something else.", [1, 2, 3])])})
     with pytest.raises(ValueError, match="not held out"):
         check_held_out(tmp_path, {"set": workload([("plan a TRIP to rome", [9, 9])])})
     assert ids_hash([1, 2, 3]) != ids_hash([1, 2, 3, 4])
+
+
+def test_a_head_without_its_corpus_is_checked_against_the_token_archive(tmp_path):
+    """A head trained elsewhere comes without ``corpus/``: the archive of what it was trained on
+    still stops an evaluation prompt that is in it."""
+    from specexec.bench.eagle3_archive import CorpusArchive
+
+    archive = CorpusArchive(tmp_path / "archive")
+    pool = [{"id": "si-0", "prompt": "Plan a trip to Rome.", "hash": normalized_hash("Plan a trip to Rome.")}]
+    archive.export([{"id": "a0", "prompt_token_ids": [1, 2, 3], "output_token_ids": [4]}], pool)
+    head = tmp_path / "head"  # no corpus beside it
+    clean = {"set": workload([("Explain tides.", [4, 5, 6])])}
+    held = check_held_out(head, clean, archive.root)
+    assert held == {"prompts": 1, "corpus_sequences": 0, "archive_answers": 1, "pool_instructions": 1}
+    with pytest.raises(ValueError, match="not held out"):
+        check_held_out(head, {"set": workload([("Something else.", [1, 2, 3])])}, archive.root)
+    with pytest.raises(ValueError, match="not held out"):
+        check_held_out(head, {"set": workload([("plan a TRIP to rome", [9, 9])])}, archive.root)
 
 
 def test_a_head_ships_only_when_better_on_every_set():
