@@ -29,7 +29,9 @@ GROUP_SIZE = 32  #: input features per int4 scale (GGUF's block size; the kernel
 INT4_ROWS_MULTIPLE = 16  #: the CPU int4 packing needs the output features in multiples of this
 CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 CUDA_KERNEL_DTYPES = {"int8": (torch.float32, torch.bfloat16, torch.float16), "int4": (torch.bfloat16,)}
-CUDA_INT4_INNER_K_TILES = 8  #: tinygemm's packing parameter (torchao's default)
+#: tinygemm's packing parameter, the largest of these that divides the layer (8 is torchao's default):
+#: its packing needs the input features in multiples of 16 x tiles, and SmolLM2's 576 is not one of 128
+CUDA_INT4_INNER_K_TILES = (8, 4, 2)
 #: rows (tokens) from which a layer dequantizes its weights for one dense matmul instead of calling the
 #: weight-only kernel: the kernels are built for few rows. One 1536x576 layer in bfloat16 on a 2-core
 #: AVX512-BF16 EPYC, at 64 / 128 / 256 / 1300 rows: int4 kernel 0.69 / 1.37 / 3.07 / 14.0 ms, dequantize
@@ -194,7 +196,12 @@ def _pack_int4(q: torch.Tensor) -> torch.Tensor:
     if q.device.type == "cpu":
         return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
     pairs = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)  # [out, in / 2]
-    return torch.ops.aten._convert_weight_to_int4pack(pairs, CUDA_INT4_INNER_K_TILES)
+    return torch.ops.aten._convert_weight_to_int4pack(pairs, cuda_inner_k_tiles(q.shape[1]))
+
+
+def cuda_inner_k_tiles(in_features: int) -> int:
+    """The CUDA packing's inner K tiles for a layer of ``in_features`` (a multiple of `GROUP_SIZE`)."""
+    return next(t for t in CUDA_INT4_INNER_K_TILES if in_features % (16 * t) == 0)
 
 
 #: the CPU packing's layout, as read off torch 2.13: rows in blocks of 64; byte j of column k of a block

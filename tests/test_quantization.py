@@ -19,6 +19,7 @@ from specexec.executor.quantized_linear import (
     _cpu_layout_matches,
     _unpack_int4,
     check_kernel,
+    cuda_inner_k_tiles,
 )
 from specexec.executor.speculative_config import SpeculativeConfig
 from test_speculative_identity import BATCHES, assert_all_pages_free, make_config, make_requests, num_accepted
@@ -226,15 +227,22 @@ def test_self_draft_of_a_quantized_target_loaded_from_disk_is_loaded_again_at_it
 # ---- CUDA (marked gpu: skipped where no CUDA device exists) ----------------------------------------------
 
 
+def test_the_cuda_int4_packing_takes_the_largest_tiling_that_divides_the_layer():
+    """tinygemm packs input features in multiples of 16 x its inner K tiles: 576 (SmolLM2's hidden
+    size) and a tiny model's 64 or 96 do not divide into 128, the default tiling."""
+    assert [cuda_inner_k_tiles(k) for k in (512, 1536, 576, 64, 96, 32)] == [8, 8, 4, 4, 2, 2]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 @pytest.mark.parametrize("rows", [1, 4, DENSE_FROM_ROWS])
-def test_cuda_kernels_compute_with_the_layers_dequantized_weights(scheme, rows):
+@pytest.mark.parametrize("in_features", [512, 576, 96])
+def test_cuda_kernels_compute_with_the_layers_dequantized_weights(scheme, rows, in_features):
     check_kernel(scheme, torch.device("cuda"), torch.bfloat16)  # raises where torch has no kernel
-    layer = random_linear(256, 512).to("cuda", torch.bfloat16)
+    layer = random_linear(256, in_features).to("cuda", torch.bfloat16)
     quantized = (Int8WeightOnlyLinear if scheme == "int8" else Int4WeightOnlyLinear)(layer)
-    x = torch.randn(rows, 512, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, in_features, device="cuda", dtype=torch.bfloat16)
     want = torch.nn.functional.linear(x.double(), quantized.dequantized(torch.float64))
     assert (quantized(x).double() - want).abs().max() <= 2e-2 * want.abs().max()
 
