@@ -115,17 +115,17 @@ def generate_corpus(
     archived: list[dict] | None = None,
     device: str = "auto",
 ) -> list[dict]:
-    """Generate the target's answers (in the executor's auto dtype) for the first ``num_prompts`` of
-        ``prompts`` (default: `training_prompts`) of at most ``max_prompt_tokens`` tokens, capturing
-        ``capture_layers`` (``hidden_states`` indices) at every position in the same forwards: a greedy
-        answer each, and with ``sampled_temperature`` > 0 a sampled one too (id ``<id>~s``, its own seed). Each finished request
-        is appended to ``path`` at once, its last ``keep_positions`` positions' features (bfloat16) saved
-        beside it in ``features/``; answers already in the file are skipped. The ``archived`` answers
-        (`eagle3_archive`) that the file lacks come first: their features are rebuilt by a prefill of the
-        answer's tokens, and their prompts are not answered again. Prompts over ``long_prompt_tokens`` are
-        answered ``LONG_PROMPT_BATCH_DIVISOR`` times fewer at once, after the short ones of their window of
-        the prompt order (`answer_passes`). Stops early (keeping what is written) after ``max_seconds``. The
-    executor runs on ``device`` (`ExecutorConfig.device`)."""
+    """Generate the target's answers (in the executor's auto dtype, on ``device``: `ExecutorConfig.device`)
+    for the first ``num_prompts`` of ``prompts`` (default: `training_prompts`) of at most
+    ``max_prompt_tokens`` tokens, capturing ``capture_layers`` (``hidden_states`` indices) at every
+    position in the same forwards: a greedy answer each, and with ``sampled_temperature`` > 0 a sampled
+    one too (id ``<id>~s``, its own seed). Each finished request is appended to ``path`` at once, its
+    last ``keep_positions`` positions' features (bfloat16) saved beside it in ``features/``; answers
+    already in the file are skipped. The ``archived`` answers (`eagle3_archive`) that the file lacks come
+    first: their features are rebuilt by a prefill of the answer's tokens, and their prompts are not
+    answered again. Prompts over ``long_prompt_tokens`` are answered ``LONG_PROMPT_BATCH_DIVISOR`` times
+    fewer at once, after the short ones of their window of the prompt order (`answer_passes`). Stops
+    early (keeping what is written) after ``max_seconds``."""
     from tqdm import tqdm
 
     from ..executor.config import ExecutorConfig

@@ -10,8 +10,8 @@ draft_len_policy "confidence"); per head the acceptance length, the acceptance r
 at each draft position, and tokens/s over no drafts. The engines take turns prompt by prompt, so drift
 of a shared machine falls on all of them alike. Before anything runs, every evaluation prompt is
 checked against the new head's corpus and the bundled token archive by the hash of its rendered token
-ids (and its text against the self-instruct pools): an overlap stops the evaluation. The head's own forward (the drafting step, one
-token) is timed against one target decode forward. The new head is "better" only when its acceptance
+ids (and its text against the self-instruct pools): an overlap stops the evaluation. The head's own
+forward (the drafting step, one token) is timed against one target decode forward. The new head is "better" only when its acceptance
 length and its speed-up are both higher than the current head's on every set.
 """
 
@@ -57,7 +57,10 @@ def check_held_out(head_dir: Path, workloads: dict[str, Workload], archive_dir: 
         for prompt, ids in zip(work.prompts, work.token_ids):
             texts = {normalized_hash(m["content"]) for m in prompt.messages}
             if ids_hash(ids) in seen or texts & pool:
-                raise ValueError(f"{name} prompt {prompt.id} is in the corpus of {head_dir}: not held out")
+                raise ValueError(
+                    f"{name} prompt {prompt.id} is in the corpus of {head_dir} or the token archive: "
+                    "not held out"
+                )
             checked += 1
     return {
         "prompts": checked,
