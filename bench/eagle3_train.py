@@ -164,21 +164,17 @@ def train(args) -> int:
 
 
 def training_device(name: str) -> torch.device:
-    """``--device``: ``auto`` is the GPU when there is one, else the CPU; a GPU named where there is
-    none is refused before any work starts."""
+    """``--device``: ``auto`` is the GPU when there is one, else the CPU; a device this machine does not
+    have is refused (`check_device`, as the executor refuses it) before any work starts."""
+    from ..executor.model_loader import ModelLoadError, check_device
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        device = torch.device(name)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
-    if device.type == "cuda" and (
-        not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()
-    ):
-        raise ValueError(f"--device {name}: no such CUDA device on this machine")
-    return device
+        check_device(name)
+    except ModelLoadError as exc:
+        raise ValueError(f"--device {name}: {exc}") from exc
+    return torch.device(name)
 
 
 def _head_to(head: Eagle3Head, device: torch.device) -> Eagle3Head:
