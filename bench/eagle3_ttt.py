@@ -5,7 +5,9 @@ is scored against the target's distribution of ``x_{t+2}``. Step k at index t co
 that starts at t: it is fed the head's step k-1 output at t and the token ``x_{t+1+k}`` (position t+k),
 and is scored against the target's distribution of ``x_{t+2+k}``. Its query attends the step-0 keys of
 indices <= t (the real context, as the inference cache holds) and the keys of steps 1..k at index t
-(its own earlier drafts): exactly what drafting k tokens after position t sees.
+(its own earlier drafts): exactly what drafting k tokens after position t sees. A head with a
+``sliding_window`` sees, as in drafting, only the step-0 keys less than that far behind its own position
+t+k.
 
 Loss: soft cross-entropy against the target's distribution renormalized over the draft vocabulary,
 step k weighted 0.8^k; left out are positions whose target argmax lies outside that vocabulary (they
@@ -42,10 +44,15 @@ class Batch:
 class ChainAttention:
     """The attention callback of one unrolled training step (see the module docstring)."""
 
-    def __init__(self, batch_size: int, length: int, real: torch.Tensor) -> None:
+    def __init__(
+        self, batch_size: int, length: int, real: torch.Tensor, sliding_window: int | None = None
+    ) -> None:
         self.b, self.t = batch_size, length
         causal = torch.ones(length, length, dtype=torch.bool, device=real.device).tril()  # [T, T]
         self.mask = causal[None] & real[:, None, :]  # [B, T(query), T(key)]
+        self.window = sliding_window
+        index = torch.arange(length, device=real.device)
+        self.distance = index[:, None] - index[None, :]  # [T(query), T(key)]
         self.keys: list[torch.Tensor] = []  # per step [B, heads, T, d]
         self.values: list[torch.Tensor] = []
 
@@ -60,7 +67,11 @@ class ChainAttention:
         self.values.append(v)
         scale = d**-0.5
         scores0 = (q @ self.keys[0].transpose(-1, -2)) * scale  # [B, heads, T, T]
-        scores0 = scores0.masked_fill(~self.mask[:, None], float("-inf"))
+        mask = self.mask
+        if self.window is not None:  # step k's query sits at position t + k
+            step = len(self.keys) - 1
+            mask = mask & (self.distance < self.window - step)[None]
+        scores0 = scores0.masked_fill(~mask[:, None], float("-inf"))
         chain = [(q * kj).sum(-1, keepdim=True) * scale for kj in self.keys[1:]]  # k x [B, heads, T, 1]
         probs = torch.cat([scores0, *chain], dim=-1).softmax(-1)  # [B, heads, T, T + k]
         out = probs[..., :t] @ self.values[0]  # [B, heads, T, d]
@@ -74,7 +85,7 @@ def ttt_loss(head: Eagle3Head, batch: Batch, num_steps: int) -> tuple[torch.Tens
     agreement is over every answer position, those whose target lies outside the draft vocabulary
     counted as misses (a draft can never match there), so heads with different vocabularies compare."""
     b, t = batch.next_ids.shape
-    attend = ChainAttention(b, t, batch.real)
+    attend = ChainAttention(b, t, batch.real, head.config.sliding_window)
     hidden = head.fuse(batch.aux.reshape(b * t, -1))  # [B*T, hidden]
     total = hidden.new_zeros(())
     losses, agreements = [], []

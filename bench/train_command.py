@@ -55,6 +55,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--draft-vocab-size", type=int, default=8192)
     parser.add_argument("--ttt-steps", type=int, default=4, help="unrolled training-time-test steps")
     parser.add_argument("--max-len", type=int, default=640, help="positions per sequence trained on")
+    parser.add_argument(
+        "--sliding-window",
+        type=int,
+        help="the head attends only its last N positions, in training and drafting (written to its "
+        "config.json; 0: every position); at most --max-len, the positions a sequence is trained on "
+        "(default: 512, or --max-len when that is smaller)",
+    )
     parser.add_argument("--batch-tokens", type=int, default=4096, help="positions per optimizer step")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--eval-every", type=int, default=100, help="optimizer steps between validations")

@@ -9,6 +9,12 @@ Per request the head's cache holds *real* entries: position t computed from the 
 2. drafts 2..k: the head is fed its own pre-norm output and the previous draft, one position further;
 3. next step the draft entries are rewound away and overwritten by the catch-up.
 
+A head with a ``sliding_window`` attends only its last ``sliding_window`` positions, so a catch-up starts
+no earlier than that many positions before its end: the earlier slots are held but never computed
+(a long prompt costs the head only its last window). This is exact because the head has one layer: the
+keys and values at a position depend on that position's own inputs only, and the one output a
+catch-up keeps (its last) attends none of the skipped slots.
+
 Drafts come from the reduced draft vocabulary and are mapped to target ids by ``d2t``; a guided
 request's grammar mask reaches the draft logits through the same ``d2t`` map.
 """
@@ -50,8 +56,9 @@ class _PagedHeadAttention:
 
     layer_idx = 0
 
-    def __init__(self, metadata) -> None:
+    def __init__(self, metadata, sliding_window: int | None) -> None:
         self.metadata = metadata
+        self.sliding_window = sliding_window
 
     def __call__(self, q, k, v):  # [T, heads|kv_heads, head_dim] -> [T, heads, head_dim]
         out, _ = paged_attention_forward(
@@ -60,6 +67,7 @@ class _PagedHeadAttention:
             k.transpose(0, 1)[None],
             v.transpose(0, 1)[None],
             None,
+            sliding_window=self.sliding_window,
             paged_metadata=self.metadata,
         )
         return out[0]
@@ -140,7 +148,7 @@ class Eagle3Drafter(Drafter):
     def _static_forward(self, views, meta, token_inputs):
         """What a graph captures: the head over the shape's flat batch, outputs and logits at every row."""
         out = self.head.step(
-            views.input_ids, token_inputs["hidden"], views.positions, _PagedHeadAttention(meta)
+            views.input_ids, token_inputs["hidden"], views.positions, self._attention(meta)
         )  # [B * Q, hidden]
         return {"out": out, "logits": self.head.logits(out)}, {}
 
@@ -218,6 +226,7 @@ class Eagle3Drafter(Drafter):
         """Feed every request's pending positions (pairs h_t, x_{t+1}), in chunks that fit a forward;
         the pre-norm output [R, hidden] and draft logits [R, draft_vocab] at each one's last position."""
         self._rewind_to_real(requests)
+        self._skip_outside_window(requests)
         budget = self.inputs.max_num_tokens
         todo = list(requests)
         last: dict[str, torch.Tensor] = {}
@@ -269,11 +278,27 @@ class Eagle3Drafter(Drafter):
                 _, per_row, _ = replayed
                 return per_row["out"], per_row["logits"]
         batch = self.inputs.prepare(seqs)
-        out = self.head.step(batch.input_ids, hidden, batch.positions, _PagedHeadAttention(batch.metadata))
+        out = self.head.step(batch.input_ids, hidden, batch.positions, self._attention(batch.metadata))
         out = out[batch.logit_indices]
         return out, self.head.logits(out)
 
+    def _attention(self, metadata) -> _PagedHeadAttention:
+        return _PagedHeadAttention(metadata, self.head.config.sliding_window)
+
     # ---- cache bookkeeping ----------------------------------------------------------------------
+    def _skip_outside_window(self, requests) -> None:
+        """Hold, without computing, the slots of pending positions that no query of this step attends:
+        those more than ``sliding_window`` before the catch-up's end (see the module docstring)."""
+        window = self.head.config.sliding_window
+        if window is None:
+            return
+        for r in requests:
+            st = self._states[r.request_id]
+            skip = st.pending_end - window - st.num_real
+            if skip > 0:
+                self._grow(r, skip)
+                st.num_real += skip
+
     def _rewind_to_real(self, requests) -> None:
         """Drop last step's draft entries (and anything past a recompute point) from the head's cache."""
         for r in requests:

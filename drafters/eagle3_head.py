@@ -68,6 +68,11 @@ class Eagle3Config:
     rope_scaling: dict | None = None
     max_position_embeddings: int = 8192
     aux_layer_ids: tuple[int, ...] | None = None  #: target hidden_states indices; None = the default three
+    #: the head attends only keys with ``query_pos - key_pos < sliding_window`` (None: every earlier
+    #: position). A head trained on sequences cut to their last positions drafts worse over a longer
+    #: context: the shipped head, trained on 640 positions a sequence, reached acceptance length 2.59 over
+    #: whole 1.1k-3.2k-token extraction prompts, 2.81 with a window of 512 (held out, teacher-forced)
+    sliding_window: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> Eagle3Config:
@@ -95,6 +100,7 @@ class Eagle3Config:
             rope_scaling=d.get("rope_scaling"),
             max_position_embeddings=d.get("max_position_embeddings", 8192),
             aux_layer_ids=tuple(aux) if aux else None,
+            sliding_window=_window(d.get("sliding_window")),
         )
 
     def to_dict(self) -> dict:
@@ -117,6 +123,8 @@ class Eagle3Config:
             "rope_scaling": self.rope_scaling,
             "max_position_embeddings": self.max_position_embeddings,
         }
+        if self.sliding_window is not None:
+            d["sliding_window"] = self.sliding_window
         if self.aux_layer_ids is not None:
             d["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)}
         return d
@@ -139,6 +147,16 @@ class Eagle3Config:
             num_hidden_layers=1,
             **extra,
         )
+
+
+def _window(value) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"EAGLE-3 head config: sliding_window must be a positive integer or null, got {value!r}"
+        )
+    return value
 
 
 class Eagle3Attention(nn.Module):

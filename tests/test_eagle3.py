@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
@@ -52,6 +53,7 @@ def make_head_dir(
     aux_layers=(1, 2, 3),
     seed: int = 0,
     draft_ids=None,
+    sliding_window: int | None = None,
 ):
     """A random head for the tiny targets (hidden 32, vocab 256 unless said) written in the published
     layout; its draft vocabulary is ``draft_ids`` or a random subset."""
@@ -66,6 +68,7 @@ def make_head_dir(
         draft_vocab_size=draft_vocab,
         target_hidden_size=32,
         aux_layer_ids=aux_layers,
+        sliding_window=sliding_window,
     )
     head = Eagle3Head(cfg)
     for p in head.parameters():
@@ -109,6 +112,14 @@ def test_published_layout_round_trips(tmp_path):
     assert head.lm_head.weight.shape == (DRAFT_VOCAB, 32)
     assert head.midlayer.self_attn.q_proj.weight.shape == (32, 64)  # takes embedding ++ feature
     assert embeddings.weight.dtype == torch.float32, "loading must not cast the target's embeddings"
+    assert "sliding_window" not in config and head.config.sliding_window is None
+
+
+def test_a_heads_sliding_window_round_trips(tmp_path):
+    make_head_dir(tmp_path, sliding_window=7)
+    assert json.loads((tmp_path / "config.json").read_text())["sliding_window"] == 7
+    head = load_head(tmp_path, torch.nn.Embedding(VOCAB, 32), torch.float64, "cpu")
+    assert head.config.sliding_window == 7
 
 
 def test_d2t_maps_draft_ids_onto_their_target_tokens(tmp_path):
@@ -136,6 +147,8 @@ def test_head_with_its_own_embeddings_uses_them(tmp_path):
         (lambda d: (d / "config.json").unlink(), "no config.json"),
         (lambda d: (d / "model.safetensors").unlink(), "expected model.safetensors"),
         (lambda d: _edit_config(d, architectures=["LlamaForCausalLM"]), "not an EAGLE-3 head"),
+        (lambda d: _edit_config(d, sliding_window=0), "sliding_window must be a positive integer"),
+        (lambda d: _edit_config(d, sliding_window="512"), "sliding_window must be a positive integer"),
         (lambda d: _edit_config(d, draft_vocab_size=DRAFT_VOCAB + 1), "d2t has shape"),
         (lambda d: _edit_state(d, d2t=torch.full((DRAFT_VOCAB,), 10_000)), "outside the vocabulary"),
         (
@@ -211,14 +224,16 @@ def reference_drafts(head: Eagle3Head, target, layers, tokens: list[int], k: int
 def reference_chain(head: Eagle3Head, target, layers, tokens: list[int], k: int):
     """EAGLE-3 drafting from scratch: transformers' hidden states of the verified tokens (all but the
     last), the head run densely over pairs (h_t, x_{t+1}), then chained on its own outputs; the drafts
-    and the head's confidence in each (its largest probability)."""
+    and the head's confidence in each (its largest probability); every position computed, a head's
+    ``sliding_window`` applied by the mask alone."""
+    attend = partial(dense_causal_attention, window=head.config.sliding_window)
     with torch.no_grad():
         hs = target(input_ids=torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
         hidden = head.fuse(torch.cat([hs[i][0] for i in layers], -1))  # [N-1, hidden]
         ids = torch.tensor(tokens[1:])
         drafts, confidences = [], []
         for _ in range(k):
-            out = head.step(ids, hidden, torch.arange(len(ids)), dense_causal_attention)
+            out = head.step(ids, hidden, torch.arange(len(ids)), attend)
             logits = head.logits(out[-1])
             draft = int(head.to_target_ids(logits.argmax()))
             drafts.append(draft)
@@ -228,11 +243,15 @@ def reference_chain(head: Eagle3Head, target, layers, tokens: list[int], k: int)
     return drafts, confidences
 
 
-def dense_causal_attention(q, k, v):  # [T, heads | kv_heads, d]
+def dense_causal_attention(q, k, v, window: int | None = None):  # [T, heads | kv_heads, d]
+    """Each query over every earlier key (the last ``window`` of them only, when given)."""
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     scores = torch.einsum("qhd,khd->hqk", q, k) * q.shape[-1] ** -0.5
-    scores = scores.masked_fill(~torch.ones(len(q), len(k), dtype=torch.bool).tril(), float("-inf"))
+    seen = torch.ones(len(q), len(k), dtype=torch.bool).tril()
+    if window is not None:
+        seen = seen & ~torch.ones(len(q), len(k), dtype=torch.bool).tril(-window)
+    scores = scores.masked_fill(~seen, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
@@ -252,10 +271,22 @@ def record_proposals(drafter: Eagle3Drafter) -> list[tuple[list[int], list[int]]
 
 @pytest.mark.parametrize(
     "setting",
-    ["plain", "chunked-catch-up", "chunked-prefill", "preemption"],
+    [
+        "plain",
+        "chunked-catch-up",
+        "chunked-prefill",
+        "preemption",
+        "windowed",
+        "windowed-chunked-catch-up",
+        "windowed-preemption",
+    ],
 )
 def test_every_proposal_equals_the_from_scratch_reference(tmp_path, setting):
-    make_head_dir(tmp_path)
+    """Windowed: a head with a sliding window of 5 positions skips computing the older slots of each
+    catch-up; its drafts still equal a reference that computes every position and masks."""
+    windowed = setting.startswith("windowed")
+    setting = setting.removeprefix("windowed-") if setting != "windowed" else "plain"
+    make_head_dir(tmp_path, sliding_window=5 if windowed else None)
     _, target = make_tiny_model("llama")
     head = load_head(tmp_path, target.get_input_embeddings(), torch.float64, "cpu")
     catch_up_tokens = 8 if setting != "plain" else 128
@@ -334,6 +365,32 @@ def test_each_chain_ends_at_the_first_draft_that_does_not_pay(tmp_path, curve, b
         assert drafted == drafts[: chain.num_drafts], tokens
     full = [d for _, num_slots, _, d in seen if num_slots == 3]  # (not the last tokens' shorter room)
     assert {len(d) for d in full} == lengths or not lengths and num_drafted(outputs) == 0
+
+
+@pytest.mark.parametrize("window", [1, 5, 19, 40])
+def test_a_windowed_catch_up_computes_only_its_window_and_equals_every_position_computed(tmp_path, window):
+    """A 20-token prompt's catch-up: the head computes only the last ``window`` of its 19 positions, and
+    its output at the last one equals the head run densely over all 19, masked to the window."""
+    make_head_dir(tmp_path, sliding_window=window)
+    head = load_head(tmp_path, torch.nn.Embedding(VOCAB, 32).double(), torch.float64, "cpu")
+    drafter = Eagle3Drafter(head, 3, VOCAB, 4, block_size=4)
+    tokens = list(range(20, 40))
+    features = torch.randn(19, 96, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    request = SimpleNamespace(request_id="r", token_ids=tokens, num_tokens=20, target_hidden=[(0, features)])
+    computed = []
+    forward = drafter._forward
+    drafter._forward = lambda seqs, hidden: computed.append(len(hidden)) or forward(seqs, hidden)
+    assert drafter._take_features(request)
+    out, logits = drafter._catch_up([request])
+    assert sum(computed) == min(window, 19)
+    with torch.no_grad():
+        attend = partial(dense_causal_attention, window=window)
+        dense = head.step(torch.tensor(tokens[1:]), head.fuse(features), torch.arange(19), attend)
+        torch.testing.assert_close(out[0], dense[-1], rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(logits[0], head.logits(dense[-1]), rtol=1e-9, atol=1e-9)
+    assert drafter.block_manager.num_slots["r"] == 19, "the skipped positions' slots are held"
+    drafter.release(request)
+    assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
 
 
 def test_full_head_pool_ends_drafting_without_leaks(tmp_path):

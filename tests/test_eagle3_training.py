@@ -4,6 +4,7 @@ benchmark prompt, and `specexec train-eagle3` runs end to end (on a tiny model) 
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -36,10 +37,12 @@ def make_features(n: int, seed: int) -> SequenceFeatures:
     )
 
 
-def test_each_unrolled_step_equals_drafting_after_that_position(tmp_path):
+@pytest.mark.parametrize("window", [None, 4])
+def test_each_unrolled_step_equals_drafting_after_that_position(tmp_path, window):
     """Step k at index t of the training-time test = the k-th chained draft step after position t
-    (teacher-forced tokens), computed densely like inference does."""
-    make_head_dir(tmp_path, draft_vocab=96)
+    (teacher-forced tokens), computed densely like inference does (with the head's sliding window:
+    step k's query, at position t + k, sees the last ``window`` positions up to its own)."""
+    make_head_dir(tmp_path, draft_vocab=96, sliding_window=window)
     head = load_head(tmp_path, torch.nn.Embedding(256, 32).double(), torch.float64, "cpu")
     feats = [make_features(12, 0), make_features(9, 1)]
     lm_rows = torch.randn(96, 32)
@@ -67,7 +70,7 @@ def test_each_unrolled_step_equals_drafting_after_that_position(tmp_path):
             hidden = real
             for k in range(steps):
                 pos = torch.arange(f.start_pos, f.start_pos + len(ids))
-                out = head.step(ids, hidden, pos, dense_causal_attention)
+                out = head.step(ids, hidden, pos, partial(dense_causal_attention, window=window))
                 torch.testing.assert_close(outputs[k].view(b, t, -1)[j, index], out[-1], rtol=1e-9, atol=1e-9)
                 hidden = torch.cat([hidden, out[-1:]])
                 ids = torch.cat([ids, f.token_ids[index + 2 + k : index + 3 + k]])
@@ -180,6 +183,7 @@ def test_train_eagle3_end_to_end_on_a_tiny_model(tmp_path):
         "64",
     ]
     argv += ["--ttt-steps", "2", "--max-len", "48", "--batch-tokens", "96", "--self-instruct", "4"]
+    argv += ["--sliding-window", "16"]
     assert main(argv) == 0
     size = json.loads((out / "corpus" / "size.json").read_text())
     pool = (out / "corpus" / "prompt_pool.jsonl").read_text().splitlines()
@@ -192,6 +196,7 @@ def test_train_eagle3_end_to_end_on_a_tiny_model(tmp_path):
     assert len((out / "corpus" / "corpus.jsonl").read_text().splitlines()) == log["corpus_records"]
     config = json.loads((out / "config.json").read_text())
     assert config["draft_vocab_size"] == 64
+    assert config["sliding_window"] == 16, "the head drafts with the window it was trained with"
     # the trained head drafts for the tiny target (float64 for the identity check)
     _, outputs = run_speculative(
         "llama",
