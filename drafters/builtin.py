@@ -196,10 +196,24 @@ def self_draft_dtype(context: DrafterContext, quantization: str) -> str:
 
     param = next(context.target_model.parameters())
     dtype = str(param.dtype).removeprefix("torch.")
+    if (kernel_dtype := cuda_kernel_dtype(param.device, param.dtype, quantization)) is not None:
+        return kernel_dtype
     if param.dtype != torch.float32:
         return dtype
     shape = context.target_model.config.get_text_config().to_dict()
     return choose_dtype(param.device, shape, measurement_dir(context.executor_config), quantization).dtype
+
+
+def cuda_kernel_dtype(device: torch.device, dtype: torch.dtype, quantization: str) -> str | None:
+    """On CUDA, for a target whose dtype ``quantization``'s kernels do not run in (a float64 target with
+    int8 weights), the first dtype they do run in; else None. (On the CPU every dtype runs; a GGUF's
+    codes run on the int4 kernel there, as `quantize_model` checks them.)"""
+    from ..executor.quantized_linear import CUDA_KERNEL_DTYPES
+
+    kernel_dtypes = CUDA_KERNEL_DTYPES.get("int4" if quantization == "gguf" else quantization)
+    if device.type != "cuda" or kernel_dtypes is None or dtype in kernel_dtypes:
+        return None
+    return str(kernel_dtypes[0]).removeprefix("torch.")
 
 
 @declare_options(Eagle3Options)

@@ -301,6 +301,19 @@ def test_a_float32_targets_self_draft_takes_the_dtype_measured_for_its_quantized
     assert_all_pages_free(executor)
 
 
+def test_a_self_draft_on_cuda_computes_in_a_dtype_its_kernels_take():
+    """A float64 target's int8 self-draft on CUDA (the CUDA tests' setting) computes in float32, where
+    the int8 kernel runs, instead of being refused; a dtype the kernels take, and the CPU, keep theirs."""
+    from specexec.drafters.builtin import cuda_kernel_dtype
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert cuda_kernel_dtype(cuda, torch.float64, "int8") == "float32"
+    assert cuda_kernel_dtype(cuda, torch.float32, "int4") == "bfloat16"
+    assert cuda_kernel_dtype(cuda, torch.bfloat16, "int8") is None
+    assert cuda_kernel_dtype(cpu, torch.float64, "int8") is None
+    assert cuda_kernel_dtype(cuda, torch.float64, "gguf") == "bfloat16"  # (the int4 kernel)
+
+
 def test_the_forward_cost_curve_is_cached_per_quantization():
     from specexec.executor.draft_length import cost_cache_key
 
