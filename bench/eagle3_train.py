@@ -68,11 +68,12 @@ def train(args) -> int:
         or not 0 <= args.pool_share <= 1
         or (args.fresh_vocab and not args.init_from)
         or not 0 <= args.sliding_window <= args.max_len
+        or 0 < args.sliding_window <= args.ttt_steps  # (the unrolled steps' own keys must lie inside it)
     ):
         raise ValueError(
             "--max-minutes > 0, --corpus-minutes >= 0, --ttt-steps >= 1, --draft-vocab-size >= 1, "
             "--eval-every >= 1, --patience >= 1, --pool-share in 0..1, --fresh-vocab only with --init-from, "
-            "--sliding-window in 0..--max-len"
+            "--sliding-window 0 or in --ttt-steps + 1..--max-len"
         )
     device = training_device(args.device)
     started = time.perf_counter()

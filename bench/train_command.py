@@ -59,8 +59,8 @@ def add_arguments(parser) -> None:
         "--sliding-window",
         type=int,
         help="the head attends only its last N positions, in training and drafting (written to its "
-        "config.json; 0: every position); at most --max-len, the positions a sequence is trained on "
-        "(default: 512, or --max-len when that is smaller)",
+        "config.json; 0: every position); more than --ttt-steps and at most --max-len, the positions a "
+        "sequence is trained on (default: 512, or --max-len when that is smaller)",
     )
     parser.add_argument("--batch-tokens", type=int, default=4096, help="positions per optimizer step")
     parser.add_argument("--lr", type=float, default=1e-3)

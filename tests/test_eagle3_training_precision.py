@@ -94,6 +94,20 @@ def test_init_from_refuses_a_head_of_another_shape(tmp_path, capsys):
     assert "does not fit the target: aux_layer_ids (0, 0, 0)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("window", ["49", "2", "-1"])
+def test_a_sliding_window_past_the_trained_positions_or_within_the_unrolled_steps_is_refused(
+    tmp_path, window, capsys
+):
+    """--max-len 48 and --ttt-steps 2: the window must hold the unrolled steps' own keys and no more
+    positions than a sequence is trained on."""
+    from specexec.cli import main
+
+    argv = tiny_training_argv(str(tmp_path / "no-model"), tmp_path / "out")
+    assert main([*argv, "--sliding-window", window]) == 2
+    assert "--sliding-window 0 or in --ttt-steps + 1..--max-len" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists(), "refused before any work"
+
+
 def test_a_fresh_vocabulary_keeps_the_trained_rows_of_the_tokens_it_keeps(tmp_path):
     from specexec.bench.eagle3_train import with_draft_vocab
 
