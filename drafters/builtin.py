@@ -206,11 +206,10 @@ def self_draft_dtype(context: DrafterContext, quantization: str) -> str:
 
 def cuda_kernel_dtype(device: torch.device, dtype: torch.dtype, quantization: str) -> str | None:
     """On CUDA, for a target whose dtype ``quantization``'s kernels do not run in (a float64 target with
-    int8 weights), the first dtype they do run in; else None. (On the CPU every dtype runs; a GGUF's
-    codes run on the int4 kernel there, as `quantize_model` checks them.)"""
-    from ..executor.quantized_linear import CUDA_KERNEL_DTYPES
+    int8 weights), the first dtype they do run in; else None. (On the CPU every dtype runs.)"""
+    from ..executor.quantized_linear import CUDA_KERNEL_DTYPES, kernel_scheme
 
-    kernel_dtypes = CUDA_KERNEL_DTYPES.get("int4" if quantization == "gguf" else quantization)
+    kernel_dtypes = CUDA_KERNEL_DTYPES.get(kernel_scheme(quantization))
     if device.type != "cuda" or kernel_dtypes is None or dtype in kernel_dtypes:
         return None
     return str(kernel_dtypes[0]).removeprefix("torch.")

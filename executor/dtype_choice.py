@@ -26,7 +26,7 @@ from torch import nn
 from .attention_kernels import attend
 from .cpu_info import describe_cpu, native_bf16_flags
 from .measurement_cache import cached_measurement, median_seconds
-from .quantized_linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear, fits_int4
+from .quantized_linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear, fits_int4, kernel_scheme
 
 logger = logging.getLogger("specexec")
 
@@ -125,7 +125,7 @@ class DecodeStepWork:
 
     def __init__(self, shape: ModelShape, dtype: torch.dtype, quantization: str | None = None) -> None:
         s = shape
-        scheme = "int4" if quantization == "gguf" else quantization
+        scheme = kernel_scheme(quantization)
 
         def weight(rows: int, cols: int, quantize: bool = True) -> nn.Module:
             layer = nn.Linear(cols, rows, bias=False, dtype=dtype).requires_grad_(False)

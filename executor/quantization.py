@@ -37,6 +37,7 @@ from .quantized_linear import (
     WeightOnlyLinear,
     check_kernel,
     fits_int4,
+    kernel_scheme,
 )
 
 logger = logging.getLogger("specexec")
@@ -68,7 +69,7 @@ def quantize_model(model: nn.Module, scheme: str, gguf_path: str | Path | None =
     check_quantization(scheme)
     unpack_linears(model)  # a module an earlier executor packed for oneDNN (`packed_linear.py`)
     for device, dtype in {(m.weight.device, m.weight.dtype) for *_, m in _linears(model)}:
-        check_kernel("int4" if scheme == "gguf" else scheme, device, dtype)
+        check_kernel(kernel_scheme(scheme), device, dtype)
     report = QuantizationReport(scheme)
     if scheme == "gguf":
         if gguf_path is None:

@@ -244,6 +244,11 @@ def _unpack_int4(packed: torch.Tensor, out_features: int, in_features: int) -> t
     return codes.t().round().to(torch.uint8)  # [out, in]
 
 
+def kernel_scheme(quantization: str | None) -> str | None:
+    """The kernel a quantization's layers run on: a GGUF's Q4_1 codes run on int4's."""
+    return "int4" if quantization == "gguf" else quantization
+
+
 def check_kernel(scheme: str, device: torch.device, dtype: torch.dtype) -> None:
     """Refuse (QuantizationError) where ``scheme`` has no working kernel for ``dtype`` on ``device``:
     a small layer is quantized there and its kernel output compared with the dequantized matmul."""
