@@ -11,8 +11,9 @@ at each draft position, and tokens/s over no drafts. The engines take turns prom
 of a shared machine falls on all of them alike. Before anything runs, every evaluation prompt is
 checked against the new head's corpus and the bundled token archive by the hash of its rendered token
 ids (and its text against the self-instruct pools): an overlap stops the evaluation. The head's own
-forward (the drafting step, one token) is timed against one target decode forward. The new head is "better" only when its acceptance
-length and its speed-up are both higher than the current head's on every set.
+forward (the drafting step, one token) is timed against one target decode forward. The new head is
+"better" only when its acceptance length and its speed-up are both higher than the current head's on
+every set.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ acceptance (Spec-Bench 1.497 against 1.51 measured, extraction 2.59 against 2.53
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -44,7 +43,6 @@ def held_out_features(name: str, num: int, root: Path, num_layers: int) -> Path:
 
 @torch.no_grad()
 def simulate(head, feats, lm_rows, in_draft, window: int | None, k: int = 3) -> tuple[float, list[float]]:
-    head.config = replace(head.config, sliding_window=window)
     lengths, accepted_at = [], [0] * k
     for f in feats:
         b = make_batch([f], lm_rows, in_draft, MAX_CONTEXT)
