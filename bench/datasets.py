@@ -44,6 +44,11 @@ def _extraction() -> list[BenchPrompt]:
     return prompts
 
 
+def extraction_documents() -> dict[str, str]:
+    """The extraction set's documents (without their schemas), by prompt id."""
+    return {r["id"]: r["text"].strip() for r in _read_jsonl(DATA_DIR / "deepjsoneval_en.jsonl")}
+
+
 def _specbench(category: str | None) -> list[BenchPrompt]:
     records = _read_jsonl(DATA_DIR / "specbench_questions.jsonl")
     categories = sorted({r["category"] for r in records})

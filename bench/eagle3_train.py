@@ -4,7 +4,8 @@ when it has one, else its CPU).
     specexec train-eagle3 --output heads/smollm2 --max-minutes 60
 
 1. the corpus: the target's greedy answers to bundled prompts no benchmark draw can pick
-   (`eagle3_corpus`), appended to ``<output>/corpus.jsonl`` (a rerun continues it); answers the token
+   (`eagle3_corpus`), to the self-instruct pool (`eagle3_prompts`) and to document tasks
+   (`eagle3_documents`), appended to ``<output>/corpus.jsonl`` (a rerun continues it); answers the token
    archive holds (`eagle3_archive`) are restored by prefill, new ones are added to it;
 2. the draft vocabulary: the corpus's most frequent tokens; the target's features over the corpus;
 3. the training-time test (`eagle3_ttt`) until the time budget ends, with a progress bar, a held-out
@@ -54,6 +55,7 @@ def train(args) -> int:
     """The whole pipeline of `specexec train-eagle3` (see the module docstring)."""
     from ..executor.model_loader import load_model
     from .eagle3_corpus import corpus_size, generate_corpus, mix_prompts, pool_prompts, training_prompts
+    from .eagle3_documents import interleave
     from .eagle3_features import choose_draft_vocab, load_features
 
     if args.sliding_window is None:
@@ -66,13 +68,14 @@ def train(args) -> int:
         or args.eval_every < 1
         or args.patience < 1
         or not 0 <= args.pool_share <= 1
+        or args.document_tasks < 0
         or (args.fresh_vocab and not args.init_from)
         or not 0 <= args.sliding_window <= args.max_len
         or 0 < args.sliding_window <= args.ttt_steps  # (the unrolled steps' own keys must lie inside it)
     ):
         raise ValueError(
             "--max-minutes > 0, --corpus-minutes >= 0, --ttt-steps >= 1, --draft-vocab-size >= 1, "
-            "--eval-every >= 1, --patience >= 1, --pool-share in 0..1, --fresh-vocab only with --init-from, "
+            "--eval-every >= 1, --patience >= 1, --pool-share in 0..1, --document-tasks >= 0, --fresh-vocab only with --init-from, "
             "--sliding-window 0 or in --ttt-steps + 1..--max-len"
         )
     device = training_device(args.device)
@@ -80,7 +83,8 @@ def train(args) -> int:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
-    target = load_model(args.model, dtype="float32", progress=False).model
+    loaded = load_model(args.model, dtype="float32", progress=False)
+    target = loaded.model
     cfg = _head_config(target.config, args.draft_vocab_size)
     start_head = _start_head(args.init_from, cfg, target) if args.init_from else None
     if start_head is not None and not args.fresh_vocab:  # its draft vocabulary comes with it
@@ -93,6 +97,7 @@ def train(args) -> int:
     if archive is not None:
         print(f"archive {archive.root}: {archive.restore_pool(pool_path)} instructions restored")
     pool = _grow_pool(args, pool_path, device)
+    documents = _document_prompts(args, archive, pool, loaded.tokenizer, out / "corpus" / "corpus.jsonl")
     records = generate_corpus(
         out / "corpus" / "corpus.jsonl",
         (*cfg.aux_layer_ids, target.config.num_hidden_layers),
@@ -102,7 +107,7 @@ def train(args) -> int:
         max_seconds=args.corpus_minutes * 60 - (time.perf_counter() - corpus_started),
         keep_positions=args.max_len + 1,
         model=args.model,
-        prompts=mix_prompts(training_prompts(), pool_prompts(pool), args.pool_share),
+        prompts=mix_prompts(training_prompts(), interleave(documents, pool_prompts(pool)), args.pool_share),
         sampled_temperature=args.sampled_temperature,
         archived=archive.answers() if archive is not None else None,
         device=str(device),
@@ -216,6 +221,21 @@ def _export(archive: CorpusArchive, records: list[dict], pool_path: Path) -> Non
         print(f"archive {archive.root}: not updated ({e})")
         return
     print(f"archive {archive.root}: added {counts['answers']} answers, {counts['instructions']} instructions")
+
+
+def _document_prompts(args, archive, pool, tokenizer, corpus_path: Path) -> list:
+    """``--document-tasks`` prompts (`eagle3_documents`), their documents the archive's answers (or,
+    without an archive, the corpus's)."""
+    from .eagle3_corpus import bench_prompt_ids, read_corpus
+    from .eagle3_documents import document_prompts
+
+    if args.document_tasks == 0:
+        return []
+    answers = archive.answers() if archive is not None else read_corpus(corpus_path)
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    prompts = document_prompts(answers, pool, decode, bench_prompt_ids("extraction"))
+    print(f"document tasks: {min(args.document_tasks, len(prompts))} of the {len(prompts)} buildable")
+    return prompts[: args.document_tasks]
 
 
 def _grow_pool(args, path: Path, device: torch.device) -> list[dict]:

@@ -29,6 +29,14 @@ def add_arguments(parser) -> None:
         help="of the prompts answered, the share taken from the self-instruct pool while it lasts",
     )
     parser.add_argument(
+        "--document-tasks",
+        type=int,
+        default=0,
+        help="prompts built from documents the corpus already has (summaries and RAG questions over the "
+        "target's earlier answers, summaries of non-held-out extraction documents), taken in turn with "
+        "the pool's instructions (see bench/eagle3_documents.py)",
+    )
+    parser.add_argument(
         "--sampled-temperature",
         type=float,
         default=0.7,
