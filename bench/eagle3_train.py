@@ -20,6 +20,7 @@ import math
 import random
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -75,8 +76,8 @@ def train(args) -> int:
     ):
         raise ValueError(
             "--max-minutes > 0, --corpus-minutes >= 0, --ttt-steps >= 1, --draft-vocab-size >= 1, "
-            "--eval-every >= 1, --patience >= 1, --pool-share in 0..1, --document-tasks >= 0, --fresh-vocab only with --init-from, "
-            "--sliding-window 0 or in --ttt-steps + 1..--max-len"
+            "--eval-every >= 1, --patience >= 1, --pool-share in 0..1, --document-tasks >= 0, "
+            "--fresh-vocab only with --init-from, --sliding-window 0 or in --ttt-steps + 1..--max-len"
         )
     device = training_device(args.device)
     started = time.perf_counter()
@@ -231,8 +232,10 @@ def _document_prompts(args, archive, pool, tokenizer, corpus_path: Path) -> list
 
     if args.document_tasks == 0:
         return []
+    if tokenizer is None:
+        raise ValueError("--document-tasks needs the target's tokenizer to turn its answers into documents")
     answers = archive.answers() if archive is not None else read_corpus(corpus_path)
-    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    decode = partial(tokenizer.decode, skip_special_tokens=True)
     prompts = document_prompts(answers, pool, decode, bench_prompt_ids("extraction"))
     print(f"document tasks: {min(args.document_tasks, len(prompts))} of the {len(prompts)} buildable")
     return prompts[: args.document_tasks]

@@ -3,6 +3,11 @@ never a held-out extraction document, and a list that only grows at its end as t
 
 from __future__ import annotations
 
+import json
+from argparse import Namespace
+
+import pytest
+from specexec.bench import eagle3_train
 from specexec.bench.datasets import extraction_documents
 from specexec.bench.eagle3_corpus import bench_prompt_ids
 from specexec.bench.eagle3_documents import (
@@ -84,3 +89,20 @@ def test_a_grown_archive_only_appends_prompts():
 def test_interleave_takes_one_of_each_then_the_rest():
     assert interleave([1, 2, 3, 4], ["a", "b"]) == [1, "a", 2, "b", 3, 4]
     assert interleave([], ["a"]) == ["a"]
+
+
+def test_train_takes_the_first_document_tasks_from_the_corpus_without_an_archive(tmp_path):
+    class Tokenizer:
+        def decode(self, ids, skip_special_tokens=False):
+            assert skip_special_tokens
+            return decode(ids)
+
+    answers, pool = archive_and_pool(10)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(a) + "\n" for a in answers))
+    every = document_prompts(answers, pool, decode, bench_prompt_ids("extraction"))
+    taken = eagle3_train._document_prompts(Namespace(document_tasks=5), None, pool, Tokenizer(), corpus)
+    assert taken == every[:5]
+    assert eagle3_train._document_prompts(Namespace(document_tasks=0), None, pool, Tokenizer(), corpus) == []
+    with pytest.raises(ValueError, match="tokenizer"):
+        eagle3_train._document_prompts(Namespace(document_tasks=5), None, pool, None, corpus)
