@@ -1,0 +1,86 @@
+"""Teacher-forced agreement of an EAGLE-3 head per Spec-Bench category, on answers it was trained on and on
+held-out ones: how much of the gap on open chat is the head's capacity and how much its data.
+
+    python bench/reports/2026-11-26-eagle3-documents/seen_and_held_out.py \\
+        --head drafters/heads/smollm2-135m-instruct-eagle3 --corpus .train/smollm2-eagle3/corpus \\
+        --features /tmp/heldout [--per-category 12]
+
+Seen: the corpus's greedy answers to Spec-Bench's non-benchmark prompts outside the validation split, up to
+``--per-category`` per category. Held out: the evaluation draw `eagle3_eval` takes (24 prompts, greedy,
+128 tokens, its features cached under ``--features``). Agreement at draft steps 0/1/2 is the training
+validation's (each unrolled step fed the head's own output; a token outside the draft vocabulary counts
+as a miss), and the estimated acceptance length is 1 + a0 + a0 a1 + a0 a1 a2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from specexec.bench.datasets import load_dataset
+from specexec.bench.eagle3_checkpoint import is_validation
+from specexec.bench.eagle3_corpus import SPECBENCH_CATEGORIES, generate_corpus, read_corpus
+from specexec.bench.eagle3_features import load_features
+from specexec.bench.eagle3_train import evaluate
+from specexec.drafters.eagle3_head import default_aux_layers, load_head
+from specexec.executor.model_loader import load_model
+
+MAX_CONTEXT = 4200  #: the longest Spec-Bench prompt and its answer, with room
+
+
+def held_out_features(root: Path, num: int, num_layers: int) -> Path:
+    out = root / "specbench"
+    layers = (*default_aux_layers(num_layers), num_layers)
+    prompts = load_dataset("specbench", num)
+    generate_corpus(
+        out / "corpus.jsonl", layers, num_prompts=num, max_tokens=128, prompts=prompts,
+        keep_positions=MAX_CONTEXT, max_batch_size=24,
+    )  # fmt: skip
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--head", type=Path, required=True)
+    parser.add_argument("--corpus", type=Path, required=True, help="the head's corpus directory")
+    parser.add_argument("--features", type=Path, required=True, help="where the held-out features are cached")
+    parser.add_argument("--per-category", type=int, default=12)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    target = load_model(None, dtype="float32", progress=False).model
+    embeddings = torch.nn.Embedding.from_pretrained(target.get_input_embeddings().weight.detach().clone())
+    head = load_head(args.head, embeddings, torch.float32, "cpu").eval()
+    draft_ids = head.t2d.nonzero()[:, 0]
+    lm_rows = target.get_output_embeddings().weight[draft_ids].detach()
+    in_draft = torch.zeros(head.config.vocab_size, dtype=torch.bool)
+    in_draft[draft_ids] = True
+    category = {p.id: c for c in SPECBENCH_CATEGORIES for p in load_dataset(f"specbench:{c}")}
+    held_dir = held_out_features(args.features, 24, target.config.num_hidden_layers)
+    sets = {"seen": (args.corpus, defaultdict(list)), "held out": (held_dir, defaultdict(list))}
+    for r in read_corpus(args.corpus / "corpus.jsonl"):
+        if r["id"] in category and not is_validation(r["id"]):
+            sets["seen"][1][category[r["id"]]].append(r)
+    for r in read_corpus(held_dir / "corpus.jsonl"):
+        sets["held out"][1][category[r["id"]]].append(r)
+    settings = types.SimpleNamespace(max_len=MAX_CONTEXT, ttt_steps=3)
+    print(f"head {args.head}")
+    for c in SPECBENCH_CATEGORIES:
+        for name, (where, groups) in sets.items():
+            records = groups[c][: args.per_category]
+            if not records:
+                continue
+            feats = load_features(records, where, head.config.target_hidden_size)
+            result = evaluate(head, feats, lm_rows, in_draft, settings)
+            shown = " ".join(f"{a:.2f}" for a in result["agree"])
+            print(
+                f"{c:15s} {name:8s} {len(records):3d} answers  agreement {shown}  "
+                f"est. acc. len {result['est_acceptance_length']:.2f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
