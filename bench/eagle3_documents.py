@@ -13,8 +13,9 @@ corpus already has:
 - ``doc-sum/<extraction id>``: "Summarize: " and a document of the extraction set outside every
   benchmark draw (`eagle3_corpus.bench_prompt_ids`).
 
-Every prompt depends only on answers before it in the archive's order, so the list only grows at its
-end as the archive grows, and a rerun that skips what is answered continues it.
+Every prompt depends only on answers before it in the archive's order, so a grown archive adds answer
+prompts only after the ones it had (the extraction summaries, one per `EXTRACTION_EVERY` of them, are all
+placed once there are 8 x 139), and a rerun, which skips what is answered by id, continues the list.
 """
 
 from __future__ import annotations

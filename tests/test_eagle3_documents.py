@@ -1,5 +1,5 @@
 """Document tasks for the EAGLE-3 corpus: summaries and RAG questions over the target's earlier answers,
-never a held-out extraction document, and a list that only grows at its end as the archive grows."""
+never a held-out extraction document, and answer prompts that a grown archive only adds after the old ones."""
 
 from __future__ import annotations
 
