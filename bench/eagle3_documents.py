@@ -27,7 +27,7 @@ from .datasets import BenchPrompt, extraction_documents
 
 MIN_DOCUMENT_TOKENS = 96  #: shorter answers make poor documents
 DISTRACTORS = 2  #: passages beside the one that answers a RAG question
-EXTRACTION_EVERY = 8  #: one extraction-document summary after this many answer-document prompts
+EXTRACTION_EVERY = 8  #: one extraction-document summary before each this many answer-document prompts
 SUMMARY_PREFIX = "Summarize: "
 
 
