@@ -98,7 +98,8 @@ def train(args) -> int:
     if archive is not None:
         print(f"archive {archive.root}: {archive.restore_pool(pool_path)} instructions restored")
     pool = _grow_pool(args, pool_path, device)
-    documents = _document_prompts(args, archive, pool, loaded.tokenizer, out / "corpus" / "corpus.jsonl")
+    archived = archive.answers() if archive is not None else None
+    documents = _document_prompts(args, archived, pool, loaded.tokenizer, out / "corpus" / "corpus.jsonl")
     records = generate_corpus(
         out / "corpus" / "corpus.jsonl",
         (*cfg.aux_layer_ids, target.config.num_hidden_layers),
@@ -110,7 +111,7 @@ def train(args) -> int:
         model=args.model,
         prompts=mix_prompts(training_prompts(), interleave(documents, pool_prompts(pool)), args.pool_share),
         sampled_temperature=args.sampled_temperature,
-        archived=archive.answers() if archive is not None else None,
+        archived=archived,
         device=str(device),
     )
     if archive is not None:
@@ -224,8 +225,8 @@ def _export(archive: CorpusArchive, records: list[dict], pool_path: Path) -> Non
     print(f"archive {archive.root}: added {counts['answers']} answers, {counts['instructions']} instructions")
 
 
-def _document_prompts(args, archive, pool, tokenizer, corpus_path: Path) -> list:
-    """``--document-tasks`` prompts (`eagle3_documents`), their documents the archive's answers (or,
+def _document_prompts(args, archived: list[dict] | None, pool, tokenizer, corpus_path: Path) -> list:
+    """``--document-tasks`` prompts (`eagle3_documents`), their documents the ``archived`` answers (or,
     without an archive, the corpus's)."""
     from .eagle3_corpus import bench_prompt_ids, read_corpus
     from .eagle3_documents import document_prompts
@@ -234,7 +235,7 @@ def _document_prompts(args, archive, pool, tokenizer, corpus_path: Path) -> list
         return []
     if tokenizer is None:
         raise ValueError("--document-tasks needs the target's tokenizer to turn its answers into documents")
-    answers = archive.answers() if archive is not None else read_corpus(corpus_path)
+    answers = archived if archived is not None else read_corpus(corpus_path)
     decode = partial(tokenizer.decode, skip_special_tokens=True)
     prompts = document_prompts(answers, pool, decode, bench_prompt_ids("extraction"))
     print(f"document tasks: {min(args.document_tasks, len(prompts))} of the {len(prompts)} buildable")
