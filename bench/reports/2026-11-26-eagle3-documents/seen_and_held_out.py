@@ -22,24 +22,10 @@ from pathlib import Path
 import torch
 from specexec.bench.datasets import load_dataset
 from specexec.bench.eagle3_checkpoint import is_validation
-from specexec.bench.eagle3_corpus import SPECBENCH_CATEGORIES, generate_corpus, read_corpus
+from specexec.bench.eagle3_corpus import SPECBENCH_CATEGORIES, read_corpus
 from specexec.bench.eagle3_features import load_features
+from specexec.bench.eagle3_scoring import MAX_CONTEXT, held_out_features, scoring_head
 from specexec.bench.eagle3_train import evaluate
-from specexec.drafters.eagle3_head import default_aux_layers, load_head
-from specexec.executor.model_loader import load_model
-
-MAX_CONTEXT = 4200  #: the longest Spec-Bench prompt and its answer, with room
-
-
-def held_out_features(root: Path, num: int, num_layers: int) -> Path:
-    out = root / "specbench"
-    layers = (*default_aux_layers(num_layers), num_layers)
-    prompts = load_dataset("specbench", num)
-    generate_corpus(
-        out / "corpus.jsonl", layers, num_prompts=num, max_tokens=128, prompts=prompts,
-        keep_positions=MAX_CONTEXT, max_batch_size=24,
-    )  # fmt: skip
-    return out
 
 
 def main() -> None:
@@ -50,15 +36,9 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=12)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    target = load_model(None, dtype="float32", progress=False).model
-    embeddings = torch.nn.Embedding.from_pretrained(target.get_input_embeddings().weight.detach().clone())
-    head = load_head(args.head, embeddings, torch.float32, "cpu").eval()
-    draft_ids = head.t2d.nonzero()[:, 0]
-    lm_rows = target.get_output_embeddings().weight[draft_ids].detach()
-    in_draft = torch.zeros(head.config.vocab_size, dtype=torch.bool)
-    in_draft[draft_ids] = True
+    head, lm_rows, in_draft, num_layers = scoring_head(args.head)
     category = {p.id: c for c in SPECBENCH_CATEGORIES for p in load_dataset(f"specbench:{c}")}
-    held_dir = held_out_features(args.features, 24, target.config.num_hidden_layers)
+    held_dir = held_out_features("specbench", 24, args.features, num_layers)
     sets = {"seen": (args.corpus, defaultdict(list)), "held out": (held_dir, defaultdict(list))}
     for r in read_corpus(args.corpus / "corpus.jsonl"):
         if r["id"] in category and not is_validation(r["id"]):

@@ -18,27 +18,12 @@ import argparse
 from pathlib import Path
 
 import torch
-from specexec.bench.datasets import load_dataset
-from specexec.bench.eagle3_corpus import generate_corpus, read_corpus
+from specexec.bench.eagle3_corpus import read_corpus
 from specexec.bench.eagle3_eval import EVAL_SETS
 from specexec.bench.eagle3_features import load_features
+from specexec.bench.eagle3_scoring import MAX_CONTEXT, held_out_features, scoring_head
 from specexec.bench.eagle3_train import make_batch
 from specexec.bench.eagle3_ttt import ChainAttention, _shift
-from specexec.drafters.eagle3_head import default_aux_layers, load_head
-from specexec.executor.model_loader import load_model
-
-MAX_CONTEXT = 4200  #: the extraction set's longest prompt (3.2k tokens) and its answer
-
-
-def held_out_features(name: str, num: int, root: Path, num_layers: int) -> Path:
-    out = root / name
-    layers = (*default_aux_layers(num_layers), num_layers)
-    prompts = load_dataset(name, num)
-    generate_corpus(
-        out / "corpus.jsonl", layers, num_prompts=num, max_tokens=128, prompts=prompts,
-        keep_positions=MAX_CONTEXT, max_batch_size=8 if name == "extraction" else 24,
-    )  # fmt: skip
-    return out
 
 
 @torch.no_grad()
@@ -74,14 +59,7 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=24)
     parser.add_argument("--windows", type=int, nargs="+", default=[64, 128, 256, 512, 1024, 0])
     args = parser.parse_args()
-    target = load_model(None, dtype="float32", progress=False).model
-    embeddings = torch.nn.Embedding.from_pretrained(target.get_input_embeddings().weight.detach().clone())
-    head = load_head(args.head, embeddings, torch.float32, "cpu").eval()
-    draft_ids = head.t2d.nonzero()[:, 0]
-    lm_rows = target.get_output_embeddings().weight[draft_ids].detach()
-    in_draft = torch.zeros(head.config.vocab_size, dtype=torch.bool)
-    in_draft[draft_ids] = True
-    num_layers = target.config.num_hidden_layers
+    head, lm_rows, in_draft, num_layers = scoring_head(args.head)
     for name in EVAL_SETS:
         where = held_out_features(name, args.num_requests, args.features, num_layers)
         feats = load_features(read_corpus(where / "corpus.jsonl"), where, head.config.target_hidden_size)
