@@ -69,13 +69,6 @@ def document_prompts(
     return mixed + documents
 
 
-def interleave(first: list[BenchPrompt], second: list[BenchPrompt]) -> list[BenchPrompt]:
-    """One of each in turn while both last, then the rest of the longer."""
-    mixed = [p for pair in zip(first, second) for p in pair]
-    shorter = min(len(first), len(second))
-    return mixed + first[shorter:] + second[shorter:]
-
-
 def _earlier(answer_id: str, index: int, count: int) -> list[int]:
     """``count`` distinct indices below ``index``, chosen by the answer's id (so a rerun picks the same)."""
     picks: list[int] = []

@@ -56,7 +56,6 @@ def train(args) -> int:
     """The whole pipeline of `specexec train-eagle3` (see the module docstring)."""
     from ..executor.model_loader import load_model
     from .eagle3_corpus import corpus_size, generate_corpus, mix_prompts, pool_prompts, training_prompts
-    from .eagle3_documents import interleave
     from .eagle3_features import choose_draft_vocab, load_features
 
     if args.sliding_window is None:
@@ -109,7 +108,10 @@ def train(args) -> int:
         max_seconds=args.corpus_minutes * 60 - (time.perf_counter() - corpus_started),
         keep_positions=args.max_len + 1,
         model=args.model,
-        prompts=mix_prompts(training_prompts(), interleave(documents, pool_prompts(pool)), args.pool_share),
+        # the pool's side: its instructions and the document tasks in turn, a document task first
+        prompts=mix_prompts(
+            training_prompts(), mix_prompts(pool_prompts(pool), documents, 0.5), args.pool_share
+        ),
         sampled_temperature=args.sampled_temperature,
         archived=archived,
         device=str(device),

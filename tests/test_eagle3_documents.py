@@ -9,14 +9,13 @@ from argparse import Namespace
 import pytest
 from specexec.bench import eagle3_train
 from specexec.bench.datasets import extraction_documents
-from specexec.bench.eagle3_corpus import bench_prompt_ids
+from specexec.bench.eagle3_corpus import bench_prompt_ids, mix_prompts
 from specexec.bench.eagle3_documents import (
     DISTRACTORS,
     EXTRACTION_EVERY,
     MIN_DOCUMENT_TOKENS,
     SUMMARY_PREFIX,
     document_prompts,
-    interleave,
 )
 from specexec.bench.eagle3_prompts import benchmark_hashes, normalized_hash
 
@@ -86,9 +85,9 @@ def test_a_grown_archive_only_appends_prompts():
     assert after[: len(before)] == before
 
 
-def test_interleave_takes_one_of_each_then_the_rest():
-    assert interleave([1, 2, 3, 4], ["a", "b"]) == [1, "a", 2, "b", 3, 4]
-    assert interleave([], ["a"]) == ["a"]
+def test_document_tasks_and_pool_prompts_are_taken_in_turn_as_training_mixes_them():
+    assert mix_prompts(["a", "b"], [1, 2, 3, 4], 0.5) == [1, "a", 2, "b", 3, 4]
+    assert mix_prompts(["a"], [], 0.5) == ["a"]
 
 
 def test_train_takes_the_first_document_tasks_from_the_corpus_without_an_archive(tmp_path):
