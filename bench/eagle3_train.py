@@ -44,6 +44,7 @@ from .eagle3_checkpoint import (
 )
 from .eagle3_features import d2t_for
 from .eagle3_precision import TrainingPrecision
+from .eagle3_reshape import trainable, with_draft_vocab, with_mlp_width
 from .eagle3_ttt import Batch, ttt_loss
 
 #: the window a new head attends (``--sliding-window``): the shipped head, trained on 640-position
@@ -70,13 +71,14 @@ def train(args) -> int:
         or not 0 <= args.pool_share <= 1
         or args.document_tasks < 0
         or (args.fresh_vocab and not args.init_from)
+        or (args.mlp_width is not None and args.mlp_width < 1)
         or not 0 <= args.sliding_window <= args.max_len
         or 0 < args.sliding_window <= args.ttt_steps  # (the unrolled steps' own keys must lie inside it)
     ):
         raise ValueError(
             "--max-minutes > 0, --corpus-minutes >= 0, --ttt-steps >= 1, --draft-vocab-size >= 1, "
             "--eval-every >= 1, --patience >= 1, --pool-share in 0..1, --document-tasks >= 0, "
-            "--fresh-vocab only with --init-from, --sliding-window 0 or in --ttt-steps + 1..--max-len"
+            "--fresh-vocab only with --init-from, --mlp-width >= 1, --sliding-window 0 or in --ttt-steps + 1..--max-len"
         )
     device = training_device(args.device)
     started = time.perf_counter()
@@ -85,8 +87,10 @@ def train(args) -> int:
     torch.manual_seed(args.seed)
     loaded = load_model(args.model, dtype="float32", progress=False)
     target = loaded.model
-    cfg = _head_config(target.config, args.draft_vocab_size)
+    cfg = _head_config(target.config, args.draft_vocab_size, args.mlp_width)
     start_head = _start_head(args.init_from, cfg, target) if args.init_from else None
+    if start_head is not None and args.mlp_width is not None:
+        start_head = with_mlp_width(start_head, args.mlp_width, args.seed)
     if start_head is not None and not args.fresh_vocab:  # its draft vocabulary comes with it
         cfg = start_head.config
     elif start_head is not None:
@@ -135,6 +139,12 @@ def train(args) -> int:
             raise ValueError(
                 f"{out / CHECKPOINT_NAME} holds a head with a {len(draft_ids)}-token draft vocabulary: pass "
                 f"--draft-vocab-size {len(draft_ids)}, or another --output to start over"
+            )
+        width = checkpoint["head"]["midlayer.mlp.down_proj.weight"].shape[1]
+        if width != cfg.intermediate_size:
+            raise ValueError(
+                f"{out / CHECKPOINT_NAME} holds a head with {width} MLP units: pass --mlp-width {width}, or "
+                "another --output to start over"
             )
     elif start_head is not None and not args.fresh_vocab:
         draft_ids = start_head.t2d.nonzero()[:, 0]
@@ -262,10 +272,9 @@ def _grow_pool(args, path: Path, device: torch.device) -> list[dict]:
     return read_pool(path)[: args.self_instruct]
 
 
-#: what a head to start from must share with the head this target would get
+#: what a head to start from must share with the head this target would get (its MLP width may differ)
 _SHAPE_FIELDS = (
     "hidden_size",
-    "intermediate_size",
     "num_attention_heads",
     "num_key_value_heads",
     "head_dim",
@@ -285,51 +294,17 @@ def _start_head(path: str, cfg: Eagle3Config, target) -> Eagle3Head:
     if wrong:
         mismatches = ", ".join(f"{f} {getattr(head.config, f)} (target: {getattr(cfg, f)})" for f in wrong)
         raise ValueError(f"--init-from {where}: this head does not fit the target: {mismatches}")
-    return _trainable(head)
+    return trainable(head)
 
 
-def with_draft_vocab(head: Eagle3Head, draft_ids: torch.Tensor, output_rows: torch.Tensor) -> Eagle3Head:
-    """``head`` drafting over ``draft_ids`` instead (``--fresh-vocab``): every weight but the lm_head is
-    kept; a token the head already drafted keeps its trained lm_head row, a new one starts from the
-    target's output row (``output_rows``: the target's [vocab, hidden] lm_head) plus the mean amount by
-    which the head's trained rows moved from the target's. Without that shift the new rows outbid the
-    trained ones: the shipped head's validation agreement at step 0 fell from 0.31 to 0.23; with it, 0.31."""
-    cfg = replace(head.config, draft_vocab_size=len(draft_ids))
-    new = Eagle3Head(cfg, head._target_embeddings[0])
-    new.embed_tokens = head.embed_tokens
-    kept = {k: v for k, v in head.state_dict().items() if not k.startswith(("lm_head.", "d2t", "t2d"))}
-    new.load_state_dict(kept, strict=False)
-    old_ids = head.t2d.nonzero()[:, 0]
-    trained = head.lm_head.weight.detach()  # [old draft vocab, hidden]
-    shift = (trained.float() - output_rows[old_ids].float()).mean(0)  # [hidden]
-    rows = (output_rows[draft_ids].float() + shift).to(trained.dtype)  # [draft vocab, hidden]
-    row_of = torch.full((cfg.vocab_size,), -1, dtype=torch.long)  # target id -> the head's old row
-    row_of[old_ids] = torch.arange(len(old_ids))
-    had = row_of[draft_ids] >= 0
-    rows[had] = trained[row_of[draft_ids][had]]
-    with torch.no_grad():
-        new.lm_head.weight.copy_(rows)
-        new.d2t.copy_(d2t_for(draft_ids))
-        new.t2d.zero_()
-        new.t2d[draft_ids] = True
-    return _trainable(new)
-
-
-def _trainable(head: Eagle3Head) -> Eagle3Head:
-    """``head`` in training mode with every weight trained but its own embeddings (the target's)."""
-    head.train().requires_grad_(True)
-    if head.embed_tokens is not None:
-        head.embed_tokens.requires_grad_(False)
-    return head
-
-
-def _head_config(target_config, draft_vocab_size: int) -> Eagle3Config:
+def _head_config(target_config, draft_vocab_size: int, mlp_width: int | None = None) -> Eagle3Config:
+    """A new head's config: the target's layer sizes (``mlp_width``: other MLP width), three features."""
     tc = target_config.get_text_config()
     heads = tc.num_attention_heads
     rope = getattr(tc, "rope_parameters", None) or {}
     return Eagle3Config(
         hidden_size=tc.hidden_size,
-        intermediate_size=tc.intermediate_size,
+        intermediate_size=mlp_width or tc.intermediate_size,
         num_attention_heads=heads,
         num_key_value_heads=tc.num_key_value_heads or heads,
         head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // heads,

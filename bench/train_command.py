@@ -88,6 +88,12 @@ def add_arguments(parser) -> None:
         "tokens the head had keep their trained rows, new ones start from the target's",
     )
     parser.add_argument(
+        "--mlp-width",
+        type=int,
+        help="MLP units of the head's layer (default: the target's); with --init-from, at least the start "
+        "head's: its units are kept and the new ones start adding nothing",
+    )
+    parser.add_argument(
         "--train-dtype",
         choices=["auto", "float32", "bfloat16"],
         default="auto",

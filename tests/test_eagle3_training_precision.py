@@ -109,7 +109,7 @@ def test_a_sliding_window_past_the_trained_positions_or_within_the_unrolled_step
 
 
 def test_a_fresh_vocabulary_keeps_the_trained_rows_of_the_tokens_it_keeps(tmp_path):
-    from specexec.bench.eagle3_train import with_draft_vocab
+    from specexec.bench.eagle3_reshape import with_draft_vocab
 
     make_head_dir(tmp_path, draft_vocab=64, draft_ids=range(0, 128, 2))  # the even ids below 128
     head = load_head(tmp_path, torch.nn.Embedding(256, 32), torch.float32, "cpu")
@@ -151,3 +151,51 @@ def test_fresh_vocab_trains_a_head_further_over_the_corpus_vocabulary(tmp_path, 
     assert torch.equal(load_checkpoint(second / CHECKPOINT_NAME)["draft_ids"], draft_ids)
     assert main([*tiny_training_argv(model_dir, tmp_path / "third"), "--fresh-vocab"]) == 2
     assert "--fresh-vocab only with --init-from" in capsys.readouterr().err
+
+
+def causal_attention(q, k, v):
+    """[T, heads, d] queries over [T, kv_heads, d] keys and values, each position seeing those up to it."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) * q.shape[-1] ** -0.5  # [heads, T, T]
+    scores = scores.masked_fill(~torch.ones_like(scores, dtype=torch.bool).tril(), float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+def test_a_wider_mlp_drafts_what_the_head_did_until_training_moves_it(tmp_path):
+    from specexec.bench.eagle3_reshape import with_mlp_width
+
+    head = load_head(make_head_dir(tmp_path), torch.nn.Embedding(256, 32), torch.float32, "cpu")
+    wide = with_mlp_width(head, 96)  # 64 units -> 96
+    assert wide.config.intermediate_size == 96 and wide.midlayer.mlp.down_proj.weight.shape == (32, 96)
+    assert torch.equal(wide.midlayer.mlp.gate_proj.weight[:64], head.midlayer.mlp.gate_proj.weight)
+    assert wide.midlayer.mlp.up_proj.weight[64:].std() > 0, "the new units start dead"
+    ids, features, positions = torch.randint(0, 256, (7,)), torch.randn(7, 96), torch.arange(7)
+    with torch.no_grad():
+        before = head.logits(head.step(ids, head.fuse(features), positions, causal_attention))
+    after = wide.logits(wide.step(ids, wide.fuse(features), positions, causal_attention))
+    torch.testing.assert_close(after, before)
+    after.logsumexp(-1).sum().backward()
+    assert wide.midlayer.mlp.down_proj.weight.grad[:, 64:].abs().sum() > 0, "the new units never learn"
+    assert with_mlp_width(head, 64) is head
+    with pytest.raises(ValueError, match="--mlp-width 32: the head to start from already has 64"):
+        with_mlp_width(head, 32)
+
+
+def test_mlp_width_trains_a_wider_head_further_and_a_rerun_must_name_it(tmp_path, capsys):
+    from specexec.cli import main
+
+    model_dir = save_tiny_model_dir(tmp_path / "tiny")
+    first = tmp_path / "first"
+    assert main([*tiny_training_argv(model_dir, first), "--draft-vocab-size", "64"]) == 0
+    width = json.loads((first / "config.json").read_text())["intermediate_size"]
+    second = tmp_path / "second"
+    argv = [*tiny_training_argv(model_dir, second), "--init-from", str(first)]
+    assert main([*argv, "--mlp-width", str(2 * width)]) == 0
+    assert json.loads((second / "config.json").read_text())["intermediate_size"] == 2 * width
+    start = load_head(first, torch.nn.Embedding(256, 32), torch.float32, "cpu")
+    log = json.loads((second / "training_log.json").read_text())
+    assert log["val"][0]["step"] == 0 and log["steps"], "the widened head was not measured, then trained"
+    assert torch.equal(load_checkpoint(second / CHECKPOINT_NAME)["draft_ids"], start.t2d.nonzero()[:, 0])
+    assert main(argv) == 2, "a rerun without --mlp-width continued a head of another width"
+    assert f"holds a head with {2 * width} MLP units: pass --mlp-width {2 * width}" in capsys.readouterr().err
