@@ -13,7 +13,7 @@ from specexec.bench.eagle3_precision import TRIAL_STEPS, TrainingPrecision
 from specexec.bench.eagle3_train import make_batch
 from specexec.bench.eagle3_ttt import ttt_loss
 from specexec.drafters.eagle3_head import load_head
-from test_eagle3 import make_head_dir
+from test_eagle3 import dense_causal_attention, make_head_dir
 from test_eagle3_training import make_features
 from tiny_models import save_tiny_model_dir
 
@@ -153,15 +153,6 @@ def test_fresh_vocab_trains_a_head_further_over_the_corpus_vocabulary(tmp_path, 
     assert "--fresh-vocab only with --init-from" in capsys.readouterr().err
 
 
-def causal_attention(q, k, v):
-    """[T, heads, d] queries over [T, kv_heads, d] keys and values, each position seeing those up to it."""
-    rep = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q, k) * q.shape[-1] ** -0.5  # [heads, T, T]
-    scores = scores.masked_fill(~torch.ones_like(scores, dtype=torch.bool).tril(), float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
-
-
 def test_a_wider_mlp_drafts_what_the_head_did_until_training_moves_it(tmp_path):
     from specexec.bench.eagle3_reshape import with_mlp_width
 
@@ -172,8 +163,8 @@ def test_a_wider_mlp_drafts_what_the_head_did_until_training_moves_it(tmp_path):
     assert wide.midlayer.mlp.up_proj.weight[64:].std() > 0, "the new units start dead"
     ids, features, positions = torch.randint(0, 256, (7,)), torch.randn(7, 96), torch.arange(7)
     with torch.no_grad():
-        before = head.logits(head.step(ids, head.fuse(features), positions, causal_attention))
-    after = wide.logits(wide.step(ids, wide.fuse(features), positions, causal_attention))
+        before = head.logits(head.step(ids, head.fuse(features), positions, dense_causal_attention))
+    after = wide.logits(wide.step(ids, wide.fuse(features), positions, dense_causal_attention))
     torch.testing.assert_close(after, before)
     after.logsumexp(-1).sum().backward()
     assert wide.midlayer.mlp.down_proj.weight.grad[:, 64:].abs().sum() > 0, "the new units never learn"
