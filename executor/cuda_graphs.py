@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -60,14 +61,30 @@ class CudaGraphCapture:
             fn()
         current.wait_stream(self.stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
-            outputs = fn()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+                outputs = fn()
+        except Exception:
+            self._recover_from_failed_capture(current)
+            raise
 
         def replay() -> Outputs:
             graph.replay()
             return outputs
 
         return replay
+
+    def _recover_from_failed_capture(self, stream: torch.cuda.Stream) -> None:
+        """A capture that fails leaves torch mid-capture: ``torch.cuda.graph``'s exit raises from
+        ``capture_end`` before it restores the current stream, and before the device's default generator
+        leaves capture mode, after which every random draw on the device raises "Offset increment outside
+        graph capture encountered unexpectedly" (as the test after such a failure did on an H100). Put the
+        stream back, and give the generator a copy of its state (same seed and offset) that is not
+        capturing; graphs captured before keep the old state, and none of ours draws random numbers."""
+        torch.cuda.set_stream(stream)
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        generator = torch.cuda.default_generators[index]
+        generator.graphsafe_set_state(generator.clone_state())
 
     def memory_in_use(self) -> int:
         return torch.cuda.memory_reserved(self.device)
@@ -111,6 +128,22 @@ class GraphCaptureReport:
             f"{self.model}: {self.num_graphs} {self.kind}{dims} in {self.seconds:.2f} s, "
             f"{self.memory_bytes / 2**20:.0f} MiB"
         )
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line: the error, and the first one it followed when there is one. A capture invalidated by an
+    operation inside the forward surfaces from ``capture_end`` ("operation failed due to a previous error
+    during capture"); the operation's own error, and where it was raised, is the exception it followed."""
+    line = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    first = exc.__cause__ or exc.__context__
+    if first is None:
+        return line
+    while (earlier := first.__cause__ or first.__context__) is not None:
+        first = earlier
+    where = traceback.extract_tb(first.__traceback__)[-1] if first.__traceback__ is not None else None
+    at = f" at {where.filename}:{where.lineno}" if where is not None else ""
+    message = str(first).strip().splitlines()[0] if str(first).strip() else ""
+    return f"{line} (after {type(first).__name__}: {message}{at})"
 
 
 @dataclass(slots=True)
@@ -158,8 +191,10 @@ class StepGraphs:
         except Exception as exc:  # a forward that reads the device on the host, or is otherwise uncapturable
             self._replays.clear()
             self._views.clear()
-            report.error = f"{type(exc).__name__}: {exc}"
-            logger.warning("%s: CUDA graph capture failed, running eagerly: %s", model, report.error)
+            report.error = describe_failure(exc)
+            logger.warning(
+                "%s: CUDA graph capture failed, running eagerly: %s", model, report.error, exc_info=exc
+            )
             return report
         report.num_graphs = len(self._replays)
         report.seconds = time.perf_counter() - start

@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 import torch
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
-from specexec.executor.cuda_graphs import EagerReplay
+from specexec.executor.cuda_graphs import CudaGraphCapture, EagerReplay
 from specexec.executor.engine_setup import capture_cuda_graphs
 from test_eagle3 import eagle_spec, make_head_dir
 from tiny_models import make_prompts, make_tiny_model
@@ -225,6 +225,23 @@ def test_guided_draft_target_drafts_on_cuda():
         assert drafted > 0, "the draft model proposed nothing for guided requests"
         masks = executor.speculation.drafter._masks
         assert masks._host_bitmask.is_pinned() and masks._bitmask.device.type == "cuda"
+
+
+def test_a_failed_capture_leaves_the_stream_and_random_draws_as_they_were():
+    device = torch.device("cuda")
+    backend = CudaGraphCapture(device)
+    before = torch.cuda.current_stream(device)
+    values = torch.ones(4, device=device)
+
+    def host_read():  # a read on the host during the capture invalidates it
+        return {"sum": values.sum() * float(values.sum().item())}, {}
+
+    with pytest.raises(RuntimeError):  # torch.AcceleratorError is one
+        backend.capture(host_read)
+    assert torch.cuda.current_stream(device) == before
+    torch.rand(8, device=device)  # raised "Offset increment outside graph capture" before the recovery
+    replay = backend.capture(lambda: ({"twice": values * 2}, {}))  # and later captures still work
+    assert torch.equal(replay()[0]["twice"], torch.full((4,), 2.0, device=device))
 
 
 def test_no_host_sync_between_the_replay_and_the_steps_one_read_back():

@@ -161,6 +161,19 @@ class FailingCapture:
         return 0
 
 
+class InvalidatedCapture(FailingCapture):
+    """As torch fails a capture that an operation inside it invalidated: the operation raises, and then
+    ``capture_end`` raises a second error while the first is handled."""
+
+    def capture(self, fn):
+        try:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        except RuntimeError:
+            raise RuntimeError(
+                "operation failed due to a previous error during capture\nSearch for ..."
+            ) from None
+
+
 def greedy_requests(prompts, max_tokens: int = 12) -> list[Request]:
     return [
         Request(p, SamplingParams(max_tokens=max_tokens, ignore_eos=True), request_id=f"r{i}")
@@ -194,6 +207,21 @@ def test_a_forward_that_cannot_be_captured_runs_eagerly_and_says_why():
         assert "not permitted when stream is capturing" in report.error
         assert "runs eagerly" in report.describe() and core.runner.graphs is None
         assert [o.token_ids for o in executor.run(greedy_requests(prompts))] == expected
+
+
+def test_a_capture_invalidated_by_an_operation_names_that_operation_and_where_it_ran():
+    _, model = make_tiny_model("llama")
+    with Executor(model, make_config()) as executor:
+        core = executor.core
+        (report,) = capture_cuda_graphs(
+            executor.config, core.runner, None, core.max_model_len, InvalidatedCapture()
+        )
+    assert report.error.startswith(
+        "RuntimeError: operation failed due to a previous error during capture (after "
+    )
+    assert "Search for" not in report.error  # one line
+    assert "RuntimeError: operation not permitted when stream is capturing at " in report.error
+    assert "test_cuda_graphs.py:" in report.error  # the line that raised first
 
 
 def test_without_a_drafter_decode_steps_replay_and_the_output_is_unchanged():
