@@ -134,16 +134,19 @@ def describe_failure(exc: BaseException) -> str:
     """One line: the error, and the first one it followed when there is one. A capture invalidated by an
     operation inside the forward surfaces from ``capture_end`` ("operation failed due to a previous error
     during capture"); the operation's own error, and where it was raised, is the exception it followed."""
-    line = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-    first = exc.__cause__ or exc.__context__
-    if first is None:
-        return line
+    first = exc
     while (earlier := first.__cause__ or first.__context__) is not None:
         first = earlier
-    where = traceback.extract_tb(first.__traceback__)[-1] if first.__traceback__ is not None else None
-    at = f" at {where.filename}:{where.lineno}" if where is not None else ""
-    message = str(first).strip().splitlines()[0] if str(first).strip() else ""
-    return f"{line} (after {type(first).__name__}: {message}{at})"
+    if first is exc:
+        return _first_line(exc)
+    frames = traceback.extract_tb(first.__traceback__)
+    at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return f"{_first_line(exc)} (after {_first_line(first)}{at})"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 @dataclass(slots=True)
