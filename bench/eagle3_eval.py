@@ -2,11 +2,13 @@
 work the corpus never saw.
 
     python -m specexec.bench.eagle3_eval --head runs/eagle3 [--against drafters/heads/...] \\
-        [--num-requests 16] [--max-tokens 128] [--max-draft-len 3] [--with-confidence] [--output DIR]
+        [--num-requests 16] [--max-tokens 128] [--max-draft-len 3] [--with-confidence] [--with-lookup]
+        [--output DIR]
 
 For each evaluation set (Spec-Bench and the extraction set, the benchmark's own draws), at batch 1 and
 greedy: no drafts, the current head, the new head (and with ``--with-confidence`` both heads under
-draft_len_policy "confidence"); per head the acceptance length, the acceptance rate
+draft_len_policy "confidence", and with ``--with-lookup`` both heads with ``prompt_lookup``); per head
+the acceptance length, the acceptance rate
 at each draft position, and tokens/s over no drafts. The engines take turns prompt by prompt, so drift
 of a shared machine falls on all of them alike. Before anything runs, every evaluation prompt is
 checked against the new head's corpus and the bundled token archive by the hash of its rendered token
@@ -90,17 +92,18 @@ def head_forward_cost(executor, repeats: int = 20) -> float:
 
 
 def evaluate_heads(
-    new_head: Path,
+    new_head: Path | None,
     current_head: Path,
     num_requests: int,
     max_tokens: int,
     k: int,
     with_confidence: bool = False,
+    with_lookup: bool = False,
 ) -> dict:
     from ..executor.config import ExecutorConfig
     from ..executor.executor import Executor
 
-    def executor_for(head: Path | None, policy: str = "fixed") -> Executor:
+    def executor_for(head: Path | None, policy: str = "fixed", lookup: bool = False) -> Executor:
         spec = (
             None
             if head is None
@@ -109,18 +112,20 @@ def evaluate_heads(
                 "max_draft_len": k,
                 "speculative_model": str(head),
                 "draft_len_policy": policy,
+                "prompt_lookup": lookup,
             }
         )
         return Executor(config=ExecutorConfig(speculative_config=spec, progress=False, warmup=True))
 
-    engines = {
-        "none": executor_for(None),
-        "current": executor_for(current_head),
-        "new": executor_for(new_head),
-    }
-    if with_confidence:  # each chain ended by the head's confidence (not part of the shipping rule)
-        engines["cur+conf"] = executor_for(current_head, "confidence")
-        engines["new+conf"] = executor_for(new_head, "confidence")
+    heads = {"current": (current_head, "cur"), "new": (new_head, "new")}
+    heads = {label: named for label, named in heads.items() if named[0] is not None}
+    engines = {"none": executor_for(None)}
+    engines.update({label: executor_for(head) for label, (head, _) in heads.items()})
+    for _, (head, short) in heads.items():  # the variants are not part of the shipping rule
+        if with_confidence:  # each chain ended by the head's confidence
+            engines[f"{short}+conf"] = executor_for(head, "confidence")
+        if with_lookup:  # drafts from the request's own text where the head is unsure
+            engines[f"{short}+look"] = executor_for(head, lookup=True)
     tok = engines["none"].tokenizer
     workloads = {}
     for name in EVAL_SETS:
@@ -134,7 +139,8 @@ def evaluate_heads(
             for p in prompts
         ]
         workloads[name] = Workload(prompts, ids, max_tokens, 0.0)
-    report: dict = {"held_out": check_held_out(new_head, workloads, BUNDLED_ARCHIVE), "sets": {}}
+    checked_head = new_head if new_head is not None else current_head
+    report: dict = {"held_out": check_held_out(checked_head, workloads, BUNDLED_ARCHIVE), "sets": {}}
     report["machine"] = machine_line(engines["none"])
     for name, work in workloads.items():
         rows = run_interleaved(engines, work)
@@ -148,8 +154,8 @@ def evaluate_heads(
             }
             for label, row in rows.items()
         }
-    report["head_forward_cost"] = {label: head_forward_cost(engines[label]) for label in ("current", "new")}
-    report["new_is_better"] = is_better(report["sets"])
+    report["head_forward_cost"] = {label: head_forward_cost(engines[label]) for label in heads}
+    report["new_is_better"] = is_better(report["sets"]) if "new" in heads else None
     for executor in engines.values():
         executor.close()
     return report
@@ -211,18 +217,20 @@ def format_report(report: dict) -> str:
                 f"{name:10} {label:8} acc.len {acc:>5}  per position {per_pos:16}  "
                 f"{r['tokens_per_s']:.1f} tok/s  {r['speedup']:.2f}x no drafts"
             )
-    cost = report["head_forward_cost"]
-    lines.append(
-        f"head forward over 1 + k positions / target decode forward: current {cost['current']:.2f}, "
-        f"new {cost['new']:.2f}"
-    )
-    lines.append("new head is better on every set: " + ("yes" if report["new_is_better"] else "no"))
+    costs = ", ".join(f"{label} {cost:.2f}" for label, cost in report["head_forward_cost"].items())
+    lines.append(f"head forward over 1 + k positions / target decode forward: {costs}")
+    if report["new_is_better"] is not None:
+        lines.append("new head is better on every set: " + ("yes" if report["new_is_better"] else "no"))
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--head", required=True, type=Path, help="the new head's train-eagle3 --output")
+    parser.add_argument(
+        "--head",
+        type=Path,
+        help="the new head's train-eagle3 --output (none: the current head's rows only, for its variants)",
+    )
     parser.add_argument(
         "--against", type=Path, default=SHIPPED_HEAD, help="the current head (default: shipped)"
     )
@@ -235,10 +243,21 @@ def main(argv: list[str] | None = None) -> int:
         help="also both heads under draft_len_policy 'confidence' (rows cur+conf, new+conf; the shipping "
         "rule compares the fixed-length rows)",
     )
+    parser.add_argument(
+        "--with-lookup",
+        action="store_true",
+        help="also both heads with prompt_lookup (rows cur+look, new+look; not part of the shipping rule)",
+    )
     parser.add_argument("--output", type=Path, help="write eval.json and eval.txt here")
     args = parser.parse_args(argv)
     report = evaluate_heads(
-        args.head, args.against, args.num_requests, args.max_tokens, args.max_draft_len, args.with_confidence
+        args.head,
+        args.against,
+        args.num_requests,
+        args.max_tokens,
+        args.max_draft_len,
+        args.with_confidence,
+        args.with_lookup,
     )
     text = format_report(report)
     print(text)

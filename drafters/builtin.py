@@ -89,6 +89,13 @@ class Eagle3Options(_DraftModelOptions):
     SmolLM2)."""
 
     option_label = "Eagle option"  #: (not a field) for the unknown-option error
+    #: the request's own text drafts where the head is unsure (prompt lookup; false: the head alone)
+    prompt_lookup: bool = True
+
+    def __post_init__(self) -> None:
+        _DraftModelOptions.__post_init__(self)
+        if not isinstance(self.prompt_lookup, bool):
+            raise ValueError(f"prompt_lookup must be true or false, got {self.prompt_lookup!r}")
 
 
 @reject_unknown_keys
@@ -248,6 +255,7 @@ def make_eagle3(spec_config, context: DrafterContext) -> Drafter:
         kv_cache_memory_gb=float(opts.kv_cache_memory_gb),
         block_size=cfg.block_size,
         max_num_tokens=cfg.max_num_tokens,
+        prompt_lookup=opts.prompt_lookup,
     )
 
 

@@ -37,6 +37,7 @@ from ..sampling import sample_from_probs
 from .base import Drafter, DraftProposal, draft_distribution
 from .draft_masks import DraftMasks
 from .eagle3_head import Eagle3Head, default_aux_layers
+from .ngram import NGramConfig, NGramDrafter
 
 
 @dataclass(slots=True)
@@ -90,6 +91,7 @@ class Eagle3Drafter(Drafter):
         kv_cache_memory_gb: float = 0.25,
         block_size: int = 16,
         max_num_tokens: int = 2048,
+        prompt_lookup: bool = False,
     ) -> None:
         super().__init__(max_draft_len)
         cfg = head.config
@@ -115,6 +117,13 @@ class Eagle3Drafter(Drafter):
         self.inputs = PagedInputs(KVCache(spec, num_blocks, block_size, device), max_num_tokens)
         self._states: dict[str, _HeadState] = {}
         self._masks = DraftMasks(target_vocab_size, device)
+        #: each request's own text, looked up for its current suffix (see `_pick_rows`)
+        self.lookup = (
+            NGramDrafter(NGramConfig(max_draft_len, is_public_pool=False)) if prompt_lookup else None
+        )
+        self.lookup_min_match = 2
+        self.lookup_below_confidence = 0.5
+        self.num_drafts_from_text = 0  #: drafts the text gave where the head was unsure (prompt lookup)
 
     def capture_cuda_graphs(self, backend, max_batch_size: int, max_model_len: int) -> list:
         """The head's graphs: a catch-up of 1 + accepted positions (query lengths 1 and 1 + k) and each
@@ -168,6 +177,7 @@ class Eagle3Drafter(Drafter):
         drafts: dict[str, list[int]] = {r.request_id: [] for r, _ in ready}
         probs: dict[str, list[torch.Tensor]] = {r.request_id: [] for r, _ in ready}
         grammars = {r.request_id: g.fork_for_drafting() for r, _ in ready if (g := self.grammar_of(r))}
+        texts = {r.request_id: self._text_continuation(r) for r, _ in ready}
         stop = self.confidence_stop
         chains = {r.request_id: ChainOdds() for r, _ in ready}
         active = list(ready)
@@ -175,12 +185,15 @@ class Eagle3Drafter(Drafter):
         while True:
             still = []
             matchers = [grammars.get(r.request_id) for r, _ in active]
-            picks = self._pick_rows(logits, [r for r, _ in active], matchers)
+            from_text = [_at(texts[r.request_id], len(drafts[r.request_id])) for r, _ in active]
+            picks = self._pick_rows(logits, [r for r, _ in active], matchers, from_text)
             if stop is not None and step_started is not None:  # (picking reads the step's results back)
                 stop.time_draft_step(time.perf_counter() - step_started)
             for j, ((r, n), (token, q, confidence)) in enumerate(zip(active, picks)):
                 if token is None:
                     continue
+                if token != from_text[j]:  # the chain left the request's text: the head drafts on
+                    texts[r.request_id] = ()
                 if stop is not None:
                     chain = chains[r.request_id]
                     if not stop.keeps(chain, confidence, len(scheduled_requests)):
@@ -204,6 +217,14 @@ class Eagle3Drafter(Drafter):
             rid: DraftProposal(tokens, torch.stack(probs[rid]) if probs[rid] else None)
             for rid, tokens in drafts.items()
         }
+
+    def _text_continuation(self, request) -> tuple[int, ...]:
+        """What followed the latest ``lookup_min_match`` or more tokens of the request where they
+        occurred before in its own text (prompt lookup), or () with no such match or lookup off."""
+        if self.lookup is None:
+            return ()
+        key, continuation = self.lookup.lookup(request)
+        return continuation if key >= self.lookup_min_match else ()
 
     def _take_features(self, request) -> bool:
         """Move the request's newly verified target features into the head's pending rows; True when
@@ -333,20 +354,27 @@ class Eagle3Drafter(Drafter):
 
     # ---- picking a token ------------------------------------------------------------------------
     def _pick_rows(
-        self, logits: torch.Tensor, requests: list, matchers: list
+        self, logits: torch.Tensor, requests: list, matchers: list, from_text: list | None = None
     ) -> list[tuple[int | None, torch.Tensor | None, float]]:
         """Each request's next draft as a target id from its row of ``logits`` [R, draft_vocab] (greedy,
         or sampled with q over the target vocabulary), and the head's confidence: the largest
         probability of the row's (masked) distribution, read before a sampled token is drawn. None when
         its grammar is done or leaves no draft-vocabulary token (its row holds no finite logit). The
-        greedy ids, the rows' finiteness and the confidences come back in one read."""
+        greedy ids, the rows' finiteness and the confidences come back in one read.
+
+        ``from_text`` holds, per row, the token the request's own text continues with (prompt lookup;
+        None: no such token). Where the head's confidence is below ``lookup_below_confidence`` and the
+        grammar allows it, that token is the draft instead, with a one-hot q when the request samples:
+        the choice depends on the context only, so q is the distribution the draft came from."""
+        from_text = from_text or [None] * len(requests)
         logits = logits.float()
         done = [m is not None and m.is_terminated() for m in matchers]
         matchers = [None if is_done else m for m, is_done in zip(matchers, done)]
         self._masks.apply(logits, matchers, d2t=self.head.d2t)
         targets = self.head.to_target_ids(logits.argmax(dim=-1))  # [R]
         finite = torch.isfinite(logits.amax(dim=-1))  # [R]: some token is allowed
-        if self.confidence_stop is not None:  # [R] (NaN where nothing is allowed)
+        needs_confidence = self.confidence_stop is not None or any(t is not None for t in from_text)
+        if needs_confidence:  # [R] (NaN where nothing is allowed)
             confidence = torch.softmax(logits, dim=-1).amax(dim=-1)
         else:  # no rule reads it: no softmax on the drafting path
             confidence = torch.zeros_like(finite, dtype=torch.float64)
@@ -358,10 +386,18 @@ class Eagle3Drafter(Drafter):
                 picks.append((None, None, 0.0))
                 continue
             params = request.sampling_params
-            if self.returns_draft_probs and not params.is_greedy:
-                dev = logits.device
+            sampled = self.returns_draft_probs and not params.is_greedy
+            if sampled:
                 q_draft = draft_distribution(logits[i], params)  # [draft_vocab]
-                sure = float(q_draft.max()) if self.confidence_stop is not None else sure
+                sure = float(q_draft.max()) if needs_confidence else sure
+            text = from_text[i]
+            unsure = text is not None and sure < self.lookup_below_confidence
+            if unsure and (matcher is None or matcher.accept_token(text)):
+                self.num_drafts_from_text += 1
+                picks.append((text, self._one_hot(text, logits.device) if sampled else None, sure))
+                continue
+            if sampled:
+                dev = logits.device
                 draft_id = sample_from_probs(q_draft, request.generator)
                 q = torch.zeros(self.vocab_size, dtype=q_draft.dtype, device=dev)
                 q[self.head.to_target_ids(torch.arange(len(q_draft), device=dev))] = q_draft
@@ -372,6 +408,17 @@ class Eagle3Drafter(Drafter):
             picks.append((token, q, sure))
         return picks
 
+    def _one_hot(self, token: int, device) -> torch.Tensor:
+        q = torch.zeros(self.vocab_size, dtype=torch.float32, device=device)
+        q[token] = 1.0
+        return q  # [vocab]
+
     def release(self, request) -> None:
+        if self.lookup is not None:
+            self.lookup.release(request)
         self._states.pop(request.request_id, None)
         self.block_manager.free(request.request_id)
+
+
+def _at(continuation: tuple[int, ...], i: int) -> int | None:
+    return continuation[i] if i < len(continuation) else None

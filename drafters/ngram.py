@@ -201,18 +201,22 @@ class NGramDrafter(Drafter):
         return [c for c in range(max(n, num_tokens - self._k + 1), num_tokens) if tokens[c - n : c] == suffix]
 
     def _best(self, tokens: Sequence[int], pool: NGramPool) -> Continuation:
+        return self._best_match(tokens, pool)[1]
+
+    def _best_match(self, tokens: Sequence[int], pool: NGramPool) -> tuple[int, Continuation]:
+        """(key size, continuation) of the preferred match, longest key first; (0, ()) for none."""
         num_tokens = len(tokens)
         use_oldest = self.config.is_use_oldest
         for n in range(min(self._n, num_tokens - 1), 0, -1):
             value = pool.get(tuple(tokens[num_tokens - n :]))
             if use_oldest and value is not None:  # stored ones are older than the recent ones
-                return pool.preferred(value)
+                return n, pool.preferred(value)
             recent = self._recent(tokens, n)
             if recent:
-                return tuple(tokens[recent[0] if use_oldest else recent[-1] :])
+                return n, tuple(tokens[recent[0] if use_oldest else recent[-1] :])
             if value is not None:
-                return pool.preferred(value)
-        return ()
+                return n, pool.preferred(value)
+        return 0, ()
 
     def _candidates(self, tokens: Sequence[int], pool: NGramPool, n: int) -> list[Continuation]:
         value = pool.get(tuple(tokens[len(tokens) - n :]))
@@ -264,6 +268,12 @@ class NGramDrafter(Drafter):
                 return candidates
             found.update(dict.fromkeys(candidates))
         return list(found)
+
+    def lookup(self, request) -> tuple[int, Continuation]:
+        """(key size, continuation) of what `propose` would draft for an unguided request, the key
+        size telling how long a suffix matched (0 and () when nothing did): for callers that weigh
+        the lookup against drafts of their own."""
+        return self._best_match(*self._update(request))
 
     def on_verified(self, request, num_accepted: int) -> None:
         """Nothing to do: the next lookup indexes the tokens appended meanwhile."""

@@ -40,6 +40,7 @@ def test_an_unknown_config_key_is_a_value_error_naming_it():
         ),
         ({"decoding_type": "DraftTarget", "kv_cache_memory_gb": -1}, ["kv_cache_memory_gb", "> 0"]),
         ({"decoding_type": "Eagle", "sample_drafts": "yes"}, ["sample_drafts", "true or false"]),
+        ({"decoding_type": "Eagle", "prompt_lookup": 1}, ["prompt_lookup", "true or false"]),
         (
             {
                 "decoding_type": "UserProvided",

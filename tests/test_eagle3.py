@@ -37,6 +37,7 @@ from test_speculative_identity import (
     VOCAB,
     make_config,
     make_requests,
+    num_accepted,
     num_drafted,
     run_speculative,
 )
@@ -221,11 +222,12 @@ def reference_drafts(head: Eagle3Head, target, layers, tokens: list[int], k: int
     return reference_chain(head, target, layers, tokens, k)[0]
 
 
-def reference_chain(head: Eagle3Head, target, layers, tokens: list[int], k: int):
+def reference_chain(head: Eagle3Head, target, layers, tokens: list[int], k: int, text=(), below: float = 0.0):
     """EAGLE-3 drafting from scratch: transformers' hidden states of the verified tokens (all but the
     last), the head run densely over pairs (h_t, x_{t+1}), then chained on its own outputs; the drafts
     and the head's confidence in each (its largest probability); every position computed, a head's
-    ``sliding_window`` applied by the mask alone."""
+    ``sliding_window`` applied by the mask alone. With a ``text`` continuation (prompt lookup) its
+    token is the draft wherever the head's confidence is below ``below``, until the chain leaves it."""
     attend = partial(dense_causal_attention, window=head.config.sliding_window)
     with torch.no_grad():
         hs = target(input_ids=torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
@@ -236,8 +238,13 @@ def reference_chain(head: Eagle3Head, target, layers, tokens: list[int], k: int)
             out = head.step(ids, hidden, torch.arange(len(ids)), attend)
             logits = head.logits(out[-1])
             draft = int(head.to_target_ids(logits.argmax()))
+            confidence = float(logits.softmax(-1).max())
+            if len(text) > len(drafts) and confidence < below:
+                draft = text[len(drafts)]
+            elif len(text) > len(drafts) and draft != text[len(drafts)]:
+                text = ()
             drafts.append(draft)
-            confidences.append(float(logits.softmax(-1).max()))
+            confidences.append(confidence)
             hidden = torch.cat([hidden, out[-1:]])
             ids = torch.cat([ids, torch.tensor([draft])])
     return drafts, confidences
@@ -303,6 +310,66 @@ def test_every_proposal_equals_the_from_scratch_reference(tmp_path, setting):
     for tokens, drafted in proposals:
         assert drafted, "every scheduled decode gets drafts"
         assert drafted == reference_drafts(head, fresh_target, (1, 2, 3), tokens, len(drafted)), tokens
+
+
+# ---- prompt lookup: the request's own text where the head is unsure -------------------------------------
+
+
+def text_reference(tokens: list[int], min_match: int, longest: int = 3, k: int = 3) -> list[int]:
+    """What followed the first earlier occurrence of the longest suffix (``longest`` tokens at most)
+    that occurred before, when that suffix has at least ``min_match`` tokens; else []."""
+    for n in range(min(longest, len(tokens) - 1), 0, -1):
+        starts = [c for c in range(n, len(tokens)) if tokens[c - n : c] == tokens[-n:]]
+        if starts:
+            return tokens[starts[0] : starts[0] + k] if n >= min_match else []
+    return []
+
+
+@pytest.mark.parametrize("batch", ["batch1", "batch8"])
+def test_prompt_lookup_drafts_the_text_where_the_head_is_unsure(tmp_path, batch):
+    """Every proposal equals the from-scratch reference chain with the text's tokens taken where the
+    head's confidence is below the bar; greedy output stays identical and every page comes back. The
+    repetitive prompts give some steps a text to follow, so both sources draft."""
+    make_head_dir(tmp_path)
+    _, target = make_tiny_model("llama")
+    head = load_head(tmp_path, target.get_input_embeddings(), torch.float64, "cpu")
+    drafter = Eagle3Drafter(head, 3, VOCAB, 4, block_size=4, prompt_lookup=True)
+    proposals = record_proposals(drafter)
+    _, outputs = run_speculative("llama", BATCHES[batch], drafter=drafter)
+    _, fresh_target = make_tiny_model("llama")
+    from_text = from_head = 0
+    for tokens, drafted in proposals:
+        text = text_reference(tokens, drafter.lookup_min_match)
+        want, sure = reference_chain(
+            head, fresh_target, (1, 2, 3), tokens, len(drafted), text, drafter.lookup_below_confidence
+        )
+        assert drafted == want, tokens
+        unsure = [i < len(text) and c < drafter.lookup_below_confidence for i, c in enumerate(sure)]
+        from_text += sum(unsure)
+        from_head += len(unsure) - sum(unsure)
+    assert from_text == drafter.num_drafts_from_text
+    assert from_text > 0 and from_head > 0, (from_text, from_head)
+    assert num_accepted(outputs) > 0
+
+
+def test_a_text_token_the_grammar_forbids_is_not_drafted(tmp_path):
+    make_head_dir(tmp_path)
+    head = load_head(tmp_path, torch.nn.Embedding(VOCAB, 32), torch.float32, "cpu")
+    drafter = Eagle3Drafter(head, 3, VOCAB, 4, block_size=4, prompt_lookup=True)
+    drafter.lookup_below_confidence = 1.1  # the text always wins where the grammar allows it
+    request = SimpleNamespace(sampling_params=SamplingParams(temperature=0.0), generator=None)
+    target_of = head.to_target_ids(torch.arange(DRAFT_VOCAB)).tolist()
+    allowed = set(target_of[::2])
+    forbidden = next(t for t in range(VOCAB) if t not in allowed)
+    logits = torch.randn(2, DRAFT_VOCAB, generator=torch.Generator().manual_seed(4))
+    picks = drafter._pick_rows(
+        logits,
+        [request] * 2,
+        [FixedMaskMatcher(allowed), FixedMaskMatcher(allowed)],
+        [forbidden, target_of[2]],
+    )
+    assert picks[0][0] in allowed and picks[0][0] != forbidden, "the head's allowed token instead"
+    assert picks[1][0] == target_of[2]
 
 
 # ---- draft length by the head's confidence ----------------------------------------------------------------

@@ -115,3 +115,15 @@ def test_engines_take_turns_prompt_by_prompt_and_each_row_sums_its_own_runs(monk
         assert [r for r in calls if r[0] == label] == [(label, f"p{i}") for i in range(4)]
         assert rows[label]["num_requests"] == 4 and rows[label]["wall_s"] == 2.0
         assert rows[label]["output_tokens_per_s"] == 4 * tokens / 2.0
+
+
+def test_a_report_of_the_current_head_alone_makes_no_shipping_claim():
+    from specexec.bench.eagle3_eval import format_report
+
+    row = {"acceptance_length": 1.9, "acceptance_per_position": [0.5], "tokens_per_s": 30.0, "speedup": 1.2}
+    report = {"held_out": {"prompts": 2, "corpus_sequences": 0, "pool_instructions": 0},
+              "sets": {"specbench": {"current": row, "cur+look": row}},
+              "head_forward_cost": {"current": 0.04}, "new_is_better": None}  # fmt: skip
+    text = format_report(report)
+    assert "cur+look" in text and "current 0.04" in text
+    assert "new" not in text.replace("none", "")

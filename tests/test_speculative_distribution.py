@@ -25,6 +25,8 @@ import pytest
 import torch
 from specexec.drafters.base import Drafter, DraftProposal
 from specexec.drafters.draft_target import DraftTargetDrafter
+from specexec.drafters.eagle3 import Eagle3Drafter
+from specexec.drafters.eagle3_head import load_head
 from specexec.drafters.ngram import NGramConfig, NGramDrafter
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
@@ -177,7 +179,16 @@ def make_drafter(kind: str) -> tuple[Drafter | None, dict | None]:
     if kind == "eagle3-reduced-vocab-q":  # q is zero on the 2 tokens outside the draft vocabulary
         head_dir = make_head_dir(Path(tempfile.mkdtemp()), vocab=VOCAB, draft_vocab=VOCAB - 2)
         spec = {"decoding_type": "Eagle", "max_draft_len": MAX_DRAFT_LEN, "sample_drafts": True}
-        return None, {**spec, "speculative_model": str(head_dir)}
+        return None, {**spec, "speculative_model": str(head_dir), "prompt_lookup": False}
+    if kind == "eagle3-lookup-q":  # drafts from the text (one-hot q) where it matches, else the head's
+        head_dir = make_head_dir(Path(tempfile.mkdtemp()), vocab=VOCAB, draft_vocab=VOCAB - 2)
+        _, target = make_target()
+        head = load_head(head_dir, target.get_input_embeddings(), torch.float64, "cpu")
+        layers = target.config.num_hidden_layers
+        drafter = Eagle3Drafter(head, MAX_DRAFT_LEN, VOCAB, layers, sample_drafts=True, prompt_lookup=True)
+        # the text drafts wherever its last token occurred before (about 3 drafts in 10 here)
+        drafter.lookup_min_match, drafter.lookup_below_confidence = 1, 1.1
+        return drafter, None
     # an independent draft model: same vocabulary, other weights, one layer; q differs from p
     _, draft = make_tiny_model(
         "llama", vocab_size=VOCAB, initializer_range=INIT_RANGE, seed=5, num_hidden_layers=1
@@ -188,7 +199,14 @@ def make_drafter(kind: str) -> tuple[Drafter | None, dict | None]:
     return drafter, None
 
 
-DRAFTERS = ["fixed-token", "ngram", "int8-self-draft-q", "independent-draft-q", "eagle3-reduced-vocab-q"]
+DRAFTERS = [
+    "fixed-token",
+    "ngram",
+    "int8-self-draft-q",
+    "independent-draft-q",
+    "eagle3-reduced-vocab-q",
+    "eagle3-lookup-q",
+]
 
 
 # ---- the reference and the test's power ------------------------------------------------------------------
@@ -247,6 +265,8 @@ def test_speculative_sampling_matches_the_target_distribution(kind):
     assert accepted > 0, "no draft accepted: acceptance and the bonus token were not exercised"
     assert proposed - accepted >= 20, "too few rejections: the recovered token was barely exercised"
     assert at_second_position > 0, "no two-draft step"
+    if kind == "eagle3-lookup-q":
+        assert proposed / 5 < drafter.num_drafts_from_text < proposed, "many from the text, some not"
     p_value, cells = chi_square_p_value(counts, exact_distribution())
     assert p_value > P_VALUE_THRESHOLD, (
         f"{kind}: sequences not distributed as the target's (p = {p_value:.2e} over {cells} cells; "
