@@ -219,8 +219,9 @@ class Eagle3Drafter(Drafter):
         }
 
     def _text_continuation(self, request) -> tuple[int, ...]:
-        """What followed the latest ``lookup_min_match`` or more tokens of the request where they
-        occurred before in its own text (prompt lookup), or () with no such match or lookup off."""
+        """Prompt lookup: what followed the first earlier occurrence, in the request's own prompt and
+        output, of the longest suffix (3 tokens at most) that occurred before, when that suffix has
+        at least ``lookup_min_match`` tokens; else () (and always () with lookup off)."""
         if self.lookup is None:
             return ()
         key, continuation = self.lookup.lookup(request)
