@@ -362,14 +362,13 @@ def test_a_text_token_the_grammar_forbids_is_not_drafted(tmp_path):
     allowed = set(target_of[::2])
     forbidden = next(t for t in range(VOCAB) if t not in allowed)
     logits = torch.randn(2, DRAFT_VOCAB, generator=torch.Generator().manual_seed(4))
+    head_best = target_of[max(range(0, DRAFT_VOCAB, 2), key=lambda i: logits[1, i])]  # its allowed argmax
+    text = next(t for t in sorted(allowed) if t != head_best)
     picks = drafter._pick_rows(
-        logits,
-        [request] * 2,
-        [FixedMaskMatcher(allowed), FixedMaskMatcher(allowed)],
-        [forbidden, target_of[2]],
+        logits, [request] * 2, [FixedMaskMatcher(allowed), FixedMaskMatcher(allowed)], [forbidden, text]
     )
     assert picks[0][0] in allowed and picks[0][0] != forbidden, "the head's allowed token instead"
-    assert picks[1][0] == target_of[2]
+    assert picks[1][0] == text, "an allowed text token is the draft where the head is unsure"
 
 
 # ---- draft length by the head's confidence ----------------------------------------------------------------
