@@ -121,7 +121,7 @@ def evaluate_heads(
     heads = {label: named for label, named in heads.items() if named[0] is not None}
     engines = {"none": executor_for(None)}
     engines.update({label: executor_for(head) for label, (head, _) in heads.items()})
-    for _, (head, short) in heads.items():  # the variants are not part of the shipping rule
+    for head, short in heads.values():  # the variants are not part of the shipping rule
         if with_confidence:  # each chain ended by the head's confidence
             engines[f"{short}+conf"] = executor_for(head, "confidence")
         if with_lookup:  # drafts from the request's own text where the head is unsure
