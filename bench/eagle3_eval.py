@@ -163,8 +163,15 @@ def evaluate_heads(
 
 def run_interleaved(engines: dict, work: Workload) -> dict[str, dict]:
     """Each engine's summary row over ``work`` at batch 1, the engines taking turns prompt by prompt
-    (the order rotating each prompt), so a slow spell of a shared machine falls on every engine alike
-    instead of on whichever ran through the set at that time."""
+    (see `run_interleaved_records`)."""
+    records, wall = run_interleaved_records(engines, work)
+    return {label: summarize(label, 1, records[label], wall[label]) for label in engines}
+
+
+def run_interleaved_records(engines: dict, work: Workload) -> tuple[dict[str, list], dict[str, float]]:
+    """Each engine's records and wall seconds over ``work`` at batch 1, the engines taking turns prompt
+    by prompt (the order rotating each prompt), so a slow spell of a shared machine falls on every engine
+    alike instead of on whichever ran through the set at that time."""
     labels = list(engines)
     records: dict[str, list] = {label: [] for label in labels}
     wall = dict.fromkeys(labels, 0.0)
@@ -174,7 +181,7 @@ def run_interleaved(engines: dict, work: Workload) -> dict[str, dict]:
             done, seconds = run_specexec(engines[label], one, 1)
             records[label] += done
             wall[label] += seconds
-    return {label: summarize(label, 1, records[label], wall[label]) for label in labels}
+    return records, wall
 
 
 def is_better(sets: dict) -> bool:

@@ -27,7 +27,7 @@ from .packed_linear import PackedLinear
 logger = logging.getLogger("specexec")
 
 DEFAULT_TOKEN_COST = 0.25  #: extra token's cost relative to a one-token forward, when not measured
-MEASURED_SIZES = (1, 2, 4, 8, 16, 32, 64)
+MEASURED_SIZES = (1, 2, 3, 4, 8, 16, 32, 64)  #: 3 and 4: MKL's small-matrix path ends at 3 rows
 
 
 @dataclass(slots=True)
@@ -77,11 +77,13 @@ def cost_cache_key(model: torch.nn.Module) -> str:
     # quantized weights are buffers: their bytes tell an int8 model from an int4 one of the same params
     buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
     name = getattr(model.config, "_name_or_path", "") or type(model).__name__
-    # packed layers' weights are neither: their count tells a oneDNN model from the same model on BLAS
-    packed = sum(isinstance(m, PackedLinear) for m in model.modules())
+    # packed layers' weights are neither: their count tells a oneDNN model from the same model on BLAS,
+    # their row bands one that runs only some row counts on oneDNN
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    bands = sorted({m.describe_kernels() for m in packed})
     return (
-        f"{name}|{num_params}|buffers={buffer_bytes}|packed={packed}|{param.dtype}|{param.device}"
-        f"|threads={torch.get_num_threads()}"
+        f"{name}|{num_params}|buffers={buffer_bytes}|packed={len(packed)}|rows={bands}|{param.dtype}"
+        f"|{param.device}|threads={torch.get_num_threads()}"
     )
 
 

@@ -131,9 +131,10 @@ def build_engine_core(
 
 
 def _apply_linear_backend(config: ExecutorConfig, model, drafter: Drafter | None) -> LinearBackendChoice:
-    """Choose ``cpu_linear``'s backend and, for oneDNN, pack the target's and the drafter's dense linear
-    layers in place (after the drafter is built: a drafter that copies the target copies it dense); for
-    the BLAS, unpack those an earlier executor packed."""
+    """Choose ``cpu_linear``'s backend and, for oneDNN (all rows or some), pack the target's and the
+    drafter's dense linear layers in place (after the drafter is built: a drafter that copies the target
+    copies it dense), MKL's packed GEMM for the target only; for the BLAS, unpack those an earlier
+    executor packed."""
     param = next(model.parameters())
     choice = choose_linear_backend(
         config.cpu_linear,
@@ -142,19 +143,22 @@ def _apply_linear_backend(config: ExecutorConfig, model, drafter: Drafter | None
         model.config.get_text_config().to_dict(),
         measurement_dir(config),
         config.quantization,
+        None if drafter is None else 1 + drafter.max_draft_len,
     )
-    modules = [model]
+    drafter_modules = []
     if drafter is not None:
         try:
-            modules += list(drafter.torch_modules())
+            drafter_modules = list(drafter.torch_modules())
         except Exception:  # a plugin's hook: its models stay as they are
             logger.exception("cpu_linear: %s.torch_modules() raised", type(drafter).__name__)
+    for module in (model, *drafter_modules):  # as loaded, or as an earlier executor packed them
+        unpack_linears(module)
     if choice.backend == "blas":
-        for module in modules:
-            unpack_linears(module)
-    else:
-        packed = sum(pack_linears(module) for module in modules)
-        logger.info("cpu_linear onednn: %d linear layers packed (%s)", packed, choice.reason)
+        return choice
+    packed = pack_linears(model, choice.bands, choice.mkl_rows)
+    if choice.bands is None or any(choice.bands.is_onednn):  # the drafter's verify is not the target's
+        packed += sum(pack_linears(module, choice.bands) for module in drafter_modules)
+    logger.info("cpu_linear %s: %d linear layers packed (%s)", choice.backend, packed, choice.reason)
     return choice
 
 

@@ -4,19 +4,27 @@
 - ``onednn``: oneDNN on weights packed once at start-up (`packed_linear.py`), the target's and the
   drafter's models alike.
 - ``auto``: on a CPU, for a model in a dtype oneDNN packs here, one decode step's work for the model's
-  shapes (`dtype_choice.DecodeStepWork`: every layer's projections, attention, the LM head) is timed at
-  1 and 4 new tokens — a decode step and a verify step of 3 drafts — under both; ``onednn`` wins when it
-  takes under `ONEDNN_MARGIN` of ``blas``'s time. Cached per CPU, torch version, thread count, model
-  shape, dtype and quantization, like the dtype choice. On CUDA, and for dtypes oneDNN does not pack
-  here (float64, float16, bfloat16 without the instructions): ``blas``.
+  shapes (`dtype_choice.DecodeStepWork`: every layer's projections, attention, the LM head) is timed
+  under both at each of `MEASURED_ROWS` new tokens (a decode step, verify steps of 1 + k drafts at
+  small batches, prefill chunks). oneDNN takes the row counts where it needs under `ONEDNN_MARGIN` of
+  the BLAS's time, each up to the next measured count: everywhere -> ``onednn``; nowhere -> ``blas``;
+  some -> ``blas+onednn``, both copies of each dense weight kept and the kernel picked per call by its
+  rows (`packed_linear.RowBands`). Cached per CPU, torch version, thread count, model shape, dtype and
+  quantization, like the dtype choice. On CUDA, and for dtypes oneDNN does not pack here (float64,
+  float16, bfloat16 without the instructions): ``blas``.
+- ``auto`` with a drafter, in float32 where torch has MKL: the target's verify at batch 1 (1 + k rows, k
+  the drafter's ``max_draft_len``) is also timed on MKL's packed GEMM for exactly those rows; it takes
+  them (``+mkl``, one more copy of each dense target weight) when it needs under `MKL_MARGIN` of the
+  other choice's time there.
 
 Why it matters to speculation: the verify forward multiplies 1 + k rows by every weight. On the AVX2
-EPYC measured (`packed_linear.py`), MKL took 1.8x a decode step's linear time for 4 rows, oneDNN 1.17x.
+EPYC measured (`packed_linear.py`), MKL took 1.8x a decode step's linear time for 4 rows, oneDNN 1.17x;
+on an AVX-512 Xeon MKL is the faster at 1-3 rows and oneDNN at 4, hence the bands.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -25,18 +33,25 @@ from torch import nn
 from .cpu_info import describe_cpu
 from .dtype_choice import DecodeStepWork, ModelShape
 from .measurement_cache import cached_measurement, median_seconds
-from .packed_linear import PackedLinear, can_pack
+from .packed_linear import PackedLinear, RowBands, can_pack, can_pack_mkl
 
 CPU_LINEARS = ("auto", "blas", "onednn")
 ONEDNN_MARGIN = 0.9  #: oneDNN must take under this fraction of the BLAS's time to be chosen
-MEASUREMENT_VERSION = 1  #: bump when the measured work changes: old answers are stale
-MEASURED_ROWS = (1, 4)  #: new tokens per timed step: decode, and verify of 3 drafts
+#: MKL's packed GEMM must take under this fraction of the other choice's time at the verify rows. The
+#: whole step's work is timed (attention, norms), so a linear-only gain of 12% shows as about 8%.
+MKL_MARGIN = 0.95
+MEASUREMENT_VERSION = 2  #: bump when the measured work changes: old answers are stale
+#: new tokens per timed step: decode; verify of 1 + k drafts at batch 1-4 (k = 1..7 lands in these
+#: bands); prefill chunks. Each count stands for the rows up to the next.
+MEASURED_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
 
 
 @dataclass(frozen=True, slots=True)
 class LinearBackendChoice:
-    backend: str  #: blas or onednn
+    backend: str  #: blas, onednn, or blas+onednn (each call's kernel by its rows: ``bands``)
     reason: str  #: one line: why (printed by `specexec run`)
+    bands: RowBands | None = None  #: for blas+onednn: which rows run on oneDNN
+    mkl_rows: int | None = None  #: for +mkl: the target's calls of this many rows run on MKL's packed GEMM
 
 
 def check_cpu_linear(value) -> None:
@@ -51,9 +66,11 @@ def choose_linear_backend(
     shape_config: dict,
     cache_dir: Path | None,
     quantization: str | None = None,
+    verify_rows: int | None = None,
 ) -> LinearBackendChoice:
     """The backend for a model on ``device`` in ``dtype`` (see the module docstring); a ValueError names
-    the key when ``onednn`` is asked for where it cannot run."""
+    the key when ``onednn`` is asked for where it cannot run. ``verify_rows``: 1 + the drafter's
+    ``max_draft_len`` (None without a drafter)."""
     check_cpu_linear(setting)
     packable = device.type == "cpu" and can_pack(dtype)
     if setting == "blas":
@@ -69,14 +86,42 @@ def choose_linear_backend(
     if not packable:
         where = "CUDA" if device.type != "cpu" else f"{str(dtype).removeprefix('torch.')} on this CPU"
         return LinearBackendChoice("blas", f"auto: oneDNN packing does not apply ({where})")
-    ratio = _cached_onednn_ratio(ModelShape.from_config(shape_config), dtype, cache_dir, quantization)
-    verdict = "onednn" if ratio < ONEDNN_MARGIN else "blas"
-    return LinearBackendChoice(verdict, f"auto: oneDNN took {ratio:.2f}x the BLAS's time on {describe_cpu()}")
+    shape = ModelShape.from_config(shape_config)
+    choice = choice_from_ratios(_cached_onednn_ratios(shape, dtype, cache_dir, quantization))
+    if verify_rows is None or verify_rows < 2 or not can_pack_mkl(dtype):
+        return choice
+    bands = choice.bands
+    on_onednn = choice.backend == "onednn" or (bands is not None and bands.uses_onednn(verify_rows))
+    other = "onednn" if on_onednn else "blas"
+    ratio = _cached_mkl_ratio(shape, dtype, cache_dir, quantization, verify_rows, other)
+    named = "oneDNN" if other == "onednn" else "the BLAS"
+    verdict = f"MKL's packed GEMM at {verify_rows} rows took {ratio:.2f}x {named}'s time"
+    if ratio >= MKL_MARGIN:
+        return replace(choice, reason=f"{choice.reason}; {verdict}")
+    if choice.backend == "blas":
+        bands = RowBands((1,), (False,))  # every other row count on the BLAS
+    reason = f"{choice.reason}; {verdict}: the target's {verify_rows}-row verify runs on it"
+    return LinearBackendChoice(f"{choice.backend}+mkl", reason, bands, verify_rows)
 
 
-def _cached_onednn_ratio(
+def choice_from_ratios(ratios: dict[int, float]) -> LinearBackendChoice:
+    """The auto choice from oneDNN's time over the BLAS's at each measured number of rows."""
+    rows = sorted(ratios)
+    is_onednn = tuple(ratios[n] < ONEDNN_MARGIN for n in rows)
+    measured = ", ".join(f"{n}: {ratios[n]:.2f}x" for n in rows)
+    why = f"oneDNN's time over the BLAS's by rows {measured} on {describe_cpu()}"
+    if all(is_onednn):
+        return LinearBackendChoice("onednn", f"auto: {why}")
+    if not any(is_onednn):
+        return LinearBackendChoice("blas", f"auto: {why}")
+    changes = [i for i in range(len(rows)) if i == 0 or is_onednn[i] != is_onednn[i - 1]]
+    bands = RowBands(tuple(rows[i] for i in changes), tuple(is_onednn[i] for i in changes))
+    return LinearBackendChoice("blas+onednn", f"auto: {bands.describe()} ({why})", bands)
+
+
+def _cached_onednn_ratios(
     shape: ModelShape, dtype: torch.dtype, cache_dir: Path | None, quantization: str | None
-) -> float:
+) -> dict[int, float]:
     key = (
         f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
         f"|{shape}|{dtype}|quantization={quantization}"
@@ -85,20 +130,79 @@ def _cached_onednn_ratio(
         cache_dir,
         "linear-backend",
         key,
-        lambda: {"onednn_ratio": measure_onednn_ratio(shape, dtype, quantization)},
+        lambda: {"onednn_ratios": measure_onednn_ratios(shape, dtype, quantization)},
         "cpu_linear auto: timing oneDNN's packed linears against the BLAS on this CPU",
-        ("onednn_ratio",),
+        ("onednn_ratios",),
     )
     try:
-        return float(data["onednn_ratio"])
-    except (TypeError, ValueError):  # a damaged cache file: measure again, uncached
-        return measure_onednn_ratio(shape, dtype, quantization)
+        ratios = {int(n): float(ratio) for n, ratio in data["onednn_ratios"].items()}
+        if 1 in ratios:
+            return ratios
+    except (AttributeError, TypeError, ValueError):
+        pass
+    return measure_onednn_ratios(shape, dtype, quantization)  # a damaged cache file: measure, uncached
 
 
-def measure_onednn_ratio(
-    shape: ModelShape, dtype: torch.dtype, quantization: str | None = None, repeats: int = 5
+def _cached_mkl_ratio(
+    shape: ModelShape,
+    dtype: torch.dtype,
+    cache_dir: Path | None,
+    quantization: str | None,
+    rows: int,
+    other: str,
 ) -> float:
-    """oneDNN's time over the BLAS's for one decode step's work at `MEASURED_ROWS` new tokens (summed),
+    key = (
+        f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
+        f"|{shape}|{dtype}|quantization={quantization}|rows={rows}|against={other}"
+    )
+    data = cached_measurement(
+        cache_dir,
+        "linear-backend-mkl",
+        key,
+        lambda: {"mkl_ratio": measure_mkl_ratio(shape, dtype, rows, other, quantization)},
+        f"cpu_linear auto: timing MKL's packed GEMM at {rows} rows on this CPU",
+        ("mkl_ratio",),
+    )
+    try:
+        return float(data["mkl_ratio"])
+    except (TypeError, ValueError):  # a damaged cache file: measure again, uncached
+        return measure_mkl_ratio(shape, dtype, rows, other, quantization)
+
+
+def measure_mkl_ratio(
+    shape: ModelShape,
+    dtype: torch.dtype,
+    rows: int,
+    other: str,
+    quantization: str | None = None,
+    repeats: int = 7,
+) -> float:
+    """MKL's packed GEMM's time over ``other``'s (blas or onednn) for one step's work at ``rows`` new
+    tokens, interleaved."""
+    mkl = DecodeStepWork(shape, dtype, quantization)
+    mkl.map_linears(
+        lambda layer: (
+            PackedLinear(layer, RowBands((1,), (False,)), rows) if type(layer) is nn.Linear else layer
+        )
+    )
+    reference = DecodeStepWork(shape, dtype, quantization)
+    if other == "onednn":
+        reference.map_linears(lambda layer: PackedLinear(layer) if type(layer) is nn.Linear else layer)
+    works = (mkl, reference)
+    for work in works:
+        work.run(rows)  # warm-up
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for work, spent in zip(works, times):
+            spent.append(median_seconds(lambda w=work: w.run(rows), 1))
+    mkl_time, other_time = (sorted(spent)[len(spent) // 2] for spent in times)
+    return mkl_time / other_time
+
+
+def measure_onednn_ratios(
+    shape: ModelShape, dtype: torch.dtype, quantization: str | None = None, repeats: int = 5
+) -> dict[int, float]:
+    """oneDNN's time over the BLAS's for one decode step's work at each of `MEASURED_ROWS` new tokens,
     the two interleaved so that a machine's drift falls on both."""
     blas = DecodeStepWork(shape, dtype, quantization)
     onednn = DecodeStepWork(shape, dtype, quantization)
@@ -112,4 +216,4 @@ def measure_onednn_ratio(
             for name, work in works.items():
                 times[name, rows].append(median_seconds(lambda w=work, n=rows: w.run(n), 1))
     median = {key: sorted(values)[len(values) // 2] for key, values in times.items()}
-    return sum(median["onednn", n] for n in MEASURED_ROWS) / sum(median["blas", n] for n in MEASURED_ROWS)
+    return {n: median["onednn", n] / median["blas", n] for n in MEASURED_ROWS}

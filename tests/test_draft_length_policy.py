@@ -13,6 +13,7 @@ import logging
 import types
 
 import pytest
+import torch
 from specexec.executor import measurement_cache
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.draft_length import (
@@ -23,6 +24,7 @@ from specexec.executor.draft_length import (
     default_cache_dir,
 )
 from specexec.executor.executor import Executor
+from specexec.executor.packed_linear import RowBands, pack_linears, unpack_linears
 from specexec.executor.request import Request
 from specexec.sampling import SamplingParams
 from tiny_models import make_tiny_model
@@ -274,6 +276,16 @@ def test_cache_key_names_model_size_dtype_and_threads():
     assert str(sum(p.numel() for p in model.parameters())) in key
     _, other = make_tiny_model("llama", num_hidden_layers=2)
     assert cost_cache_key(other) != key
+
+
+def test_cache_key_tells_packed_layers_on_row_bands_from_packed_everywhere():
+    _, model = make_tiny_model("llama", dtype=torch.float32)
+    keys = [cost_cache_key(model)]
+    for bands in (None, RowBands((1, 4), (False, True)), RowBands((1, 8), (False, True))):
+        unpack_linears(model)
+        pack_linears(model, bands)
+        keys.append(cost_cache_key(model))
+    assert len(set(keys)) == 4, keys
 
 
 def test_default_cache_dir_follows_the_environment(monkeypatch, tmp_path):

@@ -13,8 +13,20 @@ from specexec.drafters.base import Drafter, DraftProposal
 from specexec.executor import linear_backend
 from specexec.executor.dtype_choice import ModelShape
 from specexec.executor.executor import Executor
-from specexec.executor.linear_backend import choose_linear_backend, measure_onednn_ratio
-from specexec.executor.packed_linear import PackedLinear, can_pack, pack_linears, unpack_linears
+from specexec.executor.linear_backend import (
+    MEASURED_ROWS,
+    choice_from_ratios,
+    choose_linear_backend,
+    measure_onednn_ratios,
+)
+from specexec.executor.packed_linear import (
+    PackedLinear,
+    RowBands,
+    can_pack,
+    can_pack_mkl,
+    pack_linears,
+    unpack_linears,
+)
 from specexec.executor.quantized_linear import Int8WeightOnlyLinear
 from test_eagle3 import eagle_spec, make_head_dir
 from test_speculative_identity import (
@@ -93,6 +105,69 @@ def test_a_packed_model_deep_copies_and_unpacks_to_its_own_weights():
     torch.testing.assert_close(model(x), twin(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 4, 7, 8, 40])
+def test_a_banded_layer_runs_each_row_count_on_its_bands_kernel(monkeypatch, rows):
+    dense = _linear(96, 80, bias=True)
+    bands = RowBands((1, 4, 8), (False, True, False))
+    banded, onednn_only = PackedLinear(dense, bands), PackedLinear(dense)
+    blas_calls = []
+    real_linear = F.linear
+    monkeypatch.setattr(F, "linear", lambda *args: blas_calls.append(args) or real_linear(*args))
+    x = torch.randn(rows, 96)  # [rows, in]
+    out = banded(x)
+    on_blas = not bands.uses_onednn(rows)
+    assert len(blas_calls) == int(on_blas) and (rows in (4, 7)) != on_blas
+    reference = real_linear(x, dense.weight, dense.bias) if on_blas else onednn_only(x)
+    assert torch.equal(out, reference)
+    torch.testing.assert_close(out, real_linear(x, dense.weight, dense.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_a_banded_layer_keeps_the_dense_tensor_itself_and_copies_to_its_own():
+    dense = _linear(64, 48, bias=False)
+    banded = PackedLinear(dense, RowBands((1, 2), (False, True)))
+    assert banded.dense_weight.data_ptr() == dense.weight.data_ptr(), "the dense weight was copied"
+    assert banded.to_linear().weight.data_ptr() == dense.weight.data_ptr(), "unpacking untied the weight"
+    twin = copy.deepcopy(banded)
+    assert twin.bands == banded.bands and twin.dense_weight.data_ptr() != dense.weight.data_ptr()
+    assert torch.equal(twin.dense_weight, dense.weight)
+    x = torch.randn(5, 64)
+    torch.testing.assert_close(twin(x), banded(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("starts, kernels", [((), ()), ((2, 4), (True, False)), ((1, 4, 4), (True,) * 3),
+                                             ((1, 4), (True,))])  # fmt: skip
+def test_malformed_row_bands_are_refused(starts, kernels):
+    with pytest.raises(ValueError, match="row bands"):
+        RowBands(starts, kernels)
+
+
+needs_mkl = pytest.mark.skipif(not can_pack_mkl(torch.float32), reason="this torch build has no MKL")
+
+
+@needs_mkl
+@pytest.mark.parametrize("bands", [None, RowBands((1, 6), (False, True))])
+@pytest.mark.parametrize("rows", [(1,), (4,), (2, 2), (5,), (7,)])
+def test_a_layer_with_mkl_rows_runs_exactly_those_rows_on_mkls_packed_gemm(bands, rows):
+    dense = _linear(96, 80, bias=True)
+    layer = PackedLinear(dense, bands, mkl_rows=4)
+    assert layer.dense_weight.data_ptr() == dense.weight.data_ptr()
+    x = torch.randn(*rows, 96)  # [..., in]
+    out = layer(x)
+    assert out.shape == (*rows, 80)
+    torch.testing.assert_close(out, F.linear(x, dense.weight, dense.bias), rtol=1e-5, atol=1e-5)
+    if x.numel() // 96 == 4:
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(dense.weight, 4)
+        expected = torch.ops.mkl._mkl_linear(x.reshape(4, 96), packed, dense.weight, dense.bias, 4)
+        assert torch.equal(out.reshape(4, 80), expected)
+    twin = copy.deepcopy(layer)
+    assert twin.mkl_rows == 4 and twin.bands == bands and torch.equal(twin(x), out)
+
+
+def test_mkl_rows_in_a_dtype_mkl_does_not_run_are_refused():
+    with pytest.raises(ValueError, match="MKL"):
+        PackedLinear(_linear(32, 32, bias=False, dtype=torch.bfloat16), RowBands((1,), (False,)), mkl_rows=4)
+
+
 # ---- the choice ------------------------------------------------------------------------------------------
 
 
@@ -117,28 +192,102 @@ def test_an_unknown_setting_is_refused_naming_the_key():
         choose_linear_backend("mkl", CPU, torch.float32, TINY_SHAPE, None)
 
 
-@pytest.mark.parametrize("ratio, backend", [(0.6, "onednn"), (0.95, "blas"), (1.3, "blas")])
-def test_auto_keeps_onednn_only_when_measured_clearly_faster_and_measures_once(
-    tmp_path, monkeypatch, ratio, backend
+def _ratios(onednn_rows: set[int], fast: float = 0.6, slow: float = 1.2) -> dict[int, float]:
+    return {n: fast if n in onednn_rows else slow for n in MEASURED_ROWS}
+
+
+@pytest.mark.parametrize(
+    "ratios, backend",
+    [
+        (_ratios(set(MEASURED_ROWS)), "onednn"),
+        (_ratios(set()), "blas"),
+        (_ratios(set(), slow=0.95), "blas"),  # within the margin: not clearly faster
+        (_ratios({4, 6, 8, 12, 16}), "blas+onednn"),
+    ],
+)
+def test_auto_keeps_onednn_only_where_measured_clearly_faster_and_measures_once(
+    tmp_path, monkeypatch, ratios, backend
 ):
     calls = []
 
     def measure(shape, dtype, quantization):
         calls.append((shape, dtype, quantization))
-        return ratio
+        return ratios
 
-    monkeypatch.setattr(linear_backend, "measure_onednn_ratio", measure)
+    monkeypatch.setattr(linear_backend, "measure_onednn_ratios", measure)
     for _ in range(2):
         choice = choose_linear_backend("auto", CPU, torch.float32, TINY_SHAPE, tmp_path)
-        assert choice.backend == backend and f"{ratio:.2f}x" in choice.reason
+        assert choice.backend == backend and f"4: {ratios[4]:.2f}x" in choice.reason
+        assert (choice.bands is not None) == (backend == "blas+onednn")
     assert len(calls) == 1, "the cached answer was measured again"
     choose_linear_backend("auto", CPU, torch.float32, TINY_SHAPE, tmp_path, quantization="int8")
     assert len(calls) == 2, "another quantization reused the float32 answer"
 
 
+def test_onednn_takes_exactly_the_rows_it_won_up_to_the_next_measured_count():
+    choice = choice_from_ratios(_ratios({4, 6, 8, 12, 16}))
+    assert choice.backend == "blas+onednn"
+    assert "oneDNN for 4-23 rows, the BLAS for 1-3, 24+" in choice.reason
+    wins = [n for n in range(1, 300) if choice.bands.uses_onednn(n)]
+    assert wins == list(range(4, 24))
+
+
+def test_a_damaged_cached_answer_is_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(linear_backend, "measure_onednn_ratios", lambda *args: _ratios({1}))
+    choose_linear_backend("auto", CPU, torch.float32, TINY_SHAPE, tmp_path)
+    (cached,) = tmp_path.glob("linear-backend-*.json")
+    cached.write_text('{"onednn_ratios": {"one": "fast"}}')
+    monkeypatch.setattr(linear_backend, "measure_onednn_ratios", lambda *args: _ratios(set(MEASURED_ROWS)))
+    assert choose_linear_backend("auto", CPU, torch.float32, TINY_SHAPE, tmp_path).backend == "onednn"
+
+
+@needs_mkl
+@pytest.mark.parametrize(
+    "onednn_rows, mkl_ratio, backend, against",
+    [
+        (set(), 0.7, "blas+mkl", "blas"),
+        (set(MEASURED_ROWS), 0.7, "onednn+mkl", "onednn"),
+        ({4, 6, 8}, 0.7, "blas+onednn+mkl", "onednn"),
+        ({6, 8}, 0.7, "blas+onednn+mkl", "blas"),  # 4 rows: the BLAS's band
+        ({4, 6, 8}, 0.97, "blas+onednn", "onednn"),  # within the margin
+    ],
+)
+def test_auto_takes_mkls_packed_gemm_for_the_verify_rows_only_where_clearly_faster(
+    tmp_path, monkeypatch, onednn_rows, mkl_ratio, backend, against
+):
+    calls = []
+
+    def measure_mkl(shape, dtype, rows, other, quantization):
+        calls.append((rows, other))
+        return mkl_ratio
+
+    monkeypatch.setattr(linear_backend, "measure_onednn_ratios", lambda *args: _ratios(onednn_rows))
+    monkeypatch.setattr(linear_backend, "measure_mkl_ratio", measure_mkl)
+    for _ in range(2):
+        choice = choose_linear_backend("auto", CPU, torch.float32, TINY_SHAPE, tmp_path, verify_rows=4)
+        assert choice.backend == backend and f"{mkl_ratio:.2f}x" in choice.reason
+        assert choice.mkl_rows == (4 if backend.endswith("+mkl") else None)
+        expected = choice_from_ratios(_ratios(onednn_rows)).bands
+        if backend == "blas+mkl":
+            expected = RowBands((1,), (False,))
+        assert choice.bands == expected
+    assert calls == [(4, against)], "measured against the wrong kernel, or not cached"
+    no_drafter = choose_linear_backend("auto", CPU, torch.float32, TINY_SHAPE, tmp_path)
+    assert no_drafter.mkl_rows is None and len(calls) == 1
+
+
+@needs_mkl
+def test_the_mkl_measurement_runs_on_the_models_shapes():
+    for other in ("blas", "onednn"):
+        ratio = linear_backend.measure_mkl_ratio(
+            ModelShape.from_config(TINY_SHAPE), torch.float32, 4, other, repeats=1
+        )
+        assert 0 < ratio < 100
+
+
 def test_the_measurement_runs_both_backends_on_the_models_shapes():
-    ratio = measure_onednn_ratio(ModelShape.from_config(TINY_SHAPE), torch.float32, repeats=1)
-    assert 0 < ratio < 100
+    ratios = measure_onednn_ratios(ModelShape.from_config(TINY_SHAPE), torch.float32, repeats=1)
+    assert sorted(ratios) == list(MEASURED_ROWS) and all(0 < r < 100 for r in ratios.values())
 
 
 # ---- in the executor -------------------------------------------------------------------------------------
@@ -165,6 +314,89 @@ def test_executor_on_onednn_drafts_and_outputs_what_it_outputs_on_blas(tmp_path)
         assert_all_pages_free(executor)
         tokens[backend] = [o.token_ids for o in outputs]
     assert tokens["onednn"] == tokens["blas"]
+
+
+def test_executor_on_row_bands_runs_decode_on_the_blas_and_verify_on_onednn(tmp_path, monkeypatch):
+    """auto measured oneDNN faster at 2-23 rows only: float32 target and EAGLE-3 head keep both copies,
+    one-row calls (decode, the head's drafting) go to the BLAS, verify rows to oneDNN, and the greedy
+    tokens are the BLAS's."""
+    make_head_dir(tmp_path)
+    monkeypatch.setattr(
+        linear_backend, "measure_onednn_ratios", lambda *args: _ratios({2, 3, 4, 6, 8, 12, 16})
+    )
+    monkeypatch.setattr(linear_backend, "measure_mkl_ratio", lambda *args: 1.0)  # not MKL's packed GEMM
+    kernels_by_rows: dict[int, set[bool]] = {}
+    decide = PackedLinear._uses_onednn
+
+    def spy(self, num_rows):
+        kernels_by_rows.setdefault(num_rows, set()).add(decide(self, num_rows))
+        return decide(self, num_rows)
+
+    monkeypatch.setattr(PackedLinear, "_uses_onednn", spy)
+    tokens = {}
+    for backend in ("blas", "auto"):
+        _, model = make_tiny_model("llama", dtype=torch.float32)
+        spec = eagle_spec(tmp_path)
+        config = make_config(
+            dtype="float32", cpu_linear=backend, speculative_config=spec, cache_dir=str(tmp_path)
+        )
+        executor = Executor(model, config)
+        head = executor.speculation.drafter.torch_modules()[0]
+        banded = [
+            m for module in (executor.model, head) for m in module.modules() if isinstance(m, PackedLinear)
+        ]
+        assert (len(banded) > 0) == (backend == "auto")
+        assert all(m.bands is not None and m.dense_weight is not None for m in banded)
+        for batch in ("batch1", "batch8"):
+            outputs = executor.run(make_requests(BATCHES[batch]))
+            assert num_drafted(outputs) > 0
+            assert_all_pages_free(executor)
+            tokens[backend, batch] = [o.token_ids for o in outputs]
+    assert executor.linear_backend.backend == "blas+onednn"
+    assert {1, 4, 8} <= set(kernels_by_rows) and any(n >= 24 for n in kernels_by_rows), kernels_by_rows
+    assert all(kernels == {2 <= n < 24} for n, kernels in kernels_by_rows.items()), kernels_by_rows
+    assert all(tokens["auto", batch] == tokens["blas", batch] for batch in ("batch1", "batch8"))
+
+
+@needs_mkl
+def test_executor_runs_the_targets_verify_rows_on_mkls_packed_gemm(tmp_path, monkeypatch):
+    """auto measured MKL's packed GEMM faster at 1 + k rows: the target's layers pack it (the head's
+    do not), verify calls of batch 1 run on it, and the greedy tokens are the BLAS's."""
+    make_head_dir(tmp_path)
+    monkeypatch.setattr(linear_backend, "measure_onednn_ratios", lambda *args: _ratios(set()))
+    monkeypatch.setattr(linear_backend, "measure_mkl_ratio", lambda *args: 0.5)
+    spec = eagle_spec(tmp_path)
+    rows_seen = []
+    real_mkl_linear = torch.ops.mkl._mkl_linear
+
+    class _Spy:
+        def __getattr__(self, name):
+            if name == "_mkl_linear":
+                return lambda x, *args: rows_seen.append(x.shape[0]) or real_mkl_linear(x, *args)
+            return getattr(torch.ops.mkl, name)
+
+    tokens = {}
+    for backend in ("blas", "auto"):
+        _, model = make_tiny_model("llama", dtype=torch.float32)
+        config = make_config(
+            dtype="float32", cpu_linear=backend, speculative_config=spec, cache_dir=str(tmp_path)
+        )
+        executor = Executor(model, config)
+        head = executor.speculation.drafter.torch_modules()[0]
+        target_layers = [m for m in executor.model.modules() if isinstance(m, PackedLinear)]
+        assert _packed(head) == 0
+        if backend == "auto":
+            assert executor.linear_backend.backend == "blas+mkl"
+            k = executor.speculation.drafter.max_draft_len
+            assert target_layers and all(m.mkl_rows == 1 + k and m.packed is None for m in target_layers)
+            monkeypatch.setattr(torch.ops, "mkl", _Spy())
+        for batch in ("batch1", "batch8"):
+            outputs = executor.run(make_requests(BATCHES[batch]))
+            assert num_drafted(outputs) > 0
+            assert_all_pages_free(executor)
+            tokens[backend, batch] = [o.token_ids for o in outputs]
+    assert rows_seen and set(rows_seen) == {1 + k}
+    assert all(tokens["auto", batch] == tokens["blas", batch] for batch in ("batch1", "batch8"))
 
 
 class _HidesItsModels(Drafter):
