@@ -13,8 +13,8 @@ same float32 arithmetic (sums in another order: results agree to float32 roundin
   AVX-NE-CONVERT): `can_pack` asks the kernel once per dtype. float64 and float16 stay with the BLAS.
 
 Neither is fastest at every number of rows. On a 2-core Intel Xeon (AVX-512, 2026-11-26) MKL streams
-SmolLM2's linear weights in 21 ms for 1 to 3 rows but takes 35 ms for 4 (its matrix-matrix path), where
-oneDNN takes 25 and 29: verifying 3 drafts cost 1.70x a decode step's linear time on the BLAS, 1.40x
+SmolLM2's linear weights in 21-24 ms for 1 to 3 rows but takes 35-41 ms for 4 (its matrix-matrix path),
+where oneDNN takes 26 and 29: verifying 3 drafts cost 1.70x a decode step's linear time on the BLAS, 1.40x
 with the decode step on the BLAS and the verify on oneDNN. A `PackedLinear` given `RowBands` keeps the
 dense weight beside the packed one and picks per call by the number of rows; it then holds both copies.
 

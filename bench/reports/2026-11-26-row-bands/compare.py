@@ -1,0 +1,94 @@
+"""`cpu_linear: auto`'s kernels by rows (the BLAS for decode, MKL's packed GEMM or oneDNN for verify)
+against everything on the BLAS, side by side: batch 1, greedy, 128 tokens, engines taking turns prompt
+by prompt (`eagle3_eval.run_interleaved_records`), on held-out Spec-Bench and extraction prompts.
+
+    python bench/reports/2026-11-26-row-bands/compare.py --num-requests 24 --output DIR
+
+Engines: no drafts; EAGLE-3 (the shipped head with prompt lookup, the default Eagle settings) and
+NGram at k=3, each on ``cpu_linear: blas`` and ``auto``; EAGLE-3 at k=2 on auto. Where auto keeps the
+BLAS for one row, the no-drafts engine runs the same kernels under both, so it runs once (on blas).
+Speed-ups are over it; "same text" counts outputs equal to its greedy text.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from specexec.bench.datasets import load_dataset
+from specexec.bench.eagle3_eval import EVAL_SETS, machine_line, run_interleaved_records
+from specexec.bench.engines import Workload
+from specexec.bench.records import summarize
+from specexec.executor.config import ExecutorConfig
+from specexec.executor.executor import Executor
+
+EAGLE3, NGRAM = {"decoding_type": "Eagle", "max_draft_len": 3}, {"decoding_type": "NGram", "max_draft_len": 3}
+ENGINES = {  # label: (speculative_config, cpu_linear)
+    "none": (None, "blas"),
+    "eagle3 blas": (EAGLE3, "blas"),
+    "eagle3 auto": (EAGLE3, "auto"),
+    "ngram blas": (NGRAM, "blas"),
+    "ngram auto": (NGRAM, "auto"),
+    "eagle3 k=2 auto": ({**EAGLE3, "max_draft_len": 2}, "auto"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--num-requests", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args()
+
+    def executor(spec, cpu_linear):
+        config = ExecutorConfig(speculative_config=spec, cpu_linear=cpu_linear, progress=False, warmup=True)
+        return Executor(config=config)
+
+    engines = {label: executor(spec, cpu_linear) for label, (spec, cpu_linear) in ENGINES.items()}
+    auto = engines["eagle3 auto"]
+    report = {"machine": machine_line(auto), "sets": {}}
+    report["kernels"] = {label: e.linear_backend.backend for label, e in engines.items()}
+    lines = [f"machine: {report['machine']}", f"kernels: {report['kernels']}", ""]
+    tok = engines["none"].tokenizer
+    for set_name in EVAL_SETS:
+        prompts = load_dataset(set_name, args.num_requests)
+        ids = [
+            list(
+                tok.apply_chat_template(
+                    p.messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            )
+            for p in prompts
+        ]
+        records, wall = run_interleaved_records(engines, Workload(prompts, ids, args.max_tokens, 0.0))
+        plain = [r.text for r in records["none"]]
+        base = summarize("none", 1, records["none"], wall["none"])["output_tokens_per_s"]
+        rows = {}
+        for label in engines:
+            row = summarize(label, 1, records[label], wall[label])
+            rows[label] = {
+                "tokens_per_s": row["output_tokens_per_s"],
+                "speedup": row["output_tokens_per_s"] / base,
+                "acceptance_length": row["mean_acceptance_length"],
+                "same_text": sum(a == r.text for a, r in zip(plain, records[label])),
+            }
+        report["sets"][set_name] = rows
+        lines.append(f"{set_name} ({len(prompts)} prompts)")
+        lines.append("| engine | tok/s | speed-up | acc. len | same text as none |")
+        lines.append("|---|---|---|---|---|")
+        for label, r in rows.items():
+            acc = "-" if r["acceptance_length"] is None else f"{r['acceptance_length']:.2f}"
+            lines.append(
+                f"| {label} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {acc} | {r['same_text']}/{len(prompts)} |"
+            )
+        lines.append("")
+    print("\n".join(lines), flush=True)
+    if args.output is not None:
+        args.output.mkdir(parents=True, exist_ok=True)
+        (args.output / "compare.txt").write_text("\n".join(lines))
+        (args.output / "compare.json").write_text(json.dumps(report, indent=1))
+    for e in engines.values():
+        e.close()
+
+
+if __name__ == "__main__":
+    main()
