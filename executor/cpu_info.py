@@ -42,3 +42,15 @@ def describe_cpu() -> str:
     flags = cpu_flags()
     shown = [f for f in ("avx2", "avx512f", "avx512_vnni", *BF16_FLAGS) if f in flags]
     return f"{cpu_model_name() or 'unknown CPU'} ({', '.join(shown) or 'no AVX2'})"
+
+
+def available_memory_bytes() -> int | None:
+    """Memory the kernel says new allocations can take without swapping (``MemAvailable`` in Linux's
+    ``/proc/meminfo``); None when unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # the file counts kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -14,6 +14,7 @@ from .attention_paths import choose_attention_paths
 from .block_manager import BlockManager
 from .confidence_stop import ConfidenceStop
 from .config import ExecutorConfig
+from .cpu_info import available_memory_bytes
 from .cuda_graphs import CudaGraphCapture, GraphCaptureReport
 from .draft_length import (
     MEASURED_SIZES,
@@ -27,10 +28,10 @@ from .engine_core import EngineCore
 from .graph_shapes import GraphShapes
 from .guided import MAX_FORCED_TOKENS, GuidedDecodingStage
 from .kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
-from .linear_backend import LinearBackendChoice, choose_linear_backend
+from .linear_backend import LinearBackendChoice, choose_linear_backend, fit_in_memory
 from .model_runner import ModelRunner
 from .output_processor import OutputProcessor
-from .packed_linear import pack_linears, unpack_linears
+from .packed_linear import pack_linears, packable_linear_bytes, unpack_linears
 from .scheduler import Scheduler
 from .scratch_forward import scratch_forward
 from .speculation import SpeculationStage, build_drafter, check_drafter_options
@@ -153,6 +154,7 @@ def _apply_linear_backend(config: ExecutorConfig, model, drafter: Drafter | None
             logger.exception("cpu_linear: %s.torch_modules() raised", type(drafter).__name__)
     for module in (model, *drafter_modules):  # as loaded, or as an earlier executor packed them
         unpack_linears(module)
+    choice = fit_in_memory(choice, packable_linear_bytes(model), available_memory_bytes())
     if choice.backend == "blas":
         return choice
     packed = pack_linears(model, choice.bands, choice.mkl_rows)

@@ -16,6 +16,9 @@
   the drafter's ``max_draft_len``) is also timed on MKL's packed GEMM for exactly those rows; it takes
   them (``+mkl``, one more copy of each dense target weight) when it needs under `MKL_MARGIN` of the
   other choice's time there.
+- The copies beside the one a single kernel needs must fit in `MEMORY_SHARE` of the memory available
+  (`fit_in_memory`): else MKL's copy is dropped first, then the row bands (for the kernel that runs one
+  row), and the reason says so.
 
 Why it matters to speculation: the verify forward multiplies 1 + k rows by every weight. On the AVX2
 EPYC measured (`packed_linear.py`), MKL took 1.8x a decode step's linear time for 4 rows, oneDNN 1.17x;
@@ -40,6 +43,7 @@ ONEDNN_MARGIN = 0.9  #: oneDNN must take under this fraction of the BLAS's time 
 #: MKL's packed GEMM must take under this fraction of the other choice's time at the verify rows. The
 #: whole step's work is timed (attention, norms), so a linear-only gain of 12% shows as about 8%.
 MKL_MARGIN = 0.95
+MEMORY_SHARE = 0.5  #: extra weight copies may take at most this share of the memory available
 MEASUREMENT_VERSION = 2  #: bump when the measured work changes: old answers are stale
 #: new tokens per timed step: decode; verify of 1 + k drafts at batch 1-4 (k = 1..7 lands in these
 #: bands); prefill chunks. Each count stands for the rows up to the next.
@@ -117,6 +121,39 @@ def choice_from_ratios(ratios: dict[int, float]) -> LinearBackendChoice:
     changes = [i for i in range(len(rows)) if i == 0 or is_onednn[i] != is_onednn[i - 1]]
     bands = RowBands(tuple(rows[i] for i in changes), tuple(is_onednn[i] for i in changes))
     return LinearBackendChoice("blas+onednn", f"auto: {bands.describe()} ({why})", bands)
+
+
+def extra_copies(choice: LinearBackendChoice) -> int:
+    """Copies of each dense target weight beyond one: the dense one kept beside oneDNN's, MKL's."""
+    both = choice.bands is not None and any(choice.bands.is_onednn)
+    return int(both) + int(choice.mkl_rows is not None)
+
+
+def fit_in_memory(
+    choice: LinearBackendChoice, weight_bytes: int, available: int | None
+) -> LinearBackendChoice:
+    """``choice``, or a choice with fewer weight copies, whose extra copies of the target's ``weight_bytes``
+    of dense linear weights take at most `MEMORY_SHARE` of ``available`` bytes (None: not known, kept)."""
+    budget = None if available is None else MEMORY_SHARE * available
+    if budget is None or extra_copies(choice) * weight_bytes <= budget:
+        return choice
+    why = (
+        f"; not kept: {extra_copies(choice)} more cop{'y' if extra_copies(choice) == 1 else 'ies'} of "
+        f"{weight_bytes / 2**20:.0f} MiB of weights would exceed {MEMORY_SHARE:.0%} of the "
+        f"{available / 2**20:.0f} MiB available"
+    )
+    bands = choice.bands
+    if choice.mkl_rows is not None:  # MKL's copy goes first
+        backend = choice.backend.removesuffix("+mkl")
+        if backend == "blas":
+            bands = None
+        fewer = LinearBackendChoice(backend, choice.reason, bands)
+        if extra_copies(fewer) * weight_bytes <= budget:
+            return replace(fewer, reason=f"{choice.reason}{why} (MKL's packed GEMM dropped)")
+    one_row_onednn = bands is None and choice.backend.startswith("onednn")
+    one_row_onednn = one_row_onednn or (bands is not None and bands.uses_onednn(1))
+    single = "onednn" if one_row_onednn else "blas"
+    return LinearBackendChoice(single, f"{choice.reason}{why} (one kernel: {single})")
 
 
 def _cached_onednn_ratios(

@@ -135,7 +135,7 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         num_rows = x.numel() // max(1, self.in_features)
         if num_rows == self.mkl_rows:
-            flat = x.reshape(num_rows, self.in_features)  # [rows, in]
+            flat = x.reshape(num_rows, self.in_features).contiguous()  # [rows, in]
             out = torch.ops.mkl._mkl_linear(flat, self.mkl_packed, self.dense_weight, self.bias, num_rows)
             return out.view(*x.shape[:-1], self.out_features)
         if self.bands is not None and not self._uses_onednn(num_rows):
@@ -175,16 +175,26 @@ class PackedLinear(nn.Module):
         )
 
 
-def pack_linears(model: nn.Module, bands: RowBands | None = None, mkl_rows: int | None = None) -> int:
-    """Replace every dense CPU ``nn.Linear`` of a packable dtype in ``model`` by a `PackedLinear` (on
-    ``bands``, with ``mkl_rows``), in place; returns how many were replaced (quantized layers and other
-    dtypes are left as they are)."""
-    found = [
+def _packable_linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """(parent, name, layer) of every dense CPU ``nn.Linear`` of a packable dtype in ``model``."""
+    return [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
         if type(child) is nn.Linear and child.weight.device.type == "cpu" and can_pack(child.weight.dtype)
     ]
+
+
+def packable_linear_bytes(model: nn.Module) -> int:
+    """The bytes of the weights `pack_linears` would pack (what each more copy of them costs)."""
+    return sum(layer.weight.numel() * layer.weight.element_size() for _, _, layer in _packable_linears(model))
+
+
+def pack_linears(model: nn.Module, bands: RowBands | None = None, mkl_rows: int | None = None) -> int:
+    """Replace every dense CPU ``nn.Linear`` of a packable dtype in ``model`` by a `PackedLinear` (on
+    ``bands``, with ``mkl_rows``), in place; returns how many were replaced (quantized layers and other
+    dtypes are left as they are)."""
+    found = _packable_linears(model)
     for parent, name, child in found:
         setattr(parent, name, PackedLinear(child, bands, mkl_rows))
     return len(found)

@@ -285,6 +285,51 @@ def test_the_mkl_measurement_runs_on_the_models_shapes():
         assert 0 < ratio < 100
 
 
+MIB = 2**20
+
+
+@pytest.mark.parametrize(
+    "backend, bands, mkl_rows, available_mib, kept, fewer",
+    [
+        ("blas+onednn+mkl", RowBands((1, 4), (False, True)), 4, None, "blas+onednn+mkl", ""),  # not known
+        ("blas+onednn+mkl", RowBands((1, 4), (False, True)), 4, 400, "blas+onednn+mkl", ""),  # 200 <= 200
+        ("blas+onednn+mkl", RowBands((1, 4), (False, True)), 4, 399, "blas+onednn", "2 more copies"),
+        ("blas+onednn+mkl", RowBands((1, 4), (False, True)), 4, 150, "blas", "one kernel: blas"),
+        ("blas+onednn", RowBands((1, 4), (True, False)), None, 150, "onednn", "one kernel: onednn"),
+        ("onednn+mkl", None, 4, 150, "onednn", "MKL's packed GEMM dropped"),
+        ("blas+mkl", RowBands((1,), (False,)), 4, 150, "blas", "MKL's packed GEMM dropped"),
+        ("onednn", None, None, 1, "onednn", ""),  # no copy beyond one
+    ],
+)
+def test_extra_weight_copies_are_kept_only_where_they_fit_in_memory(
+    backend, bands, mkl_rows, available_mib, kept, fewer
+):
+    choice = linear_backend.LinearBackendChoice(backend, "auto: measured", bands, mkl_rows)
+    available = None if available_mib is None else available_mib * MIB
+    fitted = linear_backend.fit_in_memory(choice, 100 * MIB, available)
+    assert fitted.backend == kept
+    assert (fitted.mkl_rows is not None) == kept.endswith("+mkl")
+    assert (fitted.bands is not None) == ("+" in kept)
+    assert fewer in fitted.reason and (fitted == choice) == (fewer == "")
+
+
+def test_the_executor_fits_its_kernels_to_the_memory_available(tmp_path, monkeypatch):
+    make_head_dir(tmp_path)
+    monkeypatch.setattr(linear_backend, "measure_onednn_ratios", lambda *args: _ratios({4, 6, 8}))
+    monkeypatch.setattr(linear_backend, "measure_mkl_ratio", lambda *args: 0.5)
+    from specexec.executor import engine_setup
+
+    monkeypatch.setattr(engine_setup, "available_memory_bytes", lambda: 1)
+    _, model = make_tiny_model("llama", dtype=torch.float32)
+    config = make_config(dtype="float32", speculative_config=eagle_spec(tmp_path), cache_dir=str(tmp_path))
+    executor = Executor(model, config)
+    assert executor.linear_backend.backend == "blas" and "not kept" in executor.linear_backend.reason
+    assert _packed(executor.model) == 0
+    outputs = executor.run(make_requests(BATCHES["batch1"]))
+    assert num_drafted(outputs) > 0
+    assert_all_pages_free(executor)
+
+
 def test_the_measurement_runs_both_backends_on_the_models_shapes():
     ratios = measure_onednn_ratios(ModelShape.from_config(TINY_SHAPE), torch.float32, repeats=1)
     assert sorted(ratios) == list(MEASURED_ROWS) and all(0 < r < 100 for r in ratios.values())
