@@ -52,7 +52,8 @@ MEASURED_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
 
 @dataclass(frozen=True, slots=True)
 class LinearBackendChoice:
-    backend: str  #: blas, onednn, or blas+onednn (each call's kernel by its rows: ``bands``)
+    #: blas, onednn, or blas+onednn (each call's kernel by its rows: ``bands``); +mkl: ``mkl_rows`` too
+    backend: str
     reason: str  #: one line: why (printed by `specexec run`)
     bands: RowBands | None = None  #: for blas+onednn: which rows run on oneDNN
     mkl_rows: int | None = None  #: for +mkl: the target's calls of this many rows run on MKL's packed GEMM
@@ -134,26 +135,24 @@ def fit_in_memory(
 ) -> LinearBackendChoice:
     """``choice``, or a choice with fewer weight copies, whose extra copies of the target's ``weight_bytes``
     of dense linear weights take at most `MEMORY_SHARE` of ``available`` bytes (None: not known, kept)."""
-    budget = None if available is None else MEMORY_SHARE * available
-    if budget is None or extra_copies(choice) * weight_bytes <= budget:
+    if available is None or extra_copies(choice) * weight_bytes <= MEMORY_SHARE * available:
         return choice
-    why = (
-        f"; not kept: {extra_copies(choice)} more cop{'y' if extra_copies(choice) == 1 else 'ies'} of "
+    copies = extra_copies(choice)
+    note = (
+        f"{choice.reason}; not kept: {copies} more cop{'y' if copies == 1 else 'ies'} of "
         f"{weight_bytes / 2**20:.0f} MiB of weights would exceed {MEMORY_SHARE:.0%} of the "
         f"{available / 2**20:.0f} MiB available"
     )
-    bands = choice.bands
     if choice.mkl_rows is not None:  # MKL's copy goes first
         backend = choice.backend.removesuffix("+mkl")
-        if backend == "blas":
-            bands = None
-        fewer = LinearBackendChoice(backend, choice.reason, bands)
-        if extra_copies(fewer) * weight_bytes <= budget:
-            return replace(fewer, reason=f"{choice.reason}{why} (MKL's packed GEMM dropped)")
-    one_row_onednn = bands is None and choice.backend.startswith("onednn")
-    one_row_onednn = one_row_onednn or (bands is not None and bands.uses_onednn(1))
-    single = "onednn" if one_row_onednn else "blas"
-    return LinearBackendChoice(single, f"{choice.reason}{why} (one kernel: {single})")
+        bands = None if backend == "blas" else choice.bands
+        fewer = LinearBackendChoice(backend, f"{note} (MKL's packed GEMM dropped)", bands)
+        if extra_copies(fewer) * weight_bytes <= MEMORY_SHARE * available:
+            return fewer
+    bands = choice.bands
+    one_row_on_onednn = choice.backend.startswith("onednn") or (bands is not None and bands.uses_onednn(1))
+    single = "onednn" if one_row_on_onednn else "blas"
+    return LinearBackendChoice(single, f"{note} (one kernel: {single})")
 
 
 def _cached_onednn_ratios(
