@@ -1,4 +1,5 @@
-"""Dense linear layers run by oneDNN on weights reordered once into its blocked layout.
+"""Dense linear layers on weights packed once: oneDNN's blocked layout, MKL's packed GEMM, or both beside
+the dense weight, the kernel picked per call by its rows.
 
 ``F.linear`` on a CPU calls the BLAS (MKL in torch's CPU wheels). On the AMD EPYC (AVX2) this project
 measured, MKL's matrix-vector path streams SmolLM2-135M's linear weights in 64 ms per decode step, but
@@ -14,8 +15,8 @@ same float32 arithmetic (sums in another order: results agree to float32 roundin
 
 Neither is fastest at every number of rows. On a 2-core Intel Xeon (AVX-512, 2026-11-26) MKL streams
 SmolLM2's linear weights in 21-24 ms for 1 to 3 rows but takes 35-41 ms for 4 (its matrix-matrix path),
-where oneDNN takes 26 and 29: verifying 3 drafts cost 1.70x a decode step's linear time on the BLAS, 1.40x
-with the decode step on the BLAS and the verify on oneDNN. A `PackedLinear` given `RowBands` keeps the
+where oneDNN takes 26 and 29: verifying 3 drafts cost about 1.7x a decode step's linear time on the BLAS,
+1.4x with the decode step on the BLAS and the verify on oneDNN. A `PackedLinear` given `RowBands` keeps the
 dense weight beside the packed one and picks per call by the number of rows; it then holds both copies.
 
 MKL's own packed GEMM does better still for one fixed number of rows (on that Xeon 26 ms for 4 rows,
@@ -74,7 +75,7 @@ class RowBands:
         return self.is_onednn[max(0, bisect.bisect_right(self.starts, num_rows) - 1)]
 
     def describe(self) -> str:
-        """E.g. "oneDNN for 4-32 rows, the BLAS for 1-3 and 64+"."""
+        """E.g. "oneDNN for 4-23 rows, the BLAS for 1-3, 24+"."""
         ends = [start - 1 for start in self.starts[1:]] + [None]
         spans = {True: [], False: []}
         for start, end, onednn in zip(self.starts, ends, self.is_onednn):
@@ -103,10 +104,11 @@ def can_pack_mkl(dtype: torch.dtype) -> bool:
 
 
 class PackedLinear(nn.Module):
-    """An ``nn.Linear`` whose weight lives in oneDNN's layout. Without ``bands`` every call runs on
-    oneDNN and the dense copy is dropped (unless another module shares it, as a tied LM head shares the
-    token embedding); with them the dense weight stays too, for the rows the BLAS runs. ``mkl_rows``:
-    calls of exactly that many rows run on MKL's packed GEMM (the dense weight kept as well)."""
+    """An ``nn.Linear`` whose weight is packed ahead of time. Without ``bands`` every call runs on oneDNN
+    and the dense copy is dropped (unless another module shares it, as a tied LM head shares the token
+    embedding); with them the dense weight stays too, for the rows the BLAS runs (no oneDNN copy when no
+    band uses it). ``mkl_rows``: calls of exactly that many rows run on MKL's packed GEMM (the dense
+    weight kept as well)."""
 
     def __init__(self, linear: nn.Linear, bands: RowBands | None = None, mkl_rows: int | None = None) -> None:
         super().__init__()
