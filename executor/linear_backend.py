@@ -155,17 +155,21 @@ def fit_in_memory(
     return LinearBackendChoice(single, f"{note} (one kernel: {single})")
 
 
-def _cached_onednn_ratios(
-    shape: ModelShape, dtype: torch.dtype, cache_dir: Path | None, quantization: str | None
-) -> dict[int, float]:
-    key = (
+def _measurement_key(shape: ModelShape, dtype: torch.dtype, quantization: str | None) -> str:
+    """What a cached timing depends on: this CPU, torch, threads, the model's shape, dtype and weights."""
+    return (
         f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
         f"|{shape}|{dtype}|quantization={quantization}"
     )
+
+
+def _cached_onednn_ratios(
+    shape: ModelShape, dtype: torch.dtype, cache_dir: Path | None, quantization: str | None
+) -> dict[int, float]:
     data = cached_measurement(
         cache_dir,
         "linear-backend",
-        key,
+        _measurement_key(shape, dtype, quantization),
         lambda: {"onednn_ratios": measure_onednn_ratios(shape, dtype, quantization)},
         "cpu_linear auto: timing oneDNN's packed linears against the BLAS on this CPU",
         ("onednn_ratios",),
@@ -187,14 +191,10 @@ def _cached_mkl_ratio(
     rows: int,
     other: str,
 ) -> float:
-    key = (
-        f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
-        f"|{shape}|{dtype}|quantization={quantization}|rows={rows}|against={other}"
-    )
     data = cached_measurement(
         cache_dir,
         "linear-backend-mkl",
-        key,
+        f"{_measurement_key(shape, dtype, quantization)}|rows={rows}|against={other}",
         lambda: {"mkl_ratio": measure_mkl_ratio(shape, dtype, rows, other, quantization)},
         f"cpu_linear auto: timing MKL's packed GEMM at {rows} rows on this CPU",
         ("mkl_ratio",),
@@ -215,24 +215,10 @@ def measure_mkl_ratio(
 ) -> float:
     """MKL's packed GEMM's time over ``other``'s (blas or onednn) for one step's work at ``rows`` new
     tokens, interleaved."""
-    mkl = DecodeStepWork(shape, dtype, quantization)
-    mkl.map_linears(
-        lambda layer: (
-            PackedLinear(layer, RowBands((1,), (False,)), rows) if type(layer) is nn.Linear else layer
-        )
-    )
-    reference = DecodeStepWork(shape, dtype, quantization)
-    if other == "onednn":
-        reference.map_linears(lambda layer: PackedLinear(layer) if type(layer) is nn.Linear else layer)
-    works = (mkl, reference)
-    for work in works:
-        work.run(rows)  # warm-up
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(repeats):
-        for work, spent in zip(works, times):
-            spent.append(median_seconds(lambda w=work: w.run(rows), 1))
-    mkl_time, other_time = (sorted(spent)[len(spent) // 2] for spent in times)
-    return mkl_time / other_time
+    works = {"mkl": _step_work("mkl", shape, dtype, quantization, rows)}
+    works[other] = _step_work(other, shape, dtype, quantization)
+    median = _interleaved_medians(works, (rows,), repeats)
+    return median["mkl", rows] / median[other, rows]
 
 
 def measure_onednn_ratios(
@@ -240,16 +226,35 @@ def measure_onednn_ratios(
 ) -> dict[int, float]:
     """oneDNN's time over the BLAS's for one decode step's work at each of `MEASURED_ROWS` new tokens,
     the two interleaved so that a machine's drift falls on both."""
-    blas = DecodeStepWork(shape, dtype, quantization)
-    onednn = DecodeStepWork(shape, dtype, quantization)
-    onednn.map_linears(lambda layer: PackedLinear(layer) if type(layer) is nn.Linear else layer)
-    works = {"blas": blas, "onednn": onednn}
-    for work in works.values():
-        work.run(1)  # warm-up
-    times: dict[tuple[str, int], list[float]] = {(name, n): [] for name in works for n in MEASURED_ROWS}
-    for _ in range(repeats):
-        for rows in MEASURED_ROWS:
-            for name, work in works.items():
-                times[name, rows].append(median_seconds(lambda w=work, n=rows: w.run(n), 1))
-    median = {key: sorted(values)[len(values) // 2] for key, values in times.items()}
+    works = {kernel: _step_work(kernel, shape, dtype, quantization) for kernel in ("blas", "onednn")}
+    median = _interleaved_medians(works, MEASURED_ROWS, repeats)
     return {n: median["onednn", n] / median["blas", n] for n in MEASURED_ROWS}
+
+
+def _step_work(
+    kernel: str, shape: ModelShape, dtype: torch.dtype, quantization: str | None, mkl_rows: int | None = None
+) -> DecodeStepWork:
+    """One decode step's work with its dense layers on ``kernel``: blas (as built), onednn, or mkl
+    (MKL's packed GEMM for ``mkl_rows``, the BLAS for other counts)."""
+    work = DecodeStepWork(shape, dtype, quantization)
+    if kernel != "blas":
+        bands = RowBands((1,), (False,)) if kernel == "mkl" else None
+        work.map_linears(
+            lambda layer: PackedLinear(layer, bands, mkl_rows) if type(layer) is nn.Linear else layer
+        )
+    return work
+
+
+def _interleaved_medians(
+    works: dict[str, DecodeStepWork], rows: tuple[int, ...], repeats: int
+) -> dict[tuple[str, int], float]:
+    """The median seconds of each work at each row count, all of them taking turns ``repeats`` times
+    (after one warm-up at the first count) so that a machine's drift falls on each alike."""
+    for work in works.values():
+        work.run(rows[0])  # warm-up
+    times: dict[tuple[str, int], list[float]] = {(name, n): [] for name in works for n in rows}
+    for _ in range(repeats):
+        for n in rows:
+            for name, work in works.items():
+                times[name, n].append(median_seconds(lambda w=work, n=n: w.run(n), 1))
+    return {key: sorted(values)[len(values) // 2] for key, values in times.items()}

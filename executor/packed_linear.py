@@ -128,7 +128,6 @@ class PackedLinear(nn.Module):
         self.mkl_packed = (
             None if mkl_rows is None else torch.ops.mkl._mkl_reorder_linear_weight(weight, mkl_rows)
         )
-        self._onednn_by_rows: dict[int, bool] = {}
 
     @property
     def device(self) -> torch.device:
@@ -140,15 +139,9 @@ class PackedLinear(nn.Module):
             flat = x.reshape(num_rows, self.in_features).contiguous()  # [rows, in]
             out = torch.ops.mkl._mkl_linear(flat, self.mkl_packed, self.dense_weight, self.bias, num_rows)
             return out.view(*x.shape[:-1], self.out_features)
-        if self.bands is not None and not self._uses_onednn(num_rows):
+        if self.bands is not None and not self.bands.uses_onednn(num_rows):
             return F.linear(x, self.dense_weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-
-    def _uses_onednn(self, num_rows: int) -> bool:
-        known = self._onednn_by_rows.get(num_rows)
-        if known is None:
-            known = self._onednn_by_rows[num_rows] = self.bands.uses_onednn(num_rows)
-        return known
 
     def to_linear(self) -> nn.Linear:
         """A dense ``nn.Linear`` with the same weight (exactly: packing only reorders); the kept dense

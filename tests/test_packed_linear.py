@@ -371,13 +371,13 @@ def test_executor_on_row_bands_runs_decode_on_the_blas_and_verify_on_onednn(tmp_
     )
     monkeypatch.setattr(linear_backend, "measure_mkl_ratio", lambda *args: 1.0)  # not MKL's packed GEMM
     kernels_by_rows: dict[int, set[bool]] = {}
-    decide = PackedLinear._uses_onednn
+    decide = RowBands.uses_onednn
 
     def spy(self, num_rows):
         kernels_by_rows.setdefault(num_rows, set()).add(decide(self, num_rows))
         return decide(self, num_rows)
 
-    monkeypatch.setattr(PackedLinear, "_uses_onednn", spy)
+    monkeypatch.setattr(RowBands, "uses_onednn", spy)
     tokens = {}
     for backend in ("blas", "auto"):
         _, model = make_tiny_model("llama", dtype=torch.float32)
