@@ -33,7 +33,7 @@ from .datasets import load_dataset
 from .eagle3_archive import BUNDLED_ARCHIVE, CorpusArchive
 from .eagle3_corpus import read_corpus
 from .eagle3_prompts import normalized_hash, read_pool
-from .engines import Workload, run_specexec
+from .engines import Workload, chat_token_ids, run_specexec
 from .records import summarize
 
 EVAL_SETS = ("specbench", "extraction")
@@ -130,14 +130,7 @@ def evaluate_heads(
     workloads = {}
     for name in EVAL_SETS:
         prompts = load_dataset(name, num_requests)
-        ids = [
-            list(
-                tok.apply_chat_template(
-                    p.messages, add_generation_prompt=True, tokenize=True, return_dict=False
-                )
-            )
-            for p in prompts
-        ]
+        ids = chat_token_ids(tok, prompts)
         workloads[name] = Workload(prompts, ids, max_tokens, 0.0)
     checked_head = new_head if new_head is not None else current_head
     report: dict = {"held_out": check_held_out(checked_head, workloads, BUNDLED_ARCHIVE), "sets": {}}

@@ -35,6 +35,18 @@ class Workload:
         )
 
 
+def chat_token_ids(tokenizer, prompts: list[BenchPrompt]) -> list[list[int]]:
+    """Each prompt's messages rendered with the chat template, ready for generation."""
+    return [
+        list(
+            tokenizer.apply_chat_template(
+                p.messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+        for p in prompts
+    ]
+
+
 def _guided_verdict(out: RequestOutput) -> bool | None:
     """A guided request's schema verdict: the executor's own check of the finished output, and a request
     refused or failed (an unenforceable keyword, a grammar that admits nothing) counts as invalid."""

@@ -8,7 +8,14 @@ import logging
 import torch
 from tqdm import tqdm
 
-from .engines import Workload, hf_grammar_processors, run_hf_generate, run_hf_generate_batch, run_specexec
+from .engines import (
+    Workload,
+    chat_token_ids,
+    hf_grammar_processors,
+    run_hf_generate,
+    run_hf_generate_batch,
+    run_specexec,
+)
 from .held_messages import library_messages_after_the_bar
 from .records import summarize
 from .report import add_speedups
@@ -47,14 +54,7 @@ class BenchRunner:
 
     def _workload(self) -> Workload:
         tok = self._tokenizer
-        ids = [
-            list(
-                tok.apply_chat_template(
-                    p.messages, add_generation_prompt=True, tokenize=True, return_dict=False
-                )
-            )
-            for p in self.prompts
-        ]
+        ids = chat_token_ids(tok, self.prompts)
         a = self.args
         return Workload(self.prompts, ids, a.max_tokens, a.temperature, a.ignore_eos, a.guided)
 

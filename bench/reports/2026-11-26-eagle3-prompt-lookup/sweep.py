@@ -16,7 +16,7 @@ import argparse
 import json
 
 from specexec.bench.datasets import load_dataset
-from specexec.bench.engines import Workload, run_specexec
+from specexec.bench.engines import Workload, chat_token_ids, run_specexec
 from specexec.bench.records import summarize
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
@@ -35,14 +35,7 @@ lookup = drafter.lookup
 tokenizer = executor.tokenizer
 for name in ("specbench", "extraction"):
     prompts = load_dataset(name, args.skip + args.num_requests)[args.skip :]
-    ids = [
-        list(
-            tokenizer.apply_chat_template(
-                p.messages, add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-        )
-        for p in prompts
-    ]
+    ids = chat_token_ids(tokenizer, prompts)
     work = Workload(prompts, ids, 128, 0.0)
     plain = None
     for rule in rules:

@@ -6,7 +6,7 @@ instead of the first, and keys of up to 5 tokens instead of 3; acceptance length
 """
 
 from specexec.bench.datasets import load_dataset
-from specexec.bench.engines import Workload, run_specexec
+from specexec.bench.engines import Workload, chat_token_ids, run_specexec
 from specexec.bench.records import summarize
 from specexec.drafters.ngram import NGramConfig, NGramDrafter
 from specexec.executor.config import ExecutorConfig
@@ -25,12 +25,7 @@ variants = {
 tok = ex.tokenizer
 for name in ("specbench", "extraction"):
     prompts = load_dataset(name, 24)
-    ids = [
-        list(
-            tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        )
-        for p in prompts
-    ]
+    ids = chat_token_ids(tok, prompts)
     work = Workload(prompts, ids, 128, 0.0)
     for label, cfg in variants.items():
         d.lookup = NGramDrafter(cfg)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from specexec.bench.datasets import load_dataset
 from specexec.bench.eagle3_eval import EVAL_SETS, machine_line, run_interleaved_records
-from specexec.bench.engines import Workload
+from specexec.bench.engines import Workload, chat_token_ids
 from specexec.bench.records import summarize
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
@@ -61,14 +61,7 @@ def main() -> None:
     tok = engines["none"].tokenizer
     for set_name in EVAL_SETS:
         prompts = load_dataset(set_name, args.num_requests)
-        ids = [
-            list(
-                tok.apply_chat_template(
-                    p.messages, add_generation_prompt=True, tokenize=True, return_dict=False
-                )
-            )
-            for p in prompts
-        ]
+        ids = chat_token_ids(tok, prompts)
         records, wall = run_interleaved_records(engines, Workload(prompts, ids, args.max_tokens, 0.0))
         plain = [r.text for r in records["none"]]
         base = summarize("none", 1, records["none"], wall["none"])["output_tokens_per_s"]
