@@ -212,7 +212,10 @@ def _load(model, tokenizer, config: ExecutorConfig, dtype: str):
     if isinstance(model, torch.nn.Module):
         # a module runs where the caller put it, unless the config names a device: then it moves there
         # (in place, as ``module.to`` does, and is quantized in place); ``dtype`` applies only to the
-        # models the executor loads
+        # models the executor loads. Layers an earlier CPU executor packed for oneDNN or MKL go back to
+        # dense ``nn.Linear`` first: ``module.to`` moves neither the packed copies nor the dense weight
+        # they keep, so a model packed on the CPU and then moved to CUDA kept CPU weights.
+        unpack_linears(model)
         if config.device != "auto":
             check_device(config.device)
             model.to(config.device)

@@ -477,3 +477,24 @@ def test_a_module_packed_by_one_executor_serves_the_next_on_blas_or_quantized():
     quantized = Executor(model, make_config(dtype="float32", cpu_linear="blas", quantization="int8"))
     assert _packed(model) == 0 and sum(isinstance(m, Int8WeightOnlyLinear) for m in model.modules()) > 0
     assert len(quantized.run(make_requests(request))[0].token_ids) == 16
+
+
+def test_a_packed_module_is_dense_again_before_it_moves_to_the_configured_device(monkeypatch):
+    """``module.to`` moves neither a `PackedLinear`'s packed copies nor the dense weight it keeps: on an
+    H100 a model packed by a CPU executor, then given to a CUDA executor, kept CPU weights in its linears.
+    The next executor unpacks the module before it moves it."""
+    _, model = make_tiny_model("llama", dtype=torch.float32)
+    Executor(model, make_config(dtype="float32", cpu_linear="onednn"))
+    assert _packed(model) > 0
+    packed_when_moved = []
+    module_to = torch.nn.Module.to
+
+    def recording_to(self, *args, **kwargs):
+        if self is model:
+            packed_when_moved.append(_packed(model))
+        return module_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "to", recording_to)
+    executor = Executor(model, make_config(dtype="float32", cpu_linear="blas", device="cpu"))
+    assert packed_when_moved == [0]
+    assert len(executor.run(make_requests(BATCHES["batch1"]))[0].token_ids) == 16
