@@ -43,7 +43,8 @@ Outputs = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]
 
 
 class CudaGraphCapture:
-    """Captures CUDA graphs into one memory pool shared by every model of an executor."""
+    """Captures CUDA graphs into one memory pool shared by every model of an executor (a fresh pool
+    after a capture that failed)."""
 
     label = "CUDA graphs"
 
@@ -76,12 +77,18 @@ class CudaGraphCapture:
 
     def _recover_from_failed_capture(self, stream: torch.cuda.Stream) -> None:
         """A capture that fails leaves torch mid-capture: ``torch.cuda.graph``'s exit raises from
-        ``capture_end`` before it restores the current stream, and before the device's default generator
-        leaves capture mode, after which every random draw on the device raises "Offset increment outside
-        graph capture encountered unexpectedly" (as the test after such a failure did on an H100). Put the
-        stream back, and give the generator a copy of its state (same seed and offset) that is not
-        capturing; graphs captured before keep the old state, and none of ours draws random numbers."""
+        ``capture_end`` before it restores the current stream, before the caching allocators (device
+        and pinned host) stop recording into the pool, and before the device's default generator leaves
+        capture mode. On an H100 (torch 2.11) the next capture into the same pool then raised
+        "beginAllocateToPool: already recording to mempool_id", and every random draw on the device
+        raised "Offset increment outside graph capture encountered unexpectedly". So: put the stream
+        back; capture from now on into a fresh pool (the stale recording's filter names the failed
+        capture's id, which no later capture has, and torch has no public call to close the host
+        allocator's); and give the generator a copy of its state (same seed and offset) that is not
+        capturing. Graphs captured before keep their pool and the old state; none of ours draws random
+        numbers."""
         torch.cuda.set_stream(stream)
+        self.pool = torch.cuda.graph_pool_handle()
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         generator = torch.cuda.default_generators[index]
         generator.graphsafe_set_state(generator.clone_state())
