@@ -3,6 +3,13 @@
 A request's block table lists its pages in order; token position ``p`` lives in slot
 ``block_table[p // block_size] * block_size + p % block_size`` of the flat KV pool.
 Methods come in predicate/action pairs (``can_allocate``/``allocate``, ``can_append``/``append``).
+
+A request that grows takes the page right after its last one when that page is free, else the pool's
+oldest free page. A lone request on consecutive pages is attended as one view of the pool, with no page
+gather (`attention_metadata.py`). Before this rule, a verify step that crossed a page boundary and was
+rewound gave its new page back to the end of the pool and took another one next time. From then on, every
+layer of every step copied the whole context out of the cache: a 1.3k-token verify step went from
+49.5 ms to 61 ms on a 2-core Xeon.
 """
 
 from __future__ import annotations
@@ -20,7 +27,10 @@ class BlockManager:
             raise ValueError(f"num_blocks and block_size must be > 0, got {num_blocks} and {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: set[int] = set(range(num_blocks))
+        #: free pages, oldest first; a page taken out of turn (the one after a request's last) stays here
+        #: until it reaches the front, where pages no longer free are skipped
+        self._free_order: deque[int] = deque(range(num_blocks))
         self.block_tables: dict[str, list[int]] = {}
         self.num_slots: dict[str, int] = {}  # token slots held by each request
 
@@ -61,8 +71,31 @@ class BlockManager:
             raise RuntimeError(f"out of KV pages: need {num_new}, {len(self._free)} free")
         table = self.block_tables[request_id]
         for _ in range(max(num_new, 0)):
-            table.append(self._free.popleft())
+            table.append(self._take_page(table))
         self.num_slots[request_id] += num_tokens
+
+    def _take_page(self, table: list[int]) -> int:
+        """The page after the table's last one when it is free, else the oldest free page."""
+        following = table[-1] + 1 if table else -1
+        if following in self._free:
+            self._free.remove(following)
+            return following
+        while (page := self._free_order.popleft()) not in self._free:
+            pass  # taken out of turn earlier (every free page has an entry further on)
+        self._free.remove(page)
+        return page
+
+    def _give_back(self, pages) -> None:
+        for page in pages:
+            self._free.add(page)
+            self._free_order.append(page)
+        if len(self._free_order) > 2 * self.num_blocks:  # drop the entries of pages no longer free
+            kept: set[int] = set()
+            order, self._free_order = self._free_order, deque()
+            for page in order:
+                if page in self._free and page not in kept:
+                    kept.add(page)
+                    self._free_order.append(page)
 
     def rewind(self, request_id: str, num_tokens: int) -> None:
         """Drop the last ``num_tokens`` slots; pages falling wholly past the new length go back to the pool."""
@@ -72,8 +105,9 @@ class BlockManager:
         new_len = held - num_tokens
         table = self.block_tables[request_id]
         keep = cdiv(new_len, self.block_size)
-        while len(table) > keep:
-            self._free.append(table.pop())
+        if len(table) > keep:
+            self._give_back(reversed(table[keep:]))
+            del table[keep:]
         self.num_slots[request_id] = new_len
 
     def free(self, request_id: str) -> None:
@@ -81,4 +115,4 @@ class BlockManager:
         table = self.block_tables.pop(request_id, None)
         self.num_slots.pop(request_id, None)
         if table:
-            self._free.extend(reversed(table))
+            self._give_back(reversed(table))

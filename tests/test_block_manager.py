@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from specexec.executor.block_manager import BlockManager
 
@@ -18,6 +20,7 @@ def assert_pool_consistent(bm: BlockManager) -> None:
     """Every page is either free or in exactly one block table."""
     held = [b for table in bm.block_tables.values() for b in table]
     assert sorted(held + list(bm._free)) == list(range(bm.num_blocks))
+    assert set(bm._free) <= set(bm._free_order)  # every free page can still be reached in turn
 
 
 def test_allocate_takes_ceil_tokens_over_block_size_pages():
@@ -173,3 +176,62 @@ def test_capacity_and_constructor_checks():
         BlockManager(0, 4)
     with pytest.raises(ValueError, match="must be > 0"):
         BlockManager(4, 0)
+
+
+def consecutive(table: list[int]) -> bool:
+    return table == list(range(table[0], table[0] + len(table)))
+
+
+def test_a_verify_rewound_across_a_page_boundary_takes_its_next_page_back():
+    """1 + 3 slots a step, the drafts rejected: each step crosses into the next page and gives it back.
+    The page taken again is the one after the last, so the table stays one run of the pool (attended as
+    a view, not gathered), even with other requests taking pages in between."""
+    bm = make_block_manager(num_blocks=16, block_size=4)
+    bm.allocate("a", 6)
+    bm.allocate("b", 6)  # b holds the pages right after a's
+    bm.free("b")  # ...and gives them back to the end of the pool
+    for _ in range(12):
+        bm.append("a", 4)  # the verify's 1 + 3 slots
+        bm.rewind("a", 3)  # the 3 drafts rejected
+        bm.allocate("other", 1)  # another request takes the oldest free page meanwhile
+        bm.free("other")
+        assert consecutive(bm.block_tables["a"]), bm.block_tables["a"]
+        assert_pool_consistent(bm)
+    assert bm.num_slots["a"] == 18
+
+
+def test_without_a_free_following_page_the_oldest_free_page_is_taken():
+    bm = make_block_manager(num_blocks=6, block_size=4)
+    bm.allocate("a", 4)  # page 0
+    bm.allocate("b", 4)  # page 1: a's following page is held
+    bm.append("a", 1)
+    assert bm.block_tables["a"] == [0, 2]
+    bm.free("b")  # page 1 goes to the end of the pool: 3, 4, 5, 1
+    bm.allocate("c", 4)
+    assert bm.block_tables["c"] == [3]
+    assert_pool_consistent(bm)
+
+
+def test_pages_taken_out_of_turn_keep_the_pool_right_over_many_random_steps():
+    """Random allocate / append / rewind / free against a count of the pages each request needs: no page
+    is handed out twice, the free count is always right, and the order queue stays bounded."""
+    rng = random.Random(0)
+    bm = make_block_manager(num_blocks=12, block_size=4)
+    for step in range(5000):
+        rid = f"r{rng.randrange(4)}"
+        held = bm.num_slots.get(rid)
+        action = rng.random()
+        if held is None:
+            if bm.can_allocate(n := rng.randint(1, 10)):
+                bm.allocate(rid, n)
+        elif action < 0.45:
+            if bm.can_append(rid, n := rng.randint(1, 5)):
+                bm.append(rid, n)
+        elif action < 0.9:
+            bm.rewind(rid, rng.randint(0, held))
+        else:
+            bm.free(rid)
+        for r, table in bm.block_tables.items():
+            assert len(table) == -(-bm.num_slots[r] // bm.block_size)
+        assert_pool_consistent(bm)
+        assert len(bm._free_order) <= 2 * bm.num_blocks
