@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from ..executor.options import parse_options, reject_unknown_keys
 from ..executor.quantization import check_quantization
 from ..plugins import hookimpl
 from .base import Drafter, DrafterContext, declare_options
+
+logger = logging.getLogger("specexec")
 
 
 def _check_path(key: str, value) -> None:
@@ -91,11 +94,17 @@ class Eagle3Options(_DraftModelOptions):
     option_label = "Eagle option"  #: (not a field) for the unknown-option error
     #: the request's own text drafts where the head is unsure (prompt lookup; false: the head alone)
     prompt_lookup: bool = True
+    #: the head's weights: auto (int8 where measured faster on this CPU), int8, or null (as loaded);
+    #: see `head_quantization.py`
+    head_quantization: str | None = "auto"
 
     def __post_init__(self) -> None:
+        from .head_quantization import check_setting
+
         _DraftModelOptions.__post_init__(self)
         if not isinstance(self.prompt_lookup, bool):
             raise ValueError(f"prompt_lookup must be true or false, got {self.prompt_lookup!r}")
+        check_setting(self.head_quantization)
 
 
 @reject_unknown_keys
@@ -224,8 +233,10 @@ def cuda_kernel_dtype(device: torch.device, dtype: torch.dtype, quantization: st
 
 @declare_options(Eagle3Options)
 def make_eagle3(spec_config, context: DrafterContext) -> Drafter:
+    from ..executor.engine_setup import measurement_dir
     from .eagle3 import Eagle3Drafter
     from .eagle3_head import SHIPPED_HEAD, load_head
+    from .head_quantization import apply_head_quantization, choose_head_quantization
 
     opts = parse_options(Eagle3Options, spec_config.options)
     cfg = context.executor_config
@@ -240,13 +251,16 @@ def make_eagle3(spec_config, context: DrafterContext) -> Drafter:
     target = context.target_model
     param = next(target.parameters())
     head = load_head(path, target.get_input_embeddings(), param.dtype, param.device)
+    choice = choose_head_quantization(opts.head_quantization, head, param.device, measurement_dir(cfg))
+    apply_head_quantization(head, choice)
+    logger.info("EAGLE-3 head: %s", choice.reason)
     text_config = target.config.get_text_config()
     if head.config.target_hidden_size != text_config.hidden_size:
         raise ValueError(
             f"EAGLE-3 head {path} reads features of width {head.config.target_hidden_size}; "
             f"the target's hidden size is {text_config.hidden_size}"
         )
-    return Eagle3Drafter(
+    drafter = Eagle3Drafter(
         head,
         spec_config.max_draft_len,
         context.vocab_size,
@@ -257,6 +271,8 @@ def make_eagle3(spec_config, context: DrafterContext) -> Drafter:
         max_num_tokens=cfg.max_num_tokens,
         prompt_lookup=opts.prompt_lookup,
     )
+    drafter.head_quantization = choice
+    return drafter
 
 
 @declare_options(UserProvidedOptions)

@@ -124,6 +124,9 @@ class Eagle3Drafter(Drafter):
         self.lookup_min_match = 2
         self.lookup_below_confidence = 0.5
         self.num_drafts_from_text = 0  #: drafts the text gave where the head was unsure (prompt lookup)
+        #: how the head's weights run (`head_quantization.HeadQuantization`, set by the builtin factory;
+        #: None: the head as given)
+        self.head_quantization = None
 
     def capture_cuda_graphs(self, backend, max_batch_size: int, max_model_len: int) -> list:
         """The head's graphs: a catch-up of 1 + accepted positions (query lengths 1 and 1 + k) and each

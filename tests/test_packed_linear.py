@@ -338,6 +338,12 @@ def test_the_measurement_runs_both_backends_on_the_models_shapes():
 # ---- in the executor -------------------------------------------------------------------------------------
 
 
+def dense_head_spec(head_dir) -> dict:
+    """EAGLE-3 with its head's linear layers dense (not int8, whatever ``head_quantization: auto``
+    measures on this machine), so that cpu_linear has them to pack."""
+    return {**eagle_spec(head_dir), "head_quantization": None}
+
+
 def _packed(module: torch.nn.Module) -> int:
     return sum(isinstance(m, PackedLinear) for m in module.modules())
 
@@ -349,7 +355,9 @@ def test_executor_on_onednn_drafts_and_outputs_what_it_outputs_on_blas(tmp_path)
     tokens = {}
     for backend in ("blas", "onednn"):
         _, model = make_tiny_model("llama", dtype=torch.float32)
-        config = make_config(dtype="float32", cpu_linear=backend, speculative_config=eagle_spec(tmp_path))
+        config = make_config(
+            dtype="float32", cpu_linear=backend, speculative_config=dense_head_spec(tmp_path)
+        )
         executor = Executor(model, config)
         assert executor.linear_backend.backend == backend
         head = executor.speculation.drafter.torch_modules()[0]
@@ -381,7 +389,7 @@ def test_executor_on_row_bands_runs_decode_on_the_blas_and_verify_on_onednn(tmp_
     tokens = {}
     for backend in ("blas", "auto"):
         _, model = make_tiny_model("llama", dtype=torch.float32)
-        spec = eagle_spec(tmp_path)
+        spec = dense_head_spec(tmp_path)
         config = make_config(
             dtype="float32", cpu_linear=backend, speculative_config=spec, cache_dir=str(tmp_path)
         )
@@ -410,7 +418,7 @@ def test_executor_runs_the_targets_verify_rows_on_mkls_packed_gemm(tmp_path, mon
     make_head_dir(tmp_path)
     monkeypatch.setattr(linear_backend, "measure_onednn_ratios", lambda *args: _ratios(set()))
     monkeypatch.setattr(linear_backend, "measure_mkl_ratio", lambda *args: 0.5)
-    spec = eagle_spec(tmp_path)
+    spec = dense_head_spec(tmp_path)
     rows_seen = []
     real_mkl_linear = torch.ops.mkl._mkl_linear
 
