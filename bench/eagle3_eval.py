@@ -177,6 +177,54 @@ def run_interleaved_records(engines: dict, work: Workload) -> tuple[dict[str, li
     return records, wall
 
 
+def side_by_side(engines: dict, num_requests: int, max_tokens: int) -> tuple[dict, list[str]]:
+    """Every engine over ``num_requests`` held-out prompts of each `EVAL_SETS` set, batch 1, greedy,
+    taking turns prompt by prompt; the first engine is the baseline. Returns, per set, each engine's
+    tokens/s, speed-up over the baseline, acceptance length and outputs equal to the baseline's text,
+    and the same as markdown tables."""
+    first = next(iter(engines))
+    tokenizer = engines[first].tokenizer
+    sets, lines = {}, []
+    for set_name in EVAL_SETS:
+        prompts = load_dataset(set_name, num_requests)
+        work = Workload(prompts, chat_token_ids(tokenizer, prompts), max_tokens, 0.0)
+        records, wall = run_interleaved_records(engines, work)
+        plain = [r.text for r in records[first]]
+        base = summarize(first, 1, records[first], wall[first])["output_tokens_per_s"]
+        rows = {}
+        for label in engines:
+            row = summarize(label, 1, records[label], wall[label])
+            rows[label] = {
+                "tokens_per_s": row["output_tokens_per_s"],
+                "speedup": row["output_tokens_per_s"] / base,
+                "acceptance_length": row["mean_acceptance_length"],
+                "same_text": sum(a == r.text for a, r in zip(plain, records[label])),
+            }
+        sets[set_name] = rows
+        lines += [
+            f"{set_name} ({len(prompts)} prompts)",
+            f"| engine | tok/s | speed-up | acc. len | same text as {first} |",
+            "|---|---|---|---|---|",
+        ]
+        for label, r in rows.items():
+            acc = "-" if r["acceptance_length"] is None else f"{r['acceptance_length']:.2f}"
+            lines.append(
+                f"| {label} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {acc} "
+                f"| {r['same_text']}/{len(prompts)} |"
+            )
+        lines.append("")
+    return sets, lines
+
+
+def save_side_by_side(report: dict, lines: list[str], output: Path | None, name: str = "compare") -> None:
+    """Print ``lines``; with ``output``, also write them and ``report`` as ``<name>.txt`` and ``.json``."""
+    print("\n".join(lines), flush=True)
+    if output is not None:
+        output.mkdir(parents=True, exist_ok=True)
+        (output / f"{name}.txt").write_text("\n".join(lines))
+        (output / f"{name}.json").write_text(json.dumps(report, indent=1))
+
+
 def is_better(sets: dict) -> bool:
     """The rule for shipping: a higher acceptance length and a higher speed-up on every set."""
     return all(

@@ -217,7 +217,7 @@ def test_pages_taken_out_of_turn_keep_the_pool_right_over_many_random_steps():
     is handed out twice, the free count is always right, and the order queue stays bounded."""
     rng = random.Random(0)
     bm = make_block_manager(num_blocks=12, block_size=4)
-    for step in range(5000):
+    for _ in range(5000):
         rid = f"r{rng.randrange(4)}"
         held = bm.num_slots.get(rid)
         action = rng.random()

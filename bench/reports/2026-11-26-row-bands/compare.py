@@ -15,13 +15,9 @@ measured forward-cost curve). ``--engines`` runs a subset; ``--name`` names the 
 """
 
 import argparse
-import json
 from pathlib import Path
 
-from specexec.bench.datasets import load_dataset
-from specexec.bench.eagle3_eval import EVAL_SETS, machine_line, run_interleaved_records
-from specexec.bench.engines import Workload, chat_token_ids
-from specexec.bench.records import summarize
+from specexec.bench.eagle3_eval import machine_line, save_side_by_side, side_by_side
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
 
@@ -55,40 +51,12 @@ def main() -> None:
 
     engines = {label: executor(*ENGINES[label]) for label in chosen}
     auto = engines.get("eagle3 auto", engines[chosen[-1]])
-    report = {"machine": machine_line(auto), "sets": {}}
+    report = {"machine": machine_line(auto)}
     report["kernels"] = {label: e.linear_backend.backend for label, e in engines.items()}
     lines = [f"machine: {report['machine']}", f"kernels: {report['kernels']}", ""]
-    tok = engines["none"].tokenizer
-    for set_name in EVAL_SETS:
-        prompts = load_dataset(set_name, args.num_requests)
-        ids = chat_token_ids(tok, prompts)
-        records, wall = run_interleaved_records(engines, Workload(prompts, ids, args.max_tokens, 0.0))
-        plain = [r.text for r in records["none"]]
-        base = summarize("none", 1, records["none"], wall["none"])["output_tokens_per_s"]
-        rows = {}
-        for label in engines:
-            row = summarize(label, 1, records[label], wall[label])
-            rows[label] = {
-                "tokens_per_s": row["output_tokens_per_s"],
-                "speedup": row["output_tokens_per_s"] / base,
-                "acceptance_length": row["mean_acceptance_length"],
-                "same_text": sum(a == r.text for a, r in zip(plain, records[label])),
-            }
-        report["sets"][set_name] = rows
-        lines.append(f"{set_name} ({len(prompts)} prompts)")
-        lines.append("| engine | tok/s | speed-up | acc. len | same text as none |")
-        lines.append("|---|---|---|---|---|")
-        for label, r in rows.items():
-            acc = "-" if r["acceptance_length"] is None else f"{r['acceptance_length']:.2f}"
-            lines.append(
-                f"| {label} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {acc} | {r['same_text']}/{len(prompts)} |"
-            )
-        lines.append("")
-    print("\n".join(lines), flush=True)
-    if args.output is not None:
-        args.output.mkdir(parents=True, exist_ok=True)
-        (args.output / f"{args.name}.txt").write_text("\n".join(lines))
-        (args.output / f"{args.name}.json").write_text(json.dumps(report, indent=1))
+    report["sets"], tables = side_by_side(engines, args.num_requests, args.max_tokens)
+    lines += tables
+    save_side_by_side(report, lines, args.output, args.name)
     for e in engines.values():
         e.close()
 
