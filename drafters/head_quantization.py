@@ -1,13 +1,14 @@
 """Whether an EAGLE-3 head drafts with int8 weights, and in which activation dtype: measured per machine.
 
 The head's forward at batch 1 is a handful of one-row matmuls (fc, q/k/v/o, the MLP and a draft LM head
-of 10k+ rows: 42 MB of float32 weights for SmolLM2's head). The target's forward between two drafting
-steps evicts them from the caches, so each drafting step streams them from memory again. On the 2-core
-Xeon of 2026-11-27, int8 weights with bfloat16 activations cut the head's linear work to 0.67x of float32
-(cache-warm) and an EAGLE-3 k=3 run on Spec-Bench from 1.27x to 1.33x no drafts, with acceptance 1.93
-against 1.91. With float32 activations the same int8 kernel took 7.7x float32's time, and on an AVX2-only
-CPU bfloat16 ran at 0.3 GFLOP/s. So ``head_quantization: auto`` times the head's own layers, one row each,
-dense in its dtype against int8 in every activation dtype, and takes int8 only where it is clearly faster.
+of 10k+ rows: 42 MB of float32 weights for SmolLM2's head), three forwards a step at k=3. In a profile
+of the executor on the 2-core Xeon of 2026-11-27 its linear layers took about 1.6 ms a forward, against
+0.69 ms for the same layers timed alone. There, int8 weights with bfloat16 activations took 0.64x of
+float32's time (timed alone), and an EAGLE-3 k=3 run on 24 held-out Spec-Bench prompts went from 1.28x
+to 1.33x no drafts at the same acceptance length (1.92). With float32 activations the same int8 kernel
+took 7.7x float32's time, and on an AVX2-only CPU bfloat16 ran at 0.3 GFLOP/s. So
+``head_quantization: auto`` times the head's own layers, one row each, dense in its dtype against int8
+in every activation dtype, and takes int8 only where it is clearly faster.
 
 The drafts change a little (the head's logits are rounded), the output does not: the target verifies
 every token.
