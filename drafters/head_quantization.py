@@ -16,7 +16,6 @@ every token.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +26,6 @@ from torch import nn
 from ..executor.cpu_info import describe_cpu
 from ..executor.measurement_cache import cached_measurement, median_seconds
 from ..executor.quantized_linear import Int8WeightOnlyLinear
-
-logger = logging.getLogger("specexec")
 
 SETTINGS = ("auto", "int8", None)
 #: int8 is taken where its time is under this share of the dense head's
@@ -55,9 +52,9 @@ def choose_head_quantization(
     setting: str | None, head: nn.Module, device: torch.device, cache_dir: Path | None
 ) -> HeadQuantization:
     """The head's weights and activation dtype for ``setting`` (the head as loaded, in the target's
-    dtype). ``int8``: int8 in the loaded dtype where its kernel runs in it, else the fastest measured;
-    ``auto``: int8 where measured clearly faster on this CPU (dense on CUDA, where the head's forward is
-    a replayed graph and launch-bound)."""
+    dtype). ``int8``: int8, on a CPU in the activation dtype measured fastest, elsewhere in the loaded
+    dtype; ``auto``: int8 where measured clearly faster on this CPU (dense on CUDA, where the head's
+    forward is a replayed graph and launch-bound, and for a float64 head)."""
     dtype = head.norm.weight.dtype
     if setting is None:
         return HeadQuantization(None, dtype, "head_quantization: null")
