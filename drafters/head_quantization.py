@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..executor.cpu_info import describe_cpu
-from ..executor.measurement_cache import cached_measurement, median_seconds
+from ..executor.measurement_cache import cached_measurement, interleaved_medians
+from ..executor.quantization import quantize_model
 from ..executor.quantized_linear import Int8WeightOnlyLinear
 
 SETTINGS = ("auto", "int8", None)
@@ -78,14 +79,11 @@ def choose_head_quantization(
 
 
 def apply_head_quantization(head: nn.Module, choice: HeadQuantization) -> nn.Module:
-    """The head in ``choice.dtype`` with its dense linear layers int8, in place (dense: unchanged)."""
+    """The head in ``choice.dtype`` with its dense linear layers int8 (the executor's own
+    `quantize_model`), in place (dense: unchanged)."""
     if choice.scheme is None:
         return head
-    head.to(choice.dtype)
-    for parent in list(head.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
-                setattr(parent, name, Int8WeightOnlyLinear(child))
+    quantize_model(head.to(choice.dtype), choice.scheme)
     return head
 
 
@@ -125,11 +123,7 @@ def measure_head_linears(shapes: tuple[tuple[int, int], ...], dtype: torch.dtype
         works[f"int8 {d}"] = lambda d=d, layers=layers: [layer(x) for x, layer in zip(rows[d], layers)]
     for work in works.values():
         work()  # warm-up
-    times: dict[str, list[float]] = {name: [] for name in works}
-    for _ in range(repeats):
-        for name, work in works.items():
-            times[name].append(median_seconds(work, 3))
-    return {name: sorted(values)[len(values) // 2] for name, values in times.items()}
+    return interleaved_medians(works, repeats, calls_per_turn=3)
 
 
 def _int8(weight: torch.Tensor, dtype: torch.dtype) -> Int8WeightOnlyLinear:

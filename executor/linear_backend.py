@@ -35,7 +35,7 @@ from torch import nn
 
 from .cpu_info import describe_cpu
 from .dtype_choice import DecodeStepWork, ModelShape
-from .measurement_cache import cached_measurement, median_seconds
+from .measurement_cache import cached_measurement, interleaved_medians
 from .packed_linear import PackedLinear, RowBands, can_pack, can_pack_mkl
 
 CPU_LINEARS = ("auto", "blas", "onednn")
@@ -252,9 +252,5 @@ def _interleaved_medians(
     (after one warm-up at the first count) so that a machine's drift falls on each alike."""
     for work in works.values():
         work.run(rows[0])  # warm-up
-    times: dict[tuple[str, int], list[float]] = {(name, n): [] for name in works for n in rows}
-    for _ in range(repeats):
-        for n in rows:
-            for name, work in works.items():
-                times[name, n].append(median_seconds(lambda w=work, n=n: w.run(n), 1))
-    return {key: sorted(values)[len(values) // 2] for key, values in times.items()}
+    turns = {(name, n): (lambda w=work, n=n: w.run(n)) for n in rows for name, work in works.items()}
+    return interleaved_medians(turns, repeats)

@@ -24,6 +24,17 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def interleaved_medians(works: dict, repeats: int, calls_per_turn: int = 1) -> dict:
+    """The median seconds of each of ``works`` (key -> callable), all taking turns ``repeats`` times in
+    the dict's order, each turn the median of ``calls_per_turn`` calls, so that a machine's drift falls
+    on each alike. Warm them up first."""
+    times: dict = {key: [] for key in works}
+    for _ in range(repeats):
+        for key, work in works.items():
+            times[key].append(median_seconds(work, calls_per_turn))
+    return {key: sorted(values)[len(values) // 2] for key, values in times.items()}
+
+
 def cached_measurement(
     cache_dir: Path | None,
     kind: str,
