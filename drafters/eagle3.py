@@ -38,6 +38,7 @@ from .base import Drafter, DraftProposal, draft_distribution
 from .draft_masks import DraftMasks
 from .eagle3_head import Eagle3Head, default_aux_layers
 from .ngram import NGramConfig, NGramDrafter
+from .text_odds import TextOdds
 
 
 @dataclass(slots=True)
@@ -124,6 +125,8 @@ class Eagle3Drafter(Drafter):
         self.lookup_min_match = 2
         self.lookup_below_confidence = 0.5
         self.num_drafts_from_text = 0  #: drafts the text gave where the head was unsure (prompt lookup)
+        #: how often each request's text drafts are accepted: their confidence under "confidence"
+        self.text_odds = TextOdds()
         #: how the head's weights run (`head_quantization.HeadQuantization`, set by the builtin factory;
         #: None: the head as given)
         self.head_quantization = None
@@ -183,6 +186,7 @@ class Eagle3Drafter(Drafter):
         texts = {r.request_id: self._text_continuation(r) for r, _ in ready}
         stop = self.confidence_stop
         chains = {r.request_id: ChainOdds() for r, _ in ready}
+        text_drafts: dict[str, list[bool]] = {r.request_id: [] for r, _ in ready}  # per draft kept
         active = list(ready)
         step_started = None
         while True:
@@ -195,14 +199,18 @@ class Eagle3Drafter(Drafter):
             for j, ((r, n), (token, q, confidence)) in enumerate(zip(active, picks)):
                 if token is None:
                     continue
+                # the text's token where the head was unsure (a choice made from the context alone)
+                is_text = token == from_text[j] and confidence < self.lookup_below_confidence
                 if token != from_text[j]:  # the chain left the request's text: the head drafts on
                     texts[r.request_id] = ()
                 if stop is not None:
                     chain = chains[r.request_id]
-                    if not stop.keeps(chain, confidence, len(scheduled_requests)):
+                    odds = self.text_odds.estimate(r.request_id) if is_text else confidence
+                    if not stop.keeps(chain, odds, len(scheduled_requests)):
                         continue  # one more draft would not pay: this chain ends here
-                    chain.keep(confidence)
+                    chain.keep(odds)
                 drafts[r.request_id].append(token)
+                text_drafts[r.request_id].append(is_text)
                 if q is not None:
                     probs[r.request_id].append(q)
                 if len(drafts[r.request_id]) < n:
@@ -216,6 +224,8 @@ class Eagle3Drafter(Drafter):
                 [drafts[r.request_id][-1] for _, r, _ in still],
             )
             active = [(r, n) for _, r, n in still]
+        for rid, chain_from_text in text_drafts.items():
+            self.text_odds.record_chain(rid, chain_from_text)
         return {
             rid: DraftProposal(tokens, torch.stack(probs[rid]) if probs[rid] else None)
             for rid, tokens in drafts.items()
@@ -417,9 +427,13 @@ class Eagle3Drafter(Drafter):
         q[token] = 1.0
         return q  # [vocab]
 
+    def on_verified(self, request, num_accepted: int) -> None:
+        self.text_odds.observe(request.request_id, num_accepted)
+
     def release(self, request) -> None:
         if self.lookup is not None:
             self.lookup.release(request)
+        self.text_odds.forget(request.request_id)
         self._states.pop(request.request_id, None)
         self.block_manager.free(request.request_id)
 

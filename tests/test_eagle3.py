@@ -433,6 +433,37 @@ def test_each_chain_ends_at_the_first_draft_that_does_not_pay(tmp_path, curve, b
     assert {len(d) for d in full} == lengths or not lengths and num_drafted(outputs) == 0
 
 
+@pytest.mark.parametrize("text_odds, kept", [(1.0, True), (0.0, False)], ids=["text-pays", "text-does-not"])
+def test_under_the_confidence_policy_a_text_draft_is_judged_by_its_own_odds(tmp_path, text_odds, kept):
+    """The random head is unsure everywhere (confidence about 0.03), so wherever the request's text
+    continues, the text drafts. Under the confidence rule a text draft is kept or not by what
+    `TextOdds` estimates for it, not by the head's confidence; the output stays the same, the pages
+    come back, and the target's verdicts on text drafts reach the estimate."""
+    make_head_dir(tmp_path)
+    _, target = make_tiny_model("llama")
+    head = load_head(tmp_path, target.get_input_embeddings(), torch.float64, "cpu")
+    drafter = Eagle3Drafter(head, 3, VOCAB, 4, block_size=4, prompt_lookup=True)
+    rule = ConfidenceStop(SOME_PAY)
+    rule.time_draft_step = lambda seconds: None
+    drafter.text_odds.estimate = lambda request_id: text_odds
+    proposals = record_proposals(drafter)
+
+    def use_rule(executor):
+        executor.speculation.drafter.confidence_stop = rule
+
+    run_speculative("llama", BATCHES["batch8"], drafter=drafter, before_run=use_rule)
+    with_text = [(t, d) for t, d in proposals if text_reference(t, drafter.lookup_min_match)]
+    assert len(with_text) >= 3
+    for tokens, drafted in with_text:
+        text = text_reference(tokens, drafter.lookup_min_match)
+        if kept:
+            assert drafted and drafted[0] == text[0], tokens
+        else:
+            assert drafted == [], tokens
+    if kept:
+        assert drafter.text_odds._all.judged > 0
+
+
 @pytest.mark.parametrize("window", [1, 5, 19, 40])
 def test_a_windowed_catch_up_computes_only_its_window_and_equals_every_position_computed(tmp_path, window):
     """A 20-token prompt's catch-up: the head computes only the last ``window`` of its 19 positions, and
