@@ -225,6 +225,44 @@ def save_side_by_side(report: dict, lines: list[str], output: Path | None, name:
         (output / f"{name}.json").write_text(json.dumps(report, indent=1))
 
 
+def side_by_side_arguments(argv: list[str] | None = None, description: str | None = None):
+    """The report compare scripts' command line: ``--num-requests``, ``--max-tokens``, ``--output``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--num-requests", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--output", type=Path)
+    return parser.parse_args(argv)
+
+
+def compare_speculative_configs(
+    specs: dict[str, dict | None], argv: list[str] | None = None, description: str | None = None
+) -> None:
+    """One warmed-up executor per label, on the executor's defaults but for its ``speculative_config``
+    (None: no drafts, the baseline when first), compared by `side_by_side` and saved with the machine
+    and, when an engine drafts with EAGLE-3, how its head runs."""
+    from ..executor.config import ExecutorConfig
+    from ..executor.executor import Executor
+
+    args = side_by_side_arguments(argv, description)
+    engines = {
+        label: Executor(config=ExecutorConfig(speculative_config=spec, progress=False, warmup=True))
+        for label, spec in specs.items()
+    }
+    try:
+        heads = [e for e in engines.values() if getattr(e.speculation.drafter, "head_quantization", None)]
+        described = heads[0] if heads else next(iter(engines.values()))
+        report = {"machine": machine_line(described)}
+        lines = [f"machine: {report['machine']}"]
+        if heads:
+            report["head"] = heads[0].speculation.drafter.head_quantization.reason
+            lines.append(f"EAGLE-3 head: {report['head']}")
+        report["sets"], tables = side_by_side(engines, args.num_requests, args.max_tokens)
+        save_side_by_side(report, [*lines, "", *tables], args.output)
+    finally:
+        for e in engines.values():
+            e.close()
+
+
 def is_better(sets: dict) -> bool:
     """The rule for shipping: a higher acceptance length and a higher speed-up on every set."""
     return all(

@@ -12,11 +12,9 @@ Also counted: the verify forwards whose lone request was on consecutive pages (a
 the pool) against those whose pages had to be gathered.
 """
 
-import argparse
 import types
-from pathlib import Path
 
-from specexec.bench.eagle3_eval import machine_line, save_side_by_side, side_by_side
+from specexec.bench.eagle3_eval import machine_line, save_side_by_side, side_by_side, side_by_side_arguments
 from specexec.executor import attention_metadata
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
@@ -57,11 +55,7 @@ def count_views(counts: dict[str, dict[str, int]], owners: dict[int, str]):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--num-requests", type=int, default=24)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--output", type=Path)
-    args = parser.parse_args()
+    args = side_by_side_arguments()
 
     engines = {}
     for label, (spec, before) in ENGINES.items():
