@@ -21,11 +21,15 @@ from pathlib import Path
 
 import torch
 
+from .cpu_info import describe_cpu
 from .measurement_cache import cached_measurement, median_seconds
 from .packed_linear import PackedLinear
 
 logger = logging.getLogger("specexec")
 
+#: a cached curve whose smallest forward took over this many times a fresh one was measured on a busier
+#: machine: it is measured again (one slower now is kept: the machine is the busier one now)
+STALE_FACTOR = 1.5
 DEFAULT_TOKEN_COST = 0.25  #: extra token's cost relative to a one-token forward, when not measured
 MEASURED_SIZES = (1, 2, 3, 4, 8, 16, 32, 64)  #: 3 and 4: MKL's small-matrix path ends at 3 rows
 
@@ -66,8 +70,26 @@ class ForwardCostModel:
             model = cls.measure(forward_n_tokens, sizes)
             return {"num_tokens": model.num_tokens, "seconds": model.seconds}
 
+        def measured_on_a_busier_machine(cached: dict) -> bool:
+            try:
+                n, then = int(cached["num_tokens"][0]), float(cached["seconds"][0])
+            except (TypeError, ValueError, IndexError, KeyError):
+                return True  # not a curve: measure it
+            forward_n_tokens(n)  # warm-up
+            now = median_seconds(lambda: forward_n_tokens(n), 3)
+            if then <= STALE_FACTOR * now:
+                return False
+            logger.info(
+                "the cached forward cost has %.1f ms for %d tokens, %.1fx a forward now: measuring again",
+                then * 1e3, n, then / now,
+            )  # fmt: skip
+            return True
+
         what = f"measuring the target's forward cost over 1..{sizes[-1]} tokens"
-        data = cached_measurement(cache_dir, "forward-cost", key, measure, what, ("num_tokens", "seconds"))
+        needs = ("num_tokens", "seconds")
+        data = cached_measurement(
+            cache_dir, "forward-cost", key, measure, what, needs, measured_on_a_busier_machine
+        )
         return cls(data["num_tokens"], data["seconds"])
 
 
@@ -81,9 +103,10 @@ def cost_cache_key(model: torch.nn.Module) -> str:
     # their row bands one that runs only some row counts on oneDNN
     packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
     bands = sorted({m.describe_kernels() for m in packed})
+    where = describe_cpu() if param.device.type == "cpu" else torch.cuda.get_device_name(param.device)
     return (
         f"{name}|{num_params}|buffers={buffer_bytes}|packed={len(packed)}|rows={bands}|{param.dtype}"
-        f"|{param.device}|threads={torch.get_num_threads()}"
+        f"|{param.device}|{where}|threads={torch.get_num_threads()}"
     )
 
 

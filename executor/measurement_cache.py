@@ -42,10 +42,11 @@ def cached_measurement(
     measure: Callable[[], dict],
     what: str,
     needs: tuple[str, ...],
+    is_stale: Callable[[dict], bool] | None = None,
 ) -> dict:
     """``measure()``'s answer for ``key``, read from ``<cache_dir>/<kind>-<hash>.json`` when the file
-    holds every key a fresh answer would; otherwise measured (logging ``what``) and written there. No
-    cache_dir: always measured."""
+    holds every key a fresh answer would (and ``is_stale``, when given, does not reject it); otherwise
+    measured (logging ``what``) and written there. No cache_dir: always measured."""
     path = None
     if cache_dir is not None:
         path = cache_dir / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
@@ -53,7 +54,8 @@ def cached_measurement(
             cached = json.loads(path.read_text())
         except (OSError, ValueError):
             cached = None
-        if isinstance(cached, dict) and all(name in cached for name in needs):
+        complete = isinstance(cached, dict) and all(name in cached for name in needs)
+        if complete and (is_stale is None or not is_stale(cached)):
             return cached
     logger.info("%s (once%s)", what, f"; cached at {path}" if path else "")
     data = measure()

@@ -14,8 +14,9 @@ import types
 
 import pytest
 import torch
-from specexec.executor import measurement_cache
+from specexec.executor import draft_length, measurement_cache
 from specexec.executor.config import ExecutorConfig
+from specexec.executor.cpu_info import describe_cpu
 from specexec.executor.draft_length import (
     MEASURED_SIZES,
     DraftLengthPolicy,
@@ -215,10 +216,6 @@ def fake_forward(monkeypatch) -> FakeForward:
     return fake
 
 
-def refuse_to_measure(n: int) -> None:
-    raise AssertionError("measured again instead of reading the cache")
-
-
 def test_measure_keeps_one_timing_per_size(fake_forward):
     model = ForwardCostModel.measure(fake_forward, sizes=(1, 8, 32), repeats=3)
     assert model.num_tokens == [1, 8, 32]
@@ -237,9 +234,46 @@ def test_cached_measures_once_writes_json_then_reuses_it(tmp_path, fake_forward,
     assert data["num_tokens"] == list(MEASURED_SIZES)
     assert data["seconds"] == pytest.approx([0.05 + 0.001 * n for n in MEASURED_SIZES])
 
-    second = ForwardCostModel.cached("tiny|float64", refuse_to_measure, tmp_path)
+    fake_forward.calls.clear()
+    second = ForwardCostModel.cached("tiny|float64", fake_forward, tmp_path)
+    assert fake_forward.calls == [1] * 4, "only the check of the smallest size: a warm-up, then 3 timed"
     assert second == first
     assert second.cost(3) == pytest.approx(first.cost(3))
+    assert json.loads(path.read_text()) == data
+
+
+def write_curve(cache_dir, key: str, seconds: list[float]) -> None:
+    ForwardCostModel.cached(key, FakeForward(), cache_dir)  # (a real clock: only the file's name matters)
+    (path,) = cache_dir.glob("forward-cost-*.json")
+    path.write_text(json.dumps({"key": key, "num_tokens": [1, 8], "seconds": seconds}))
+
+
+def test_a_cached_curve_measured_on_a_busier_machine_is_measured_again(tmp_path, fake_forward, caplog):
+    write_curve(tmp_path, "k", [0.051 * 2, 0.2])  # twice a one-token forward now (0.051 s)
+    with caplog.at_level(logging.INFO, logger="specexec"):
+        model = ForwardCostModel.cached("k", fake_forward, tmp_path)
+    assert model.num_tokens == list(MEASURED_SIZES)
+    assert model.seconds[0] == pytest.approx(0.051)
+    assert any("measuring again" in r.getMessage() for r in caplog.records)
+    (path,) = tmp_path.glob("forward-cost-*.json")
+    assert json.loads(path.read_text())["seconds"] == pytest.approx(model.seconds)
+
+
+@pytest.mark.parametrize("then", [0.051 * 1.4, 0.051, 0.051 / 3], ids=["a-bit-slower", "same", "busier-now"])
+def test_a_cached_curve_within_reach_of_a_forward_now_is_kept(tmp_path, fake_forward, then):
+    write_curve(tmp_path, "k", [then, 0.2])
+    model = ForwardCostModel.cached("k", fake_forward, tmp_path)
+    assert model == ForwardCostModel([1, 8], [then, 0.2])
+    assert fake_forward.calls == [1] * 4
+
+
+@pytest.mark.parametrize("curve", [{"num_tokens": [], "seconds": []}, {"num_tokens": ["x"], "seconds": [1]}])
+def test_a_cached_file_that_is_not_a_curve_is_measured_again(tmp_path, fake_forward, curve):
+    ForwardCostModel.cached("k", FakeForward(), tmp_path)
+    (path,) = tmp_path.glob("forward-cost-*.json")
+    path.write_text(json.dumps({"key": "k", **curve}))
+    model = ForwardCostModel.cached("k", fake_forward, tmp_path)
+    assert model.num_tokens == list(MEASURED_SIZES)
 
 
 def test_cached_measures_again_for_another_key(tmp_path, fake_forward):
@@ -273,6 +307,7 @@ def test_cache_key_names_model_size_dtype_and_threads():
     _, model = make_tiny_model("llama")
     key = cost_cache_key(model)
     assert "torch.float64" in key and "cpu" in key and "threads=" in key
+    assert describe_cpu() in key, "a curve measured on another CPU is not this one's"
     assert str(sum(p.numel() for p in model.parameters())) in key
     _, other = make_tiny_model("llama", num_hidden_layers=2)
     assert cost_cache_key(other) != key
@@ -344,6 +379,9 @@ def test_auto_policy_measures_once_and_reuses_the_cache(tmp_path, monkeypatch):
         raise AssertionError("the second executor measured again")
 
     monkeypatch.setattr(ForwardCostModel, "measure", classmethod(no_measuring))
+    # (the check of a cached curve against a forward now is tested on a fake clock above: a tiny model's
+    # sub-millisecond forwards are too noisy for it here)
+    monkeypatch.setattr(draft_length, "STALE_FACTOR", float("inf"))
     second = make_policy_executor("auto", tmp_path)
     assert second.speculation.policy.cost_model == measured
     assert json.loads(path.read_text())["key"] == cost_cache_key(second.model)
