@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-import types
 from collections import Counter
 from pathlib import Path
 
@@ -54,11 +53,10 @@ CHAIN = ((0,), (0, 0), (0, 0, 0))
 def rank_paths(head, lm_rows, in_draft, where: Path) -> torch.Tensor:
     """[positions, DEPTH]: per answer position, the rank of the target's greedy token at each step."""
     records = list(read_corpus(where / "corpus.jsonl"))
-    settings = types.SimpleNamespace(max_len=MAX_CONTEXT)
     out = []
     for j in range(0, len(records), 4):
         feats = load_features(records[j : j + 4], where, head.config.target_hidden_size)
-        batch = make_batch(feats, lm_rows, in_draft, settings.max_len)
+        batch = make_batch(feats, lm_rows, in_draft, MAX_CONTEXT)
         b, t = batch.next_ids.shape
         attend = ChainAttention(b, t, batch.real, head.config.sliding_window)
         hidden = head.fuse(batch.aux.reshape(b * t, -1))  # [B*T, hidden]
