@@ -196,11 +196,9 @@ class Eagle3Drafter(Drafter):
             picks = self._pick_rows(logits, [r for r, _ in active], matchers, from_text)
             if stop is not None and step_started is not None:  # (picking reads the step's results back)
                 stop.time_draft_step(time.perf_counter() - step_started)
-            for j, ((r, n), (token, q, confidence)) in enumerate(zip(active, picks)):
+            for j, ((r, n), (token, q, confidence, is_text)) in enumerate(zip(active, picks)):
                 if token is None:
                     continue
-                # the text's token where the head was unsure (a choice made from the context alone)
-                is_text = token == from_text[j] and confidence < self.lookup_below_confidence
                 if token != from_text[j]:  # the chain left the request's text: the head drafts on
                     texts[r.request_id] = ()
                 if stop is not None:
@@ -369,7 +367,7 @@ class Eagle3Drafter(Drafter):
     # ---- picking a token ------------------------------------------------------------------------
     def _pick_rows(
         self, logits: torch.Tensor, requests: list, matchers: list, from_text: list | None = None
-    ) -> list[tuple[int | None, torch.Tensor | None, float]]:
+    ) -> list[tuple[int | None, torch.Tensor | None, float, bool]]:
         """Each request's next draft as a target id from its row of ``logits`` [R, draft_vocab] (greedy,
         or sampled with q over the target vocabulary), and the head's confidence: the largest
         probability of the row's (masked) distribution, read before a sampled token is drawn. None when
@@ -379,7 +377,8 @@ class Eagle3Drafter(Drafter):
         ``from_text`` holds, per row, the token the request's own text continues with (prompt lookup;
         None: no such token). Where the head's confidence is below ``lookup_below_confidence`` and the
         grammar allows it, that token is the draft instead, with a one-hot q when the request samples:
-        the choice depends on the context only, so q is the distribution the draft came from."""
+        the choice depends on the context only, so q is the distribution the draft came from. The last
+        field says whether the draft is the text's."""
         from_text = from_text or [None] * len(requests)
         logits = logits.float()
         done = [m is not None and m.is_terminated() for m in matchers]
@@ -393,11 +392,11 @@ class Eagle3Drafter(Drafter):
         else:  # no rule reads it: no softmax on the drafting path
             confidence = torch.zeros_like(finite, dtype=torch.float64)
         answers = torch.stack([targets.double(), finite.double(), confidence.double()], dim=1).tolist()
-        picks: list[tuple[int | None, torch.Tensor | None, float]] = []
+        picks: list[tuple[int | None, torch.Tensor | None, float, bool]] = []
         for i, (request, matcher) in enumerate(zip(requests, matchers)):
             token, q, sure = int(answers[i][0]), None, answers[i][2]
             if done[i] or not answers[i][1]:
-                picks.append((None, None, 0.0))
+                picks.append((None, None, 0.0, False))
                 continue
             params = request.sampling_params
             sampled = self.returns_draft_probs and not params.is_greedy
@@ -408,7 +407,7 @@ class Eagle3Drafter(Drafter):
             unsure = text is not None and sure < self.lookup_below_confidence
             if unsure and (matcher is None or matcher.accept_token(text)):
                 self.num_drafts_from_text += 1
-                picks.append((text, self._one_hot(text, logits.device) if sampled else None, sure))
+                picks.append((text, self._one_hot(text, logits.device) if sampled else None, sure, True))
                 continue
             if sampled:
                 dev = logits.device
@@ -417,9 +416,9 @@ class Eagle3Drafter(Drafter):
                 q[self.head.to_target_ids(torch.arange(len(q_draft), device=dev))] = q_draft
                 token = draft_id + int(self.head.d2t[draft_id])
             if matcher is not None and not matcher.accept_token(token):
-                picks.append((None, None, 0.0))
+                picks.append((None, None, 0.0, False))
                 continue
-            picks.append((token, q, sure))
+            picks.append((token, q, sure, False))
         return picks
 
     def _one_hot(self, token: int, device) -> torch.Tensor:

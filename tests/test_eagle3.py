@@ -567,7 +567,7 @@ def test_draft_side_mask_forbids_exactly_what_the_target_mask_forbids(tmp_path, 
     logits = torch.randn(DRAFT_VOCAB)
     request = SimpleNamespace(sampling_params=SamplingParams(temperature=0.0), generator=None)
     matcher = FixedMaskMatcher(allowed)
-    ((token, _, _),) = drafter._pick_rows(logits[None], [request], [matcher])
+    ((token, _, _, _),) = drafter._pick_rows(logits[None], [request], [matcher])
     target_of = head.to_target_ids(torch.arange(DRAFT_VOCAB)).tolist()
     for draft_id, target_id in enumerate(target_of):
         assert torch.isfinite(logits[draft_id]) == (target_id in allowed), (draft_id, target_id)
@@ -595,7 +595,7 @@ def test_rows_of_one_drafting_step_are_picked_each_by_its_own_grammar(tmp_path):
     together = drafter._pick_rows(logits, [request] * 3, [FixedMaskMatcher(allowed), None, done])
     assert together == alone
     assert together[0][0] in allowed and together[1][0] == target_of[int(logits[1].argmax())]
-    assert together[2] == (None, None, 0.0)
+    assert together[2] == (None, None, 0.0, False)
 
 
 def test_grammar_with_no_draft_vocab_token_allowed_stops_drafting(tmp_path):
@@ -605,7 +605,7 @@ def test_grammar_with_no_draft_vocab_token_allowed_stops_drafting(tmp_path):
     outside = set(range(VOCAB)) - set(head.to_target_ids(torch.arange(DRAFT_VOCAB)).tolist())
     request = SimpleNamespace(sampling_params=SamplingParams(temperature=0.0), generator=None)
     matcher = FixedMaskMatcher({min(outside)})
-    ((token, q, _),) = drafter._pick_rows(torch.randn(1, DRAFT_VOCAB), [request], [matcher])
+    ((token, q, _, _),) = drafter._pick_rows(torch.randn(1, DRAFT_VOCAB), [request], [matcher])
     assert token is None and q is None
 
 
@@ -616,7 +616,9 @@ def test_sampled_drafts_carry_q_over_the_target_vocabulary(tmp_path):
     request = SimpleNamespace(
         sampling_params=SamplingParams(temperature=0.7), generator=torch.Generator().manual_seed(0)
     )
-    ((token, q, _),) = drafter._pick_rows(torch.randn(1, DRAFT_VOCAB, dtype=torch.float64), [request], [None])
+    ((token, q, _, _),) = drafter._pick_rows(
+        torch.randn(1, DRAFT_VOCAB, dtype=torch.float64), [request], [None]
+    )
     assert q.shape == (VOCAB,)
     assert torch.isclose(q.sum(), torch.tensor(1.0, dtype=q.dtype))
     assert q[token] > 0
