@@ -26,8 +26,6 @@
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -41,6 +39,7 @@ from specexec.bench.eagle3_ttt import ChainAttention, _shift
 from specexec.drafters.eagle3_head import SHIPPED_HEAD
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
+from specexec.executor.measurement_cache import interleaved_medians
 from specexec.executor.scratch_forward import scratch_forward
 
 DEPTH = 5  #: unrolled steps scored (trees deeper than this are not considered)
@@ -100,17 +99,13 @@ def verify_cost(rows: int, context: int, repeats: int = 11) -> float:
     spec = {"decoding_type": "NGram", "max_draft_len": rows - 1}
     with Executor(config=ExecutorConfig(progress=False, speculative_config=spec)) as executor:
         runner, pages = executor.core.runner, executor.block_manager
-        times: dict[int, list[float]] = {1: [], rows: []}
+        works = {n: (lambda n=n: scratch_forward(runner, pages, n, context)) for n in (1, rows)}
         with torch.inference_mode():
-            for n in times:
-                scratch_forward(runner, pages, n, context)
-            for _ in range(repeats):
-                for n in times:
-                    start = time.perf_counter()
-                    scratch_forward(runner, pages, n, context)
-                    times[n].append(time.perf_counter() - start)
+            for work in works.values():
+                work()  # warm-up
+            seconds = interleaved_medians(works, repeats)
         print(f"  verify {rows:2d} rows: {executor.linear_backend.backend}", flush=True)
-        return statistics.median(times[rows]) / statistics.median(times[1])
+        return seconds[rows] / seconds[1]
 
 
 def main() -> None:
