@@ -13,16 +13,18 @@ from .plugins import hookimpl
 __version__ = "0.1.0"
 
 _LAZY = {
+    "AsyncExecutor": "specexec.executor.async_executor",
     "Executor": "specexec.executor.executor",
     "ExecutorConfig": "specexec.executor.config",
-    "Request": "specexec.executor.request",
-    "RequestOutput": "specexec.executor.request",
-    "TokenEvent": "specexec.executor.request",
-    "FinishReason": "specexec.executor.request",
+    "Request": "specexec.executor.engine.request",
+    "RequestOutput": "specexec.executor.engine.request",
+    "TokenEvent": "specexec.executor.engine.request",
+    "FinishReason": "specexec.executor.engine.request",
     "SamplingParams": "specexec.sampling.params",
 }
 
 __all__ = [
+    "AsyncExecutor",
     "Executor",
     "ExecutorConfig",
     "FinishReason",
@@ -35,9 +37,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from .executor.async_executor import AsyncExecutor
     from .executor.config import ExecutorConfig
+    from .executor.engine.request import FinishReason, Request, RequestOutput, TokenEvent
     from .executor.executor import Executor
-    from .executor.request import FinishReason, Request, RequestOutput, TokenEvent
     from .sampling.params import SamplingParams
 
 

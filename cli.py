@@ -89,7 +89,7 @@ def _build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser(
         "train-eagle3", help="train an EAGLE-3 draft head for the target on this machine (CPU is fine)"
     )
-    from .bench.train_command import add_arguments as add_train_arguments
+    from .drafters.eagle3.training.command import add_arguments as add_train_arguments
 
     add_train_arguments(train)
     return parser
@@ -106,7 +106,7 @@ def _load_config(args: argparse.Namespace):
     if args.quantization:
         config.quantization = None if args.quantization == "none" else args.quantization
     if getattr(args, "decoding_type", None):
-        from .executor.speculative_config import SpeculativeConfig
+        from .executor.engine.speculation.speculative_config import SpeculativeConfig
 
         config.speculative_config = SpeculativeConfig(
             args.decoding_type,
@@ -191,7 +191,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_train_eagle3(args: argparse.Namespace) -> int:
-    from .bench.train_command import run
+    from .drafters.eagle3.training.command import run
 
     return run(args)
 

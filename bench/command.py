@@ -13,12 +13,12 @@ import argparse
 import copy
 import datetime
 import logging
-import platform
 import signal
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from .machine import describe_machine, torch_threads
 
 logger = logging.getLogger("specexec")
 BASELINES = ("none", "hf", "llamacpp")
@@ -132,7 +132,7 @@ def load_configs(args) -> list[NamedConfig]:
         if b not in BASELINES:
             raise ValueError(f"--baseline {b!r}: choose from {', '.join(BASELINES)}")
     if "llamacpp" in baselines:  # before any model loads: the binding and a GGUF file
-        from .llamacpp_engine import gguf_file, import_llama_cpp
+        from .engines.llamacpp import gguf_file, import_llama_cpp
 
         import_llama_cpp()
         gguf_file(args.model or (configs[0].config.model if configs else None))
@@ -162,7 +162,7 @@ def chosen_baselines(args) -> list[str]:
 
 def _check_drafters(configs: list[NamedConfig]) -> None:
     """Each config's drafter exists and its options are good, before any model loads."""
-    from ..executor.speculation import check_drafter_options
+    from ..executor.engine.speculation.speculation_stage import check_drafter_options
     from ..plugins import get_plugin_manager
 
     plugins = get_plugin_manager()
@@ -182,10 +182,10 @@ def run(args) -> int:
     configs = load_configs(args)
     _check_drafters(configs)
     if args.server:  # before any model loads: is a server there?
-        from .server_engine import check_server
+        from .engines.server import check_server
 
         check_server(args.server)
-    from .datasets import load_dataset
+    from ..prompt_sets.datasets import load_dataset
 
     prompts = load_dataset(args.dataset, args.num_requests)
     from .runner import BenchRunner
@@ -203,7 +203,7 @@ def run(args) -> int:
 
     print(format_table(rows, guided=args.guided))
     print(LEGEND)
-    print(f"threads: {torch_threads()} for every engine (one process); CPU: {_machine()['cpu']}")
+    print(f"threads: {torch_threads()} for every engine (one process); CPU: {describe_machine()['cpu']}")
     for asked, ran in runner.dtypes.items():
         print(f"dtype {asked}: {ran}")
     if runner.forward_cost:
@@ -221,7 +221,7 @@ def run(args) -> int:
             "dataset": args.dataset,
             "max_tokens": args.max_tokens,
             "temperature": args.temperature,
-            "machine": _machine(),
+            "machine": describe_machine(),
             "forward_cost": runner.forward_cost,
             "dtypes": runner.dtypes,
         }
@@ -241,7 +241,7 @@ def _plot_title(args) -> str:
     guided = ", guided" if args.guided else ""
     return (
         f"specexec bench: {args.dataset}, {args.num_requests} requests of {length}, {sampling}{guided}; "
-        f"{torch_threads()} threads on {_machine()['cpu']}"
+        f"{torch_threads()} threads on {describe_machine()['cpu']}"
     )
 
 
@@ -254,23 +254,3 @@ def _stop_cleanly_on_signals() -> None:
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, interrupt)
-
-
-def torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
-
-
-def _machine() -> dict:
-    import torch
-
-    from ..executor.cpu_info import describe_cpu
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "cpu": describe_cpu(),
-        "time": time.time(),
-    }

@@ -30,10 +30,11 @@ import transformers
 from tqdm import tqdm
 
 from .. import Executor, ExecutorConfig, Request, SamplingParams
-from ..executor.cpu_info import describe_cpu
-from ..executor.model_loader import load_model
+from ..executor.layers.cpu_info import describe_cpu
+from ..executor.model.model_loader import load_model
+from ..prompt_sets.datasets import DATA_DIR
 
-DATA = Path(__file__).parent / "data" / "specbench_sample.jsonl"
+DATA = DATA_DIR / "specbench_sample.jsonl"
 NUM_PHASES = 6  # load, warm up, specexec batch 1, HF batch 1, specexec batched, HF batched
 GOAL_BATCH1, GOAL_SCALING = 1.0, 4.0
 

@@ -1,7 +1,7 @@
 """Is a newly trained EAGLE-3 head better than the shipped one? Measured side by side in one process, on
 work the corpus never saw.
 
-    python -m specexec.bench.eagle3_eval --head runs/eagle3 [--against drafters/heads/...] \\
+    python -m specexec.bench.eagle3_eval --head runs/eagle3 [--against drafters/eagle3/heads/...] \\
         [--num-requests 16] [--max-tokens 128] [--max-draft-len 3] [--with-confidence] [--with-lookup]
         [--output DIR]
 
@@ -28,12 +28,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ..drafters.eagle3_head import SHIPPED_HEAD
-from .datasets import load_dataset
-from .eagle3_archive import BUNDLED_ARCHIVE, CorpusArchive
-from .eagle3_corpus import read_corpus
-from .eagle3_prompts import normalized_hash, read_pool
-from .engines import Workload, chat_token_ids, run_specexec
+from ..drafters.eagle3.head import SHIPPED_HEAD
+from ..drafters.eagle3.training.archive import BUNDLED_ARCHIVE, CorpusArchive
+from ..drafters.eagle3.training.corpus import read_corpus
+from ..drafters.eagle3.training.prompts import normalized_hash, read_pool
+from ..prompt_sets.datasets import load_dataset
+from .engines.specexec_hf import Workload, chat_token_ids, run_specexec
 from .records import summarize
 
 EVAL_SETS = ("specbench", "extraction")
@@ -276,7 +276,7 @@ def machine_line(executor) -> str:
     """Where the figures come from: the CPU (or device), torch, threads, dtype, linear kernels."""
     import torch
 
-    from ..executor.cpu_info import describe_cpu
+    from ..executor.layers.cpu_info import describe_cpu
 
     device = executor.model.device
     where = describe_cpu() if device.type == "cpu" else torch.cuda.get_device_name(device)

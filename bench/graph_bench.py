@@ -30,13 +30,13 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..executor.config import ExecutorConfig
-from ..executor.cpu_info import describe_cpu
-from ..executor.cuda_graphs import EagerReplay
+from ..executor.engine.request import Request
 from ..executor.engine_setup import capture_cuda_graphs
 from ..executor.executor import Executor
-from ..executor.request import Request
+from ..executor.layers.cpu_info import describe_cpu
+from ..executor.model.cuda_graphs import EagerReplay
+from ..prompt_sets.datasets import load_dataset
 from ..sampling import SamplingParams
-from .datasets import load_dataset
 
 SPECS = {
     "none": None,
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             "no CUDA device: run with --device cpu (eager replay stands in for the graphs)", file=sys.stderr
         )
         return 2
-    from ..executor.model_loader import load_model
+    from ..executor.model.model_loader import load_model
 
     loaded = load_model(None, dtype="float32", device="cpu", progress=False)
     tokenizer = loaded.tokenizer

@@ -35,11 +35,11 @@ import torch
 
 from ..drafters.base import Drafter, DraftProposal
 from ..executor.config import ExecutorConfig
-from ..executor.cpu_info import describe_cpu
+from ..executor.engine.request import Request
 from ..executor.executor import Executor
-from ..executor.request import Request
+from ..executor.layers.cpu_info import describe_cpu
+from ..prompt_sets.datasets import load_dataset
 from ..sampling import SamplingParams
-from .datasets import load_dataset
 
 STEP, MODEL, ATTENTION = "specexec::step", "specexec::model", "specexec::attention"
 CATEGORIES = ("linear", "attention", "other ops", "Python in model", "outside: ops", "outside: Python")
@@ -103,7 +103,7 @@ def label_the_model(executor: Executor) -> None:
     """Wrap the model call and the attention function in profiler ranges (for the profiled run only)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from ..executor.paged_attention import PAGED_ATTENTION, paged_attention_forward
+    from ..executor.model.paged_attention import PAGED_ATTENTION, paged_attention_forward
 
     model = executor.core.runner.model
     model_forward = model.forward
@@ -120,8 +120,8 @@ def label_the_model(executor: Executor) -> None:
     ALL_ATTENTION_FUNCTIONS[PAGED_ATTENTION] = labelled_attention
 
 
-#: the linear layers' ops: dense (the BLAS, or oneDNN on packed weights: `executor/packed_linear.py`), and
-#: the weight-only quantized kernels (`executor/quantized_linear.py`)
+#: the linear layers' ops: dense (the BLAS, or oneDNN on packed weights: `executor/layers/packed_linear.py`), and
+#: the weight-only quantized kernels (`executor/layers/quantized_linear.py`)
 LINEAR_OPS = (
     "aten::linear",
     "mkldnn::_linear_pointwise",

@@ -20,7 +20,7 @@ import json
 import subprocess
 import sys
 
-from ..executor.cpu_info import describe_cpu
+from ..executor.layers.cpu_info import describe_cpu
 
 PROMPTS = [  # tests/test_smollm2_end_to_end.py
     "What is the capital of France?",
@@ -66,7 +66,7 @@ def measure_setting(quantization: str | None, dtype: str, max_tokens: int, refer
 
     from ..executor.config import ExecutorConfig
     from ..executor.executor import Executor
-    from ..executor.model_loader import load_model
+    from ..executor.model.model_loader import load_model
     from ..sampling import SamplingParams
 
     executor = Executor(config=ExecutorConfig(quantization=quantization, dtype=dtype))

@@ -8,7 +8,7 @@ import logging
 import torch
 from tqdm import tqdm
 
-from .engines import (
+from .engines.specexec_hf import (
     Workload,
     chat_token_ids,
     hf_grammar_processors,
@@ -40,7 +40,7 @@ class BenchRunner:
     # ---- models ---------------------------------------------------------------------------------
     def _load(self, model: str | None, dtype: str, *, fresh: bool = False):
         """The target, loaded once per (path, dtype); ``fresh`` gives an extra copy for HF."""
-        from ..executor.model_loader import load_model
+        from ..executor.model.model_loader import load_model
 
         dtype = self._resolve(model, dtype)
         key = (model, dtype)
@@ -144,7 +144,7 @@ class BenchRunner:
     def _measure_forward_cost(self, executor) -> None:
         """How much one target forward over 1 + k tokens costs against one token (decides how far
         speculation can go), at a context of about the workload's prompt length."""
-        from ..executor.draft_length import ForwardCostModel
+        from ..executor.engine.speculation.draft_length import ForwardCostModel
 
         context = max(16, sum(len(t) for t in self._workload().token_ids) // len(self.prompts))
         cost = ForwardCostModel.measure(
@@ -201,8 +201,8 @@ class BenchRunner:
 
     def _run_llamacpp(self, bar) -> None:
         """The same GGUF through llama-cpp-python, at concurrency 1 only (one request at a time)."""
-        from .command import torch_threads
-        from .llamacpp_engine import gguf_file, import_llama_cpp, load_llama, run_llamacpp
+        from .engines.llamacpp import gguf_file, import_llama_cpp, load_llama, run_llamacpp
+        from .machine import torch_threads
 
         if 1 not in self.concurrencies:
             logger.info("llamacpp runs at concurrency 1 only; not in --concurrency")
@@ -220,12 +220,12 @@ class BenchRunner:
 
     def _run_server(self, bar) -> None:
         """A running server driven over HTTP with the same token ids, at every concurrency."""
-        from .server_engine import check_server, run_server
+        from .engines.server import check_server, run_server
 
         url, key = self.args.server, self.args.api_key
         served = check_server(url)
         if self._tokenizer is None:  # the workload is rendered with the model's own chat template
-            from ..executor.model_loader import load_model
+            from ..executor.model.model_loader import load_model
 
             self._tokenizer = load_model(self.args.model, progress=False).tokenizer
         work = self._workload()

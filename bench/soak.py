@@ -24,10 +24,10 @@ import time
 from dataclasses import dataclass, field
 
 from ..executor.config import ExecutorConfig
+from ..executor.engine.request import FinishReason, Request
 from ..executor.executor import Executor
-from ..executor.request import FinishReason, Request
+from ..prompt_sets.datasets import DATA_DIR
 from ..sampling import SamplingParams
-from .datasets import DATA_DIR
 
 KINDS = ("greedy", "sampled", "json", "regex", "aborted", "bad")
 WEIGHTS = (35, 20, 20, 5, 10, 10)
@@ -64,7 +64,7 @@ def tiny_executor(device: str = "cpu") -> Executor:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ..executor.model_loader import load_model
+    from ..executor.model.model_loader import load_model
 
     tokenizer = load_model(None, progress=False).tokenizer
     config = LlamaConfig(

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from ..executor.options import parse_options, reject_unknown_keys
-from ..executor.quantization import check_quantization
+from ..executor.engine.options import parse_options, reject_unknown_keys
+from ..executor.layers.quantization import check_quantization
 from ..plugins import hookimpl
 from .base import Drafter, DrafterContext, declare_options
 
@@ -99,7 +99,7 @@ class Eagle3Options(_DraftModelOptions):
     head_quantization: str | None = "auto"
 
     def __post_init__(self) -> None:
-        from .head_quantization import check_setting
+        from .eagle3.head_quantization import check_setting
 
         _DraftModelOptions.__post_init__(self)
         if not isinstance(self.prompt_lookup, bool):
@@ -157,7 +157,7 @@ def make_draft_target(spec_config, context: DrafterContext) -> Drafter:
     if path is None:
         draft = self_draft(context, opts.quantization or "int8")
     else:
-        from ..executor.model_loader import load_model
+        from ..executor.model.model_loader import load_model
 
         param = next(context.target_model.parameters())
         loaded = load_model(
@@ -185,7 +185,7 @@ def self_draft(context: DrafterContext, quantization: str):
     """The target at ``quantization``: loaded again from its file when the target's own layers are
     quantized already (the file has the weights before that), else a quantized copy of the target
     module (of its dequantized weights where it is quantized and was passed in as a module)."""
-    from ..executor.model_loader import load_model
+    from ..executor.model.model_loader import load_model
     from .quantize import has_quantized_layers, quantized_copy
 
     target = context.target_model
@@ -207,8 +207,8 @@ def self_draft_dtype(context: DrafterContext, quantization: str) -> str:
     measures for the quantized weights (on the AVX512-BF16 machine the int8 kernel took ~10x longer
     with float32 activations than with bfloat16 ones, so a float32 draft would cost more than the
     target). The draft's dtype does not touch the output: the target verifies every token."""
-    from ..executor.dtype_choice import choose_dtype
-    from ..executor.engine_setup import measurement_dir
+    from ..executor.layers.dtype_choice import choose_dtype
+    from ..executor.layers.measurement_cache import resolve_cache_dir
 
     param = next(context.target_model.parameters())
     dtype = str(param.dtype).removeprefix("torch.")
@@ -217,13 +217,15 @@ def self_draft_dtype(context: DrafterContext, quantization: str) -> str:
     if param.dtype != torch.float32:
         return dtype
     shape = context.target_model.config.get_text_config().to_dict()
-    return choose_dtype(param.device, shape, measurement_dir(context.executor_config), quantization).dtype
+    return choose_dtype(
+        param.device, shape, resolve_cache_dir(context.executor_config.cache_dir), quantization
+    ).dtype
 
 
 def cuda_kernel_dtype(device: torch.device, dtype: torch.dtype, quantization: str) -> str | None:
     """On CUDA, for a target whose dtype ``quantization``'s kernels do not run in (a float64 target with
     int8 weights), the first dtype they do run in; else None. (On the CPU every dtype runs.)"""
-    from ..executor.quantized_linear import CUDA_KERNEL_DTYPES, kernel_scheme
+    from ..executor.layers.quantized_linear import CUDA_KERNEL_DTYPES, kernel_scheme
 
     kernel_dtypes = CUDA_KERNEL_DTYPES.get(kernel_scheme(quantization))
     if device.type != "cuda" or kernel_dtypes is None or dtype in kernel_dtypes:
@@ -233,10 +235,10 @@ def cuda_kernel_dtype(device: torch.device, dtype: torch.dtype, quantization: st
 
 @declare_options(Eagle3Options)
 def make_eagle3(spec_config, context: DrafterContext) -> Drafter:
-    from ..executor.engine_setup import measurement_dir
-    from .eagle3 import Eagle3Drafter
-    from .eagle3_head import SHIPPED_HEAD, load_head
-    from .head_quantization import apply_head_quantization, choose_head_quantization
+    from ..executor.layers.measurement_cache import resolve_cache_dir
+    from .eagle3.drafter import Eagle3Drafter
+    from .eagle3.head import SHIPPED_HEAD, load_head
+    from .eagle3.head_quantization import apply_head_quantization, choose_head_quantization
 
     opts = parse_options(Eagle3Options, spec_config.options)
     cfg = context.executor_config
@@ -251,7 +253,9 @@ def make_eagle3(spec_config, context: DrafterContext) -> Drafter:
     target = context.target_model
     param = next(target.parameters())
     head = load_head(path, target.get_input_embeddings(), param.dtype, param.device)
-    choice = choose_head_quantization(opts.head_quantization, head, param.device, measurement_dir(cfg))
+    choice = choose_head_quantization(
+        opts.head_quantization, head, param.device, resolve_cache_dir(cfg.cache_dir)
+    )
     apply_head_quantization(head, choice)
     logger.info("EAGLE-3 head: %s", choice.reason)
     text_config = target.config.get_text_config()

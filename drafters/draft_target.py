@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..executor.block_manager import BlockManager
-from ..executor.graph_shapes import GraphShapes
-from ..executor.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
-from ..executor.model_runner import ModelRunner, SequenceInput
-from ..executor.scratch_forward import scratch_forward
+from ..executor.engine.block_manager import BlockManager
+from ..executor.engine.scratch_forward import scratch_forward
+from ..executor.model.forward_io import SequenceInput
+from ..executor.model.graph_shapes import GraphShapes
+from ..executor.model.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
+from ..executor.model.model_runner import ModelRunner
 from ..sampling import sample_from_probs
 from .base import Drafter, DraftProposal, draft_distribution
 from .draft_masks import DraftMasks

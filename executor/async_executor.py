@@ -25,8 +25,8 @@ from collections.abc import AsyncIterator
 
 from ..sampling import SamplingParams
 from .caller_loop import Caller
+from .engine.request import Prompt, Request, TokenEvent
 from .executor import Executor
-from .request import Prompt, Request, TokenEvent
 
 logger = logging.getLogger("specexec")
 

@@ -11,9 +11,9 @@ import queue
 import threading
 from collections.abc import Iterator
 
-from .engine_core import EngineCore
+from .engine.engine_core import EngineCore
+from .engine.request import TokenEvent
 from .interrupts import keyboard_interrupt_after
-from .request import TokenEvent
 
 
 class Caller:

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .linear_backend import check_cpu_linear
-from .options import reject_unknown_keys
-from .quantization import check_quantization
-from .speculative_config import SpeculativeConfig
+from .engine.options import reject_unknown_keys
+from .engine.speculation.speculative_config import SpeculativeConfig
+from .layers.linear_backend import check_cpu_linear
+from .layers.quantization import check_quantization
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 GUIDED_UNSUPPORTED = ("refuse", "warn")
@@ -41,7 +41,7 @@ class ExecutorConfig:
     model: str | None = None  #: HF directory, GGUF file, or None for the embedded SmolLM2-135M-Instruct
     #: weights and KV cache of a model the executor loads: auto, float32, bfloat16, float16, float64. auto:
     #: bfloat16 on CUDA, and on a CPU with native bf16 where a one-time measurement finds it faster;
-    #: float32 elsewhere (`executor/dtype_choice.py`). A module passed in keeps its own.
+    #: float32 elsewhere (`executor/layers/dtype_choice.py`). A module passed in keeps its own.
     dtype: str = "auto"
     #: "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:N"; a model passed in as a module
     #: stays where it is under "auto" and moves (in place) to a device named here
@@ -49,11 +49,11 @@ class ExecutorConfig:
     device_map: str | None = None  #: accelerate placement over several devices, e.g. "auto"
     #: weight-only quantization of the linear layers (vLLM's key): null (weights as loaded), int8 (per
     #: output channel), int4 (groups of 32), gguf (a GGUF file's own Q4_0/Q4_1 codes, exactly; the rest
-    #: dequantized). Kernels: `executor/quantized_linear.py`; a device without one is refused
+    #: dequantized). Kernels: `executor/layers/quantized_linear.py`; a device without one is refused
     quantization: str | None = None
     #: a CPU model's dense linear layers: auto, blas (torch's F.linear), onednn (weights packed once
     #: for oneDNN, the drafter's models too). auto measures both once per CPU and model shape and keeps
-    #: the faster (`executor/linear_backend.py`); on CUDA and for float64/float16: blas
+    #: the faster (`executor/layers/linear_backend.py`); on CUDA and for float64/float16: blas
     cpu_linear: str = "auto"
     max_batch_size: int = 16  #: requests in one forward at most
     max_num_tokens: int = 2048  #: tokens in one forward at most (prefill chunks + decode + draft tokens)

@@ -10,31 +10,31 @@ from pathlib import Path
 import torch
 
 from ..drafters.base import Drafter, DrafterContext
-from .attention_paths import choose_attention_paths
-from .block_manager import BlockManager
-from .confidence_stop import ConfidenceStop
 from .config import ExecutorConfig
-from .cpu_info import available_memory_bytes
-from .cuda_graphs import CudaGraphCapture, GraphCaptureReport
-from .draft_length import (
+from .engine.block_manager import BlockManager
+from .engine.engine_core import EngineCore
+from .engine.guided import MAX_FORCED_TOKENS, GuidedDecodingStage
+from .engine.output_processor import OutputProcessor
+from .engine.scheduler import Scheduler
+from .engine.scratch_forward import scratch_forward
+from .engine.speculation.confidence_stop import ConfidenceStop
+from .engine.speculation.draft_length import (
     MEASURED_SIZES,
     DraftLengthPolicy,
     ForwardCostModel,
     cost_cache_key,
-    default_cache_dir,
 )
-from .dtype_choice import DtypeChoice, choose_dtype
-from .engine_core import EngineCore
-from .graph_shapes import GraphShapes
-from .guided import MAX_FORCED_TOKENS, GuidedDecodingStage
-from .kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
-from .linear_backend import LinearBackendChoice, choose_linear_backend, fit_in_memory
-from .model_runner import ModelRunner
-from .output_processor import OutputProcessor
-from .packed_linear import pack_linears, packable_linear_bytes, unpack_linears
-from .scheduler import Scheduler
-from .scratch_forward import scratch_forward
-from .speculation import SpeculationStage, build_drafter, check_drafter_options
+from .engine.speculation.speculation_stage import SpeculationStage, build_drafter, check_drafter_options
+from .layers.cpu_info import available_memory_bytes
+from .layers.dtype_choice import DtypeChoice, choose_dtype
+from .layers.linear_backend import LinearBackendChoice, choose_linear_backend, fit_in_memory
+from .layers.measurement_cache import resolve_cache_dir
+from .layers.packed_linear import pack_linears, packable_linear_bytes, unpack_linears
+from .model.attention_paths import choose_attention_paths
+from .model.cuda_graphs import CudaGraphCapture, GraphCaptureReport
+from .model.graph_shapes import GraphShapes
+from .model.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
+from .model.model_runner import ModelRunner
 
 logger = logging.getLogger("specexec")
 
@@ -58,7 +58,7 @@ def check_before_loading(model, config: ExecutorConfig, drafter, plugins) -> Non
 def _model_position_limit(model, config: ExecutorConfig) -> int | None:
     if isinstance(model, torch.nn.Module):
         return getattr(model.config.get_text_config(), "max_position_embeddings", None)
-    from .model_peek import peek_max_position_embeddings
+    from .model.model_peek import peek_max_position_embeddings
 
     return peek_max_position_embeddings(model if model is not None else config.model)
 
@@ -71,10 +71,12 @@ def resolve_dtype(model, config: ExecutorConfig) -> DtypeChoice:
         return DtypeChoice(dtype, "the dtype of the module passed in")
     if config.dtype != "auto":
         return DtypeChoice(config.dtype, "configured")
-    from .model_peek import peek_text_config
+    from .model.model_peek import peek_text_config
 
     shape = peek_text_config(model if model is not None else config.model)
-    return choose_dtype(_resolve_device(config.device), shape, measurement_dir(config), config.quantization)
+    return choose_dtype(
+        _resolve_device(config.device), shape, resolve_cache_dir(config.cache_dir), config.quantization
+    )
 
 
 def build_engine_core(
@@ -101,7 +103,7 @@ def build_engine_core(
         spec.head_dim,
         spec.dtype,
         param.device,
-        measurement_dir(config),
+        resolve_cache_dir(config.cache_dir),
     )
     vocab_size = text_config.vocab_size
     max_model_len = _max_model_len(model, config, block_manager)
@@ -142,7 +144,7 @@ def _apply_linear_backend(config: ExecutorConfig, model, drafter: Drafter | None
         param.device,
         param.dtype,
         model.config.get_text_config().to_dict(),
-        measurement_dir(config),
+        resolve_cache_dir(config.cache_dir),
         config.quantization,
         None if drafter is None else 1 + drafter.max_draft_len,
     )
@@ -193,11 +195,6 @@ def capture_cuda_graphs(
     return reports
 
 
-def measurement_dir(config: ExecutorConfig) -> Path:
-    """Where this machine's measurements are cached (dtype, attention kernels, forward cost)."""
-    return Path(config.cache_dir) if config.cache_dir else default_cache_dir()
-
-
 def _resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -206,8 +203,8 @@ def _resolve_device(device: str) -> torch.device:
 
 def _load(model, tokenizer, config: ExecutorConfig, dtype: str):
     """(model, tokenizer, the path it was loaded from or None, its QuantizationReport or None)."""
-    from .model_loader import check_device, load_model, loading_logger
-    from .quantization import quantize_model
+    from .layers.quantization import quantize_model
+    from .model.model_loader import check_device, load_model, loading_logger
 
     if isinstance(model, torch.nn.Module):
         # a module runs where the caller put it, unless the config names a device: then it moves there
@@ -293,7 +290,10 @@ def _speculation_stage(
             sizes = tuple(n for n in MEASURED_SIZES if n <= limit) or (1,)
             key = cost_cache_key(model) + ("|cuda graphs" if runner.graphs is not None else "")
             cost = ForwardCostModel.cached(
-                key, lambda n: scratch_forward(runner, block_manager, n), measurement_dir(config), sizes
+                key,
+                lambda n: scratch_forward(runner, block_manager, n),
+                resolve_cache_dir(config.cache_dir),
+                sizes,
             )
         if spec.draft_len_policy == "confidence" and drafter.reports_confidence:
             drafter.confidence_stop = ConfidenceStop(cost)  # the drafter ends each chain itself

@@ -15,10 +15,10 @@ from ..plugins import get_plugin_manager
 from ..sampling import SamplingParams
 from .caller_loop import Caller, CallerLoop
 from .config import ExecutorConfig
+from .engine.inputs import InvalidRequestError, as_request, check_length, tokenize_prompt
+from .engine.request import FinishReason, Prompt, Request, RequestOutput, RequestState, TokenEvent
+from .engine.scratch_forward import scratch_forward
 from .engine_setup import build_engine_core, check_before_loading, resolve_dtype
-from .inputs import InvalidRequestError, as_request, check_length, tokenize_prompt
-from .request import FinishReason, Prompt, Request, RequestOutput, RequestState, TokenEvent
-from .scratch_forward import scratch_forward
 from .warmup import warm_up
 
 

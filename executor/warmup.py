@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 import time
 
-from .engine_core import EngineCore
-from .scratch_forward import scratch_forward
+from .engine.engine_core import EngineCore
+from .engine.scratch_forward import scratch_forward
 
 logger = logging.getLogger("specexec")
 

@@ -20,7 +20,7 @@ from jsonschema.exceptions import best_match
 from jsonschema.validators import extend, validator_for
 from referencing import Registry
 
-from .schema_support import has_ref_loop, quiet_regex_warnings
+from .schema.support import has_ref_loop, quiet_regex_warnings
 
 #: seconds one pattern may take on one string (the output is bounded; a pattern's backtracking is not)
 PATTERN_TIMEOUT_S = 0.25

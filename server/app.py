@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..executor.async_executor import AsyncExecutor, ExecutorClosedError
-from ..executor.request import FinishReason, RequestOutput, TokenEvent
+from ..executor.engine.request import FinishReason, RequestOutput, TokenEvent
 from . import responses
 from .metrics import ServerMetrics
 from .protocol import BadRequest, ParsedRequest, parse_chat, parse_completion

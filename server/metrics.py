@@ -13,7 +13,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from ..executor.request import RequestOutput
+from ..executor.engine.request import RequestOutput
 
 disable_created_metrics()  # no *_created series beside each counter (as vLLM's /metrics)
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

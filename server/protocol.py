@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..executor.request import Prompt, Request
+from ..executor.engine.request import Prompt, Request
 from ..sampling import SamplingParams
 
 #: fields both endpoints map onto SamplingParams (same name, same meaning); ignore_eos is vLLM's extension

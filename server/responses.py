@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..executor.request import RequestOutput, TokenEvent
+from ..executor.engine.request import RequestOutput, TokenEvent
 from ..sampling.logprobs import TokenLogprob
 from .protocol import ParsedRequest
 

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 from specexec.executor.async_executor import AsyncExecutor, ExecutorClosedError
+from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
-from specexec.executor.request import FinishReason, Request
 from specexec.sampling import SamplingParams
 from test_speculative_identity import BATCHES, assert_all_pages_free, make_config, reference
 from tiny_models import make_tiny_model

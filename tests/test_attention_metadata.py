@@ -9,13 +9,13 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from specexec.executor.attention_metadata import AttentionMetadata, SequenceSlice
-from specexec.executor.attention_paths import AttentionPaths
-from specexec.executor.graph_shapes import GraphShape
-from specexec.executor.kv_cache import KVCache, KVCacheSpec
-from specexec.executor.model_runner import SequenceInput
-from specexec.executor.paged_attention import paged_attention_forward
-from specexec.executor.static_batch import StaticInputs
+from specexec.executor.model.attention_metadata import AttentionMetadata, SequenceSlice
+from specexec.executor.model.attention_paths import AttentionPaths
+from specexec.executor.model.forward_io import SequenceInput
+from specexec.executor.model.graph_shapes import GraphShape
+from specexec.executor.model.kv_cache import KVCache, KVCacheSpec
+from specexec.executor.model.paged_attention import paged_attention_forward
+from specexec.executor.model.static_batch import StaticInputs
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 4, 2, 8, 4
 
@@ -188,8 +188,8 @@ def test_gather_pages_reads_whole_pages_in_table_order():
 
 
 def test_kernel_choice_is_measured_once_per_machine_and_cached(tmp_path, monkeypatch):
-    import specexec.executor.attention_paths as paths_module
-    from specexec.executor.attention_paths import CASES, CONTEXTS, choose_attention_paths
+    import specexec.executor.model.attention_paths as paths_module
+    from specexec.executor.model.attention_paths import CASES, CONTEXTS, choose_attention_paths
 
     calls = []
     real = paths_module.measure_attention_paths
@@ -212,7 +212,7 @@ def test_kernel_choice_is_measured_once_per_machine_and_cached(tmp_path, monkeyp
 
 
 def test_each_group_takes_the_kernel_of_its_case_and_context():
-    from specexec.executor.attention_paths import CONTEXT_SPLIT
+    from specexec.executor.model.attention_paths import CONTEXT_SPLIT
 
     paths = AttentionPaths(("matmul", "sdpa", "sdpa", "matmul"), ("sdpa", "matmul", "matmul", "sdpa"))
     short, long = CONTEXT_SPLIT - 1, CONTEXT_SPLIT

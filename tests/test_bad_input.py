@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 from specexec.executor.config import ExecutorConfig
+from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
-from specexec.executor.model_loader import ModelLoadError
-from specexec.executor.request import FinishReason, Request
+from specexec.executor.model.model_loader import ModelLoadError
 from specexec.sampling import SamplingParams
 from tiny_models import make_tiny_model, make_tiny_tokenizer
 

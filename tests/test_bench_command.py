@@ -119,7 +119,7 @@ def test_guided_rows_compare_with_generate_under_xgrammars_processor(tiny_dir, t
 
 
 def test_bad_config_fails_before_any_model_loads(tiny_dir, tmp_path, monkeypatch, capsys):
-    import specexec.executor.model_loader as loader
+    import specexec.executor.model.model_loader as loader
 
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded")
@@ -152,9 +152,9 @@ def test_ctrl_c_keeps_what_was_measured(tiny_dir, tmp_path, monkeypatch):
 
 
 def test_guided_schema_validity_is_the_executors_verdict_and_a_refused_request_counts_invalid():
-    from specexec.bench.datasets import BenchPrompt
-    from specexec.bench.engines import _record
-    from specexec.executor.request import FinishReason, RequestOutput
+    from specexec.bench.engines.specexec_hf import _record
+    from specexec.executor.engine.request import FinishReason, RequestOutput
+    from specexec.prompt_sets.datasets import BenchPrompt
 
     prompt = BenchPrompt("p", [{"role": "user", "content": "x"}], {"type": "object"})
 
@@ -173,7 +173,7 @@ def test_guided_schema_validity_is_the_executors_verdict_and_a_refused_request_c
 def test_a_bad_drafter_option_in_a_bench_config_fails_before_any_model_loads(
     tiny_dir, tmp_path, monkeypatch, capsys
 ):
-    import specexec.executor.model_loader as loader
+    import specexec.executor.model.model_loader as loader
 
     monkeypatch.setattr(loader, "load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
     bad = tmp_path / "bad.yaml"

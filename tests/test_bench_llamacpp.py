@@ -9,10 +9,10 @@ import sys
 import types
 
 import pytest
-from specexec.bench.datasets import BenchPrompt
-from specexec.bench.engines import Workload
-from specexec.bench.llamacpp_engine import run_llamacpp
+from specexec.bench.engines.llamacpp import run_llamacpp
+from specexec.bench.engines.specexec_hf import Workload
 from specexec.cli import main
+from specexec.prompt_sets.datasets import BenchPrompt
 from test_bench_command import bench_argv, tiny_dir  # noqa: F401  (a fixture)
 
 EOS = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from specexec.executor.block_manager import BlockManager
+from specexec.executor.engine.block_manager import BlockManager
 
 
 def make_block_manager(num_blocks: int = 8, block_size: int = 4) -> BlockManager:

@@ -96,7 +96,7 @@ def test_a_cached_conversion_loads_quietly_and_the_cli_says_where_it_lies(tmp_pa
 
     import torch
     from specexec.cli import _show_loading
-    from specexec.executor import model_loader
+    from specexec.executor.model import model_loader
     from tiny_models import make_tiny_model, make_tiny_tokenizer
 
     fake = tmp_path / "tiny.gguf"

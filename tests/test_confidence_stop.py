@@ -4,8 +4,8 @@ step's so far, on a forward cost curve (`executor/confidence_stop.py`)."""
 from __future__ import annotations
 
 import pytest
-from specexec.executor.confidence_stop import ChainOdds, ConfidenceStop
-from specexec.executor.draft_length import ForwardCostModel
+from specexec.executor.engine.speculation.confidence_stop import ChainOdds, ConfidenceStop
+from specexec.executor.engine.speculation.draft_length import ForwardCostModel
 
 FLAT = ForwardCostModel([1, 64], [1.0, 1.0])  #: extra tokens are free
 FULL = ForwardCostModel([1, 2], [1.0, 2.0])  #: each token costs a whole forward

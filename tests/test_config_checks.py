@@ -8,7 +8,7 @@ import torch
 from specexec import Executor, ExecutorConfig
 from specexec.drafters import Drafter
 from specexec.executor import executor as executor_module
-from specexec.executor import model_loader
+from specexec.executor.model import model_loader
 from tiny_models import make_tiny_model, save_tiny_model_dir
 
 

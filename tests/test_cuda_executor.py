@@ -19,8 +19,8 @@ import jsonschema
 import pytest
 import torch
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
-from specexec.executor.cuda_graphs import CudaGraphCapture, EagerReplay
 from specexec.executor.engine_setup import capture_cuda_graphs
+from specexec.executor.model.cuda_graphs import CudaGraphCapture, EagerReplay
 from test_eagle3 import eagle_spec, make_head_dir
 from tiny_models import make_prompts, make_tiny_model
 

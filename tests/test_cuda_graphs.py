@@ -17,11 +17,12 @@ import pytest
 import torch
 from specexec import Executor, ExecutorConfig, Request, SamplingParams
 from specexec.drafters.draft_masks import DraftMasks
-from specexec.executor.cuda_graphs import EagerReplay, GraphCaptureReport
 from specexec.executor.engine_setup import capture_cuda_graphs
-from specexec.executor.graph_shapes import GraphShape, GraphShapes
-from specexec.executor.kv_cache import KVCache, KVCacheSpec
-from specexec.executor.model_runner import ModelRunner, SequenceInput
+from specexec.executor.model.cuda_graphs import EagerReplay, GraphCaptureReport
+from specexec.executor.model.forward_io import SequenceInput
+from specexec.executor.model.graph_shapes import GraphShape, GraphShapes
+from specexec.executor.model.kv_cache import KVCache, KVCacheSpec
+from specexec.executor.model.model_runner import ModelRunner
 from specexec.kernels import apply_mask_inplace
 from tiny_models import ARCHS, EXTRA_ARCHS, make_prompts, make_tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -135,8 +136,8 @@ def test_the_captured_forward_reads_no_value_and_takes_no_host_data(arch):
 
 
 def test_the_eagle3_heads_captured_forward_reads_no_value_and_takes_no_host_data(tmp_path):
-    from specexec.drafters.eagle3 import Eagle3Drafter
-    from specexec.drafters.eagle3_head import load_head
+    from specexec.drafters.eagle3.drafter import Eagle3Drafter
+    from specexec.drafters.eagle3.head import load_head
     from test_eagle3 import make_head_dir
 
     make_head_dir(tmp_path)
@@ -312,7 +313,7 @@ def test_draft_masks_reach_draft_logits_through_d2t():
 
 
 def test_a_step_that_does_not_fit_a_shape_is_refused_not_truncated():
-    from specexec.executor.static_batch import StaticInputs
+    from specexec.executor.model.static_batch import StaticInputs
 
     runner = paged_runner("llama")
     inputs = StaticInputs(runner.kv_cache, GraphShape(2, 2, 4))

@@ -14,19 +14,20 @@ import types
 
 import pytest
 import torch
-from specexec.executor import draft_length, measurement_cache
 from specexec.executor.config import ExecutorConfig
-from specexec.executor.cpu_info import describe_cpu
-from specexec.executor.draft_length import (
+from specexec.executor.engine.request import Request
+from specexec.executor.engine.speculation import draft_length
+from specexec.executor.engine.speculation.draft_length import (
     MEASURED_SIZES,
     DraftLengthPolicy,
     ForwardCostModel,
     cost_cache_key,
-    default_cache_dir,
 )
 from specexec.executor.executor import Executor
-from specexec.executor.packed_linear import RowBands, pack_linears, unpack_linears
-from specexec.executor.request import Request
+from specexec.executor.layers import measurement_cache
+from specexec.executor.layers.cpu_info import describe_cpu
+from specexec.executor.layers.measurement_cache import default_cache_dir
+from specexec.executor.layers.packed_linear import RowBands, pack_linears, unpack_linears
 from specexec.sampling import SamplingParams
 from tiny_models import make_tiny_model
 

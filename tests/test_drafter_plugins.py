@@ -25,9 +25,9 @@ from specexec.drafters.base import Drafter, DrafterContext, DraftProposal
 from specexec.drafters.draft_target import DraftTargetDrafter
 from specexec.drafters.ngram import NGramDrafter
 from specexec.executor.config import ExecutorConfig
+from specexec.executor.engine.request import Request
+from specexec.executor.engine.speculation.speculative_config import SpeculativeConfig
 from specexec.executor.executor import Executor
-from specexec.executor.request import Request
-from specexec.executor.speculative_config import SpeculativeConfig
 from specexec.plugins import get_plugin_manager
 from specexec.plugins.manager import DISABLE_AUTOLOAD_ENV
 from specexec.sampling import SamplingParams
@@ -414,7 +414,7 @@ ECHO_SCRIPT = textwrap.dedent(
     torch.set_num_threads(1)
     from specexec.executor.config import ExecutorConfig
     from specexec.executor.executor import Executor
-    from specexec.executor.request import Request
+    from specexec.executor.engine.request import Request
     from specexec.plugins import get_plugin_manager
     from specexec.sampling import SamplingParams
     from tiny_models import make_tiny_model

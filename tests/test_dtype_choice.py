@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 from specexec import Executor, ExecutorConfig
-from specexec.executor import dtype_choice
-from specexec.executor.dtype_choice import ModelShape, choose_dtype, measure_bf16_ratio
 from specexec.executor.engine_setup import resolve_dtype
-from specexec.executor.model_peek import peek_max_position_embeddings, peek_text_config
+from specexec.executor.layers import dtype_choice
+from specexec.executor.layers.dtype_choice import ModelShape, choose_dtype, measure_bf16_ratio
+from specexec.executor.model.model_peek import peek_max_position_embeddings, peek_text_config
 from tiny_models import make_tiny_model, save_tiny_model_dir
 
 CPU = torch.device("cpu")

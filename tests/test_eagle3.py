@@ -18,8 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from specexec.drafters.eagle3 import Eagle3Drafter
-from specexec.drafters.eagle3_head import (
+from specexec.drafters.eagle3.drafter import Eagle3Drafter
+from specexec.drafters.eagle3.head import (
     ARCHITECTURE,
     Eagle3Config,
     Eagle3Head,
@@ -27,9 +27,9 @@ from specexec.drafters.eagle3_head import (
     load_head,
     save_head,
 )
-from specexec.executor.confidence_stop import ChainOdds, ConfidenceStop
 from specexec.executor.config import ExecutorConfig
-from specexec.executor.draft_length import ForwardCostModel
+from specexec.executor.engine.speculation.confidence_stop import ChainOdds, ConfidenceStop
+from specexec.executor.engine.speculation.draft_length import ForwardCostModel
 from specexec.executor.executor import Executor
 from specexec.sampling import SamplingParams
 from test_speculative_identity import (

@@ -9,8 +9,8 @@ import json
 
 import pytest
 import torch
-from specexec.bench.eagle3_archive import ARCHIVE_FILE, CorpusArchive, target_fingerprint
-from specexec.bench.eagle3_corpus import read_corpus
+from specexec.drafters.eagle3.training.archive import ARCHIVE_FILE, CorpusArchive, target_fingerprint
+from specexec.drafters.eagle3.training.corpus import read_corpus
 from tiny_models import make_tiny_model, save_tiny_model_dir
 
 
@@ -47,7 +47,7 @@ def test_exports_add_only_what_is_new_in_new_shards(tmp_path):
 
 
 def test_restore_pool_appends_only_the_missing_instructions(tmp_path):
-    from specexec.bench.eagle3_prompts import read_pool
+    from specexec.drafters.eagle3.training.prompts import read_pool
 
     archive = CorpusArchive(tmp_path / "archive")
     archive.export([], [instruction(s) for s in range(4)])
@@ -115,7 +115,7 @@ def test_a_new_output_rebuilds_the_archived_corpus_instead_of_answering_again(tm
 def test_the_bundled_archive_is_the_default_models_only(tmp_path, monkeypatch):
     from argparse import Namespace
 
-    from specexec.bench import eagle3_train
+    from specexec.drafters.eagle3.training import train as eagle3_train
 
     monkeypatch.setattr(eagle3_train, "BUNDLED_ARCHIVE", tmp_path / "bundled")
     _, model = make_tiny_model("llama", dtype=torch.float32)

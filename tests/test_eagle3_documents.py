@@ -7,17 +7,17 @@ import json
 from argparse import Namespace
 
 import pytest
-from specexec.bench import eagle3_train
-from specexec.bench.datasets import extraction_documents
-from specexec.bench.eagle3_corpus import bench_prompt_ids, mix_prompts
-from specexec.bench.eagle3_documents import (
+from specexec.drafters.eagle3.training import train as eagle3_train
+from specexec.drafters.eagle3.training.corpus import bench_prompt_ids, mix_prompts
+from specexec.drafters.eagle3.training.documents import (
     DISTRACTORS,
     EXTRACTION_EVERY,
     MIN_DOCUMENT_TOKENS,
     SUMMARY_PREFIX,
     document_prompts,
 )
-from specexec.bench.eagle3_prompts import benchmark_hashes, normalized_hash
+from specexec.drafters.eagle3.training.prompts import benchmark_hashes, normalized_hash
+from specexec.prompt_sets.datasets import extraction_documents
 
 
 def decode(ids: list[int]) -> str:

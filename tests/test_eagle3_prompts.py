@@ -3,8 +3,7 @@ instructions told apart; the pool resumes where it stopped; no bundled benchmark
 
 from __future__ import annotations
 
-from specexec.bench.datasets import load_dataset
-from specexec.bench.eagle3_prompts import (
+from specexec.drafters.eagle3.training.prompts import (
     SEED_EXAMPLES,
     benchmark_hashes,
     clean_instruction,
@@ -12,6 +11,7 @@ from specexec.bench.eagle3_prompts import (
     normalized_hash,
     read_pool,
 )
+from specexec.prompt_sets.datasets import load_dataset
 
 
 def fake_generator(replies: dict[int, str]):

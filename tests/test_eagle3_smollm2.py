@@ -13,9 +13,9 @@ import json
 
 import pytest
 from specexec import Executor, ExecutorConfig, SamplingParams
-from specexec.bench.datasets import load_dataset
-from specexec.drafters.eagle3_head import SHIPPED_HEAD
-from specexec.executor.model_loader import load_model
+from specexec.drafters.eagle3.head import SHIPPED_HEAD
+from specexec.executor.model.model_loader import load_model
+from specexec.prompt_sets.datasets import load_dataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("all_threads")]
 

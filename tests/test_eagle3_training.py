@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from specexec.bench.datasets import load_dataset, spread, spread_order
-from specexec.bench.eagle3_corpus import (
+from specexec.drafters.eagle3.head import load_head
+from specexec.drafters.eagle3.training.corpus import (
     MAX_BENCH_REQUESTS,
     MAX_BENCH_REQUESTS_PER_CATEGORY,
     SPECBENCH_CATEGORIES,
@@ -18,10 +18,10 @@ from specexec.bench.eagle3_corpus import (
     mix_prompts,
     training_prompts,
 )
-from specexec.bench.eagle3_features import SequenceFeatures, choose_draft_vocab, d2t_for
-from specexec.bench.eagle3_train import make_batch
-from specexec.bench.eagle3_ttt import ttt_loss
-from specexec.drafters.eagle3_head import load_head
+from specexec.drafters.eagle3.training.features import SequenceFeatures, choose_draft_vocab, d2t_for
+from specexec.drafters.eagle3.training.train_loop import make_batch
+from specexec.drafters.eagle3.training.ttt import ttt_loss
+from specexec.prompt_sets.datasets import load_dataset, spread, spread_order
 from test_eagle3 import dense_causal_attention, make_head_dir
 from test_speculative_identity import BATCHES, run_speculative
 from tiny_models import save_tiny_model_dir
@@ -235,7 +235,11 @@ def test_corpus_only_runs_continue_the_same_corpus(tmp_path):
 def test_answer_passes_take_long_prompts_apart_window_by_window():
     """Long prompts run apart and fewer at once, but window by window of the prompt order, so a run cut
     short by its time budget still reaches the long prompts near the front."""
-    from specexec.bench.eagle3_corpus import LONG_PROMPT_BATCH_DIVISOR, WINDOW_BATCHES, answer_passes
+    from specexec.drafters.eagle3.training.corpus import (
+        LONG_PROMPT_BATCH_DIVISOR,
+        WINDOW_BATCHES,
+        answer_passes,
+    )
 
     batch = LONG_PROMPT_BATCH_DIVISOR * 2  # long prompts two at a time
     window = WINDOW_BATCHES * batch
@@ -254,9 +258,9 @@ def test_long_prompts_are_answered_apart_and_fewer_at_once(tmp_path, monkeypatch
     """Decode attention over many long contexts at once crawls on a CPU, so the corpus answers prompts
     over ``long_prompt_tokens`` after the short ones of their window, max_batch_size // 8 at a time;
     every answer is kept."""
-    from specexec.bench.datasets import BenchPrompt
-    from specexec.bench.eagle3_corpus import generate_corpus
+    from specexec.drafters.eagle3.training.corpus import generate_corpus
     from specexec.executor.executor import Executor
+    from specexec.prompt_sets.datasets import BenchPrompt
     from transformers import AutoTokenizer
 
     model_dir = save_tiny_model_dir(tmp_path / "tiny")
@@ -312,13 +316,13 @@ def tiny_training_argv(tmp_path, max_minutes: str) -> tuple[list[str], Path]:
 
 def test_training_continues_from_its_checkpoint_with_the_same_vocabulary_and_split(tmp_path):
     import torch
-    from specexec.bench.eagle3_checkpoint import (
+    from specexec.cli import main
+    from specexec.drafters.eagle3.training.checkpoint import (
         CHECKPOINT_NAME,
         is_validation,
         load_checkpoint,
         split_records,
     )
-    from specexec.cli import main
 
     argv, out = tiny_training_argv(tmp_path, "0.6")
     argv += ["--eval-every", "5", "--patience", "1000"]
@@ -344,14 +348,14 @@ def test_a_changed_validation_split_scores_the_best_head_again(tmp_path):
     sequences, so the next run scores the best head and the current one again instead of keeping a
     number no new evaluation can compare with (and ending with the old best head because of it)."""
     import torch
-    from specexec.bench.eagle3_checkpoint import (
+    from specexec.cli import main
+    from specexec.drafters.eagle3.training.checkpoint import (
         CHECKPOINT_NAME,
         load_checkpoint,
         split_records,
         validation_key,
     )
-    from specexec.bench.eagle3_corpus import read_corpus
-    from specexec.cli import main
+    from specexec.drafters.eagle3.training.corpus import read_corpus
 
     argv, out = tiny_training_argv(tmp_path, "0.5")
     argv += ["--eval-every", "5", "--patience", "1000"]
@@ -384,7 +388,7 @@ def test_training_stops_early_when_validation_stops_improving(tmp_path):
 
 
 def test_the_training_device_is_the_gpu_when_there_is_one_and_a_missing_one_is_refused():
-    from specexec.bench.eagle3_train import training_device
+    from specexec.drafters.eagle3.training.train import training_device
 
     assert training_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert training_device("cpu") == torch.device("cpu")
@@ -401,8 +405,8 @@ def test_the_training_device_is_the_gpu_when_there_is_one_and_a_missing_one_is_r
 def test_a_head_trained_on_the_gpu_continues_on_the_cpu_and_drafts_there(tmp_path):
     """The corpus answered and the head trained on CUDA; its checkpoint continues on the CPU (the
     tensors it holds load there), and the head it writes drafts for the CPU executor."""
-    from specexec.bench.eagle3_checkpoint import CHECKPOINT_NAME
     from specexec.cli import main
+    from specexec.drafters.eagle3.training.checkpoint import CHECKPOINT_NAME
 
     argv, out = tiny_training_argv(tmp_path, "0.6")
     assert main([*argv, "--device", "cuda", "--eval-every", "5"]) == 0

@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
-from specexec.bench import eagle3_precision
-from specexec.bench.eagle3_checkpoint import CHECKPOINT_NAME, load_checkpoint
-from specexec.bench.eagle3_precision import TRIAL_STEPS, TrainingPrecision
-from specexec.bench.eagle3_train import make_batch
-from specexec.bench.eagle3_ttt import ttt_loss
-from specexec.drafters.eagle3_head import load_head
+from specexec.drafters.eagle3.head import load_head
+from specexec.drafters.eagle3.training import precision as eagle3_precision
+from specexec.drafters.eagle3.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from specexec.drafters.eagle3.training.precision import TRIAL_STEPS, TrainingPrecision
+from specexec.drafters.eagle3.training.train_loop import make_batch
+from specexec.drafters.eagle3.training.ttt import ttt_loss
 from test_eagle3 import dense_causal_attention, make_head_dir
 from test_eagle3_training import make_features
 from tiny_models import save_tiny_model_dir
@@ -109,7 +109,7 @@ def test_a_sliding_window_past_the_trained_positions_or_within_the_unrolled_step
 
 
 def test_a_fresh_vocabulary_keeps_the_trained_rows_of_the_tokens_it_keeps(tmp_path):
-    from specexec.bench.eagle3_reshape import with_draft_vocab
+    from specexec.drafters.eagle3.training.reshape import with_draft_vocab
 
     make_head_dir(tmp_path, draft_vocab=64, draft_ids=range(0, 128, 2))  # the even ids below 128
     head = load_head(tmp_path, torch.nn.Embedding(256, 32), torch.float32, "cpu")
@@ -154,7 +154,7 @@ def test_fresh_vocab_trains_a_head_further_over_the_corpus_vocabulary(tmp_path, 
 
 
 def test_a_wider_mlp_drafts_what_the_head_did_until_training_moves_it(tmp_path):
-    from specexec.bench.eagle3_reshape import with_mlp_width
+    from specexec.drafters.eagle3.training.reshape import with_mlp_width
 
     head = load_head(make_head_dir(tmp_path), torch.nn.Embedding(256, 32), torch.float32, "cpu")
     wide = with_mlp_width(head, 96)  # 64 units -> 96

@@ -11,8 +11,8 @@ import functools
 import pytest
 import torch
 from specexec.executor.config import ExecutorConfig
+from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
-from specexec.executor.request import FinishReason, Request
 from specexec.sampling import SamplingParams
 from tiny_models import (
     ARCHS,

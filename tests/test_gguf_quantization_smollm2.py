@@ -12,9 +12,9 @@ import functools
 import gguf
 import pytest
 import torch
-from specexec.executor.gguf_weights import GGUFFile
-from specexec.executor.model_loader import default_model_path, load_model
-from specexec.executor.quantized_linear import Int4WeightOnlyLinear, _unpack_int4
+from specexec.executor.layers.gguf_weights import GGUFFile
+from specexec.executor.layers.quantized_linear import Int4WeightOnlyLinear, _unpack_int4
+from specexec.executor.model.model_loader import default_model_path, load_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("all_threads")]
 

@@ -33,7 +33,7 @@ def smollm2_tokenizer():
     dirs = [d for d in dirs if (d / "tokenizer.json").is_file()]
     if dirs:
         return AutoTokenizer.from_pretrained(dirs[0])
-    from specexec.executor.model_loader import load_model
+    from specexec.executor.model.model_loader import load_model
 
     return load_model(None, progress=False).tokenizer
 

@@ -7,8 +7,8 @@ import json
 import jsonschema
 import pytest
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
-from specexec.bench.datasets import JSONSCHEMABENCH_SPLITS, load_dataset
-from specexec.executor.model_loader import load_model
+from specexec.executor.model.model_loader import load_model
+from specexec.prompt_sets.datasets import JSONSCHEMABENCH_SPLITS, load_dataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("all_threads")]
 SCHEMAS_PER_SPLIT = 2

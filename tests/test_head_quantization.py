@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from specexec.drafters import head_quantization
-from specexec.drafters.eagle3_head import load_head
-from specexec.drafters.head_quantization import (
+from specexec.drafters.eagle3 import head_quantization
+from specexec.drafters.eagle3.head import load_head
+from specexec.drafters.eagle3.head_quantization import (
     HeadQuantization,
     apply_head_quantization,
     choose_head_quantization,
 )
 from specexec.executor.executor import Executor
-from specexec.executor.quantized_linear import Int8WeightOnlyLinear
+from specexec.executor.layers.quantized_linear import Int8WeightOnlyLinear
 from test_eagle3 import eagle_spec, make_head_dir
 from test_speculative_identity import (
     BATCHES,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
-from specexec.executor.model_runner import SequenceInput
+from specexec.executor.model.forward_io import SequenceInput
 from tiny_models import make_prompts, make_tiny_model
 
 NUM_LAYERS = 4

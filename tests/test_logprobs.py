@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from specexec.executor import engine_core
+from specexec.executor.engine import engine_core
+from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
-from specexec.executor.request import FinishReason, Request
 from specexec.sampling import SamplingParams
 from specexec.sampling.logits import apply_sampling_filters
 from specexec.sampling.logprobs import token_logprobs

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from specexec.executor import model_loader
-from specexec.executor.model_loader import LoadedModel, ModelLoadError, default_model_path, load_model
+from specexec.executor.model import model_loader
+from specexec.executor.model.model_loader import LoadedModel, ModelLoadError, default_model_path, load_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 from specexec.drafters.base import DraftProposal
 from specexec.drafters.ngram import NGramConfig, NGramDrafter, NGramPool
-from specexec.executor.scheduler import ScheduledRequest
+from specexec.executor.engine.scheduler import ScheduledRequest
 
 _ids = itertools.count()
 

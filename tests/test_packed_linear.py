@@ -10,16 +10,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from specexec.drafters.base import Drafter, DraftProposal
-from specexec.executor import linear_backend
-from specexec.executor.dtype_choice import ModelShape
 from specexec.executor.executor import Executor
-from specexec.executor.linear_backend import (
+from specexec.executor.layers import linear_backend
+from specexec.executor.layers.dtype_choice import ModelShape
+from specexec.executor.layers.linear_backend import (
     MEASURED_ROWS,
     choice_from_ratios,
     choose_linear_backend,
     measure_onednn_ratios,
 )
-from specexec.executor.packed_linear import (
+from specexec.executor.layers.packed_linear import (
     PackedLinear,
     RowBands,
     can_pack,
@@ -27,7 +27,7 @@ from specexec.executor.packed_linear import (
     pack_linears,
     unpack_linears,
 )
-from specexec.executor.quantized_linear import Int8WeightOnlyLinear
+from specexec.executor.layers.quantized_linear import Int8WeightOnlyLinear
 from test_eagle3 import eagle_spec, make_head_dir
 from test_speculative_identity import (
     BATCHES,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from specexec.executor.attention_kernels import attend, attend_matmul
+from specexec.executor.layers.attention_kernels import attend, attend_matmul
 
 
 def make_inputs(num: int, max_q: int, max_kv: int, dtype: torch.dtype, seed: int = 0):

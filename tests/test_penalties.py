@@ -11,8 +11,8 @@ from collections import Counter
 
 import pytest
 import torch
+from specexec.executor.engine.request import Request
 from specexec.executor.executor import Executor
-from specexec.executor.request import Request
 from specexec.sampling import SamplingParams
 from specexec.sampling import penalties as penalties_module
 from specexec.sampling.penalties import PenalizedRows, PenaltyMetadata, apply_penalties_inplace, count_tokens

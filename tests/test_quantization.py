@@ -7,10 +7,11 @@ import pytest
 import torch
 from specexec.drafters.quantize import has_quantized_layers
 from specexec.executor.config import ExecutorConfig
+from specexec.executor.engine.speculation.speculative_config import SpeculativeConfig
 from specexec.executor.executor import Executor
-from specexec.executor.gguf_weights import match_rows
-from specexec.executor.quantization import quantize_model
-from specexec.executor.quantized_linear import (
+from specexec.executor.layers.gguf_weights import match_rows
+from specexec.executor.layers.quantization import quantize_model
+from specexec.executor.layers.quantized_linear import (
     DENSE_FROM_ROWS,
     Int4WeightOnlyLinear,
     Int4Weights,
@@ -21,7 +22,6 @@ from specexec.executor.quantized_linear import (
     check_kernel,
     cuda_inner_k_tiles,
 )
-from specexec.executor.speculative_config import SpeculativeConfig
 from test_speculative_identity import BATCHES, assert_all_pages_free, make_config, make_requests, num_accepted
 from tiny_models import make_tiny_model
 
@@ -279,7 +279,7 @@ def test_the_command_line_sets_quantization_over_the_config(tmp_path):
 def test_a_float32_targets_self_draft_takes_the_dtype_measured_for_its_quantized_kernels(
     measured, expected, monkeypatch
 ):
-    from specexec.executor import dtype_choice
+    from specexec.executor.layers import dtype_choice
 
     asked = []
 
@@ -315,7 +315,7 @@ def test_a_self_draft_on_cuda_computes_in_a_dtype_its_kernels_take():
 
 
 def test_the_forward_cost_curve_is_cached_per_quantization():
-    from specexec.executor.draft_length import cost_cache_key
+    from specexec.executor.engine.speculation.draft_length import cost_cache_key
 
     keys = set()
     for scheme in (None, "int8", "int4"):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from specexec.executor.block_manager import BlockManager
-from specexec.executor.request import RequestState, RequestStatus
-from specexec.executor.scheduler import ScheduledRequest, Scheduler
+from specexec.executor.engine.block_manager import BlockManager
+from specexec.executor.engine.request import RequestState, RequestStatus
+from specexec.executor.engine.scheduler import ScheduledRequest, Scheduler
 from specexec.sampling import SamplingParams
 
 NEW_TOKEN = 3

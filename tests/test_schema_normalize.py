@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 import xgrammar as xgr
 from referencing import Registry
-from specexec.grammar.schema_normalize import anchor_pattern, fold_lengths, normalize_schema
-from specexec.grammar.schema_support import find_unsupported
+from specexec.grammar.schema.normalize import anchor_pattern, fold_lengths, normalize_schema
+from specexec.grammar.schema.support import find_unsupported
 from xgrammar.testing import _is_grammar_accept_string
 
 AB = {"a": {"type": "integer"}, "b": {"type": "integer"}}

@@ -17,9 +17,9 @@ import jsonschema
 import pytest
 import xgrammar as xgr
 from referencing import Registry
-from specexec.bench.datasets import DATA_DIR, JSONSCHEMABENCH_SPLITS
-from specexec.grammar.schema_normalize import normalize_schema
-from specexec.grammar.schema_support import UnsupportedKeyword, find_unsupported
+from specexec.grammar.schema.normalize import normalize_schema
+from specexec.grammar.schema.support import UnsupportedKeyword, find_unsupported
+from specexec.prompt_sets.datasets import DATA_DIR, JSONSCHEMABENCH_SPLITS
 from xgrammar.testing import _is_grammar_accept_string
 
 AB = {"a": {"type": "integer"}, "b": {"type": "string"}}

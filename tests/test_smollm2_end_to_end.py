@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from specexec import Executor, ExecutorConfig, SamplingParams
-from specexec.executor.model_loader import load_model
+from specexec.executor.model.model_loader import load_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("all_threads")]
 

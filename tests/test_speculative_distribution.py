@@ -25,13 +25,13 @@ import pytest
 import torch
 from specexec.drafters.base import Drafter, DraftProposal
 from specexec.drafters.draft_target import DraftTargetDrafter
-from specexec.drafters.eagle3 import Eagle3Drafter
-from specexec.drafters.eagle3_head import load_head
+from specexec.drafters.eagle3.drafter import Eagle3Drafter
+from specexec.drafters.eagle3.head import load_head
 from specexec.drafters.ngram import NGramConfig, NGramDrafter
 from specexec.executor.config import ExecutorConfig
+from specexec.executor.engine.request import Request
 from specexec.executor.executor import Executor
-from specexec.executor.quantization import quantize_model
-from specexec.executor.request import Request
+from specexec.executor.layers.quantization import quantize_model
 from specexec.sampling import SamplingParams
 from test_eagle3 import make_head_dir
 from tiny_models import make_tiny_model

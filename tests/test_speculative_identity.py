@@ -21,8 +21,8 @@ from specexec.drafters.draft_target import DraftTargetDrafter
 from specexec.drafters.ngram import NGramConfig, NGramDrafter
 from specexec.drafters.quantize import quantized_copy
 from specexec.executor.config import ExecutorConfig
+from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
-from specexec.executor.request import FinishReason, Request
 from specexec.sampling import SamplingParams
 from tiny_models import make_prompts, make_tiny_model
 
@@ -260,8 +260,8 @@ def test_ngram_drafts_keep_greedy_output_identical(arch, max_draft_len, public_p
 def replay_captured_forwards(executor) -> None:
     """Capture every model's decode/verify forward with the eager-replay backend (CUDA graphs' fixed
     shapes, padding and buffers, launched eagerly): later steps run through the captured path."""
-    from specexec.executor.cuda_graphs import EagerReplay
     from specexec.executor.engine_setup import capture_cuda_graphs
+    from specexec.executor.model.cuda_graphs import EagerReplay
 
     core = executor.core
     reports = capture_cuda_graphs(
@@ -284,7 +284,7 @@ def test_captured_forwards_keep_greedy_output_identical(arch, batch, drafter, pa
     """Decode/verify steps of the target and of the drafter's models replayed through the captured
     path (batch buckets, 1 + max drafts, key pages padded), with either attention kernel: the same tokens
     as the plain run without drafts, and most forwards replayed."""
-    from specexec.executor.attention_paths import AttentionPaths
+    from specexec.executor.model.attention_paths import AttentionPaths
     from test_eagle3 import eagle_spec, make_head_dir
 
     make_head_dir(tmp_path)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from specexec.executor.config import ExecutorConfig
+from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
-from specexec.executor.request import FinishReason, Request
 from specexec.sampling import SamplingParams
 from tiny_models import make_prompts, make_tiny_model, make_tiny_tokenizer
 

@@ -4,7 +4,7 @@ target judged in its earlier chains, pulled toward the rate over all requests.""
 from __future__ import annotations
 
 import pytest
-from specexec.drafters.text_odds import TextOdds
+from specexec.drafters.eagle3.text_odds import TextOdds
 
 
 def test_with_no_evidence_the_chance_is_even():

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from specexec.drafters.eagle3 import Eagle3Drafter
+from specexec.drafters.eagle3.drafter import Eagle3Drafter
 from specexec.executor.executor import Executor
-from specexec.executor.model_runner import ModelRunner
+from specexec.executor.model.model_runner import ModelRunner
 from test_eagle3 import eagle_spec, make_head_dir
 from test_speculative_identity import (
     BATCHES,
@@ -108,7 +108,7 @@ def test_warmup_is_off_unless_asked():
 
 def test_cpu_kv_pool_is_zeros_without_writing_them():
     """The pool is zero-filled (a page no request wrote reads as 0, never NaN) and writable."""
-    from specexec.executor.kv_cache import zeroed_pool
+    from specexec.executor.model.kv_cache import zeroed_pool
 
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
         pool = zeroed_pool((3, 2, 40, 2, 8), dtype, torch.device("cpu"))

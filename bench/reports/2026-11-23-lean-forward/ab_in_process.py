@@ -14,7 +14,7 @@ import sys
 import time
 
 import torch
-from specexec.bench.datasets import load_dataset
+from specexec.prompt_sets.datasets import load_dataset
 
 SCENARIOS = ((1, 0), (8, 0), (8, 3))  # (requests, drafts per request)
 STEPS = 16

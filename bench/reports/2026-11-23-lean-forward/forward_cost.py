@@ -12,7 +12,7 @@ import time
 import torch
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
-from specexec.executor.model_loader import load_model
+from specexec.executor.model.model_loader import load_model
 
 CONTEXT, REPEATS = 1024, 30
 

@@ -8,11 +8,11 @@ import sys
 import time
 
 import torch
-from specexec.bench.datasets import load_dataset
 from specexec.executor.config import ExecutorConfig
-from specexec.executor.cpu_info import describe_cpu
+from specexec.executor.engine.request import Request
 from specexec.executor.executor import Executor
-from specexec.executor.request import Request
+from specexec.executor.layers.cpu_info import describe_cpu
+from specexec.prompt_sets.datasets import load_dataset
 from specexec.sampling import SamplingParams
 
 num_prompts = int(sys.argv[1]) if len(sys.argv) > 1 else 4

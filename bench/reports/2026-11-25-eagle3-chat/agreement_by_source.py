@@ -15,13 +15,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from specexec.bench.datasets import load_dataset
-from specexec.bench.eagle3_checkpoint import split_records
-from specexec.bench.eagle3_corpus import generate_corpus, read_corpus
-from specexec.bench.eagle3_features import load_features
-from specexec.bench.eagle3_ttt import ChainAttention
-from specexec.drafters.eagle3_head import SHIPPED_HEAD, load_head
-from specexec.executor.model_loader import load_model
+from specexec.drafters.eagle3.head import SHIPPED_HEAD, load_head
+from specexec.drafters.eagle3.training.checkpoint import split_records
+from specexec.drafters.eagle3.training.corpus import generate_corpus, read_corpus
+from specexec.drafters.eagle3.training.features import load_features
+from specexec.drafters.eagle3.training.ttt import ChainAttention
+from specexec.executor.model.model_loader import load_model
+from specexec.prompt_sets.datasets import load_dataset
 
 head_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else SHIPPED_HEAD
 out = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("/tmp/diag")

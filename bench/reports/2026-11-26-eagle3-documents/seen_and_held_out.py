@@ -2,7 +2,7 @@
 held-out ones: how much of the gap on open chat is the head's capacity and how much its data.
 
     python bench/reports/2026-11-26-eagle3-documents/seen_and_held_out.py \\
-        --head drafters/heads/smollm2-135m-instruct-eagle3 --corpus .train/smollm2-eagle3/corpus \\
+        --head drafters/eagle3/heads/smollm2-135m-instruct-eagle3 --corpus .train/smollm2-eagle3/corpus \\
         --features /tmp/heldout [--per-category 12]
 
 Seen: the corpus's greedy answers to Spec-Bench's non-benchmark prompts outside the validation split, up to
@@ -20,12 +20,12 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from specexec.bench.datasets import load_dataset
-from specexec.bench.eagle3_checkpoint import is_validation
-from specexec.bench.eagle3_corpus import SPECBENCH_CATEGORIES, read_corpus
-from specexec.bench.eagle3_features import load_features
-from specexec.bench.eagle3_scoring import MAX_CONTEXT, held_out_features, scoring_head
-from specexec.bench.eagle3_train import evaluate
+from specexec.drafters.eagle3.training.checkpoint import is_validation
+from specexec.drafters.eagle3.training.corpus import SPECBENCH_CATEGORIES, read_corpus
+from specexec.drafters.eagle3.training.features import load_features
+from specexec.drafters.eagle3.training.scoring import MAX_CONTEXT, held_out_features, scoring_head
+from specexec.drafters.eagle3.training.train_loop import evaluate
+from specexec.prompt_sets.datasets import load_dataset
 
 
 def main() -> None:

@@ -15,11 +15,11 @@ of up to 64 is), so a rule chosen on the first 24 is checked on 24 it was not ch
 import argparse
 import json
 
-from specexec.bench.datasets import load_dataset
-from specexec.bench.engines import Workload, chat_token_ids, run_specexec
+from specexec.bench.engines.specexec_hf import Workload, chat_token_ids, run_specexec
 from specexec.bench.records import summarize
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
+from specexec.prompt_sets.datasets import load_dataset
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--num-requests", type=int, default=24)

@@ -5,12 +5,12 @@ instead of the first, and keys of up to 5 tokens instead of 3; acceptance length
     python bench/reports/2026-11-26-eagle3-prompt-lookup/variants.py
 """
 
-from specexec.bench.datasets import load_dataset
-from specexec.bench.engines import Workload, chat_token_ids, run_specexec
+from specexec.bench.engines.specexec_hf import Workload, chat_token_ids, run_specexec
 from specexec.bench.records import summarize
 from specexec.drafters.ngram import NGramConfig, NGramDrafter
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
+from specexec.prompt_sets.datasets import load_dataset
 
 ex = Executor(
     config=ExecutorConfig(

@@ -2,7 +2,7 @@
 afresh from the corpus (`choose_draft_vocab`, as ``train-eagle3 --fresh-vocab`` chooses them).
 
     python bench/reports/2026-11-26-eagle3-vocab/vocab_coverage.py --corpus .train/smollm2-eagle3/corpus \\
-        --features /tmp/heldout [--head drafters/heads/smollm2-135m-instruct-eagle3] [--sizes 8192 10240]
+        --features /tmp/heldout [--head drafters/eagle3/heads/smollm2-135m-instruct-eagle3] [--sizes 8192 10240]
 
 ``--features`` is the held-out cache `../2026-11-26-eagle3-window/window_sweep.py` writes (the target's
 greedy answers to the evaluation prompts); only their token ids are read. A draft token outside the
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from specexec.bench.eagle3_corpus import read_corpus
 from specexec.bench.eagle3_eval import EVAL_SETS
-from specexec.bench.eagle3_features import choose_draft_vocab
-from specexec.drafters.eagle3_head import SHIPPED_HEAD
+from specexec.drafters.eagle3.head import SHIPPED_HEAD
+from specexec.drafters.eagle3.training.corpus import read_corpus
+from specexec.drafters.eagle3.training.features import choose_draft_vocab
 
 
 def held_share(answers: torch.Tensor, in_vocab: torch.Tensor) -> float:

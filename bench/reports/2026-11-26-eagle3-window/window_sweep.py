@@ -1,6 +1,6 @@
 """Acceptance length of an EAGLE-3 head at several sliding windows, simulated on teacher-forced features.
 
-    python bench/reports/2026-11-26-eagle3-window/window_sweep.py --head drafters/heads/smollm2-135m-instruct-eagle3 \\
+    python bench/reports/2026-11-26-eagle3-window/window_sweep.py --head drafters/eagle3/heads/smollm2-135m-instruct-eagle3 \\
         --features /tmp/heldout [--num-requests 24] [--windows 64 128 256 512 1024 0]
 
 The target answers the evaluation prompts (the benchmark's own draws, as `eagle3_eval` takes them; greedy,
@@ -18,12 +18,12 @@ import argparse
 from pathlib import Path
 
 import torch
-from specexec.bench.eagle3_corpus import read_corpus
 from specexec.bench.eagle3_eval import EVAL_SETS
-from specexec.bench.eagle3_features import load_features
-from specexec.bench.eagle3_scoring import MAX_CONTEXT, held_out_features, scoring_head
-from specexec.bench.eagle3_train import make_batch
-from specexec.bench.eagle3_ttt import ChainAttention, _shift
+from specexec.drafters.eagle3.training.corpus import read_corpus
+from specexec.drafters.eagle3.training.features import load_features
+from specexec.drafters.eagle3.training.scoring import MAX_CONTEXT, held_out_features, scoring_head
+from specexec.drafters.eagle3.training.train_loop import make_batch
+from specexec.drafters.eagle3.training.ttt import ChainAttention, _shift
 
 
 @torch.no_grad()

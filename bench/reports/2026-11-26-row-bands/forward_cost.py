@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 from specexec.executor.config import ExecutorConfig
-from specexec.executor.cpu_info import describe_cpu
+from specexec.executor.engine.scratch_forward import scratch_forward
 from specexec.executor.executor import Executor
-from specexec.executor.measurement_cache import median_seconds
-from specexec.executor.scratch_forward import scratch_forward
+from specexec.executor.layers.cpu_info import describe_cpu
+from specexec.executor.layers.measurement_cache import median_seconds
 
 SIZES = (1, 2, 3, 4, 8)
 

@@ -10,7 +10,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from specexec.executor.cpu_info import describe_cpu
+from specexec.executor.layers.cpu_info import describe_cpu
 
 torch.manual_seed(0)
 SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]

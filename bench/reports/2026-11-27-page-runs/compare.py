@@ -15,9 +15,9 @@ the pool) against those whose pages had to be gathered.
 import types
 
 from specexec.bench.eagle3_eval import machine_line, save_side_by_side, side_by_side, side_by_side_arguments
-from specexec.executor import attention_metadata
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
+from specexec.executor.model import attention_metadata
 
 #: the head dense, as it ran for this report (before ``head_quantization`` existed)
 EAGLE3 = {"decoding_type": "Eagle", "max_draft_len": 3, "head_quantization": None}

@@ -1,10 +1,10 @@
 """Would a draft tree make the shipped EAGLE-3 head pay on Spec-Bench on this CPU? An upper bound, offline.
 
     python bench/reports/2026-11-27-trees/tree_ceiling.py --features /tmp/heldout \\
-        [--head drafters/heads/smollm2-135m-instruct-eagle3] [--output DIR]
+        [--head drafters/eagle3/heads/smollm2-135m-instruct-eagle3] [--output DIR]
 
 1. Acceptance. The head is unrolled teacher-forced over the target's greedy answers to the held-out
-   evaluation draws (`eagle3_scoring.held_out_features`, 24 prompts per set), as training validates it:
+   evaluation draws (`scoring.held_out_features`, 24 prompts per set), as training validates it:
    unrolled step k at answer position t is fed the target's own token and the head's step k-1 output,
    and attends the real context and its own chain. That is exactly the accepted path of any draft tree,
    so the rank of the target's token in each step's draft logits (out-of-vocabulary: never drafted)
@@ -30,17 +30,17 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from specexec.bench.eagle3_corpus import read_corpus
 from specexec.bench.eagle3_eval import machine_line
-from specexec.bench.eagle3_features import load_features
-from specexec.bench.eagle3_scoring import MAX_CONTEXT, held_out_features, scoring_head
-from specexec.bench.eagle3_train import make_batch
-from specexec.bench.eagle3_ttt import ChainAttention, _shift
-from specexec.drafters.eagle3_head import SHIPPED_HEAD
+from specexec.drafters.eagle3.head import SHIPPED_HEAD
+from specexec.drafters.eagle3.training.corpus import read_corpus
+from specexec.drafters.eagle3.training.features import load_features
+from specexec.drafters.eagle3.training.scoring import MAX_CONTEXT, held_out_features, scoring_head
+from specexec.drafters.eagle3.training.train_loop import make_batch
+from specexec.drafters.eagle3.training.ttt import ChainAttention, _shift
 from specexec.executor.config import ExecutorConfig
+from specexec.executor.engine.scratch_forward import scratch_forward
 from specexec.executor.executor import Executor
-from specexec.executor.measurement_cache import interleaved_medians
-from specexec.executor.scratch_forward import scratch_forward
+from specexec.executor.layers.measurement_cache import interleaved_medians
 
 DEPTH = 5  #: unrolled steps scored (trees deeper than this are not considered)
 NEVER = 10**6  #: the rank of a token the head cannot draft (outside its vocabulary, or not an answer)

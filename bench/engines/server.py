@@ -1,0 +1,139 @@
+"""``specexec bench --server URL``: drive a running OpenAI-compatible server with the same workload.
+
+Like with like: each request sends the same token ids the in-process engines get (``/v1/completions``
+with a token-id prompt: the chat template was rendered once, here), the same max tokens, temperature and
+per-request seed, ``ignore_eos`` (vLLM's extension, which `specexec serve` takes too) and with
+``--guided`` the prompt's schema as ``response_format``. Streams are read as server-sent events; TTFT
+and TPOT are measured at the client (the first chunk with text, then the time between it and the last).
+``concurrency`` requests are in flight at a time. Speculation figures (drafts, acceptance) come from the
+server's ``/metrics``, before and after the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+
+from ..records import RequestRecord, schema_valid
+from .specexec_hf import Workload, _failed_record
+
+_SPEC_COUNTERS = {
+    "specexec:spec_decode_num_draft_tokens_total": "num_draft_tokens",
+    "specexec:spec_decode_num_accepted_tokens_total": "num_accepted_tokens",
+}
+
+
+def run_server(
+    url: str,
+    work: Workload,
+    concurrency: int,
+    on_done: Callable[[], None] = lambda: None,
+    api_key: str | None = None,
+) -> tuple[list[RequestRecord], float, dict]:
+    """Records in prompt order, the wall time, and the server's speculation counters over the run."""
+    import httpx
+
+    base = url.rstrip("/").removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    before = _spec_counters(httpx, base)
+    records, wall = asyncio.run(_run(httpx, base, headers, work, concurrency, on_done))
+    after = _spec_counters(httpx, base)
+    return records, wall, {k: after.get(k, 0) - before.get(k, 0) for k in after}
+
+
+def check_server(url: str) -> str:
+    """The model the server serves (its first ``/v1/models`` entry); a ValueError when unreachable."""
+    import httpx
+
+    base = url.rstrip("/").removesuffix("/v1")
+    try:
+        models = httpx.get(f"{base}/v1/models", timeout=10).json()["data"]
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        raise ValueError(f"--server {url}: no OpenAI-compatible server answers there ({exc})") from exc
+    return models[0]["id"]
+
+
+async def _run(httpx, base: str, headers: dict, work: Workload, concurrency: int, on_done):
+    limit = asyncio.Semaphore(concurrency)
+    start = time.perf_counter()
+    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=None) as client:
+
+        async def one(i: int) -> RequestRecord:
+            async with limit:
+                record = await _request(client, work, i)
+            on_done()
+            return record
+
+        records = await asyncio.gather(*(one(i) for i in range(len(work.prompts))))
+    return list(records), time.perf_counter() - start
+
+
+async def _request(client, work: Workload, i: int) -> RequestRecord:
+    prompt, ids = work.prompts[i], work.token_ids[i]
+    body = {
+        "prompt": ids,
+        "max_tokens": work.max_tokens,
+        "temperature": work.temperature,
+        "seed": i,
+        "ignore_eos": work.ignore_eos,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if work.guided and prompt.schema:
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "b", "schema": prompt.schema},
+        }
+    sent = time.perf_counter()
+    first = last = None
+    texts, finish, usage, error = [], "length", None, None
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        if response.status_code != 200:
+            message = json.loads(await response.aread()).get("error", {}).get("message", "")
+            return _failed_record(prompt, ids, f"HTTP {response.status_code}: {message}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                error = chunk["error"].get("message", "error")
+                continue
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices", ()):
+                if choice.get("text"):
+                    last = time.perf_counter()
+                    first = first or last
+                    texts.append(choice["text"])
+                finish = choice.get("finish_reason") or finish
+    done = time.perf_counter()
+    if error is not None:
+        return _failed_record(prompt, ids, error)
+    num_output = usage["completion_tokens"] if usage else 0
+    text = "".join(texts)
+    return RequestRecord(
+        id=prompt.id,
+        num_prompt_tokens=len(ids),
+        num_output_tokens=num_output,
+        latency_ms=(done - sent) * 1000,
+        ttft_ms=None if first is None else (first - sent) * 1000,
+        tpot_ms=(last - first) * 1000 / (num_output - 1) if first is not None and num_output > 1 else None,
+        finish_reason=finish,
+        schema_valid=schema_valid(text, prompt.schema),
+        text=text,
+    )
+
+
+def _spec_counters(httpx, base: str) -> dict[str, float]:
+    """The server's speculation counters (empty when it has no /metrics)."""
+    try:
+        text = httpx.get(f"{base}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    counters = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in _SPEC_COUNTERS:
+            counters[_SPEC_COUNTERS[name]] = float(value)
+    return counters

@@ -1,0 +1,306 @@
+"""The systems under test: specexec (any configuration) and the Hugging Face baselines.
+
+Every engine takes the same prompts (token ids) and sampling settings and returns one
+`RequestRecord` per request plus the wall time, so rows can be compared side by side.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ...executor.engine.request import FinishReason, Request, RequestOutput
+from ...executor.executor import Executor
+from ...prompt_sets.datasets import BenchPrompt
+from ...sampling import SamplingParams
+from ..records import RequestRecord, schema_valid
+
+
+@dataclass(slots=True)
+class Workload:
+    prompts: list[BenchPrompt]
+    token_ids: list[list[int]]  #: the prompts rendered with the chat template
+    max_tokens: int
+    temperature: float
+    ignore_eos: bool = False  #: exactly max_tokens per request (throughput runs)
+    guided: bool = False  #: constrain outputs to each prompt's schema (prompts without one run free)
+
+    def sampling_params(self, i: int) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=self.max_tokens, temperature=self.temperature, seed=i, ignore_eos=self.ignore_eos
+        )
+
+
+def chat_token_ids(tokenizer, prompts: list[BenchPrompt]) -> list[list[int]]:
+    """Each prompt's messages rendered with the chat template, ready for generation."""
+    return [
+        list(
+            tokenizer.apply_chat_template(
+                p.messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+        for p in prompts
+    ]
+
+
+def _guided_verdict(out: RequestOutput) -> bool | None:
+    """A guided request's schema verdict: the executor's own check of the finished output, and a request
+    refused or failed (an unenforceable keyword, a grammar that admits nothing) counts as invalid."""
+    if out.finish_reason is FinishReason.ERROR:
+        return False
+    return out.guided_valid
+
+
+def _record(prompt: BenchPrompt, out: RequestOutput, guided: bool = False) -> RequestRecord:
+    m = out.metrics
+    return RequestRecord(
+        id=prompt.id,
+        num_prompt_tokens=m.num_prompt_tokens,
+        num_output_tokens=m.num_output_tokens,
+        latency_ms=(m.latency or 0.0) * 1000,
+        ttft_ms=None if m.time_to_first_token is None else m.time_to_first_token * 1000,
+        tpot_ms=None if m.time_per_output_token is None else m.time_per_output_token * 1000,
+        finish_reason=out.finish_reason.value,
+        num_decode_steps=m.num_decode_steps,
+        num_draft_tokens=m.num_draft_tokens,
+        num_accepted_tokens=m.num_accepted_tokens,
+        num_grammar_rejected_drafts=m.num_grammar_rejected_drafts,
+        num_forced_tokens=m.num_forced_tokens,
+        mask_wait_ms=m.mask_wait_ms,
+        error=out.error,
+        proposed_per_position=list(m.proposed_per_position),
+        accepted_per_position=list(m.accepted_per_position),
+        schema_valid=_guided_verdict(out)
+        if guided and prompt.schema
+        else schema_valid(out.text, prompt.schema),
+        text=out.text,
+    )
+
+
+def run_specexec(
+    executor: Executor, work: Workload, concurrency: int, on_done: Callable[[], None] = lambda: None
+) -> tuple[list[RequestRecord], float]:
+    """Keep ``concurrency`` requests in flight until all are done; records in prompt order."""
+    pending = deque(range(len(work.prompts)))
+    in_flight: dict[str, int] = {}
+    records: dict[int, RequestRecord] = {}
+    start = time.perf_counter()
+    while pending or in_flight:
+        while pending and len(in_flight) < concurrency:
+            i = pending.popleft()
+            schema = work.prompts[i].schema if work.guided else None
+            response_format = {"type": "json_schema", "json_schema": {"schema": schema}} if schema else None
+            request = Request(work.token_ids[i], work.sampling_params(i), f"bench-{i}", response_format)
+            state = executor.add_request(request)
+            in_flight[state.request_id] = i
+        for event in executor.step():
+            if event.finished and event.output is not None and event.request_id in in_flight:
+                i = in_flight.pop(event.request_id)
+                records[i] = _record(work.prompts[i], event.output, work.guided)
+                on_done()
+    return [records[i] for i in sorted(records)], time.perf_counter() - start
+
+
+class _FirstTokenTimer:
+    """A `generate` streamer that notes when the first new tokens arrive (the first put is the prompt).
+    Plain `generate` puts one token at a time; with ``assistant_model`` (batch 1, where transformers 5
+    takes a streamer) each put is one verify step's accepted drafts and bonus token, so the first time
+    is when the first step's tokens come out together."""
+
+    def __init__(self) -> None:
+        self.num_puts = 0
+        self.first_token_time: float | None = None
+
+    def put(self, value) -> None:
+        self.num_puts += 1
+        if self.num_puts == 2:
+            self.first_token_time = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+def hf_grammar_processors(model, tokenizer, max_whitespace: int | None):
+    """For a guided HF row: ``prompt -> [logits processor]``, xgrammar's transformers processor with the
+    prompt's schema compiled as the executor compiles it (same whitespace limit); None for a prompt
+    without a schema. A schema xgrammar cannot compile raises (that prompt's row records the error)."""
+    import json
+
+    import xgrammar as xgr
+    from xgrammar.contrib.hf import LogitsProcessor
+
+    from ...grammar.compiler import hf_tokenizer_info
+
+    vocab = model.config.get_text_config().vocab_size
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    stop_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in stop_ids:
+        stop_ids.append(tokenizer.eos_token_id)
+    compiler = xgr.GrammarCompiler(hf_tokenizer_info(tokenizer, vocab, stop_ids))
+
+    def processors(prompt: BenchPrompt):
+        if not prompt.schema:
+            return None
+        text = json.dumps(prompt.schema)
+        if max_whitespace == 0:
+            compiled = compiler.compile_json_schema(text, any_whitespace=False)
+        else:
+            compiled = compiler.compile_json_schema(text, max_whitespace_cnt=max_whitespace)
+        return [LogitsProcessor(compiled)]  # one per generate() call: it keeps its matcher
+
+    return processors
+
+
+def run_hf_generate(
+    model,
+    tokenizer,
+    work: Workload,
+    generate_kwargs: dict,
+    on_done: Callable[[], None] = lambda: None,
+    processors: Callable[[BenchPrompt], list | None] | None = None,
+) -> tuple[list[RequestRecord], float]:
+    """HF `generate`, one request at a time (concurrency 1); ``processors`` gives each prompt its
+    logits processors (the guided baseline)."""
+    records = []
+    eos = None if work.ignore_eos else tokenizer.eos_token_id
+    start_all = time.perf_counter()
+    for i, (prompt, ids) in enumerate(zip(work.prompts, work.token_ids)):
+        timer = _FirstTokenTimer()
+        kwargs = dict(generate_kwargs)
+        if work.temperature > 0:
+            torch.manual_seed(i)
+            kwargs.update(do_sample=True, temperature=work.temperature, top_k=0)
+        else:
+            kwargs.update(do_sample=False)
+        if work.ignore_eos:
+            kwargs.update(min_new_tokens=work.max_tokens)
+        if processors is not None:
+            try:
+                kwargs["logits_processor"] = processors(prompt)
+            except Exception as exc:  # a schema xgrammar cannot compile: the request fails, as ours would
+                records.append(_failed_record(prompt, ids, f"{type(exc).__name__}: {exc}"))
+                on_done()
+                continue
+        start = time.perf_counter()
+        try:
+            out = _generate(model, tokenizer, ids, work, timer, eos, kwargs)
+        except Exception as exc:
+            if processors is None:
+                raise
+            # e.g. xgrammar's processor asserting on a token its mask allowed none of: this request
+            # fails, as the executor fails a request whose grammar admits no token
+            records.append(_failed_record(prompt, ids, f"{type(exc).__name__}: {exc}"))
+            on_done()
+            continue
+        end = time.perf_counter()
+        if eos is not None and eos in out:
+            out = out[: out.index(eos) + 1]
+        text = tokenizer.decode(out, skip_special_tokens=True)
+        ttft = None if timer.first_token_time is None else (timer.first_token_time - start) * 1000
+        tpot = (
+            ((end - timer.first_token_time) * 1000 / (len(out) - 1))
+            if ttft is not None and len(out) > 1
+            else None
+        )
+        records.append(
+            RequestRecord(
+                id=prompt.id,
+                num_prompt_tokens=len(ids),
+                num_output_tokens=len(out),
+                latency_ms=(end - start) * 1000,
+                ttft_ms=ttft,
+                tpot_ms=tpot,
+                finish_reason="stop" if eos is not None and out and out[-1] == eos else "length",
+                schema_valid=schema_valid(text, prompt.schema),
+                text=text,
+            )
+        )
+        on_done()
+    return records, time.perf_counter() - start_all
+
+
+def _generate(model, tokenizer, ids: list[int], work: Workload, timer, eos, kwargs: dict) -> list[int]:
+    with torch.inference_mode():
+        return model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=work.max_tokens,
+            streamer=timer,
+            pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+            eos_token_id=eos,
+            **kwargs,
+        )[0, len(ids) :].tolist()
+
+
+def _failed_record(prompt: BenchPrompt, ids: list[int], error: str) -> RequestRecord:
+    return RequestRecord(
+        id=prompt.id,
+        num_prompt_tokens=len(ids),
+        num_output_tokens=0,
+        latency_ms=0.0,
+        ttft_ms=None,
+        tpot_ms=None,
+        finish_reason="error",
+        error=error,
+        schema_valid=False,
+        text="",
+    )
+
+
+def run_hf_generate_batch(
+    model, tokenizer, work: Workload, concurrency: int, on_done: Callable[[], None] = lambda: None
+) -> tuple[list[RequestRecord], float]:
+    """transformers' own continuous batching with paged attention (`generate_batch`), at most
+    ``concurrency`` requests in a batch."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    config = GenerationConfig(
+        max_new_tokens=work.max_tokens,
+        min_new_tokens=work.max_tokens if work.ignore_eos else None,
+        do_sample=work.temperature > 0,
+        temperature=work.temperature if work.temperature > 0 else None,
+        eos_token_id=None if work.ignore_eos else tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+    )
+    start = time.perf_counter()
+    # (no inference_mode here: generate_batch runs its loop on a thread of its own)
+    results = model.generate_batch(
+        work.token_ids,
+        generation_config=config,
+        continuous_batching_config=ContinuousBatchingConfig(max_requests_per_batch=concurrency),
+        record_timestamps=True,
+    )
+    wall = time.perf_counter() - start
+    records = []
+    for i, (prompt, (_, out)) in enumerate(
+        zip(work.prompts, sorted(results.items(), key=lambda kv: _req_index(kv[0])))
+    ):
+        tokens = out.generated_tokens
+        stamps = out.timestamps or []
+        ttft = (stamps[0] - out.created_time) * 1000 if stamps else None
+        tpot = (stamps[-1] - stamps[0]) * 1000 / (len(stamps) - 1) if len(stamps) > 1 else None
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        records.append(
+            RequestRecord(
+                id=prompt.id,
+                num_prompt_tokens=len(work.token_ids[i]),
+                num_output_tokens=len(tokens),
+                latency_ms=((stamps[-1] if stamps else time.perf_counter()) - out.created_time) * 1000,
+                ttft_ms=ttft,
+                tpot_ms=tpot,
+                schema_valid=schema_valid(text, prompt.schema),
+                text=text,
+            )
+        )
+        on_done()
+    return records, wall
+
+
+def _req_index(request_id: str) -> int:
+    digits = "".join(c for c in request_id if c.isdigit())
+    return int(digits) if digits else 0

@@ -1,0 +1,29 @@
+"""A forward over scratch pages, for timing a model (the draft-length cost model, benchmarks) and for
+warming it up at start-up: the pages are taken from the model's pool and freed at once, and nothing a
+request holds is touched."""
+
+from __future__ import annotations
+
+import torch
+
+from ..model.forward_io import SequenceInput
+from ..model.model_runner import ModelRunner
+from .block_manager import BlockManager
+
+SCRATCH_REQUEST_ID = "__scratch_forward__"  #: the pages' owner while the forward runs
+
+
+def scratch_forward(
+    runner: ModelRunner, block_manager: BlockManager, num_tokens: int, context_len: int = 128
+) -> None:
+    """One forward over ``num_tokens`` new tokens after ``context_len`` cached ones (the context is cut
+    to what the pool holds). On CUDA it waits for the forward, so a timer around it times the work."""
+    context_len = max(0, min(context_len, block_manager.capacity_tokens - num_tokens))
+    block_manager.allocate(SCRATCH_REQUEST_ID, context_len + num_tokens)
+    try:
+        table = block_manager.block_tables[SCRATCH_REQUEST_ID]
+        runner.forward([SequenceInput([0] * num_tokens, context_len, table, num_tokens)])
+        if runner.device.type == "cuda":
+            torch.cuda.synchronize(runner.device)
+    finally:
+        block_manager.free(SCRATCH_REQUEST_ID)

@@ -1,0 +1,326 @@
+"""The executor's side of drafting: find the drafter, reserve draft slots, check what it proposes.
+
+A drafter never gets to emit a token or to break a request. Every call into it goes through one
+`DrafterGuard` (contained, held to a deadline, switched off when it keeps missing it); what it answers
+is checked: slot counts must be integers >= 0, proposals are cut to the reserved slots and at the first
+id outside the vocabulary, and a draft distribution q that is not a finite, non-negative
+[drafts, vocab] tensor drops that request's drafts. Every draft token is verified by the target.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ....drafters.base import Drafter, DraftProposal
+from ....grammar.request_grammar import grammar_valid_prefix
+from ..options import parse_options
+from ..request import RequestState
+from ..scheduler import ScheduledRequest
+from .draft_length import DraftLengthPolicy
+from .drafter_guard import DrafterGuard
+from .speculative_config import SpeculativeConfig
+
+_NOT_RUN = object()  # a guarded call's default: the drafter did not answer
+
+
+@dataclass(slots=True)
+class SpeculationStats:
+    """Aggregate drafting figures of one executor."""
+
+    num_draft_steps: int = 0  #: request-steps that carried drafts
+    drafting_time: float = 0.0  #: seconds spent in the drafter
+    num_drafter_errors: int = 0  #: drafter calls that raised
+    num_drafter_late: int = 0  #: drafter calls that missed their deadline
+    num_garbage_answers: int = 0  #: answers that were not what the hook promises (dropped)
+    num_draft_tokens: int = 0  #: draft tokens proposed (after checks)
+    target_time: float = 0.0  #: seconds spent in target forwards
+    num_target_forwards: int = 0
+
+
+def known_drafters(plugins) -> dict[str, object]:
+    factories: dict[str, object] = {}
+    for result in plugins.hook.specexec_drafter_factories():
+        factories.update(result or {})
+    return factories
+
+
+def find_drafter_factory(spec: SpeculativeConfig, plugins):
+    """The factory named by ``spec.decoding_type`` (case-insensitive); a clear error when unknown."""
+    factories = known_drafters(plugins)
+    factory = {name.lower(): f for name, f in factories.items()}.get(spec.decoding_type.lower())
+    if factory is None:
+        plugin_names = sorted(n for n, _ in plugins.list_name_plugin() if n and not n.startswith("specexec."))
+        raise ValueError(
+            f"unknown speculative_config.decoding_type {spec.decoding_type!r}; "
+            f"known: {', '.join(sorted(factories))}; installed plugins: {', '.join(plugin_names) or 'none'}"
+        )
+    return factory
+
+
+def check_drafter_options(spec: SpeculativeConfig, plugins) -> None:
+    """Before any model loads: the drafter exists and its declared options (if it declares them) parse."""
+    options_type = getattr(find_drafter_factory(spec, plugins), "options", None)
+    if options_type is not None:
+        parse_options(options_type, spec.options)
+
+
+def build_drafter(spec: SpeculativeConfig, context, plugins) -> Drafter:
+    """The drafter named by ``spec.decoding_type``, from the built-ins or a plugin."""
+    drafter = find_drafter_factory(spec, plugins)(spec_config=spec, context=context)
+    if not isinstance(drafter, Drafter):
+        raise ValueError(
+            f"drafter factory for {spec.decoding_type!r} returned {type(drafter).__name__}, not a Drafter"
+        )
+    return drafter
+
+
+def keep_verified_rows(
+    chunks: list[tuple[int, torch.Tensor]],
+    scheduled: ScheduledRequest,
+    verification,
+    output,
+    index: int,
+    layers: tuple[int, ...],
+) -> None:
+    """Append (position, rows [n, len(layers) * hidden]) of the verified positions of one request in
+    this forward: its new tokens (a prompt chunk, or the token fed) and its accepted drafts; rows of
+    rejected drafts are dropped. Called before the request's progress is updated; a request computed
+    from position 0 again (first chunk, or recomputed after preemption) starts over."""
+    r = scheduled.request
+    start = output.cu_tokens[index]
+    num_rows = scheduled.num_new_tokens + (verification.num_accepted if verification else 0)
+    rows = torch.cat([output.hidden_states[layer][start : start + num_rows] for layer in layers], -1)
+    if r.num_computed_tokens == 0:
+        chunks.clear()
+    chunks.append((r.num_computed_tokens, rows))
+
+
+def _snapshot(request: RequestState):
+    """The drafter's view of a guided request's grammar; None when unguided, or when the grammar is
+    broken (the guided stage fails the request this same step)."""
+    try:
+        return request.grammar.snapshot() if request.grammar is not None else None
+    except Exception:
+        return None
+
+
+def _is_slot_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class SpeculationStage:
+    def __init__(
+        self,
+        plugins,
+        drafter: Drafter | None,
+        spec: SpeculativeConfig | None,
+        vocab_size: int,
+        policy: DraftLengthPolicy | None = None,
+        deadline_s: float | None = None,
+    ) -> None:
+        self.plugins = plugins
+        self.drafter = drafter
+        self.spec = spec
+        self.vocab_size = vocab_size
+        self.policy = policy
+        self.stats = SpeculationStats()
+        isolated = not getattr(drafter, "runs_on_loop_thread", False)
+        self.guard = DrafterGuard(type(drafter).__name__, deadline_s, isolated)
+        self._unreleased: list[RequestState] = []  # finished while the drafter could not be called
+
+    @property
+    def max_draft_len(self) -> int:
+        return self.drafter.max_draft_len if self.drafter else 0
+
+    @property
+    def is_drafting(self) -> bool:
+        return self.drafter is not None and self.guard.is_enabled
+
+    def reserve_slots(self, running: list[RequestState], max_model_len: int) -> dict[RequestState, int]:
+        """Before scheduling: ask the drafter for each decoding request's slots, capped; returns the
+        slots wanted per request (none: no entry)."""
+        for request in running:
+            request.drafting_grammar = None
+        decoding = [r for r in running if r.num_uncomputed_tokens == 1]
+        wanted_slots: dict[RequestState, int] = {}
+        if not decoding or not self.is_drafting:
+            return wanted_slots
+        if self.drafter.use_grammar_masks:  # type: ignore[union-attr]
+            for r in decoding:  # the drafter reads a snapshot, never the matcher the masks are built from
+                r.drafting_grammar = _snapshot(r)
+        answers = self._call(
+            "specexec_prepare_draft_requests",
+            lambda: self.plugins.hook.specexec_prepare_draft_requests(requests=decoding),
+            [],
+        )
+        slots = self._merged(answers)
+        batch_len = self.spec.draft_len_for_batch(len(running)) if self.spec else self.max_draft_len
+        for r in decoding:
+            wanted = slots.get(r.request_id, 0)
+            if not _is_slot_count(wanted):
+                self._garbage()  # no drafts for it this step
+                wanted = 0
+            room = min(r.sampling_params.max_tokens - r.num_output_tokens, max_model_len - r.num_tokens) - 1
+            num_slots = max(0, min(wanted, batch_len, room))
+            if self.policy is not None and num_slots:
+                chosen = self.policy.choose(r.request_id, len(running), self._draft_cost_per_token())
+                num_slots = min(num_slots, chosen)
+            if num_slots:
+                wanted_slots[r] = num_slots
+        return wanted_slots
+
+    def collect_drafts(
+        self, batch: list[ScheduledRequest], resources, faults: dict[RequestState, str]
+    ) -> None:
+        """After scheduling: ask the drafter, then keep only what is safe to verify. A request whose
+        own grammar fails while its drafts are checked is put in ``faults``."""
+        drafting = [s for s in batch if s.num_draft_slots]
+        if not drafting or not self.is_drafting:  # (slots without a drafter: grammar-forced tokens)
+            return
+        start = time.perf_counter()
+        answers = self._call(
+            "specexec_prepare_draft_tokens",
+            lambda: self.plugins.hook.specexec_prepare_draft_tokens(
+                scheduled_requests=drafting, resources=resources
+            ),
+            [],
+        )
+        proposals = self._merged(answers)
+        for s in drafting:
+            r = s.request
+            s.draft_token_ids, s.draft_probs = self._checked(proposals.get(r.request_id), s.num_draft_slots)
+            drafter = self.drafter
+            if r.grammar is not None and drafter.use_grammar_masks and not drafter.accepts_grammar_masks:  # type: ignore[union-attr]
+                try:
+                    self._cut_to_grammar(s)
+                except Exception as exc:
+                    faults[r] = f"grammar failed while checking drafts: {exc}"
+            self.stats.num_draft_steps += bool(s.draft_token_ids)
+            self.stats.num_draft_tokens += len(s.draft_token_ids)
+        self.stats.drafting_time += time.perf_counter() - start
+
+    def observe(self, items: list[tuple[RequestState, int, int]]) -> None:
+        """After verification, (request, drafts, accepted) of each: feed the policy and the drafter."""
+        for request, num_drafts, num_accepted in items:
+            if self.policy is not None:
+                self.policy.observe(request.request_id, num_drafts, num_accepted)
+        verified = [(r, a) for r, n, a in items if n]
+        if verified and self.is_drafting:
+            self.guard.call_each(
+                "specexec_on_verified",
+                lambda item: self.plugins.hook.specexec_on_verified(request=item[0], num_accepted=item[1]),
+                verified,
+            )
+        self._sync_guard_stats()
+
+    def release(self, requests: list[RequestState]) -> None:
+        """Forget finished (or preempted) requests: policy, captured features, the drafter's state."""
+        for request in requests:
+            request.target_hidden.clear()
+            request.drafting_grammar = None
+            if self.policy is not None:
+                self.policy.forget(request.request_id)
+        if self.drafter is None:
+            return
+        pending = self._unreleased + requests
+        ran = self.guard.call_each(
+            "specexec_release_request",
+            lambda request: self.plugins.hook.specexec_release_request(request=request),
+            pending,
+        )
+        self._unreleased = [] if ran or not self.guard.is_enabled else pending
+        self._sync_guard_stats()
+
+    def keep_hidden_states(self, batch: list[ScheduledRequest], output, verifications) -> None:
+        """Hand the drafter's layers of the verified positions to each request's ``target_hidden``."""
+        layers = self.drafter.hidden_state_layers if self.is_drafting else ()  # type: ignore[union-attr]
+        if layers:
+            for i, (s, v) in enumerate(zip(batch, verifications)):
+                if v is not None or not s.completes_sequence:
+                    keep_verified_rows(s.request.target_hidden, s, v, output, i, layers)
+
+    def close(self) -> None:
+        self.guard.close()
+
+    # ---- checks ---------------------------------------------------------------------------------------
+    def _call(self, hook: str, fn, default):
+        result = self.guard.call(hook, fn, default)
+        self._sync_guard_stats()
+        return result
+
+    def _sync_guard_stats(self) -> None:
+        self.stats.num_drafter_errors = self.guard.num_errors
+        self.stats.num_drafter_late = self.guard.num_late
+
+    def _garbage(self) -> None:
+        self.stats.num_garbage_answers += 1
+
+    def _merged(self, answers) -> dict:
+        """One dict from the hook relay's answers (a list of dicts); garbage counts as an error."""
+        merged: dict = {}
+        for answer in answers if isinstance(answers, list) else [answers]:
+            if isinstance(answer, dict):
+                merged.update(answer)
+            elif answer is not None:
+                self._garbage()
+        return merged
+
+    def _draft_cost_per_token(self) -> float:
+        """The drafter's time per proposed token, in the cost model's units (a one-token forward = cost(1))."""
+        st = self.stats
+        if not st.num_draft_tokens or not st.num_target_forwards or self.policy is None:
+            return 0.0
+        per_token = st.drafting_time / st.num_draft_tokens
+        per_forward = st.target_time / st.num_target_forwards
+        return per_token / per_forward * self.policy.cost_model.cost(1)
+
+    def _cut_to_grammar(self, s: ScheduledRequest) -> None:
+        """Drop drafts from the first one the request's grammar rejects (it could never be accepted)."""
+        keep = grammar_valid_prefix(s.request.grammar, s.draft_token_ids)
+        s.request.metrics.num_grammar_rejected_drafts += len(s.draft_token_ids) - keep
+        s.draft_token_ids = s.draft_token_ids[:keep]
+        if s.draft_probs is not None:
+            s.draft_probs = s.draft_probs[:keep]
+
+    def _checked(self, proposal, num_slots: int) -> tuple[list[int], torch.Tensor | None]:
+        if proposal is None:
+            return [], None
+        if not isinstance(proposal, DraftProposal):
+            self._garbage()
+            return [], None
+        try:
+            candidates = list(proposal.token_ids)[:num_slots]
+        except TypeError:  # token_ids is not a sequence
+            self._garbage()
+            return [], None
+        tokens = []
+        for t in candidates:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
+                break  # cut at the first id that is not a token of this vocabulary
+            tokens.append(t)
+        probs = proposal.probs
+        if probs is not None and tokens:
+            probs = self._checked_probs(probs, len(tokens))
+            if probs is None:  # q that is not a distribution cannot be verified losslessly
+                self._garbage()
+                return [], None
+        return tokens, probs if tokens else None
+
+    def _checked_probs(self, probs, num_tokens: int) -> torch.Tensor | None:
+        """q [num_tokens, vocab] when it is a finite, non-negative distribution per row, else None."""
+        if (
+            not isinstance(probs, torch.Tensor)
+            or probs.dim() != 2
+            or probs.shape[0] < num_tokens
+            or probs.shape[1] < self.vocab_size
+            or not probs.is_floating_point()
+        ):
+            return None
+        q = probs[:num_tokens, : self.vocab_size]
+        row_sums = q.sum(dim=-1)  # [num_tokens]
+        if not bool(torch.isfinite(row_sums).all() and (q >= 0).all() and (row_sums > 0).all()):
+            return None
+        return q

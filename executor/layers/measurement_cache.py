@@ -1,0 +1,82 @@
+"""Measurements of this machine kept across runs (the forward-cost curve, the dtype choice, the attention
+kernels): one JSON file per key in the cache folder, measured when missing or unreadable; and the one
+timing rule they share."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+logger = logging.getLogger("specexec")
+
+
+def resolve_cache_dir(configured: str | os.PathLike | None = None) -> Path:
+    """specexec's cache folder (converted GGUF models, this machine's measurements): ``configured``
+    (`ExecutorConfig.cache_dir`) when given, else ``$SPECEXEC_CACHE_DIR``, else ``~/.cache/specexec``."""
+    if configured is not None:
+        return Path(configured).expanduser()
+    return default_cache_dir()
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("SPECEXEC_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "specexec"
+
+
+def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """The median wall time of ``repeats`` calls of ``fn`` (warm it up first)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def interleaved_medians(works: dict, repeats: int, calls_per_turn: int = 1) -> dict:
+    """The median seconds of each of ``works`` (key -> callable), all taking turns ``repeats`` times in
+    the dict's order, each turn the median of ``calls_per_turn`` calls, so that a machine's drift falls
+    on each alike. Warm them up first."""
+    times: dict = {key: [] for key in works}
+    for _ in range(repeats):
+        for key, work in works.items():
+            times[key].append(median_seconds(work, calls_per_turn))
+    return {key: sorted(values)[len(values) // 2] for key, values in times.items()}
+
+
+def cached_measurement(
+    cache_dir: Path | None,
+    kind: str,
+    key: str,
+    measure: Callable[[], dict],
+    what: str,
+    needs: tuple[str, ...],
+    is_stale: Callable[[dict], bool] | None = None,
+) -> dict:
+    """``measure()``'s answer for ``key``, read from ``<cache_dir>/<kind>-<hash>.json`` when the file
+    holds every key a fresh answer would (and ``is_stale``, when given, does not reject it); otherwise
+    measured (logging ``what``) and written there. No cache_dir: always measured."""
+    path = None
+    if cache_dir is not None:
+        path = cache_dir / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+        try:
+            cached = json.loads(path.read_text())
+        except (OSError, ValueError):
+            cached = None
+        complete = isinstance(cached, dict) and all(name in cached for name in needs)
+        if complete and (is_stale is None or not is_stale(cached)):
+            return cached
+    logger.info("%s (once%s)", what, f"; cached at {path}" if path else "")
+    data = measure()
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"key": key, **data}))
+        except OSError as exc:
+            logger.warning("could not cache the %s measurement at %s: %s", kind, path, exc)
+    return data

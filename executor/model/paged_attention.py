@@ -1,0 +1,102 @@
+"""Attention over the paged KV cache, plugged into transformers' attention-function interface.
+
+Any model whose attention modules call ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` runs
+on our cache once ``register_paged_attention()`` has run and the model's implementation is set to
+``PAGED_ATTENTION``. The per-forward ``AttentionMetadata`` arrives as the ``paged_metadata`` keyword;
+each layer only indexes with what it holds (no decision on data, no read back from the device).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..layers.attention_kernels import attend
+from .attention_metadata import AttentionGroup, AttentionMetadata
+
+PAGED_ATTENTION = "specexec_paged"
+
+
+def _attend_group(
+    group: AttentionGroup,
+    layer: int,
+    meta: AttentionMetadata,
+    query: torch.Tensor,  # [num_tokens, heads, head_dim]
+    out: torch.Tensor | None,  # [num_tokens, heads, head_dim]; None: return the group's output as is
+    scaling: float,
+    sliding_window: int | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    num, max_q = group.num_queries, group.max_query_len
+    if group.query_slice is not None:
+        q = query[group.query_slice].view(num, max_q, *query.shape[1:])
+    else:
+        q = query[group.query_index]  # [group, max_q, heads, head_dim]
+    if group.kv_slice is not None:  # a lone request on consecutive pages: a view, no copy
+        key, value = meta.kv_cache.view(layer, group.kv_slice)  # [max_kv, kv_heads, head_dim]
+        key, value = key.unsqueeze(0), value.unsqueeze(0)  # [1, max_kv, kv_heads, head_dim]
+    else:
+        # [group, max_kv, kv_heads, head_dim] each
+        key, value = meta.kv_cache.gather_pages(layer, group.block_tables, meta.gather_buffer)
+    q, key, value = q.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    if softcap is None and group.uses_causal_kernel(sliding_window):  # a fresh prompt: SDPA's causal kernel
+        o = F.scaled_dot_product_attention(q, key, value, is_causal=True, scale=scaling, enable_gqa=True)
+    else:
+        path = meta.paths.for_group(max_q, group.is_short, num, group.max_kv_len)
+        o = attend(q, key, value, group.mask(sliding_window), scaling, softcap, path)
+    o = o.transpose(1, 2)  # [group, max_q, heads, head_dim]
+    if out is None:
+        return o  # [group, max_q, heads, head_dim]: the caller's whole output
+    if group.query_slice is not None:
+        out[group.query_slice] = o.reshape(num * max_q, *o.shape[2:])
+    else:
+        out.index_copy_(0, group.out_index, o.reshape(num * max_q, *o.shape[2:])[group.valid_rows])
+    return o
+
+
+def paged_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [1, heads, num_tokens, head_dim]
+    key: torch.Tensor,  # [1, kv_heads, num_tokens, head_dim]
+    value: torch.Tensor,  # [1, kv_heads, num_tokens, head_dim]
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    paged_metadata: AttentionMetadata | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Write the new K/V at the slot mapping, then attend each group over its requests' pages."""
+    if paged_metadata is None:
+        raise RuntimeError(
+            f"attention implementation {PAGED_ATTENTION!r} needs the `paged_metadata` keyword; "
+            "this model is set up for specexec's executor, not for a plain forward"
+        )
+    if query.shape[0] != 1:
+        raise ValueError(
+            f"paged attention expects a flattened batch of shape [1, ...], got {tuple(query.shape)}"
+        )
+    layer = module.layer_idx
+    q = query[0].transpose(0, 1)  # [num_tokens, heads, head_dim]
+    paged_metadata.kv_cache.write(
+        layer, paged_metadata.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1)
+    )
+    scaling = scaling if scaling is not None else q.shape[-1] ** -0.5
+    if paged_metadata.is_single_view:  # the usual batch-1 / uniform-decode case: no gather, no scatter
+        o = _attend_group(
+            paged_metadata.groups[0], layer, paged_metadata, q, None, scaling, sliding_window, softcap
+        )
+        return o.reshape(1, *q.shape), None  # [1, num_tokens, heads, head_dim]
+    out = torch.empty_like(q)  # [num_tokens, heads, head_dim]
+    for group in paged_metadata.groups:
+        _attend_group(group, layer, paged_metadata, q, out, scaling, sliding_window, softcap)
+    return out.unsqueeze(0), None  # [1, num_tokens, heads, head_dim]
+
+
+def register_paged_attention() -> str:
+    """Make ``PAGED_ATTENTION`` a valid ``attn_implementation`` (idempotent); returns its name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(PAGED_ATTENTION, paged_attention_forward)
+    return PAGED_ATTENTION
