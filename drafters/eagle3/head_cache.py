@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ...executor.engine.block_manager import BlockManager
-from ...executor.model.paged_attention import paged_attention_forward
+from ...executor.model.paged_attention import paged_attention
 
 
 @dataclass(slots=True)
@@ -30,25 +30,15 @@ class HeadState:
 
 
 class PagedHeadAttention:
-    """Routes the head's attention through the paged-attention function, on layer 0 of its cache."""
-
-    layer_idx = 0
+    """Routes the head's attention through paged attention, on layer 0 of its cache."""
 
     def __init__(self, metadata, sliding_window: int | None) -> None:
         self.metadata = metadata
         self.sliding_window = sliding_window
 
     def __call__(self, q, k, v):  # [T, heads|kv_heads, head_dim] -> [T, heads, head_dim]
-        out, _ = paged_attention_forward(
-            self,
-            q.transpose(0, 1)[None],
-            k.transpose(0, 1)[None],
-            v.transpose(0, 1)[None],
-            None,
-            sliding_window=self.sliding_window,
-            paged_metadata=self.metadata,
-        )
-        return out[0]
+        scaling = q.shape[-1] ** -0.5
+        return paged_attention(0, q, k, v, self.metadata, scaling, self.sliding_window)
 
 
 class HeadCache:

@@ -1,4 +1,5 @@
-"""Attention over the paged KV cache, plugged into transformers' attention-function interface.
+"""Attention over the paged KV cache: `paged_attention`, which specexec's own decoder and the EAGLE-3
+head call, and the same behind transformers' attention-function interface (`paged_attention_forward`).
 
 Any model whose attention modules call ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` runs
 on our cache once ``register_paged_attention()`` has run and the model's implementation is set to
@@ -54,6 +55,27 @@ def _attend_group(
     return o
 
 
+def paged_attention(
+    layer: int,
+    query: torch.Tensor,  # [num_tokens, heads, head_dim]
+    key: torch.Tensor,  # [num_tokens, kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, kv_heads, head_dim]
+    meta: AttentionMetadata,
+    scaling: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:  # [num_tokens, heads, head_dim]
+    """Write the new K/V of ``layer`` at the slot mapping, then attend each group over its requests' pages."""
+    meta.kv_cache.write(layer, meta.slot_mapping, key, value)
+    if meta.is_single_view:  # the usual batch-1 / uniform-decode case: no gather, no scatter
+        o = _attend_group(meta.groups[0], layer, meta, query, None, scaling, sliding_window, softcap)
+        return o.reshape(query.shape)
+    out = torch.empty_like(query)
+    for group in meta.groups:
+        _attend_group(group, layer, meta, query, out, scaling, sliding_window, softcap)
+    return out
+
+
 def paged_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,  # [1, heads, num_tokens, head_dim]
@@ -67,7 +89,8 @@ def paged_attention_forward(
     paged_metadata: AttentionMetadata | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """Write the new K/V at the slot mapping, then attend each group over its requests' pages."""
+    """`paged_attention` behind transformers' attention-function interface (the layer is
+    ``module.layer_idx``); returns [1, num_tokens, heads, head_dim]."""
     if paged_metadata is None:
         raise RuntimeError(
             f"attention implementation {PAGED_ATTENTION!r} needs the `paged_metadata` keyword; "
@@ -77,21 +100,19 @@ def paged_attention_forward(
         raise ValueError(
             f"paged attention expects a flattened batch of shape [1, ...], got {tuple(query.shape)}"
         )
-    layer = module.layer_idx
     q = query[0].transpose(0, 1)  # [num_tokens, heads, head_dim]
-    paged_metadata.kv_cache.write(
-        layer, paged_metadata.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1)
-    )
     scaling = scaling if scaling is not None else q.shape[-1] ** -0.5
-    if paged_metadata.is_single_view:  # the usual batch-1 / uniform-decode case: no gather, no scatter
-        o = _attend_group(
-            paged_metadata.groups[0], layer, paged_metadata, q, None, scaling, sliding_window, softcap
-        )
-        return o.reshape(1, *q.shape), None  # [1, num_tokens, heads, head_dim]
-    out = torch.empty_like(q)  # [num_tokens, heads, head_dim]
-    for group in paged_metadata.groups:
-        _attend_group(group, layer, paged_metadata, q, out, scaling, sliding_window, softcap)
-    return out.unsqueeze(0), None  # [1, num_tokens, heads, head_dim]
+    out = paged_attention(
+        module.layer_idx,
+        q,
+        key[0].transpose(0, 1),
+        value[0].transpose(0, 1),
+        paged_metadata,
+        scaling,
+        sliding_window,
+        softcap,
+    )
+    return out.unsqueeze(0), None
 
 
 def register_paged_attention() -> str:
