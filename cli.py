@@ -23,6 +23,12 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         choices=["none", "int8", "int4", "gguf"],
         help="weight-only quantization of the linear layers; overrides the config (gguf: the file's own)",
     )
+    parser.add_argument(
+        "--model-impl",
+        choices=["auto", "specexec", "transformers"],
+        help="the forward: specexec's own decoder (Llama family) or transformers' modules; overrides "
+        "the config (default auto: specexec where supported)",
+    )
 
 
 def _add_drafter_args(parser: argparse.ArgumentParser) -> None:
@@ -105,6 +111,8 @@ def _load_config(args: argparse.Namespace):
         config.dtype = args.dtype
     if args.quantization:
         config.quantization = None if args.quantization == "none" else args.quantization
+    if args.model_impl:
+        config.model_impl = args.model_impl
     if getattr(args, "decoding_type", None):
         from .executor.engine.speculation.speculative_config import SpeculativeConfig
 
@@ -140,6 +148,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     with Executor(config=config) as executor:
         choice = executor.dtype_choice
         print(f"[dtype {choice.dtype}: {choice.reason}]", file=sys.stderr)
+        impl = executor.model_impl
+        print(f"[model_impl {impl.impl}: {impl.reason}]", file=sys.stderr)
         if executor.quantization is not None:
             print(f"[{executor.quantization.summary()}]", file=sys.stderr)
         if executor.model.device.type == "cpu":

@@ -46,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="overrides every config's weight-only quantization (gguf: the GGUF file's own codes)",
     )
     parser.add_argument(
+        "--model-impl",
+        choices=["auto", "specexec", "transformers"],
+        help="overrides every config's forward: specexec's own decoder or transformers' modules",
+    )
+    parser.add_argument(
         "--hf-dtype",
         choices=["auto", "float32", "bfloat16", "float16"],
         help="the HF baselines' dtype (default: the first configuration's)",
@@ -147,6 +152,8 @@ def load_configs(args) -> list[NamedConfig]:
             c.config.dtype = args.dtype
         if args.quantization:
             c.config.quantization = None if args.quantization == "none" else args.quantization
+        if args.model_impl:
+            c.config.model_impl = args.model_impl
     names = [c.name for c in configs]
     if len(set(names)) != len(names):
         raise ValueError(f"configuration names must differ: {names}")

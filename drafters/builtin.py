@@ -167,6 +167,7 @@ def make_draft_target(spec_config, context: DrafterContext) -> Drafter:
             cache_dir=cfg.cache_dir,
             progress=cfg.progress,
             quantization=opts.quantization,
+            model_impl=cfg.model_impl,
         )
         check_vocab_compatible(loaded.model, context.vocab_size, loaded.tokenizer, context.tokenizer)
         draft = loaded.model
@@ -178,6 +179,7 @@ def make_draft_target(spec_config, context: DrafterContext) -> Drafter:
         kv_cache_memory_gb=float(opts.kv_cache_memory_gb),
         block_size=cfg.block_size,
         max_num_tokens=cfg.max_num_tokens,
+        model_impl=cfg.model_impl,
     )
 
 
@@ -199,6 +201,7 @@ def self_draft(context: DrafterContext, quantization: str):
         cache_dir=context.executor_config.cache_dir,
         quantization=quantization,
         progress=False,
+        model_impl=context.executor_config.model_impl,
     ).model
 
 

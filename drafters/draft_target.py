@@ -15,6 +15,7 @@ import torch
 
 from ..executor.engine.block_manager import BlockManager
 from ..executor.engine.scratch_forward import scratch_forward
+from ..executor.model.decoder.convert import resolve_model_impl
 from ..executor.model.forward_io import SequenceInput
 from ..executor.model.graph_shapes import GraphShapes
 from ..executor.model.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
@@ -69,9 +70,12 @@ class DraftTargetDrafter(Drafter):
         num_kv_blocks: int | None = None,
         block_size: int = 16,
         max_num_tokens: int = 512,
+        model_impl: str = "auto",
     ) -> None:
         super().__init__(max_draft_len)
         check_vocab_compatible(draft_model, target_vocab_size)
+        #: which forward runs the draft model (`model_impl`, as for the target; converts it in place)
+        self.model_impl = resolve_model_impl(draft_model, model_impl)
         self.vocab_size = target_vocab_size
         #: sampled drafts carry q and are verified with min(1, p/q); greedy drafts are deterministic
         self.returns_draft_probs = sample_drafts

@@ -11,6 +11,7 @@ from .engine.options import reject_unknown_keys
 from .engine.speculation.speculative_config import SpeculativeConfig
 from .layers.linear_backend import check_cpu_linear
 from .layers.quantization import check_quantization
+from .model.decoder.convert import check_model_impl
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 GUIDED_UNSUPPORTED = ("refuse", "warn")
@@ -51,6 +52,11 @@ class ExecutorConfig:
     #: output channel), int4 (groups of 32), gguf (a GGUF file's own Q4_0/Q4_1 codes, exactly; the rest
     #: dequantized). Kernels: `executor/layers/quantized_linear.py`; a device without one is refused
     quantization: str | None = None
+    #: the forward (vLLM's key): auto, specexec, transformers. specexec: its own decoder for the Llama
+    #: family (Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3), fused QKV and gate/up weights, a fixed
+    #: sequence of ops per layer (`executor/model/decoder/`); transformers: transformers' modules with
+    #: paged attention plugged in; auto: specexec where the architecture is supported, else transformers
+    model_impl: str = "auto"
     #: a CPU model's dense linear layers: auto, blas (torch's F.linear), onednn (weights packed once
     #: for oneDNN, the drafter's models too). auto measures both once per CPU and model shape and keeps
     #: the faster (`executor/layers/linear_backend.py`); on CUDA and for float64/float16: blas
@@ -95,6 +101,7 @@ class ExecutorConfig:
         _check(self.model is None or isinstance(self.model, str), "model", self.model, "a path or null")
         _check(self.dtype in DTYPES, "dtype", self.dtype, ", ".join(DTYPES))
         check_quantization(self.quantization)
+        check_model_impl(self.model_impl)
         check_cpu_linear(self.cpu_linear)
         _check(
             isinstance(self.device, str)

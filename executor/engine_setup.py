@@ -32,6 +32,7 @@ from .layers.measurement_cache import resolve_cache_dir
 from .layers.packed_linear import pack_linears, packable_linear_bytes, unpack_linears
 from .model.attention_paths import choose_attention_paths
 from .model.cuda_graphs import CudaGraphCapture, GraphCaptureReport
+from .model.decoder.convert import resolve_model_impl
 from .model.graph_shapes import GraphShapes
 from .model.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from .model.model_runner import ModelRunner
@@ -83,7 +84,7 @@ def build_engine_core(
     model, config: ExecutorConfig, tokenizer, drafter: Drafter | None, plugins, dtype: str
 ) -> EngineCore:
     """Load (in ``dtype``, see `resolve_dtype`), size the KV pool, build the stages."""
-    model, tokenizer, target_path, quantization = _load(model, tokenizer, config, dtype)
+    model, tokenizer, target_path, quantization, model_impl = _load(model, tokenizer, config, dtype)
     param = next(model.parameters())
     spec = KVCacheSpec.from_model_config(model.config, param.dtype)
     num_blocks = config.num_kv_blocks or num_blocks_for_budget(
@@ -129,6 +130,7 @@ def build_engine_core(
     core = EngineCore(runner, scheduler, speculation, guided, outputs, max_model_len, vocab_size, capture)
     core.graph_reports = graph_reports
     core.quantization = quantization
+    core.model_impl = model_impl
     core.linear_backend = linear_backend
     return core
 
@@ -202,7 +204,9 @@ def _resolve_device(device: str) -> torch.device:
 
 
 def _load(model, tokenizer, config: ExecutorConfig, dtype: str):
-    """(model, tokenizer, the path it was loaded from or None, its QuantizationReport or None)."""
+    """(model, tokenizer, the path it was loaded from or None, its QuantizationReport or None, which
+    forward runs and why). ``model_impl`` converts a supported model to the own decoder before
+    quantization, so the quantized layers are the fused ones."""
     from .layers.quantization import quantize_model
     from .model.model_loader import check_device, load_model, loading_logger
 
@@ -216,8 +220,9 @@ def _load(model, tokenizer, config: ExecutorConfig, dtype: str):
         if config.device != "auto":
             check_device(config.device)
             model.to(config.device)
+        model_impl = resolve_model_impl(model, config.model_impl)
         report = quantize_model(model, config.quantization) if config.quantization else None
-        return model.eval(), tokenizer, None, report
+        return model.eval(), tokenizer, None, report, model_impl
 
     loaded = load_model(
         model if model is not None else config.model,
@@ -227,10 +232,11 @@ def _load(model, tokenizer, config: ExecutorConfig, dtype: str):
         cache_dir=config.cache_dir,
         progress=config.progress,
         quantization=config.quantization,
+        model_impl=config.model_impl,
     )
     loading_logger.info("model: %s", loaded.source)
     path = loaded.gguf_path or Path(model if model is not None else config.model)
-    return loaded.model, tokenizer or loaded.tokenizer, path, loaded.quantization
+    return loaded.model, tokenizer or loaded.tokenizer, path, loaded.quantization, loaded.model_impl
 
 
 def _eos_token_ids(model, tokenizer) -> frozenset[int]:

@@ -62,6 +62,8 @@ class Executor:
     cuda_graphs = property(lambda self: self.core.graph_reports)
     #: what ``quantization`` made of the target's layers (a QuantizationReport), or None
     quantization = property(lambda self: self.core.quantization)
+    #: which forward runs the target (``model_impl``): a ModelImplChoice, ``.impl`` specexec or transformers
+    model_impl = property(lambda self: self.core.model_impl)
     #: ``cpu_linear``'s answer (blas or onednn) and why
     linear_backend = property(lambda self: self.core.linear_backend)
 

@@ -26,12 +26,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from .gguf_weights import INT4_TYPES, GGUFFile, match_rows
 from .packed_linear import unpack_linears
 from .quantized_linear import (
     Int4WeightOnlyLinear,
+    Int4Weights,
     Int8WeightOnlyLinear,
     QuantizationError,
     WeightOnlyLinear,
@@ -48,7 +50,8 @@ QUANTIZATIONS = ("int8", "int4", "gguf")
 @dataclass(slots=True)
 class QuantizationReport:
     scheme: str
-    layers: Counter = field(default_factory=Counter)  #: form -> number of modules, e.g. "Q4_1 -> int4"
+    #: form -> number of the checkpoint's linear layers, e.g. "Q4_1 -> int4" (a fused QKV counts three)
+    layers: Counter = field(default_factory=Counter)
     weight_bytes: int = 0  #: bytes of the model's parameters and buffers after quantization
 
     def summary(self) -> str:
@@ -80,14 +83,15 @@ def quantize_model(model: nn.Module, scheme: str, gguf_path: str | Path | None =
         _install_gguf(model, GGUFFile(gguf_path), report)
     else:
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        for _name, parent, child_name, linear in _linears(model):
+        for name, parent, child_name, linear in _linears(model):
+            count = len(_checkpoint_names(name, parent, child_name))
             if scheme == "int4" and linear is head:
                 _replace(parent, child_name, Int8WeightOnlyLinear(linear), report, "int8 (the LM head)")
             elif scheme == "int4" and fits_int4(linear):
-                _replace(parent, child_name, Int4WeightOnlyLinear(linear), report, "int4")
+                _replace(parent, child_name, Int4WeightOnlyLinear(linear), report, "int4", count)
             else:
                 form = "int8" if scheme == "int8" else "int8 (shape not int4-able)"
-                _replace(parent, child_name, Int8WeightOnlyLinear(linear), report, form)
+                _replace(parent, child_name, Int8WeightOnlyLinear(linear), report, form, count)
     report.weight_bytes = _weight_bytes(model)
     logger.info("%s", report.summary())
     return report
@@ -110,23 +114,47 @@ def dequantize_model(model: nn.Module) -> nn.Module:
 def _install_gguf(model: nn.Module, file: GGUFFile, report: QuantizationReport) -> None:
     embedding = model.get_input_embeddings()
     for name, parent, child_name, linear in _linears(model):
-        tensor = file.tensor_for(name)
-        if tensor is None and linear.weight is getattr(embedding, "weight", None):
-            tensor = file.tensor_for(_module_name(model, embedding))  # a head tied to the embedding
-        if tensor is not None and tensor.type_name in INT4_TYPES and fits_int4(linear):
-            weights = tensor.decode()
-            order = match_rows(weights.dequantize(), linear.weight, tensor.name)
-            weights.q, weights.scale, weights.offset = (
-                weights.q[order],
-                weights.scale[order],
-                weights.offset[order],
+        sources = _checkpoint_names(name, parent, child_name)
+        tensors = [file.tensor_for(source) for source in sources]
+        if tensors == [None] and linear.weight is getattr(embedding, "weight", None):
+            tensors = [file.tensor_for(_module_name(model, embedding))]  # a head tied to the embedding
+        types = {t.type_name if t is not None else "unmatched" for t in tensors}
+        if types <= set(INT4_TYPES) and fits_int4(linear):
+            layer = Int4WeightOnlyLinear(linear, _stored_codes(tensors, linear.weight))
+            _replace(
+                parent, child_name, layer, report, f"{'/'.join(sorted(types))} -> int4 (exact)", len(sources)
             )
-            layer = Int4WeightOnlyLinear(linear, weights)
-            _replace(parent, child_name, layer, report, f"{tensor.type_name} -> int4 (exact)")
-        elif tensor is not None and tensor.type_name == "Q8_0" and linear.weight.element_size() == 2:
-            _replace(parent, child_name, Int8WeightOnlyLinear(linear), report, "Q8_0 -> int8 per row")
+        elif types == {"Q8_0"} and linear.weight.element_size() == 2:
+            _replace(
+                parent, child_name, Int8WeightOnlyLinear(linear), report, "Q8_0 -> int8 per row", len(sources)
+            )
         else:
-            report.layers[f"{tensor.type_name if tensor else 'unmatched'} -> dense"] += 1
+            for tensor in tensors:
+                report.layers[f"{tensor.type_name if tensor else 'unmatched'} -> dense"] += 1
+
+
+def _stored_codes(tensors: list, weight) -> Int4Weights:
+    """The file's codes of ``tensors`` stacked in row order, each tensor's rows reordered onto the
+    converted ``weight``'s rows [out, in] (a fused layer holds several tensors one after another)."""
+    decoded = [tensor.decode() for tensor in tensors]
+    parts, start = [], 0
+    for tensor, codes in zip(tensors, decoded):
+        rows = slice(start, start + codes.q.shape[0])
+        order = match_rows(codes.dequantize(), weight[rows], tensor.name)
+        parts.append((codes.q[order], codes.scale[order], codes.offset[order]))
+        start = rows.stop
+    q, scale, offset = (torch.cat(column) for column in zip(*parts))
+    return Int4Weights(q, scale, offset, decoded[0].group_size)
+
+
+def _checkpoint_names(name: str, parent: nn.Module, child_name: str) -> tuple[str, ...]:
+    """The checkpoint's module names a linear layer holds: its own, or, for a fused layer of the own
+    decoder (``parent.checkpoint_names``), those of the layers fused into it, in row order."""
+    fused = getattr(parent, "checkpoint_names", {}).get(child_name)
+    if fused is None:
+        return (name,)
+    prefix = name.rsplit(".", 1)[0]
+    return tuple(f"{prefix}.{source}" for source in fused)
 
 
 def _linears(model: nn.Module):
@@ -139,9 +167,12 @@ def _linears(model: nn.Module):
     return found
 
 
-def _replace(parent: nn.Module, name: str, layer: nn.Module, report: QuantizationReport, form: str) -> None:
+def _replace(
+    parent: nn.Module, name: str, layer: nn.Module, report: QuantizationReport, form: str, count: int = 1
+) -> None:
+    """``count``: the checkpoint's layers it holds (a fused one holds several), as the report counts."""
     setattr(parent, name, layer)
-    report.layers[form] += 1
+    report.layers[form] += count
 
 
 def _module_name(model: nn.Module, module: nn.Module) -> str:

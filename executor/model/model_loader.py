@@ -21,6 +21,7 @@ from transformers.utils import logging as hf_logging
 
 from ..layers.measurement_cache import resolve_cache_dir
 from ..layers.quantization import QuantizationReport, check_quantization, quantize_model
+from .decoder.convert import ModelImplChoice, resolve_model_impl
 
 logger = logging.getLogger("specexec")
 #: what loading is doing and where the model came from (the CLI prints it; library users configure it)
@@ -49,6 +50,7 @@ class LoadedModel:
     source: str  # human-readable origin (path, and 'cached conversion at ...' if so)
     gguf_path: Path | None = None  #: the GGUF file the model was converted from
     quantization: QuantizationReport | None = None  #: what `quantization` made of its layers
+    model_impl: ModelImplChoice | None = None  #: which forward runs it (asked for with `model_impl`)
 
 
 def default_model_path() -> Path:
@@ -75,9 +77,12 @@ def load_model(
     cache_dir: str | os.PathLike | None = None,
     progress: bool = True,
     quantization: str | None = None,
+    model_impl: str | None = None,
 ) -> LoadedModel:
-    """Load `model` (None = default SmolLM2 GGUF, a .gguf file, or a save_pretrained directory), then
-    quantize its linear layers where `quantization` says (int8, int4, gguf: `executor/layers/quantization.py`)."""
+    """Load `model` (None = default SmolLM2 GGUF, a .gguf file, or a save_pretrained directory); with
+    `model_impl` (auto, specexec, transformers: `decoder/convert.py`) turn it into specexec's own decoder
+    where that applies (None: transformers' modules, as loaded); then quantize its linear layers where
+    `quantization` says (int8, int4, gguf: `executor/layers/quantization.py`), the fused ones included."""
     check_quantization(quantization)
     if dtype not in DTYPES:
         raise ModelLoadError(f"unsupported dtype {dtype!r}; allowed values: {', '.join(DTYPES)}")
@@ -97,6 +102,8 @@ def load_model(
     loaded.model.requires_grad_(False)
     if not path.is_dir():
         loaded.gguf_path = path.resolve()
+    if model_impl is not None:
+        loaded.model_impl = resolve_model_impl(loaded.model, model_impl)
     if quantization is not None:
         loaded.quantization = quantize_model(loaded.model, quantization, loaded.gguf_path)
     return loaded

@@ -15,6 +15,8 @@ import torch
 from .attention_metadata import AttentionMetadata, SequenceSlice
 from .attention_paths import AttentionPaths
 from .cuda_graphs import GraphCaptureReport, StaticForward, StepGraphs
+from .decoder.convert import is_own_decoder
+from .decoder.forward import OwnDecoder
 from .forward_io import ForwardOutput, SequenceInput
 from .graph_shapes import GraphShapes
 from .kv_cache import KVCache
@@ -115,7 +117,9 @@ class PagedInputs:
 
 
 class ModelRunner(PagedInputs):
-    """Runs an HF model's forward on the paged cache; records the hidden states drafters ask for."""
+    """Runs a model's forward on the paged cache, specexec's own decoder where the model was converted
+    to it (`decoder/`), else transformers' modules with paged attention plugged in; records the hidden
+    states drafters ask for."""
 
     def __init__(
         self,
@@ -126,32 +130,41 @@ class ModelRunner(PagedInputs):
     ) -> None:
         super().__init__(kv_cache, max_num_tokens)
         self.model = model
-        model.set_attn_implementation(register_paged_attention())
+        self.decoder = OwnDecoder(model) if is_own_decoder(model) else None
+        if self.decoder is None:
+            model.set_attn_implementation(register_paged_attention())
+        self.capture_layers: tuple[int, ...] = ()  #: hidden-state indices every forward records
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks: dict[int, object] = {}
         self.capture(capture_layers)
 
-    def capture(self, layers: tuple[int, ...]) -> None:
-        """Record these ``hidden_states`` indices in every forward from now on (ForwardOutput.hidden_states)."""
-        if self.graphs is not None and set(layers) - set(self._hooks):
-            raise RuntimeError("hidden-state layers must be chosen before the CUDA graphs are captured")
-        for index in layers:
-            if index not in self._hooks:
-                self._hooks[index] = self._capture_hook(index)
+    @property
+    def model_impl(self) -> str:
+        """Which forward runs: ``specexec`` (the own decoder) or ``transformers``."""
+        return "specexec" if self.decoder is not None else "transformers"
 
-    def _capture_hook(self, index: int):
-        """Record ``hidden_states[index]`` as transformers numbers it: 0 = embeddings, i = output of layer
-        i-1, and the last (i = num_layers) after the final norm."""
-        layers = _decoder_layers(self.model)
-        if not 0 <= index <= len(layers):
-            raise ValueError(f"capture layer {index} is out of range 0..{len(layers)}")
+    def capture(self, layers: tuple[int, ...]) -> None:
+        """Record these ``hidden_states`` indices in every forward from now on (ForwardOutput.hidden_states):
+        0 = embeddings, i = output of layer i-1, and the last (i = num_layers) after the final norm."""
+        if self.graphs is not None and set(layers) - set(self.capture_layers):
+            raise RuntimeError("hidden-state layers must be chosen before the CUDA graphs are captured")
+        num_layers = len(_decoder_layers(self.model))
+        for index in layers:
+            if not 0 <= index <= num_layers:
+                raise ValueError(f"capture layer {index} is out of range 0..{num_layers}")
+            if self.decoder is None and index not in self._hooks:
+                self._hooks[index] = self._capture_hook(index, num_layers)
+        self.capture_layers = tuple(sorted(set(self.capture_layers) | set(layers)))
+
+    def _capture_hook(self, index: int, num_layers: int):
+        """A forward hook on transformers' module whose output is ``hidden_states[index]``."""
         decoder = self.model.get_decoder()
         if index == 0:
             module = decoder.embed_tokens
-        elif index == len(layers):
+        elif index == num_layers:
             module = decoder.norm
         else:
-            module = layers[index - 1]
+            module = decoder.layers[index - 1]
 
         def hook(_module, _args, output):
             hidden = output[0] if isinstance(output, tuple) else output
@@ -164,17 +177,29 @@ class ModelRunner(PagedInputs):
         return self.capture_forward(shapes, backend, model, self._static_forward)
 
     def _static_forward(self, views: StaticViews, meta: AttentionMetadata, token_inputs):
-        """The forward a graph captures: every token of the shape's flat batch, logits for all of them."""
+        """The forward a graph captures: every token of the shape's flat batch, logits for all of them
+        (the step's rows are gathered after the replay)."""
+        logits, hidden = self._run_model(views.input_ids, views.positions, meta, None)
+        return {"logits": logits}, {str(layer): h for layer, h in hidden.items()}  # [B * Q, ...] each
+
+    def _run_model(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        meta: AttentionMetadata,
+        logit_indices: torch.Tensor | None,  # [R] (None: every row)
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:  # logits [R, vocab], captured {index: [T, hidden]}
+        if self.decoder is not None:
+            return self.decoder.forward(input_ids, positions, meta, logit_indices, self.capture_layers)
         self._captured = {}
         out = self.model(
-            input_ids=views.input_ids.unsqueeze(0),
-            position_ids=views.positions.unsqueeze(0),
+            input_ids=input_ids.unsqueeze(0),
+            position_ids=positions.unsqueeze(0),
             use_cache=False,
-            logits_to_keep=0,  # every row: the step's rows are gathered after the replay
+            logits_to_keep=0 if logit_indices is None else logit_indices,
             paged_metadata=meta,
         )
-        hidden = {str(layer): h for layer, h in self._captured.items()}  # [B * Q, hidden] each
-        return {"logits": out.logits[0]}, hidden
+        return out.logits[0], dict(self._captured)
 
     @torch.inference_mode()
     def forward(self, seqs: list[SequenceInput]) -> ForwardOutput:
@@ -185,13 +210,7 @@ class ModelRunner(PagedInputs):
                 hidden = {int(layer): h for layer, h in per_token.items()}
                 return ForwardOutput(per_row["logits"], layout.cu_rows, hidden, layout.cu_tokens)
         batch = self.prepare(seqs)
-        self._captured = {}
-        out = self.model(
-            input_ids=batch.input_ids.unsqueeze(0),
-            position_ids=batch.positions.unsqueeze(0),
-            use_cache=False,
-            logits_to_keep=batch.logit_indices,
-            paged_metadata=batch.metadata,
+        logits, hidden = self._run_model(
+            batch.input_ids, batch.positions, batch.metadata, batch.logit_indices
         )
-        logits = out.logits[0]  # [num_rows, vocab]
-        return ForwardOutput(logits, batch.cu_logit_rows, dict(self._captured), batch.cu_tokens)
+        return ForwardOutput(logits, batch.cu_logit_rows, hidden, batch.cu_tokens)

@@ -1,0 +1,46 @@
+"""RMSNorm as the Llama family computes it, in one torch op where that gives the same numbers.
+
+Two conventions (transformers' own modules differ, and so must we to give their tokens):
+- Llama, Mistral, Qwen2/3: ``weight * normalize(x in float32).to(x.dtype)``;
+- Gemma2/3: ``(normalize(x in float32) * (1 + weight in float32)).to(x.dtype)`` (the weight is stored
+  as an offset from 1).
+
+``torch.rms_norm`` computes in float32 for float32, bfloat16 and float16 inputs and gives float32's
+numbers bit for bit (checked in the tests); a float64 model (the tests' reference dtype) normalizes in
+float32 like transformers does, so its outputs match transformers' to float64 precision.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dimension; ``unit_offset``: Gemma's ``1 + weight`` convention."""
+
+    def __init__(self, weight: torch.Tensor, eps: float, unit_offset: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach(), requires_grad=False)  # [dim]
+        self.eps = eps
+        self.unit_offset = unit_offset
+
+    @classmethod
+    def from_module(cls, module: nn.Module) -> RMSNorm:
+        """The same norm as a transformers RMSNorm module (Llama's or Gemma's convention, by its class)."""
+        eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps", None)
+        if eps is None:
+            raise ValueError(f"{type(module).__name__}: no epsilon found (variance_epsilon or eps)")
+        return cls(module.weight, float(eps), unit_offset="Gemma" in type(module).__name__)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> [..., dim]
+        if self.unit_offset:
+            weight = 1.0 + self.weight.float()
+            return F.rms_norm(x.float(), (x.shape[-1],), weight, self.eps).to(x.dtype)
+        if x.dtype == torch.float64:
+            return self.weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}, unit_offset={self.unit_offset}"

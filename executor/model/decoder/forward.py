@@ -1,0 +1,56 @@
+"""The own decoder's forward over a flat batch: embed, the layers, the final norm and the LM head only
+over the rows that need logits.
+
+It reads the model's modules at every call (``model.model.layers``, ``model.lm_head``, ...), so layers
+that quantization or packing replaced after conversion run as replaced. Hidden states are recorded where
+asked, numbered as transformers numbers them: 0 = the embeddings, i = the output of layer i - 1, and
+the last (= the number of layers) after the final norm.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..attention_metadata import AttentionMetadata
+from .convert import is_own_decoder
+
+
+class OwnDecoder:
+    """Runs a model converted by `convert.convert_to_own_decoder`."""
+
+    def __init__(self, model: nn.Module) -> None:
+        if not is_own_decoder(model):
+            raise ValueError(f"{type(model).__name__} has not been converted to specexec's decoder")
+        self.model = model
+        config = model.config.get_text_config()
+        self.num_layers = len(model.model.layers)
+        self.final_softcap = getattr(config, "final_logit_softcapping", None)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        meta: AttentionMetadata,
+        logit_indices: torch.Tensor | None,  # [R] rows that need logits (None: every row)
+        capture: tuple[int, ...] = (),  # hidden-state indices to record
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:  # logits [R, vocab], {index: [T, hidden]}
+        decoder = self.model.model
+        hidden = decoder.embed_tokens(input_ids)  # [T, hidden]
+        rows = {name: table.rows(positions) for name, table in decoder.rotary_tables.items()}
+        captured = {0: hidden} if 0 in capture else {}
+        residual = None
+        for i, layer in enumerate(decoder.layers):
+            hidden, residual = layer(hidden, residual, rows[layer.spec.rotary], meta)
+            if i + 1 in capture and i + 1 < self.num_layers:
+                captured[i + 1] = residual + hidden
+        out = hidden if residual is None else residual + hidden  # [T, hidden]
+        if self.num_layers in capture:
+            captured[self.num_layers] = normed = decoder.norm(out)
+            last = normed if logit_indices is None else normed[logit_indices]
+        else:
+            last = decoder.norm(out if logit_indices is None else out[logit_indices])  # [R, hidden]
+        logits = self.model.lm_head(last)  # [R, vocab]
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits, captured

@@ -1,0 +1,125 @@
+"""One decoder layer of the Llama family, as a fixed sequence of ops over a flat batch of tokens.
+
+Every layer takes and returns ``(hidden, residual)``: the layer's output is ``residual + hidden``, and
+the next layer does that add first (the first layer gets ``residual=None``: its input is ``hidden``).
+Two orders of norms:
+- `PreNormLayer` (Llama, Mistral, Qwen2/3): norm, attention, add; norm, MLP (the add comes next);
+- `SandwichNormLayer` (Gemma2/3): norm, attention, norm, add; norm, MLP, norm.
+Attention: one QKV projection, optional per-head q/k norms (Qwen3, Gemma3), RoPE from the table rows of
+the step's positions, K/V written into the paged cache and attended there (`paged_attention`), one
+output projection. MLP: one gate/up projection, act(gate) * up, one down projection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ...layers.norm import RMSNorm
+from ...layers.rotary import apply_rotary
+from ..attention_metadata import AttentionMetadata
+from ..paged_attention import paged_attention
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionSpec:
+    """What one layer's attention is, beside its weights."""
+
+    layer_idx: int  #: its KV-cache layer
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scaling: float  #: the query scale (head_dim ** -0.5, or Gemma's query_pre_attn_scalar ** -0.5)
+    sliding_window: int | None = None  #: attend only this many positions back (None: all)
+    softcap: float | None = None  #: Gemma2's attention-logit soft cap
+    rotary: str = "default"  #: which rotary table (Gemma3: one per layer type)
+
+
+class DecoderLayer(nn.Module):
+    """The projections, norms and attention shared by both norm orders; `forward` is the order."""
+
+    def __init__(
+        self,
+        spec: AttentionSpec,
+        qkv_proj: nn.Module,
+        o_proj: nn.Module,
+        gate_up_proj: nn.Module,
+        down_proj: nn.Module,
+        act: nn.Module,
+        norms: dict[str, RMSNorm],
+    ) -> None:
+        super().__init__()
+        self.spec = spec
+        self.qkv_proj = qkv_proj  # [hidden] -> [(heads + 2 * kv_heads) * head_dim]
+        self.o_proj = o_proj  # [heads * head_dim] -> [hidden]
+        self.gate_up_proj = gate_up_proj  # [hidden] -> [2 * intermediate]
+        self.down_proj = down_proj  # [intermediate] -> [hidden]
+        self.act = act
+        self.q_norm = norms.pop("q_norm", None)
+        self.k_norm = norms.pop("k_norm", None)
+        for name, norm in norms.items():
+            setattr(self, name, norm)
+        self._split = (spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim)
+
+    #: the checkpoint's linear layers each fused one holds, in row order (GGUF codes, quantization reports)
+    checkpoint_names = {
+        "qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        "o_proj": ("self_attn.o_proj",),
+        "gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+        "down_proj": ("mlp.down_proj",),
+    }
+
+    def attention(self, x: torch.Tensor, rows: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden]; rows: the rotary table's rows of the T positions."""
+        spec, (q_size, kv_size) = self.spec, self._split
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
+        v = qkv[:, q_size + kv_size :].view(num_tokens, spec.num_kv_heads, spec.head_dim)
+        if self.q_norm is None:  # rotate q and k together: one set of ops for both
+            qk = qkv[:, : q_size + kv_size].view(
+                num_tokens, spec.num_heads + spec.num_kv_heads, spec.head_dim
+            )
+            qk = apply_rotary(qk, rows)  # [T, heads + kv_heads, head_dim]
+            q, k = qk[:, : spec.num_heads], qk[:, spec.num_heads :]
+        else:
+            q = self.q_norm(qkv[:, :q_size].view(num_tokens, spec.num_heads, spec.head_dim))
+            k = self.k_norm(
+                qkv[:, q_size : q_size + kv_size].view(num_tokens, spec.num_kv_heads, spec.head_dim)
+            )
+            q, k = apply_rotary(q, rows), apply_rotary(k, rows)
+        out = paged_attention(
+            spec.layer_idx, q, k, v, meta, spec.scaling, spec.sliding_window, spec.softcap
+        )  # [T, heads, head_dim]
+        return self.o_proj(out.reshape(num_tokens, q_size))
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, intermediate] each
+        return self.down_proj(self.act(gate) * up)
+
+
+class PreNormLayer(DecoderLayer):
+    """Llama's order: ``x += attention(norm(x)); x += mlp(norm(x))``."""
+
+    input_layernorm: RMSNorm
+    post_attention_layernorm: RMSNorm
+
+    def forward(self, hidden, residual, rows, meta):
+        x = hidden if residual is None else residual + hidden  # [T, hidden]: the layer's input
+        x = x + self.attention(self.input_layernorm(x), rows, meta)
+        return self.mlp(self.post_attention_layernorm(x)), x
+
+
+class SandwichNormLayer(DecoderLayer):
+    """Gemma's order: ``x += norm(attention(norm(x))); x += norm(mlp(norm(x)))``."""
+
+    input_layernorm: RMSNorm
+    post_attention_layernorm: RMSNorm
+    pre_feedforward_layernorm: RMSNorm
+    post_feedforward_layernorm: RMSNorm
+
+    def forward(self, hidden, residual, rows, meta):
+        x = hidden if residual is None else residual + hidden  # [T, hidden]: the layer's input
+        x = x + self.post_attention_layernorm(self.attention(self.input_layernorm(x), rows, meta))
+        return self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x))), x
