@@ -179,3 +179,26 @@ def test_real_default_model_cached(tmp_path: Path) -> None:
     assert torch.equal(ids, second.tokenizer("The capital of France is", return_tensors="pt").input_ids)
     assert torch.equal(_logits(first, ids), _logits(second, ids))
     assert first.model.dtype == torch.float32 and not second.model.training
+
+
+def test_a_tokenizer_that_reloads_broken_is_refused_and_its_cache_removed(tmp_path, monkeypatch) -> None:
+    """transformers 5.5.x saved GGUF tokenizers that reloaded with spaces turned into a special token:
+    the conversion checks the reloaded tokenizer against the one it converted."""
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"GGUF" + bytes(64))
+    monkeypatch.setattr(model_loader, "_convert_gguf", lambda path: (_tiny_model(), _tiny_tokenizer()))
+    real_load_dir = model_loader._load_dir
+
+    def load_dir_with_a_broken_tokenizer(*args, **kwargs):
+        loaded = real_load_dir(*args, **kwargs)
+        encode = loaded.tokenizer.encode
+        loaded.tokenizer.encode = lambda text, **kw: encode(text.replace(" ", "<|endoftext|>"), **kw)
+        return loaded
+
+    monkeypatch.setattr(model_loader, "_load_dir", load_dir_with_a_broken_tokenizer)
+    cache = tmp_path / "cache"
+    with pytest.raises(ModelLoadError, match=r"reloads wrong .*transformers 5\.5\.x"):
+        load_model(fake, cache_dir=cache, progress=False)
+    assert list(cache.iterdir()) == [], "the broken conversion must not be loaded again"
+    monkeypatch.setattr(model_loader, "_load_dir", real_load_dir)
+    assert "converted now" in load_model(fake, cache_dir=cache, progress=False).source

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
@@ -33,7 +34,12 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
     "float64": torch.float64,
 }
-CACHE_FORMAT_VERSION = 1
+#: 2: conversions are checked for a tokenizer that reloads as it was converted (caches written before
+#: the check are converted again, and checked)
+CACHE_FORMAT_VERSION = 2
+#: text whose tokens a converted tokenizer must give back after saving and reloading: spaces, a newline
+#: and a tab, which transformers 5.5.x's saved GGUF tokenizers turned into <|endoftext|>
+TOKENIZER_PROBE = "Hello world!\n  Two spaces,\ta tab and 3 digits: 042."
 _MARKER = "specexec_cache.json"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _DEVICE_RE = re.compile(r"cpu|cuda(?::(\d+))?")
@@ -199,7 +205,35 @@ def _load_gguf(path: Path, dtype: torch.dtype, device_map: str | dict | None, ro
         )
     del model
     with _progress_bars(False):
-        return _load_dir(target, dtype, device_map, f"{path} (converted now, saved to cache at {target})")
+        loaded = _load_dir(target, dtype, device_map, f"{path} (converted now, saved to cache at {target})")
+    try:
+        check_tokenizer_round_trip(tokenizer, loaded.tokenizer)
+    except ModelLoadError:
+        shutil.rmtree(target, ignore_errors=True)  # never load it again
+        raise
+    return loaded
+
+
+def check_tokenizer_round_trip(converted, reloaded) -> None:
+    """Refuse (ModelLoadError) a saved tokenizer that reloads other than it was converted: the probe
+    text must give the same ids and decode the same, and the EOS token must be the same."""
+    problems = []
+    if reloaded is None:
+        problems.append("the tokenizer was not saved")
+    else:
+        want, got = converted.encode(TOKENIZER_PROBE), reloaded.encode(TOKENIZER_PROBE)
+        if got != want:
+            problems.append(f"the probe text encodes to {got[:12]}... instead of {want[:12]}...")
+        elif reloaded.decode(got) != converted.decode(want):
+            problems.append(f"the probe text decodes to {reloaded.decode(got)!r}")
+        if reloaded.eos_token_id != converted.eos_token_id:
+            problems.append(f"EOS became id {reloaded.eos_token_id} instead of {converted.eos_token_id}")
+    if problems:
+        raise ModelLoadError(
+            f"the tokenizer saved with the converted GGUF reloads wrong ({'; '.join(problems)}) under "
+            f"transformers {transformers.__version__}; transformers 5.5.x is known to save GGUF tokenizers "
+            "that reload broken: install transformers >= 5.6"
+        )
 
 
 def _convert_gguf(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
