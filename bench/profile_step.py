@@ -1,7 +1,7 @@
 """Where one decode step's time goes: linear layers, attention, other ops, Python.
 
     python -m specexec.bench.profile_step [--dtype float32,bfloat16] [--cpu-linear blas,onednn] [--steps 16]
-        [--output table.txt]
+        [--model-impl transformers,specexec] [--output table.txt]
 
 Four scenarios on the embedded SmolLM2 and extraction prompts (~1.3k tokens each): batch 1 and batch 8
 without drafts, and with exactly 3 drafts per request (a drafter that always proposes 3 tokens, so every
@@ -20,15 +20,20 @@ again under ``torch.profiler`` for the split:
 
 The profiler adds a few microseconds per op, so the split is in proportions; the wall column is the
 unprofiled time.
+
+Under the split, for the batch-1 decode step of each setting, the ops of one decoder layer (layer 0):
+each op's calls and microseconds per step, and the layer's Python (its time outside those ops).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +47,7 @@ from ..prompt_sets.datasets import load_dataset
 from ..sampling import SamplingParams
 
 STEP, MODEL, ATTENTION = "specexec::step", "specexec::model", "specexec::attention"
+LAYER = "specexec::layer0"  #: one decoder layer, for the per-op table
 CATEGORIES = ("linear", "attention", "other ops", "Python in model", "outside: ops", "outside: Python")
 
 
@@ -70,7 +76,11 @@ SCENARIOS = (
 
 
 def make_executor(
-    dtype: str, scenario: Scenario, quantization: str | None = None, cpu_linear: str = "auto"
+    dtype: str,
+    scenario: Scenario,
+    quantization: str | None = None,
+    cpu_linear: str = "auto",
+    model_impl: str = "auto",
 ) -> Executor:
     config = ExecutorConfig(
         dtype=dtype,
@@ -78,6 +88,7 @@ def make_executor(
         max_num_tokens=4096,
         quantization=quantization,
         cpu_linear=cpu_linear,
+        model_impl=model_impl,
     )
     drafter = FixedDrafter(scenario.num_drafts) if scenario.num_drafts else None
     return Executor(config=config, drafter=drafter)
@@ -99,25 +110,38 @@ def start_requests(executor: Executor, scenario: Scenario, warmup_steps: int = 2
         executor.step()
 
 
-def label_the_model(executor: Executor) -> None:
-    """Wrap the model call and the attention function in profiler ranges (for the profiled run only)."""
+@contextlib.contextmanager
+def label_the_model(executor: Executor) -> Iterator[None]:
+    """Wrap the model call, the attention function and layer 0 in profiler ranges while profiling:
+    transformers' modules reach attention through its attention-function table, the own decoder's
+    layers through `paged_attention`."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from ..executor.model.paged_attention import PAGED_ATTENTION, paged_attention_forward
+    from ..executor.model import paged_attention as paged
+    from ..executor.model.decoder import layers as own_layers
 
-    model = executor.core.runner.model
-    model_forward = model.forward
+    runner = executor.core.runner
+    layer = runner.model.model.layers[0]
+    run_model, own_attention, layer_forward = runner._run_model, own_layers.paged_attention, layer.forward
+    hf_attention = ALL_ATTENTION_FUNCTIONS[paged.PAGED_ATTENTION]
 
-    def labelled_forward(*args, **kwargs):
-        with torch.profiler.record_function(MODEL):
-            return model_forward(*args, **kwargs)
+    def labelled(label, fn):
+        def call(*args, **kwargs):
+            with torch.profiler.record_function(label):
+                return fn(*args, **kwargs)
 
-    def labelled_attention(*args, **kwargs):
-        with torch.profiler.record_function(ATTENTION):
-            return paged_attention_forward(*args, **kwargs)
+        return call
 
-    model.forward = labelled_forward
-    ALL_ATTENTION_FUNCTIONS[PAGED_ATTENTION] = labelled_attention
+    runner._run_model = labelled(MODEL, run_model)
+    layer.forward = labelled(LAYER, layer_forward)
+    ALL_ATTENTION_FUNCTIONS[paged.PAGED_ATTENTION] = labelled(ATTENTION, paged.paged_attention_forward)
+    own_layers.paged_attention = labelled(ATTENTION, own_attention)
+    try:
+        yield
+    finally:
+        del runner._run_model, layer.forward
+        ALL_ATTENTION_FUNCTIONS[paged.PAGED_ATTENTION] = hf_attention
+        own_layers.paged_attention = own_attention
 
 
 #: the linear layers' ops: dense (the BLAS, or oneDNN on packed weights: `executor/layers/packed_linear.py`), and
@@ -130,22 +154,32 @@ LINEAR_OPS = (
 )
 
 
+LABELS = (STEP, MODEL, ATTENTION, LAYER)
+
+
+def _ancestors(event) -> tuple[list[str], bool]:
+    """The labelled ranges an event lies in, and whether it is a top-level op (inside no other op)."""
+    ancestors = []
+    parent, is_top_level = event.cpu_parent, True
+    while parent is not None:
+        if parent.name in LABELS:
+            ancestors.append(parent.name)
+        else:
+            is_top_level = False  # nested inside another op: counted with it
+        parent = parent.cpu_parent
+    return ancestors, is_top_level
+
+
 def split(events) -> dict[str, float]:
     """Microseconds per category over the profiled steps (see the module docstring)."""
-    labels = (STEP, MODEL, ATTENTION)
     totals: dict[str, float] = defaultdict(float)
     for e in events:
-        if e.name in labels:
+        if e.name in (STEP, MODEL, ATTENTION):
             totals[e.name] += e.cpu_time_total
             continue
-        ancestors = []
-        parent, is_top_level = e.cpu_parent, True
-        while parent is not None:
-            if parent.name in labels:
-                ancestors.append(parent.name)
-            else:
-                is_top_level = False  # nested inside another op: counted with it
-            parent = parent.cpu_parent
+        if e.name == LAYER:
+            continue
+        ancestors, is_top_level = _ancestors(e)
         if not is_top_level or STEP not in ancestors:
             continue
         if ATTENTION in ancestors:
@@ -160,10 +194,44 @@ def split(events) -> dict[str, float]:
     return totals
 
 
+def layer_ops(events, num_steps: int) -> list[tuple[str, float, float]]:
+    """(op, calls per step, microseconds per step) of the top-level ops inside layer 0 (the attention
+    range as one op), slowest first, and last the layer's Python: its time outside those ops."""
+    calls: dict[str, int] = defaultdict(int)
+    micros: dict[str, float] = defaultdict(float)
+    layer_total = 0.0
+    for e in events:
+        if e.name == LAYER:
+            layer_total += e.cpu_time_total
+            continue
+        ancestors, is_top_level = _ancestors(e)
+        if not ancestors or ancestors[0] != LAYER or not (is_top_level or e.name == ATTENTION):
+            continue  # (an op inside the attention range is counted with the range)
+        calls[e.name] += 1
+        micros[e.name] += e.cpu_time_total
+    rows = sorted(((n, calls[n] / num_steps, micros[n] / num_steps) for n in calls), key=lambda r: -r[2])
+    rows.append(("Python in the layer", float("nan"), (layer_total - sum(micros.values())) / num_steps))
+    return rows
+
+
+def format_layer_ops(label: str, rows: list[tuple[str, float, float]]) -> str:
+    lines = [f"# layer 0 of a batch-1 decode step, {label}: op, calls and microseconds per step"]
+    lines += [f"{name:>40}  {n:>6.0f}  {us:>9.1f}" for name, n, us in rows]
+    total = sum(us for *_, us in rows)
+    lines.append(f"{'the whole layer':>40}  {'':>6}  {total:>9.1f}")
+    return "\n".join(lines)
+
+
 def profile_scenario(
-    dtype: str, scenario: Scenario, num_steps: int, quantization: str | None = None, cpu_linear: str = "auto"
-) -> dict[str, float]:
-    executor = make_executor(dtype, scenario, quantization, cpu_linear)
+    dtype: str,
+    scenario: Scenario,
+    num_steps: int,
+    quantization: str | None = None,
+    cpu_linear: str = "auto",
+    model_impl: str = "auto",
+) -> tuple[dict[str, float], list[tuple[str, float, float]]]:
+    """The scenario's split (shares of the step, and the wall time) and its layer-0 op table."""
+    executor = make_executor(dtype, scenario, quantization, cpu_linear, model_impl)
     try:
         start_requests(executor, scenario)
         walls = []
@@ -171,17 +239,20 @@ def profile_scenario(
             start = time.perf_counter()
             executor.step()
             walls.append(time.perf_counter() - start)
-        label_the_model(executor)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with (
+            label_the_model(executor),
+            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof,
+        ):
             for _ in range(num_steps):
                 with torch.profiler.record_function(STEP):
                     executor.step()
-        totals = split(prof.events())
+        events = prof.events()
+        totals = split(events)
         shares = {c: totals[c] / totals[STEP] for c in CATEGORIES}
         shares["wall ms"] = statistics.median(walls) * 1e3
         shares["model ms"] = totals[MODEL] / num_steps / 1e3
         shares["step ms (profiled)"] = totals[STEP] / num_steps / 1e3
-        return shares
+        return shares, layer_ops(events, num_steps)
     finally:
         executor.close()
 
@@ -206,16 +277,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cpu-linear", default="auto", help="comma-separated cpu_linear settings (auto, blas, onednn)"
     )
+    parser.add_argument(
+        "--model-impl",
+        default="auto",
+        help="comma-separated model_impl settings (auto, specexec, transformers)",
+    )
     args = parser.parse_args(argv)
-    rows = []
+    rows, layer_tables = [], []
     for dtype in args.dtype.split(","):
         for cpu_linear in args.cpu_linear.split(","):
-            label = dtype if cpu_linear == "auto" else f"{dtype} {cpu_linear}"
-            for scenario in SCENARIOS:
-                shares = profile_scenario(dtype, scenario, args.steps, args.quantization, cpu_linear)
-                rows.append((label, scenario.name, shares))
-                print(f"{label} {scenario.name}: wall {shares['wall ms']:.1f} ms per step", flush=True)
-    table = format_table(rows)
+            for impl in args.model_impl.split(","):
+                label = " ".join([dtype] + [x for x in (cpu_linear, impl) if x != "auto"])
+                for scenario in SCENARIOS:
+                    shares, ops = profile_scenario(
+                        dtype, scenario, args.steps, args.quantization, cpu_linear, impl
+                    )
+                    rows.append((label, scenario.name, shares))
+                    print(f"{label} {scenario.name}: wall {shares['wall ms']:.1f} ms per step", flush=True)
+                    if scenario.batch == 1 and not scenario.num_drafts:
+                        layer_tables.append(format_layer_ops(label, ops))
+    table = format_table(rows) + "\n\n" + "\n\n".join(layer_tables)
     header = (
         f"# profile_step: {describe_cpu()}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {args.steps} steps per scenario"
