@@ -201,7 +201,7 @@ def test_kernel_choice_is_measured_once_per_machine_and_cached(tmp_path, monkeyp
     first = choose_attention_paths(HEADS, KV_HEADS, HEAD_DIM, torch.float32, cpu, tmp_path)
     again = choose_attention_paths(HEADS, KV_HEADS, HEAD_DIM, torch.float32, cpu, tmp_path)
     assert first == again and len(calls) == 1, "the second executor reads the cached choice"
-    assert all(p in ("sdpa", "matmul") for p in first.short_context + first.long_context)
+    assert all(p in ("sdpa", "matmul", "paged_cpu") for p in first.short_context + first.long_context)
     assert len(first.short_context) == len(first.long_context) == len(CASES) and len(CONTEXTS) == 2
     (cached,) = tmp_path.glob("attention-paths-*.json")
     cached.write_text("{not json")  # damaged: measured again, not trusted
@@ -209,6 +209,22 @@ def test_kernel_choice_is_measured_once_per_machine_and_cached(tmp_path, monkeyp
     assert len(calls) == 2
     cuda = choose_attention_paths(HEADS, KV_HEADS, HEAD_DIM, torch.bfloat16, torch.device("cuda"), None)
     assert cuda == AttentionPaths.all("sdpa")
+
+
+def test_without_the_cpp_kernel_the_choice_is_between_the_torch_kernels(tmp_path, monkeypatch):
+    from specexec.executor.layers import paged_attention_cpu
+    from specexec.executor.model import attention_paths as paths_module
+
+    monkeypatch.setattr(paths_module, "CONTEXTS", (16, 64))  # tiny timings
+    monkeypatch.setenv(paged_attention_cpu.SWITCH, "0")
+    paged_attention_cpu.load_kernel.cache_clear()
+    try:
+        paths = paths_module.choose_attention_paths(
+            HEADS, KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu"), tmp_path
+        )
+        assert all(p in ("sdpa", "matmul") for p in paths.short_context + paths.long_context)
+    finally:
+        paged_attention_cpu.load_kernel.cache_clear()
 
 
 def test_each_group_takes_the_kernel_of_its_case_and_context():

@@ -10,6 +10,8 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 #: queries per request up to which the unmeasured default may take the matmul path for bf16 on CPU
 MAX_MATMUL_QUERY_LEN = 64
 SDPA, MATMUL, AUTO = "sdpa", "matmul", "auto"
+#: the C++ CPU kernel over the pages themselves (`paged_attention_cpu.py`): no gather; short queries only
+PAGED_CPU = "paged_cpu"
 
 
 def attend(

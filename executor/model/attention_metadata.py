@@ -55,6 +55,7 @@ class AttentionGroup:
     kv_slice: slice | None  #: a lone request on consecutive pages: its keys are one slice of the pool
     max_kv_len: int  #: keys each request's attention reads (a slice's length, or max_blocks pages)
     query_pos: torch.Tensor  # [group, max_query, 1] position of each query
+    kv_lens: torch.Tensor  # [group] keys each request holds (its cached and new tokens)
     key_pos: torch.Tensor  # [1, 1, max_kv]
     base_mask: torch.Tensor | None  # [group, 1, max_query, max_kv] True = attend; None = attend to all
     max_query_pos: int  #: largest query position in the group (a captured group: unknown, so the
@@ -114,7 +115,8 @@ def build_group(seqs: list[SequenceSlice], block_size: int, device: torch.device
     # A mask is needed unless every real query sees every key read: one query per request, all of the
     # same length, exactly filling what is read.
     needs_mask = not (max_q == 1 and all(kv == max_kv for kv in kv_lens))
-    base_mask = causal_page_mask(q_valid, query_pos, key_pos, q_len + start_pos) if needs_mask else None
+    kv_lens = q_len + start_pos  # [group]
+    base_mask = causal_page_mask(q_valid, query_pos, key_pos, kv_lens) if needs_mask else None
 
     uniform = all(n == max_q for n in q_lens) and all(
         seqs[i].query_start == seqs[0].query_start + i * max_q for i in range(num)
@@ -131,6 +133,7 @@ def build_group(seqs: list[SequenceSlice], block_size: int, device: torch.device
         kv_slice=kv_slice,
         max_kv_len=max_kv,
         query_pos=query_pos.unsqueeze(-1),
+        kv_lens=kv_lens,
         key_pos=key_pos.view(1, 1, -1),
         base_mask=base_mask,
         max_query_pos=max(s.start_pos + s.query_len - 1 for s in seqs),

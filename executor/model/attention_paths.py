@@ -1,10 +1,13 @@
 """Which attention kernel runs decode rows (one query per request) and verify rows (``1 + k``), for one
-request and for a batch, over a short and a long context, chosen by timing both on this machine at the
-model's head shapes and cached like the forward-cost curve.
+request and for a batch, over a short and a long context, chosen by timing the candidates on this
+machine at the model's head shapes and cached like the forward-cost curve.
 
-On CPU the right answer differs by dtype and machine: SDPA's flash kernel is slow for one bf16 query
-(0.81 ms vs 0.20 ms as float32 matmuls over 1.3k keys on an AVX512-BF16 EPYC), while in float32 the two
-are within noise. Prefill chunks always take SDPA (its causal kernel when nothing is cached)."""
+On CPU the candidates are SDPA, float32-accumulating matmuls (both over keys gathered from the pages)
+and, where it builds, the C++ kernel that reads the pages in place (`layers/paged_attention_cpu.py`).
+The right answer differs by dtype and machine: SDPA's flash kernel is slow for one bf16 query (0.81 ms
+vs 0.20 ms as float32 matmuls over 1.3k keys on an AVX512-BF16 EPYC; the C++ kernel 0.08 ms), while in
+float32 SDPA and the matmuls are within noise. Prefill chunks always take SDPA (its causal kernel when
+nothing is cached)."""
 
 from __future__ import annotations
 
@@ -13,11 +16,12 @@ from pathlib import Path
 
 import torch
 
-from ..layers.attention_kernels import AUTO, MATMUL, SDPA, attend
+from ..layers.attention_kernels import AUTO, MATMUL, PAGED_CPU, SDPA, attend
 from ..layers.cpu_info import describe_cpu
 from ..layers.measurement_cache import cached_measurement, median_seconds
+from ..layers.paged_attention_cpu import attend_paged_cpu, load_kernel
 
-MEASUREMENT_VERSION = 3
+MEASUREMENT_VERSION = 4  #: 4: the C++ kernel joins the candidates
 CONTEXTS = (256, 2048)  #: keys per request in the timed calls: a short and a long context
 CONTEXT_SPLIT = 768  #: groups reading fewer keys than this take the short-context choice
 VERIFY_QUERY_LEN = 4  #: 1 + 3 drafts
@@ -68,18 +72,19 @@ def choose_attention_paths(
         return AttentionPaths.all(SDPA)
     key = (
         f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
-        f"|{dtype}|heads={num_heads}/{num_kv_heads}x{head_dim}"
+        f"|{dtype}|heads={num_heads}/{num_kv_heads}x{head_dim}|cpp={load_kernel() is not None}"
     )
     data = cached_measurement(
         cache_dir,
         "attention-paths",
         key,
         lambda: measure_attention_paths(num_heads, num_kv_heads, head_dim, dtype),
-        "attention: timing SDPA against float32-accumulating matmuls for decode and verify rows",
+        "attention: timing SDPA, float32-accumulating matmuls and the C++ kernel for decode and verify rows",
         _names(CONTEXTS[0]) + _names(CONTEXTS[1]),
     )
     short, long = (tuple(data.get(name) for name in _names(c)) for c in CONTEXTS)
-    if not all(p in (SDPA, MATMUL) for p in short + long):  # a damaged cache file: the unmeasured default
+    known = (SDPA, MATMUL, PAGED_CPU) if load_kernel() is not None else (SDPA, MATMUL)
+    if not all(p in known for p in short + long):  # a damaged cache file: the unmeasured default
         return AttentionPaths()
     return AttentionPaths(short, long)
 
@@ -87,7 +92,8 @@ def choose_attention_paths(
 def measure_attention_paths(
     num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, repeats: int = 5
 ) -> dict:
-    """{'<case>@<context>': the faster kernel, and '<case>@<context>_seconds': each kernel's median}."""
+    """{'<case>@<context>': the fastest kernel, and '<case>@<context>_seconds': each kernel's median}.
+    The torch kernels are timed on keys already gathered (the gather is not counted against them)."""
     result: dict = {}
     for context in CONTEXTS:
         for name, batch, q_len in CASES:
@@ -97,9 +103,28 @@ def measure_attention_paths(
                 args = (q, k, v, mask, head_dim**-0.5, None, path)
                 attend(*args)  # warm-up
                 seconds[path] = median_seconds(lambda args=args: attend(*args), repeats)
+            if load_kernel() is not None:
+                pages = _paged_inputs(q, k, v, context)
+                attend_paged_cpu(*pages)  # warm-up
+                seconds[PAGED_CPU] = median_seconds(lambda pages=pages: attend_paged_cpu(*pages), repeats)
             result[f"{name}@{context}"] = min(seconds, key=seconds.__getitem__)
             result[f"{name}@{context}_seconds"] = seconds
     return result
+
+
+def _paged_inputs(q, k, v, context, block_size: int = 16) -> tuple:
+    """`attend_paged_cpu`'s arguments for the same case: the keys and values laid out as pages."""
+    batch, kv_heads, _, head_dim = k.shape
+    num_blocks = batch * (-(-context // block_size))
+    pool = q.new_zeros(2, (num_blocks + 1) * block_size, kv_heads, head_dim)  # one page past: padding
+    tables = torch.arange(num_blocks).view(batch, -1)  # [batch, blocks per request]
+    slots = (tables[:, :, None] * block_size + torch.arange(block_size)).reshape(batch, -1)[:, :context]
+    pool[0, slots] = k.transpose(1, 2)
+    pool[1, slots] = v.transpose(1, 2)
+    q_len = q.shape[2]
+    positions = (context - q_len + torch.arange(q_len)).expand(batch, q_len)  # [batch, q_len]
+    lens = torch.full((batch,), context)
+    return q.transpose(1, 2), pool, tables, positions, lens, block_size, head_dim**-0.5, None, None
 
 
 def _inputs(batch, q_len, context, heads, kv_heads, head_dim, dtype):

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..layers.attention_kernels import attend
+from ..layers.attention_kernels import AUTO, PAGED_CPU, attend
+from ..layers.paged_attention_cpu import attend_paged_cpu, load_kernel
 from .attention_metadata import AttentionGroup, AttentionMetadata
 
 PAGED_ATTENTION = "specexec_paged"
@@ -33,6 +34,33 @@ def _attend_group(
         q = query[group.query_slice].view(num, max_q, *query.shape[1:])
     else:
         q = query[group.query_index]  # [group, max_q, heads, head_dim]
+    path = meta.paths.for_group(max_q, group.is_short, num, group.max_kv_len)
+    if path == PAGED_CPU or (path == AUTO and group.is_short and paged_cpu_kernel_runs(q)):
+        o = attend_paged_cpu(
+            q,
+            meta.kv_cache.kv[layer],
+            group.block_tables,
+            group.query_pos[..., 0],
+            group.kv_lens,
+            meta.kv_cache.block_size,
+            scaling,
+            sliding_window,
+            softcap,
+        )  # [group, max_q, heads, head_dim], read from the pages in place
+    else:
+        o = _attend_gathered(group, layer, meta, q, path, scaling, sliding_window, softcap)
+    if out is None:
+        return o  # [group, max_q, heads, head_dim]: the caller's whole output
+    if group.query_slice is not None:
+        out[group.query_slice] = o.reshape(num * max_q, *o.shape[2:])
+    else:
+        out.index_copy_(0, group.out_index, o.reshape(num * max_q, *o.shape[2:])[group.valid_rows])
+    return o
+
+
+def _attend_gathered(group, layer, meta, q, path, scaling, sliding_window, softcap) -> torch.Tensor:
+    """Attention on torch ops over the group's keys: a view of the pool for a lone request on
+    consecutive pages, else its pages gathered. q [group, max_q, heads, head_dim] -> the same shape."""
     if group.kv_slice is not None:  # a lone request on consecutive pages: a view, no copy
         key, value = meta.kv_cache.view(layer, group.kv_slice)  # [max_kv, kv_heads, head_dim]
         key, value = key.unsqueeze(0), value.unsqueeze(0)  # [1, max_kv, kv_heads, head_dim]
@@ -43,16 +71,13 @@ def _attend_group(
     if softcap is None and group.uses_causal_kernel(sliding_window):  # a fresh prompt: SDPA's causal kernel
         o = F.scaled_dot_product_attention(q, key, value, is_causal=True, scale=scaling, enable_gqa=True)
     else:
-        path = meta.paths.for_group(max_q, group.is_short, num, group.max_kv_len)
         o = attend(q, key, value, group.mask(sliding_window), scaling, softcap, path)
-    o = o.transpose(1, 2)  # [group, max_q, heads, head_dim]
-    if out is None:
-        return o  # [group, max_q, heads, head_dim]: the caller's whole output
-    if group.query_slice is not None:
-        out[group.query_slice] = o.reshape(num * max_q, *o.shape[2:])
-    else:
-        out.index_copy_(0, group.out_index, o.reshape(num * max_q, *o.shape[2:])[group.valid_rows])
-    return o
+    return o.transpose(1, 2)  # [group, max_q, heads, head_dim]
+
+
+def paged_cpu_kernel_runs(q: torch.Tensor) -> bool:
+    """Whether the C++ CPU kernel can take this query: on the CPU, once it has loaded."""
+    return q.device.type == "cpu" and load_kernel() is not None
 
 
 def paged_attention(

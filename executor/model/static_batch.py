@@ -154,6 +154,7 @@ class StaticInputs:
             kv_slice=None,
             max_kv_len=max_kv,
             query_pos=query_pos.unsqueeze(-1),
+            kv_lens=kv_len,
             key_pos=key_pos.view(1, 1, -1),
             base_mask=causal_page_mask(q_valid, query_pos, key_pos, kv_len),
             max_query_pos=UNKNOWN_POSITION,

@@ -1,0 +1,119 @@
+"""The C++ CPU attention kernel against the torch path it replaces, on awkward shapes: every dtype, head
+sizes on and off the vector width, grouped-query heads, sliding windows, soft caps, verify rows, padded
+queries, shuffled pages; and the torch path when the kernel is switched off."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from specexec.executor.layers import paged_attention_cpu
+from specexec.executor.layers.attention_kernels import MATMUL
+from specexec.executor.layers.paged_attention_cpu import attend_paged_cpu, load_kernel
+from specexec.executor.model.attention_metadata import AttentionMetadata, SequenceSlice
+from specexec.executor.model.kv_cache import KVCache, KVCacheSpec
+from specexec.executor.model.paged_attention import _attend_gathered
+
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+def make_case(dtype, heads, kv_heads, head_dim, block_size, query_lens, kv_lens, seed=0):
+    """A pool with random keys and values, requests on shuffled pages, and their attention metadata."""
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = sum(-(-n // block_size) for n in kv_lens) + 3
+    cache = KVCache(KVCacheSpec(1, kv_heads, head_dim, dtype), num_blocks, block_size, torch.device("cpu"))
+    cache.kv.copy_(torch.randn(cache.kv.shape, generator=gen).to(dtype))
+    pages = list(range(num_blocks))
+    random.Random(seed).shuffle(pages)
+    seqs, start = [], 0
+    for q_len, kv_len in zip(query_lens, kv_lens):
+        need = -(-kv_len // block_size)
+        seqs.append(SequenceSlice(start, q_len, kv_len - q_len, pages[:need]))
+        pages, start = pages[need:], start + q_len
+    slots = torch.tensor(
+        [
+            s.block_table[p // block_size] * block_size + p % block_size
+            for s in seqs
+            for p in range(s.start_pos, s.kv_len)
+        ]
+    )
+    meta = AttentionMetadata.build(cache, slots, seqs, block_size)
+    query = torch.randn(start, heads, head_dim, generator=gen).to(dtype)  # [tokens, heads, head_dim]
+    return cache, meta, query
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim", "block_size"),
+    [(4, 2, 8, 4), (9, 3, 64, 16), (8, 8, 48, 4), (12, 3, 128, 16), (5, 1, 24, 8)],
+)
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (5, None), (None, 7.5)])
+def test_the_kernel_gives_the_torch_paths_output(
+    dtype, heads, kv_heads, head_dim, block_size, window, softcap
+):
+    if load_kernel() is None:
+        pytest.fail("the C++ CPU kernel did not build here (see the log); this machine has a compiler")
+    query_lens, kv_lens = (
+        [1, 4, 1, 3, 2],
+        [1, 37, 17, 9, 60],
+    )  # decode and verify rows, a fresh 1-token prompt
+    cache, meta, query = make_case(dtype, heads, kv_heads, head_dim, block_size, query_lens, kv_lens)
+    scale = head_dim**-0.5
+    for group in meta.groups:
+        num, max_q = group.num_queries, group.max_query_len
+        q = (
+            query[group.query_slice].view(num, max_q, heads, head_dim)
+            if group.query_slice
+            else query[group.query_index]
+        )
+        want = _attend_gathered(group, 0, meta, q, MATMUL, scale, window, softcap)
+        got = attend_paged_cpu(
+            q,
+            cache.kv[0],
+            group.block_tables,
+            group.query_pos[..., 0],
+            group.kv_lens,
+            block_size,
+            scale,
+            window,
+            softcap,
+        )
+        assert got.shape == want.shape and got.dtype == dtype
+        rows = group.valid_rows if group.valid_rows is not None else slice(None)
+        got, want = (
+            got.reshape(num * max_q, heads, head_dim)[rows],
+            want.reshape(num * max_q, heads, head_dim)[rows],
+        )
+        torch.testing.assert_close(got.double(), want.double(), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+def test_a_padded_request_attends_key_0_as_the_torch_mask_does():
+    """A captured shape pads its batch with requests of no keys (kv_len 0): their rows are never read,
+    but they must not divide by zero; like the torch mask, they attend key 0 of their first page."""
+    cache, meta, query = make_case(torch.float32, 4, 2, 16, 4, [1], [10])
+    tables = meta.groups[0].block_tables
+    q = query.view(1, 1, 4, 16)
+    out = attend_paged_cpu(
+        q, cache.kv[0], tables, torch.tensor([[0]]), torch.tensor([0]), 4, 0.25, None, None
+    )
+    value = cache.kv[0, 1, tables[0, 0] * 4]  # [kv_heads, head_dim] of key 0
+    torch.testing.assert_close(out[0, 0], value.repeat_interleave(2, dim=0))
+
+
+def test_switched_off_the_kernel_is_not_loaded_and_attention_runs_on_torch(monkeypatch):
+    from specexec.executor.model.paged_attention import paged_attention
+
+    cache, meta, query = make_case(torch.float32, 4, 2, 16, 4, [1, 1], [7, 12])
+    k = torch.randn(2, 2, 16)
+    on = paged_attention(0, query, k, k, meta, 0.25)
+    monkeypatch.setenv(paged_attention_cpu.SWITCH, "0")
+    load_kernel.cache_clear()
+    try:
+        assert load_kernel() is None
+        off = paged_attention(0, query, k, k, meta, 0.25)
+    finally:
+        monkeypatch.delenv(paged_attention_cpu.SWITCH)
+        load_kernel.cache_clear()
+    torch.testing.assert_close(on, off, rtol=2e-6, atol=2e-6)
+    assert load_kernel() is not None, "back on once the switch is gone"
