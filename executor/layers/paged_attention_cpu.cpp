@@ -4,9 +4,9 @@
 // over the keys k a query at position p sees: k <= p, k < kv_len[g], and with a sliding window
 // k > p - window. K and V of request g at key position k are read in place from the pool, at slot
 // block_tables[g][k / block_size] * block_size + k % block_size: no gather, no copy, no cast of the pool.
-// Sums and the softmax run in float (double for double); each (request, query, KV head) is one task of
-// at::parallel_for (torch's threads), reading its keys and values once for the query heads that share
-// them. float, bfloat16 and float16 pools run on the CPU's vector unit (AVX-512 or AVX2, whichever the
+// Sums and the softmax run in float (double for double); each (request, KV head) is one task of
+// at::parallel_for (torch's threads), reading its keys and values once for all of its queries and the
+// query heads that share them. float, bfloat16 and float16 pools run on the CPU's vector unit (AVX-512 or AVX2, whichever the
 // build machine has: the module is compiled with -march=native); double, and head sizes that are not a
 // multiple of the vector width, run the plain loops. A padded query (no key in range) attends key 0, as
 // the torch path's mask does; its row is never read.
@@ -215,24 +215,33 @@ void attend_plain(const Problem& P, const T* qp, const T* kp, const T* vp, T* op
 }
 
 #if W_HAS_VECTORS
-// softmax_rows with the vector exp (scores padded or not: the tail runs through a scalar exp)
-inline void softmax_rows_vector(float* scores, int64_t rep, int64_t n, float* inv_total) {
-  for (int64_t r = 0; r < rep; ++r) {
+// One row of a task: a (query, head) pair, with the keys it sees inside the task's key union.
+struct Row {
+  int64_t lo, hi;  // inclusive, as key positions
+};
+
+// softmax over each row's own keys (its slice [lo - base, hi - base] of scores): exp by the vector
+// exp, every key outside the row set to exactly 0; inv_total[r] = 1 / the row's sum
+inline void softmax_rows_vector(float* scores, const std::vector<Row>& rows, int64_t base, int64_t n, float* inv_total) {
+  for (size_t r = 0; r < rows.size(); ++r) {
     float* row = scores + r * n;
+    const int64_t a = rows[r].lo - base, b = rows[r].hi - base + 1;  // [a, b)
     float m = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = a; j < b; ++j) {
       m = std::max(m, row[j]);
     }
-    const vf vm = vset(m);
+    std::fill(row, row + a, 0.f);
+    std::fill(row + b, row + n, 0.f);
+    const vf vm = vset(-m);
     vf vs = vzero();
-    int64_t j = 0;
-    for (; j + W <= n; j += W) {
-      const vf e = vexp(vadd(vload(row + j), vmul(vm, vset(-1.f))));
+    int64_t j = a;
+    for (; j + W <= b; j += W) {
+      const vf e = vexp(vadd(vload(row + j), vm));
       vstore(row + j, e);
       vs = vadd(vs, e);
     }
     float sum = vsum(vs);
-    for (; j < n; ++j) {
+    for (; j < b; ++j) {
       row[j] = std::exp(row[j] - m);
       sum += row[j];
     }
@@ -240,27 +249,75 @@ inline void softmax_rows_vector(float* scores, int64_t rep, int64_t n, float* in
   }
 }
 
-// The vector path: float accumulation, D a multiple of W. Per key, each K (and V) chunk is loaded once
-// for all rep heads; four heads at a time keep independent sums in flight.
+// acc[r, :] = sum_k p[r, k] V[k, :] for the R rows, ROWS rows at a time with their sums in registers
+// (D known at compile time): each V row is loaded once per ROWS rows.
+template <int64_t D, int64_t ROWS, typename T>
+inline void weighted_values(
+    const T* vhead, int64_t slot_stride, const int64_t* table, int64_t block_size, KeyRange all,
+    const float* p, int64_t n, int64_t R, float* acc) {
+  constexpr int64_t C = D / W;
+  for (int64_t r0 = 0; r0 < R; r0 += ROWS) {
+    const int64_t m = std::min<int64_t>(ROWS, R - r0);
+    vf a[ROWS][C];
+    for (int64_t j = 0; j < ROWS; ++j) {
+      for (int64_t c = 0; c < C; ++c) {
+        a[j][c] = vzero();
+      }
+    }
+    for_each_key(table, block_size, all, [&](int64_t slot, int64_t k) {
+      const T* vrow = vhead + slot * slot_stride;
+      vf vv[C];
+      for (int64_t c = 0; c < C; ++c) {
+        vv[c] = vload(vrow + c * W);
+      }
+      for (int64_t j = 0; j < ROWS; ++j) {
+        if (j < m) {
+          const vf w = vset(p[(r0 + j) * n + (k - all.lo)]);
+          for (int64_t c = 0; c < C; ++c) {
+            a[j][c] = vfma(w, vv[c], a[j][c]);
+          }
+        }
+      }
+    });
+    for (int64_t j = 0; j < m; ++j) {
+      for (int64_t c = 0; c < C; ++c) {
+        vstore(acc + (r0 + j) * D + c * W, a[j][c]);
+      }
+    }
+  }
+}
+
+// The vector path: float accumulation, D a multiple of W. One task per (request, KV head) takes all
+// of its queries (a verify step's 1 + k) and the rep heads of each: every K and V row is loaded once
+// for all of them, and four (query, head) rows at a time keep independent sums in flight.
 template <typename T>
 void attend_vector(const Problem& P, const T* qp, const T* kp, const T* vp, T* op) {
   const float scale = static_cast<float>(P.scaling), cap = static_cast<float>(P.softcap);
-  at::parallel_for(0, P.G * P.Q * P.KVH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> query(P.rep * P.D), acc(P.rep * P.D), scores, inv(P.rep);
+  const int64_t D = P.D, rep = P.rep, R = P.Q * rep;  // rows per task: query t, head r -> t * rep + r
+  at::parallel_for(0, P.G * P.KVH, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> query(R * D), acc(R * D), scores, inv(R);
+    std::vector<Row> rows(R);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t kvh = task % P.KVH, t = (task / P.KVH) % P.Q, g = task / (P.KVH * P.Q);
-      const KeyRange range = key_range(P.positions[g * P.Q + t], P.lens[g], P.window);
-      const int64_t n = range.hi - range.lo + 1, D = P.D, rep = P.rep;
-      const T* qrow = qp + ((g * P.Q + t) * P.H + kvh * rep) * D;
-      for (int64_t i = 0; i < rep * D; ++i) {
-        query[i] = static_cast<float>(qrow[i]) * scale;
+      const int64_t kvh = task % P.KVH, g = task / P.KVH;
+      KeyRange all{std::numeric_limits<int64_t>::max(), -1};
+      for (int64_t t = 0; t < P.Q; ++t) {
+        const KeyRange range = key_range(P.positions[g * P.Q + t], P.lens[g], P.window);
+        all = {std::min(all.lo, range.lo), std::max(all.hi, range.hi)};
+        const T* qrow = qp + ((g * P.Q + t) * P.H + kvh * rep) * D;
+        for (int64_t r = 0; r < rep; ++r) {
+          rows[t * rep + r] = {range.lo, range.hi};
+          for (int64_t i = 0; i < D; ++i) {
+            query[(t * rep + r) * D + i] = static_cast<float>(qrow[r * D + i]) * scale;
+          }
+        }
       }
-      scores.resize(rep * n);
+      const int64_t n = all.hi - all.lo + 1;
+      scores.resize(R * n);
       const int64_t* table = P.tables + g * P.max_blocks;
-      for_each_key(table, P.block_size, range, [&](int64_t slot, int64_t k) {
+      for_each_key(table, P.block_size, all, [&](int64_t slot, int64_t k) {
         const T* krow = kp + (slot * P.KVH + kvh) * D;
-        for (int64_t r0 = 0; r0 < rep; r0 += 4) {
-          const int64_t m = std::min<int64_t>(4, rep - r0);
+        for (int64_t r0 = 0; r0 < R; r0 += 4) {
+          const int64_t m = std::min<int64_t>(4, R - r0);
           vf s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
           const float* q0 = query.data() + r0 * D;
           for (int64_t i = 0; i < D; i += W) {
@@ -272,26 +329,36 @@ void attend_vector(const Problem& P, const T* qp, const T* kp, const T* vp, T* o
           }
           const float dots[4] = {vsum(s0), m > 1 ? vsum(s1) : 0.f, m > 2 ? vsum(s2) : 0.f, m > 3 ? vsum(s3) : 0.f};
           for (int64_t j = 0; j < m; ++j) {
-            scores[(r0 + j) * n + (k - range.lo)] = cap > 0 ? std::tanh(dots[j] / cap) * cap : dots[j];
+            scores[(r0 + j) * n + (k - all.lo)] = cap > 0 ? std::tanh(dots[j] / cap) * cap : dots[j];
           }
         }
       });
-      softmax_rows_vector(scores.data(), rep, n, inv.data());
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for_each_key(table, P.block_size, range, [&](int64_t slot, int64_t k) {
-        const T* vrow = vp + (slot * P.KVH + kvh) * D;
-        for (int64_t i = 0; i < D; i += W) {
-          const vf vv = vload(vrow + i);
-          for (int64_t r = 0; r < rep; ++r) {
-            float* a = acc.data() + r * D + i;
-            vstore(a, vfma(vset(scores[r * n + (k - range.lo)]), vv, vload(a)));
+      softmax_rows_vector(scores.data(), rows, all.lo, n, inv.data());
+      const T* vhead = vp + kvh * D;
+      if (D == 64) {
+        weighted_values<64, (W == 16 ? 4 : 2)>(vhead, P.KVH * D, table, P.block_size, all, scores.data(), n, R, acc.data());
+      } else if (D == 128) {
+        weighted_values<128, (W == 16 ? 2 : 1)>(vhead, P.KVH * D, table, P.block_size, all, scores.data(), n, R, acc.data());
+      } else {
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for_each_key(table, P.block_size, all, [&](int64_t slot, int64_t k) {
+          const T* vrow = vhead + slot * P.KVH * D;
+          for (int64_t i = 0; i < D; i += W) {
+            const vf vv = vload(vrow + i);
+            for (int64_t r = 0; r < R; ++r) {
+              float* a = acc.data() + r * D + i;
+              vstore(a, vfma(vset(scores[r * n + (k - all.lo)]), vv, vload(a)));
+            }
           }
-        }
-      });
-      T* orow = op + ((g * P.Q + t) * P.H + kvh * rep) * D;
-      for (int64_t r = 0; r < rep; ++r) {
-        for (int64_t i = 0; i < D; ++i) {
-          orow[r * D + i] = static_cast<T>(acc[r * D + i] * inv[r]);
+        });
+      }
+      for (int64_t t = 0; t < P.Q; ++t) {
+        T* orow = op + ((g * P.Q + t) * P.H + kvh * rep) * D;
+        for (int64_t r = 0; r < rep; ++r) {
+          const float* a = acc.data() + (t * rep + r) * D;
+          for (int64_t i = 0; i < D; ++i) {
+            orow[r * D + i] = static_cast<T>(a[i] * inv[t * rep + r]);
+          }
         }
       }
     }
