@@ -10,9 +10,10 @@
 // build machine has: the module is compiled with -march=native); double, and head sizes that are not a
 // multiple of the vector width, run the plain loops. A padded query (no key in range) attends key 0, as
 // the torch path's mask does; its row is never read.
-#include <torch/extension.h>
-
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -379,12 +380,12 @@ void attend(const Problem& P, const T* qp, const T* kp, const T* vp, T* op) {
   attend_plain<T>(P, qp, kp, vp, op);
 }
 
-torch::Tensor paged_attention_short(
-    torch::Tensor q,             // [G, Q, H, D]
-    torch::Tensor kv,            // [2, slots, KVH, D] one layer's pool
-    torch::Tensor block_tables,  // [G, max_blocks]
-    torch::Tensor query_pos,     // [G, Q]
-    torch::Tensor kv_lens,       // [G]
+at::Tensor paged_attention_short(
+    at::Tensor q,             // [G, Q, H, D]
+    at::Tensor kv,            // [2, slots, KVH, D] one layer's pool
+    at::Tensor block_tables,  // [G, max_blocks]
+    at::Tensor query_pos,     // [G, Q]
+    at::Tensor kv_lens,       // [G]
     int64_t block_size,
     double scaling,
     int64_t window,
@@ -394,10 +395,10 @@ torch::Tensor paged_attention_short(
   TORCH_CHECK(q.scalar_type() == kv.scalar_type(), "q and kv must share a dtype");
   TORCH_CHECK(kv.is_contiguous(), "the KV pool must be contiguous");
   q = q.contiguous();
-  block_tables = block_tables.to(torch::kLong).contiguous();
-  query_pos = query_pos.to(torch::kLong).contiguous();
-  kv_lens = kv_lens.to(torch::kLong).contiguous();
-  auto out = torch::empty_like(q);
+  block_tables = block_tables.to(at::kLong).contiguous();
+  query_pos = query_pos.to(at::kLong).contiguous();
+  kv_lens = kv_lens.to(at::kLong).contiguous();
+  auto out = at::empty_like(q);
   const Problem P{
       q.size(0), q.size(1), q.size(2), q.size(3), kv.size(2), kv.size(1), block_tables.size(1),
       q.size(2) / kv.size(2), block_size, window, scaling, softcap,
@@ -411,6 +412,6 @@ torch::Tensor paged_attention_short(
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention_short", &paged_attention_short, "attention of short queries over a paged KV pool");
+TORCH_LIBRARY(specexec_cpu, m) {
+  m.def("paged_attention_short", &paged_attention_short);
 }
