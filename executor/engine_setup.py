@@ -140,7 +140,20 @@ def _apply_linear_backend(config: ExecutorConfig, model, drafter: Drafter | None
     drafter's dense linear layers in place (after the drafter is built: a drafter that copies the target
     copies it dense), MKL's packed GEMM for the target only; for the BLAS, unpack those an earlier
     executor packed."""
+    drafter_modules = []
+    if drafter is not None:
+        try:
+            drafter_modules = list(drafter.torch_modules())
+        except Exception:  # a plugin's hook: its models stay as they are
+            logger.exception("cpu_linear: %s.torch_modules() raised", type(drafter).__name__)
+    for module in (model, *drafter_modules):  # as loaded, or as an earlier executor packed them
+        unpack_linears(module)
     param = next(model.parameters())
+    packable = any(packable_linear_bytes(m) for m in (model, *drafter_modules))
+    if config.cpu_linear == "auto" and param.device.type == "cpu" and not packable:
+        # nothing the choice could pack: no measurement (a quantized model starts ~10 s sooner here)
+        reason = "auto: no dense linear layer oneDNN could pack (quantized, or a dtype it does not pack)"
+        return LinearBackendChoice("blas", reason)
     choice = choose_linear_backend(
         config.cpu_linear,
         param.device,
@@ -150,14 +163,6 @@ def _apply_linear_backend(config: ExecutorConfig, model, drafter: Drafter | None
         config.quantization,
         None if drafter is None else 1 + drafter.max_draft_len,
     )
-    drafter_modules = []
-    if drafter is not None:
-        try:
-            drafter_modules = list(drafter.torch_modules())
-        except Exception:  # a plugin's hook: its models stay as they are
-            logger.exception("cpu_linear: %s.torch_modules() raised", type(drafter).__name__)
-    for module in (model, *drafter_modules):  # as loaded, or as an earlier executor packed them
-        unpack_linears(module)
     choice = fit_in_memory(choice, packable_linear_bytes(model), available_memory_bytes())
     if choice.backend == "blas":
         return choice

@@ -506,3 +506,21 @@ def test_a_packed_module_is_dense_again_before_it_moves_to_the_configured_device
     executor = Executor(model, make_config(dtype="float32", cpu_linear="blas", device="cpu"))
     assert packed_when_moved == [0]
     assert len(executor.run(make_requests(BATCHES["batch1"]))[0].token_ids) == 16
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_a_model_with_no_dense_linear_layer_left_is_not_measured(scheme, tmp_path, monkeypatch):
+    """Every linear layer quantized: nothing for oneDNN to pack, so `auto` measures nothing."""
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("measured oneDNN for a model it cannot pack")
+
+    monkeypatch.setattr(linear_backend, "measure_onednn_ratios", no_measuring)
+    _, model = make_tiny_model("llama", dtype=torch.float32)
+    config = make_config(dtype="float32", quantization=scheme, cache_dir=str(tmp_path))
+    executor = Executor(model, config)
+    assert (
+        executor.linear_backend.backend == "blas"
+        and "no dense linear layer" in executor.linear_backend.reason
+    )
+    assert len(executor.run(make_requests(BATCHES["batch1"]))[0].token_ids) == 16
