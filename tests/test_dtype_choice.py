@@ -105,3 +105,23 @@ def test_the_executor_reports_its_choice(tmp_path, measured, monkeypatch):
     _, module = make_tiny_model("llama")
     with Executor(module, ExecutorConfig(device="cpu", num_kv_blocks=16)) as executor:
         assert executor.dtype_choice.dtype == "float64"  # a module keeps its own
+
+
+@pytest.mark.parametrize(("bf16_seconds", "timed_again"), [(0.002, False), (0.012, True)])
+def test_a_dtype_clearly_slower_at_its_warm_up_is_not_timed_again(bf16_seconds, timed_again, monkeypatch):
+    import time
+
+    calls = []
+
+    class FakeStep:
+        def __init__(self, shape, dtype, quantization=None):
+            self.dtype = dtype
+
+        def run(self, num_tokens):
+            calls.append(self.dtype)
+            time.sleep(0.016 if self.dtype == torch.float32 else bf16_seconds)
+
+    monkeypatch.setattr(dtype_choice, "DecodeStepWork", FakeStep)
+    ratio = dtype_choice.measure_bf16_ratio(None, repeats=3)
+    assert (len(calls) > 2) == timed_again, calls
+    assert 0.05 < ratio < (0.3 if not timed_again else 1.2)
