@@ -212,19 +212,19 @@ def test_kernel_choice_is_measured_once_per_machine_and_cached(tmp_path, monkeyp
 
 
 def test_without_the_cpp_kernel_the_choice_is_between_the_torch_kernels(tmp_path, monkeypatch):
-    from specexec.executor.layers import paged_attention_cpu
+    from specexec.executor.layers import cpu_kernels as kernels_module
     from specexec.executor.model import attention_paths as paths_module
 
     monkeypatch.setattr(paths_module, "CONTEXTS", (16, 64))  # tiny timings
-    monkeypatch.setenv(paged_attention_cpu.SWITCH, "0")
-    paged_attention_cpu.load_kernel.cache_clear()
+    monkeypatch.setenv(kernels_module.SWITCH, "0")
+    kernels_module.cpu_kernels.cache_clear()
     try:
         paths = paths_module.choose_attention_paths(
             HEADS, KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu"), tmp_path
         )
         assert all(p in ("sdpa", "matmul") for p in paths.short_context + paths.long_context)
     finally:
-        paged_attention_cpu.load_kernel.cache_clear()
+        kernels_module.cpu_kernels.cache_clear()
 
 
 def test_each_group_takes_the_kernel_of_its_case_and_context():

@@ -11,6 +11,7 @@ import pytest
 import torch
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.drafters.draft_target import DraftTargetDrafter
+from specexec.executor.layers import cpu_kernels as kernels_module
 from specexec.executor.layers.norm import RMSNorm
 from specexec.executor.layers.rotary import RotaryTable, apply_rotary
 from specexec.executor.model.decoder.convert import convert_to_own_decoder, is_own_decoder, unsupported_reason
@@ -192,16 +193,28 @@ def test_quantized_fused_layers_equal_the_separately_quantized_layers(scheme):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma2"])
-def test_rms_norm_gives_the_modules_numbers(arch):
+def test_rms_norm_gives_the_modules_numbers(arch, monkeypatch):
+    """Bit for bit on torch ops (float64, and float32 with the C++ ops off); the C++ op's one-pass sum
+    in float32 to within a few ulps; with the residual add, the add's sum too."""
     reference, _ = make_tiny_model(arch, dtype=torch.float32)
     module = reference.model.layers[0].input_layernorm
     torch.nn.init.normal_(module.weight, std=0.3)
     ours = RMSNorm.from_module(module)
+    x, residual = torch.randn(5, 32), torch.randn(5, 32)
     for dtype in (torch.float32, torch.float64):
-        x = torch.randn(5, 32, dtype=dtype)
-        norm = module.to(dtype)
-        ours = ours.to(dtype)
-        assert torch.equal(ours(x), norm(x)), dtype
+        norm, mine = module.to(dtype), ours.to(dtype)
+        got, total = mine.add_forward(x.to(dtype), residual.to(dtype))
+        want_total = residual.to(dtype) + x.to(dtype)
+        assert torch.equal(total, want_total)
+        tolerance = 0 if dtype == torch.float64 else 1e-6
+        torch.testing.assert_close(got, norm(want_total), rtol=tolerance, atol=tolerance)
+    monkeypatch.setenv(kernels_module.SWITCH, "0")
+    kernels_module.cpu_kernels.cache_clear()
+    try:
+        assert torch.equal(ours.to(torch.float32)(x), module.to(torch.float32)(x))
+    finally:
+        monkeypatch.delenv(kernels_module.SWITCH)
+        kernels_module.cpu_kernels.cache_clear()
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])

@@ -8,9 +8,10 @@ import random
 
 import pytest
 import torch
-from specexec.executor.layers import paged_attention_cpu
+from specexec.executor.layers import cpu_kernels as kernels_module
 from specexec.executor.layers.attention_kernels import MATMUL
-from specexec.executor.layers.paged_attention_cpu import attend_paged_cpu, load_kernel
+from specexec.executor.layers.cpu_kernels import cpu_kernels
+from specexec.executor.layers.paged_attention_cpu import attend_paged_cpu
 from specexec.executor.model.attention_metadata import AttentionMetadata, SequenceSlice
 from specexec.executor.model.kv_cache import KVCache, KVCacheSpec
 from specexec.executor.model.paged_attention import _attend_gathered
@@ -52,7 +53,7 @@ def make_case(dtype, heads, kv_heads, head_dim, block_size, query_lens, kv_lens,
 def test_the_kernel_gives_the_torch_paths_output(
     dtype, heads, kv_heads, head_dim, block_size, window, softcap
 ):
-    if load_kernel() is None:
+    if cpu_kernels() is None:
         pytest.fail("the C++ CPU kernel did not build here (see the log); this machine has a compiler")
     query_lens, kv_lens = (
         [1, 4, 1, 3, 2],
@@ -107,13 +108,13 @@ def test_switched_off_the_kernel_is_not_loaded_and_attention_runs_on_torch(monke
     cache, meta, query = make_case(torch.float32, 4, 2, 16, 4, [1, 1], [7, 12])
     k = torch.randn(2, 2, 16)
     on = paged_attention(0, query, k, k, meta, 0.25)
-    monkeypatch.setenv(paged_attention_cpu.SWITCH, "0")
-    load_kernel.cache_clear()
+    monkeypatch.setenv(kernels_module.SWITCH, "0")
+    cpu_kernels.cache_clear()
     try:
-        assert load_kernel() is None
+        assert cpu_kernels() is None
         off = paged_attention(0, query, k, k, meta, 0.25)
     finally:
-        monkeypatch.delenv(paged_attention_cpu.SWITCH)
-        load_kernel.cache_clear()
+        monkeypatch.delenv(kernels_module.SWITCH)
+        cpu_kernels.cache_clear()
     torch.testing.assert_close(on, off, rtol=2e-6, atol=2e-6)
-    assert load_kernel() is not None, "back on once the switch is gone"
+    assert cpu_kernels() is not None, "back on once the switch is gone"

@@ -5,9 +5,10 @@ Two conventions (transformers' own modules differ, and so must we to give their 
 - Gemma2/3: ``(normalize(x in float32) * (1 + weight in float32)).to(x.dtype)`` (the weight is stored
   as an offset from 1).
 
-``torch.rms_norm`` computes in float32 for float32, bfloat16 and float16 inputs and gives float32's
-numbers bit for bit (checked in the tests); a float64 model (the tests' reference dtype) normalizes in
-float32 like transformers does, so its outputs match transformers' to float64 precision.
+On the CPU in float32, bfloat16 and float16 the C++ op ``add_rms_norm`` (`fused_ops_cpu.cpp`) does
+the residual add and the norm in one pass; elsewhere ``torch.rms_norm`` (float32 inside, float32's
+numbers bit for bit). A float64 model (the tests' reference dtype) normalizes in float32 like
+transformers does, so its outputs match transformers' to float64 precision.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .cpu_kernels import cpu_kernels, fused_ops_take
 
 
 class RMSNorm(nn.Module):
@@ -35,6 +38,23 @@ class RMSNorm(nn.Module):
         return cls(module.weight, float(eps), unit_offset="Gemma" in type(module).__name__)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> [..., dim]
+        if fused_ops_take(x):
+            out, _ = cpu_kernels().add_rms_norm(
+                x.reshape(-1, x.shape[-1]), None, self.weight, self.eps, self.unit_offset
+            )
+            return out.view(x.shape)
+        return self._torch_forward(x)
+
+    def add_forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [T, dim] each: (norm(residual + x), residual + x)
+        """The residual add then the norm (``residual=None``: no add), in one op where it can."""
+        if fused_ops_take(x):
+            return cpu_kernels().add_rms_norm(x, residual, self.weight, self.eps, self.unit_offset)
+        total = x if residual is None else residual + x
+        return self._torch_forward(total), total
+
+    def _torch_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.unit_offset:
             weight = 1.0 + self.weight.float()
             return F.rms_norm(x.float(), (x.shape[-1],), weight, self.eps).to(x.dtype)

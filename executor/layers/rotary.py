@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .cpu_kernels import cpu_kernels
+
 
 class RotaryTable(nn.Module):
     """cos and sin per position: ``table[position] = (cos [head_dim], sign * sin [head_dim])``."""
@@ -39,6 +41,20 @@ class RotaryTable(nn.Module):
     def rows(self, positions: torch.Tensor) -> torch.Tensor:  # [num_tokens] -> [num_tokens, 2, 1, head_dim]
         """The cos and signed-sin rows of these positions, shaped to broadcast over heads."""
         return self.table.index_select(0, positions).unsqueeze(2)
+
+
+def rotate_and_store(
+    qkv: torch.Tensor,  # [T, (heads + 2 * kv_heads) * head_dim] a fused QKV projection's output
+    rows: torch.Tensor,  # [T, 2, 1, head_dim] `RotaryTable.rows`
+    kv: torch.Tensor,  # [2, slots, kv_heads, head_dim] one layer's KV pool
+    slots: torch.Tensor,  # [T] each token's slot
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> torch.Tensor:  # [T, heads, head_dim]
+    """RoPE on the q and k heads, the rotated keys and the values written into the pool at their slots,
+    in one pass (the C++ op ``rotary_kv_write``: callers check `cpu_kernels.fused_ops_take`); returns q."""
+    return cpu_kernels().rotary_kv_write(qkv, rows, kv, slots, num_heads, num_kv_heads, head_dim)
 
 
 def apply_rotary(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

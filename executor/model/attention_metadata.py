@@ -210,6 +210,13 @@ class AttentionMetadata:
     paths: AttentionPaths = field(default_factory=AttentionPaths)  #: measured kernel choice per query shape
     #: where page gathers go (a captured forward's own buffer); None: the KV cache's scratch buffer
     gather_buffer: torch.Tensor | None = None
+    #: [num_tokens] each new token's slot as a tensor, whatever ``slot_mapping`` is (the fused rotary and
+    #: cache write takes it); None: ``slot_mapping`` is that tensor
+    slot_tensor: torch.Tensor | None = None
+
+    @property
+    def slots(self) -> torch.Tensor:  # [num_tokens]
+        return self.slot_mapping if self.slot_tensor is None else self.slot_tensor
 
     @classmethod
     def build(
@@ -228,4 +235,5 @@ class AttentionMetadata:
         if lone is not None and lone.kv_slice is not None:
             writes = slice(lone.kv_slice.stop - num_tokens, lone.kv_slice.stop)
         single = lone is not None and lone.query_slice == slice(0, num_tokens)
-        return cls(kv_cache, writes, groups, num_tokens, single, paths or AttentionPaths())
+        slot_tensor = slot_mapping if isinstance(writes, slice) else None
+        return cls(kv_cache, writes, groups, num_tokens, single, paths or AttentionPaths(), None, slot_tensor)

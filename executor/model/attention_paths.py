@@ -18,8 +18,9 @@ import torch
 
 from ..layers.attention_kernels import AUTO, MATMUL, PAGED_CPU, SDPA, attend
 from ..layers.cpu_info import describe_cpu
+from ..layers.cpu_kernels import cpu_kernels
 from ..layers.measurement_cache import cached_measurement, median_seconds
-from ..layers.paged_attention_cpu import attend_paged_cpu, load_kernel
+from ..layers.paged_attention_cpu import attend_paged_cpu
 
 MEASUREMENT_VERSION = 4  #: 4: the C++ kernel joins the candidates
 CONTEXTS = (256, 2048)  #: keys per request in the timed calls: a short and a long context
@@ -72,7 +73,7 @@ def choose_attention_paths(
         return AttentionPaths.all(SDPA)
     key = (
         f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
-        f"|{dtype}|heads={num_heads}/{num_kv_heads}x{head_dim}|cpp={load_kernel() is not None}"
+        f"|{dtype}|heads={num_heads}/{num_kv_heads}x{head_dim}|cpp={cpu_kernels() is not None}"
     )
     data = cached_measurement(
         cache_dir,
@@ -83,7 +84,7 @@ def choose_attention_paths(
         _names(CONTEXTS[0]) + _names(CONTEXTS[1]),
     )
     short, long = (tuple(data.get(name) for name in _names(c)) for c in CONTEXTS)
-    known = (SDPA, MATMUL, PAGED_CPU) if load_kernel() is not None else (SDPA, MATMUL)
+    known = (SDPA, MATMUL, PAGED_CPU) if cpu_kernels() is not None else (SDPA, MATMUL)
     if not all(p in known for p in short + long):  # a damaged cache file: the unmeasured default
         return AttentionPaths()
     return AttentionPaths(short, long)
@@ -103,7 +104,7 @@ def measure_attention_paths(
                 args = (q, k, v, mask, head_dim**-0.5, None, path)
                 attend(*args)  # warm-up
                 seconds[path] = median_seconds(lambda args=args: attend(*args), repeats)
-            if load_kernel() is not None:
+            if cpu_kernels() is not None:
                 pages = _paged_inputs(q, k, v, context)
                 attend_paged_cpu(*pages)  # warm-up
                 seconds[PAGED_CPU] = median_seconds(lambda pages=pages: attend_paged_cpu(*pages), repeats)

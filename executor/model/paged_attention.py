@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..layers.attention_kernels import AUTO, PAGED_CPU, attend
-from ..layers.paged_attention_cpu import attend_paged_cpu, load_kernel
+from ..layers.paged_attention_cpu import attend_paged_cpu, paged_cpu_kernel_runs
 from .attention_metadata import AttentionGroup, AttentionMetadata
 
 PAGED_ATTENTION = "specexec_paged"
@@ -75,23 +75,20 @@ def _attend_gathered(group, layer, meta, q, path, scaling, sliding_window, softc
     return o.transpose(1, 2)  # [group, max_q, heads, head_dim]
 
 
-def paged_cpu_kernel_runs(q: torch.Tensor) -> bool:
-    """Whether the C++ CPU kernel can take this query: on the CPU, once it has loaded."""
-    return q.device.type == "cpu" and load_kernel() is not None
-
-
 def paged_attention(
     layer: int,
     query: torch.Tensor,  # [num_tokens, heads, head_dim]
-    key: torch.Tensor,  # [num_tokens, kv_heads, head_dim]
-    value: torch.Tensor,  # [num_tokens, kv_heads, head_dim]
+    key: torch.Tensor | None,  # [num_tokens, kv_heads, head_dim] (None: written already)
+    value: torch.Tensor | None,  # [num_tokens, kv_heads, head_dim]
     meta: AttentionMetadata,
     scaling: float,
     sliding_window: int | None = None,
     softcap: float | None = None,
 ) -> torch.Tensor:  # [num_tokens, heads, head_dim]
-    """Write the new K/V of ``layer`` at the slot mapping, then attend each group over its requests' pages."""
-    meta.kv_cache.write(layer, meta.slot_mapping, key, value)
+    """Write the new K/V of ``layer`` at the slot mapping (unless the caller did: ``key=None``), then
+    attend each group over its requests' pages."""
+    if key is not None:
+        meta.kv_cache.write(layer, meta.slot_mapping, key, value)
     if meta.is_single_view:  # the usual batch-1 / uniform-decode case: no gather, no scatter
         o = _attend_group(meta.groups[0], layer, meta, query, None, scaling, sliding_window, softcap)
         return o.reshape(query.shape)

@@ -1,13 +1,15 @@
 """One decoder layer of the Llama family, as a fixed sequence of ops over a flat batch of tokens.
 
 Every layer takes and returns ``(hidden, residual)``: the layer's output is ``residual + hidden``, and
-the next layer does that add first (the first layer gets ``residual=None``: its input is ``hidden``).
+the next layer does that add first, in one op with its first norm (`RMSNorm.add_forward`; the first
+layer gets ``residual=None``: its input is ``hidden``).
 Two orders of norms:
 - `PreNormLayer` (Llama, Mistral, Qwen2/3): norm, attention, add; norm, MLP (the add comes next);
 - `SandwichNormLayer` (Gemma2/3): norm, attention, norm, add; norm, MLP, norm.
 Attention: one QKV projection, optional per-head q/k norms (Qwen3, Gemma3), RoPE from the table rows of
-the step's positions, K/V written into the paged cache and attended there (`paged_attention`), one
-output projection. MLP: one gate/up projection, act(gate) * up, one down projection.
+the step's positions, K/V written into the paged cache (on the CPU without q/k norms, RoPE and the write
+are one C++ pass) and attended there (`paged_attention`), one output projection. MLP: one gate/up
+projection, act(gate) * up (one C++ op on the CPU), one down projection.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ...layers.activation import act_mul, fused_activation_code
+from ...layers.cpu_kernels import fused_ops_take
 from ...layers.norm import RMSNorm
-from ...layers.rotary import apply_rotary
+from ...layers.rotary import apply_rotary, rotate_and_store
 from ..attention_metadata import AttentionMetadata
 from ..paged_attention import paged_attention
 
@@ -57,6 +61,7 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = gate_up_proj  # [hidden] -> [2 * intermediate]
         self.down_proj = down_proj  # [intermediate] -> [hidden]
         self.act = act
+        self._act_code = fused_activation_code(act)  #: the fused act(gate) * up op's code, if it has one
         self.q_norm = norms.pop("q_norm", None)
         self.k_norm = norms.pop("k_norm", None)
         for name, norm in norms.items():
@@ -76,6 +81,13 @@ class DecoderLayer(nn.Module):
         spec, (q_size, kv_size) = self.spec, self._split
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
+        if self.q_norm is None and fused_ops_take(qkv):  # RoPE and the cache write in one C++ pass
+            kv = meta.kv_cache.kv[spec.layer_idx]
+            q = rotate_and_store(qkv, rows, kv, meta.slots, spec.num_heads, spec.num_kv_heads, spec.head_dim)
+            out = paged_attention(
+                spec.layer_idx, q, None, None, meta, spec.scaling, spec.sliding_window, spec.softcap
+            )
+            return self.o_proj(out.reshape(num_tokens, q_size))
         v = qkv[:, q_size + kv_size :].view(num_tokens, spec.num_kv_heads, spec.head_dim)
         if self.q_norm is None:  # rotate q and k together: one set of ops for both
             qk = qkv[:, : q_size + kv_size].view(
@@ -95,8 +107,7 @@ class DecoderLayer(nn.Module):
         return self.o_proj(out.reshape(num_tokens, q_size))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, intermediate] each
-        return self.down_proj(self.act(gate) * up)
+        return self.down_proj(act_mul(self.gate_up_proj(x), self.act, self._act_code))
 
 
 class PreNormLayer(DecoderLayer):
@@ -106,9 +117,9 @@ class PreNormLayer(DecoderLayer):
     post_attention_layernorm: RMSNorm
 
     def forward(self, hidden, residual, rows, meta):
-        x = hidden if residual is None else residual + hidden  # [T, hidden]: the layer's input
-        x = x + self.attention(self.input_layernorm(x), rows, meta)
-        return self.mlp(self.post_attention_layernorm(x)), x
+        h, x = self.input_layernorm.add_forward(hidden, residual)  # x [T, hidden]: the layer's input
+        h, x = self.post_attention_layernorm.add_forward(self.attention(h, rows, meta), x)
+        return self.mlp(h), x
 
 
 class SandwichNormLayer(DecoderLayer):
@@ -120,6 +131,7 @@ class SandwichNormLayer(DecoderLayer):
     post_feedforward_layernorm: RMSNorm
 
     def forward(self, hidden, residual, rows, meta):
-        x = hidden if residual is None else residual + hidden  # [T, hidden]: the layer's input
-        x = x + self.post_attention_layernorm(self.attention(self.input_layernorm(x), rows, meta))
-        return self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x))), x
+        h, x = self.input_layernorm.add_forward(hidden, residual)  # x [T, hidden]: the layer's input
+        attended = self.post_attention_layernorm(self.attention(h, rows, meta))
+        h, x = self.pre_feedforward_layernorm.add_forward(attended, x)
+        return self.post_feedforward_layernorm(self.mlp(h)), x
