@@ -29,6 +29,12 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         help="the forward: specexec's own decoder (Llama family) or transformers' modules; overrides "
         "the config (default auto: specexec where supported)",
     )
+    parser.add_argument(
+        "--quantized-kernel",
+        choices=["auto", "torch", "int8_dot"],
+        help="a CPU model's quantized layers at decode/verify rows: torch's kernels or int8_dot (integer "
+        "dot products over int8 activations, llama.cpp's way); overrides the config (default auto: measured)",
+    )
 
 
 def _add_drafter_args(parser: argparse.ArgumentParser) -> None:
@@ -113,6 +119,8 @@ def _load_config(args: argparse.Namespace):
         config.quantization = None if args.quantization == "none" else args.quantization
     if args.model_impl:
         config.model_impl = args.model_impl
+    if args.quantized_kernel:
+        config.quantized_kernel = args.quantized_kernel
     if getattr(args, "decoding_type", None):
         from .executor.engine.speculation.speculative_config import SpeculativeConfig
 
@@ -155,6 +163,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if executor.model.device.type == "cpu":
             linear = executor.linear_backend
             print(f"[cpu_linear {linear.backend}: {linear.reason}]", file=sys.stderr)
+            if executor.quantization is not None:
+                kernel = executor.quantized_kernel
+                print(f"[quantized_kernel {kernel.kernel}: {kernel.reason}]", file=sys.stderr)
         for report in executor.cuda_graphs:
             print(f"[{report.describe()}]", file=sys.stderr)
         prompt = prompt_text

@@ -51,6 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="overrides every config's forward: specexec's own decoder or transformers' modules",
     )
     parser.add_argument(
+        "--quantized-kernel",
+        choices=["auto", "torch", "int8_dot"],
+        help="overrides every config's kernel for quantized layers (torch, or int8_dot: int8 activations)",
+    )
+    parser.add_argument(
         "--hf-dtype",
         choices=["auto", "float32", "bfloat16", "float16"],
         help="the HF baselines' dtype (default: the first configuration's)",
@@ -154,6 +159,8 @@ def load_configs(args) -> list[NamedConfig]:
             c.config.quantization = None if args.quantization == "none" else args.quantization
         if args.model_impl:
             c.config.model_impl = args.model_impl
+        if args.quantized_kernel:
+            c.config.quantized_kernel = args.quantized_kernel
     names = [c.name for c in configs]
     if len(set(names)) != len(names):
         raise ValueError(f"configuration names must differ: {names}")

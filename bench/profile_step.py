@@ -145,7 +145,7 @@ def label_the_model(executor: Executor) -> Iterator[None]:
 
 
 #: the linear layers' ops: dense (the BLAS, or oneDNN on packed weights: `executor/layers/packed_linear.py`), and
-#: the weight-only quantized kernels (`executor/layers/quantized_linear.py`)
+#: the weight-only quantized kernels (`executor/layers/quantized/quantized_linear.py`)
 LINEAR_OPS = (
     "aten::linear",
     "mkldnn::_linear_pointwise",

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..executor.engine.options import parse_options, reject_unknown_keys
-from ..executor.layers.quantization import check_quantization
+from ..executor.layers.quantized.quantization import check_quantization
 from ..plugins import hookimpl
 from .base import Drafter, DrafterContext, declare_options
 
@@ -220,15 +220,16 @@ def self_draft_dtype(context: DrafterContext, quantization: str) -> str:
     if param.dtype != torch.float32:
         return dtype
     shape = context.target_model.config.get_text_config().to_dict()
+    config = context.executor_config
     return choose_dtype(
-        param.device, shape, resolve_cache_dir(context.executor_config.cache_dir), quantization
+        param.device, shape, resolve_cache_dir(config.cache_dir), quantization, config.quantized_kernel
     ).dtype
 
 
 def cuda_kernel_dtype(device: torch.device, dtype: torch.dtype, quantization: str) -> str | None:
     """On CUDA, for a target whose dtype ``quantization``'s kernels do not run in (a float64 target with
     int8 weights), the first dtype they do run in; else None. (On the CPU every dtype runs.)"""
-    from ..executor.layers.quantized_linear import CUDA_KERNEL_DTYPES, kernel_scheme
+    from ..executor.layers.quantized.quantized_linear import CUDA_KERNEL_DTYPES, kernel_scheme
 
     kernel_dtypes = CUDA_KERNEL_DTYPES.get(kernel_scheme(quantization))
     if device.type != "cuda" or kernel_dtypes is None or dtype in kernel_dtypes:

@@ -1,5 +1,5 @@
 """A weight-only quantized copy of a model (the self-speculative draft), through the executor's own
-quantization (`executor/layers/quantization.py`): the same layers and kernels as a quantized target."""
+quantization (`executor/layers/quantized/quantization.py`): the same layers and kernels as a quantized target."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..executor.layers.quantization import dequantize_model, quantize_model
-from ..executor.layers.quantized_linear import WeightOnlyLinear
+from ..executor.layers.quantized.quantization import dequantize_model, quantize_model
+from ..executor.layers.quantized.quantized_linear import WeightOnlyLinear
 
 
 def quantized_copy(

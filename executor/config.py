@@ -10,7 +10,8 @@ from typing import Any
 from .engine.options import reject_unknown_keys
 from .engine.speculation.speculative_config import SpeculativeConfig
 from .layers.linear_backend import check_cpu_linear
-from .layers.quantization import check_quantization
+from .layers.quantized.quantization import check_quantization
+from .layers.quantized.quantized_dot import check_quantized_kernel
 from .model.decoder.convert import check_model_impl
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
@@ -50,7 +51,7 @@ class ExecutorConfig:
     device_map: str | None = None  #: accelerate placement over several devices, e.g. "auto"
     #: weight-only quantization of the linear layers (vLLM's key): null (weights as loaded), int8 (per
     #: output channel), int4 (groups of 32), gguf (a GGUF file's own Q4_0/Q4_1 codes, exactly; the rest
-    #: dequantized). Kernels: `executor/layers/quantized_linear.py`; a device without one is refused
+    #: dequantized). Kernels: `executor/layers/quantized/quantized_linear.py`; a device without one is refused
     quantization: str | None = None
     #: the forward (vLLM's key): auto, specexec, transformers. specexec: its own decoder for the Llama
     #: family (Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3), fused QKV and gate/up weights, a fixed
@@ -61,6 +62,11 @@ class ExecutorConfig:
     #: for oneDNN, the drafter's models too). auto measures both once per CPU and model shape and keeps
     #: the faster (`executor/layers/linear_backend.py`); on CUDA and for float64/float16: blas
     cpu_linear: str = "auto"
+    #: a CPU model's quantized layers at decode and verify rows: auto, torch (torch's weight-only kernels,
+    #: exact in float32), int8_dot (C++ integer dot products over activations quantized to int8 in blocks
+    #: of 32, llama.cpp's way). auto times both once per CPU and model and takes int8_dot for the row
+    #: counts where it is faster (`executor/layers/quantized/quantized_dot.py`); on CUDA: torch
+    quantized_kernel: str = "auto"
     max_batch_size: int = 16  #: requests in one forward at most
     max_num_tokens: int = 2048  #: tokens in one forward at most (prefill chunks + decode + draft tokens)
     max_model_len: int | None = None  #: context length; None = the model's, capped by the KV pool
@@ -103,6 +109,7 @@ class ExecutorConfig:
         check_quantization(self.quantization)
         check_model_impl(self.model_impl)
         check_cpu_linear(self.cpu_linear)
+        check_quantized_kernel(self.quantized_kernel)
         _check(
             isinstance(self.device, str)
             and (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")),

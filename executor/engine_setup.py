@@ -30,6 +30,7 @@ from .layers.dtype_choice import DtypeChoice, choose_dtype
 from .layers.linear_backend import LinearBackendChoice, choose_linear_backend, fit_in_memory
 from .layers.measurement_cache import resolve_cache_dir
 from .layers.packed_linear import pack_linears, packable_linear_bytes, unpack_linears
+from .layers.quantized.quantized_dot import QuantizedKernelChoice, choose_quantized_kernel, set_int8_dot
 from .model.attention_paths import choose_attention_paths
 from .model.cuda_graphs import CudaGraphCapture, GraphCaptureReport
 from .model.decoder.convert import resolve_model_impl
@@ -76,7 +77,11 @@ def resolve_dtype(model, config: ExecutorConfig) -> DtypeChoice:
 
     shape = peek_text_config(model if model is not None else config.model)
     return choose_dtype(
-        _resolve_device(config.device), shape, resolve_cache_dir(config.cache_dir), config.quantization
+        _resolve_device(config.device),
+        shape,
+        resolve_cache_dir(config.cache_dir),
+        config.quantization,
+        config.quantized_kernel,
     )
 
 
@@ -111,6 +116,7 @@ def build_engine_core(
     context = DrafterContext(model, tokenizer, vocab_size, config, target_path)
     drafter = _setup_drafter(context, drafter, plugins, runner)
     linear_backend = _apply_linear_backend(config, model, drafter)
+    quantized_kernel = _apply_quantized_kernel(config, model, drafter)
     graph_reports = capture_cuda_graphs(config, runner, drafter, max_model_len)
     speculation = _speculation_stage(model, vocab_size, config, drafter, plugins, runner, block_manager)
     eos_token_ids = _eos_token_ids(model, tokenizer)
@@ -132,7 +138,30 @@ def build_engine_core(
     core.quantization = quantization
     core.model_impl = model_impl
     core.linear_backend = linear_backend
+    core.quantized_kernel = quantized_kernel
     return core
+
+
+def _drafter_modules(drafter: Drafter | None, what: str) -> list:
+    if drafter is None:
+        return []
+    try:
+        return list(drafter.torch_modules())
+    except Exception:  # a plugin's hook: its models stay as they are
+        logger.exception("%s: %s.torch_modules() raised", what, type(drafter).__name__)
+        return []
+
+
+def _apply_quantized_kernel(config: ExecutorConfig, model, drafter: Drafter | None) -> QuantizedKernelChoice:
+    """Choose ``quantized_kernel``'s kernel from the target's quantized layers and route the target's and
+    the drafter's layers to it (a model an earlier executor set up is set again)."""
+    modules = [model, *_drafter_modules(drafter, "quantized_kernel")]
+    set_int8_dot(modules, None)
+    choice = choose_quantized_kernel(config.quantized_kernel, model, resolve_cache_dir(config.cache_dir))
+    if choice.kernel == "int8_dot":
+        layers = set_int8_dot(modules, choice)
+        logger.info("quantized_kernel int8_dot: %d layers (%s)", layers, choice.reason)
+    return choice
 
 
 def _apply_linear_backend(config: ExecutorConfig, model, drafter: Drafter | None) -> LinearBackendChoice:
@@ -140,12 +169,7 @@ def _apply_linear_backend(config: ExecutorConfig, model, drafter: Drafter | None
     drafter's dense linear layers in place (after the drafter is built: a drafter that copies the target
     copies it dense), MKL's packed GEMM for the target only; for the BLAS, unpack those an earlier
     executor packed."""
-    drafter_modules = []
-    if drafter is not None:
-        try:
-            drafter_modules = list(drafter.torch_modules())
-        except Exception:  # a plugin's hook: its models stay as they are
-            logger.exception("cpu_linear: %s.torch_modules() raised", type(drafter).__name__)
+    drafter_modules = _drafter_modules(drafter, "cpu_linear")
     for module in (model, *drafter_modules):  # as loaded, or as an earlier executor packed them
         unpack_linears(module)
     param = next(model.parameters())
@@ -212,7 +236,7 @@ def _load(model, tokenizer, config: ExecutorConfig, dtype: str):
     """(model, tokenizer, the path it was loaded from or None, its QuantizationReport or None, which
     forward runs and why). ``model_impl`` converts a supported model to the own decoder before
     quantization, so the quantized layers are the fused ones."""
-    from .layers.quantization import quantize_model
+    from .layers.quantized.quantization import quantize_model
     from .model.model_loader import check_device, load_model, loading_logger
 
     if isinstance(model, torch.nn.Module):
@@ -238,6 +262,7 @@ def _load(model, tokenizer, config: ExecutorConfig, dtype: str):
         progress=config.progress,
         quantization=config.quantization,
         model_impl=config.model_impl,
+        quantized_kernel=config.quantized_kernel,
     )
     loading_logger.info("model: %s", loaded.source)
     path = loaded.gguf_path or Path(model if model is not None else config.model)

@@ -66,6 +66,8 @@ class Executor:
     model_impl = property(lambda self: self.core.model_impl)
     #: ``cpu_linear``'s answer (blas or onednn) and why
     linear_backend = property(lambda self: self.core.linear_backend)
+    #: ``quantized_kernel``'s answer (torch or int8_dot, up to which rows) and why
+    quantized_kernel = property(lambda self: self.core.quantized_kernel)
 
     # ---- submitting -------------------------------------------------------------------------------
     def add_request(

@@ -25,7 +25,7 @@ def measured(monkeypatch):
     calls = []
 
     def fake(ratio):
-        def measure(shape, quantization=None):
+        def measure(shape, quantization=None, int8_dot=False):
             calls.append((shape, quantization))
             return ratio
 
@@ -114,7 +114,7 @@ def test_a_dtype_clearly_slower_at_its_warm_up_is_not_timed_again(bf16_seconds, 
     calls = []
 
     class FakeStep:
-        def __init__(self, shape, dtype, quantization=None):
+        def __init__(self, shape, dtype, quantization=None, int8_dot=False):
             self.dtype = dtype
 
         def run(self, num_tokens):
@@ -125,3 +125,27 @@ def test_a_dtype_clearly_slower_at_its_warm_up_is_not_timed_again(bf16_seconds, 
     ratio = dtype_choice.measure_bf16_ratio(None, repeats=3)
     assert (len(calls) > 2) == timed_again, calls
     assert 0.05 < ratio < (0.3 if not timed_again else 1.2)
+
+
+def test_quantized_weights_are_timed_on_the_kernel_quantized_kernel_allows(monkeypatch, tmp_path):
+    """auto and int8_dot time the int8_dot kernels (built here), torch times torch's; the answers are
+    cached apart."""
+    from specexec.executor.layers import cpu_info
+    from specexec.executor.layers.quantized.quantized_dot import MAX_ROWS
+
+    asked = []
+
+    def measure(shape, quantization=None, int8_dot=False):
+        asked.append(int8_dot)
+        return 0.5
+
+    monkeypatch.setattr(dtype_choice, "measure_bf16_ratio", measure)
+    monkeypatch.setattr(dtype_choice, "native_bf16_flags", lambda: ["avx512_bf16"])
+    monkeypatch.setattr(cpu_info, "native_bf16_flags", lambda: ["avx512_bf16"])
+    shape = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 128}
+    for setting in ("auto", "torch", "int8_dot", "auto"):
+        choose_dtype(torch.device("cpu"), shape, tmp_path, "int4", setting)
+    assert asked == [True, False], "int8_dot shares auto's cached answer"
+    work = dtype_choice.DecodeStepWork(ModelShape.from_config(shape), torch.float32, "int4", int8_dot=True)
+    assert all(layer.int8_dot_rows == MAX_ROWS for group in work.layers for layer in group)
+    work.run(2)

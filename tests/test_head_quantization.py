@@ -14,7 +14,7 @@ from specexec.drafters.eagle3.head_quantization import (
     choose_head_quantization,
 )
 from specexec.executor.executor import Executor
-from specexec.executor.layers.quantized_linear import Int8WeightOnlyLinear
+from specexec.executor.layers.quantized.quantized_linear import Int8WeightOnlyLinear
 from test_eagle3 import eagle_spec, make_head_dir
 from test_speculative_identity import (
     BATCHES,

@@ -178,7 +178,7 @@ def test_the_fused_layers_hold_the_checkpoints_rows_in_order():
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 def test_quantized_fused_layers_equal_the_separately_quantized_layers(scheme):
     """Both schemes quantize each output row on its own, so fusing before quantizing changes no weight."""
-    from specexec.executor.layers.quantization import quantize_model
+    from specexec.executor.layers.quantized.quantization import quantize_model
 
     _, separate = make_tiny_model("llama", dtype=torch.float32)
     _, fused = make_tiny_model("llama", dtype=torch.float32)
@@ -297,7 +297,7 @@ def test_a_replayed_own_decoder_step_returns_what_its_eager_forward_returns(arch
 def test_fused_gguf_layers_hold_the_files_codes_exactly_in_float32():
     """The Q4_1 codes of q/k/v (and gate/up) stacked into one int4 layer multiply by exactly the
     converted float32 weights, and the executor counts the file's 210 Q4_1 tensors."""
-    from specexec.executor.layers.quantized_linear import Int4WeightOnlyLinear
+    from specexec.executor.layers.quantized.quantized_linear import Int4WeightOnlyLinear
     from specexec.executor.model.model_loader import load_model
 
     dense = load_model(None, dtype="float32", progress=False).model
@@ -306,6 +306,7 @@ def test_fused_gguf_layers_hold_the_files_codes_exactly_in_float32():
         quantization="gguf",
         model_impl="specexec",
         cpu_linear="blas",
+        quantized_kernel="torch",  # torch's int4 kernel, exact in float32 (int8_dot: tests/test_quantized_dot.py)
         num_kv_blocks=16,
         progress=False,
     )

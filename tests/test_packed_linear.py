@@ -27,7 +27,7 @@ from specexec.executor.layers.packed_linear import (
     pack_linears,
     unpack_linears,
 )
-from specexec.executor.layers.quantized_linear import Int8WeightOnlyLinear
+from specexec.executor.layers.quantized.quantized_linear import Int8WeightOnlyLinear
 from test_eagle3 import eagle_spec, make_head_dir
 from test_speculative_identity import (
     BATCHES,

@@ -9,9 +9,9 @@ from specexec.drafters.quantize import has_quantized_layers
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.engine.speculation.speculative_config import SpeculativeConfig
 from specexec.executor.executor import Executor
-from specexec.executor.layers.gguf_weights import match_rows
-from specexec.executor.layers.quantization import quantize_model
-from specexec.executor.layers.quantized_linear import (
+from specexec.executor.layers.quantized.gguf_weights import match_rows
+from specexec.executor.layers.quantized.quantization import quantize_model
+from specexec.executor.layers.quantized.quantized_linear import (
     DENSE_FROM_ROWS,
     Int4WeightOnlyLinear,
     Int4Weights,
@@ -283,7 +283,7 @@ def test_a_float32_targets_self_draft_takes_the_dtype_measured_for_its_quantized
 
     asked = []
 
-    def choose(device, shape, cache_dir, quantization=None):
+    def choose(device, shape, cache_dir, quantization=None, quantized_kernel="auto"):
         asked.append(quantization)
         return dtype_choice.DtypeChoice(measured, "test")
 

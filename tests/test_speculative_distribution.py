@@ -31,7 +31,7 @@ from specexec.drafters.ngram import NGramConfig, NGramDrafter
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.engine.request import Request
 from specexec.executor.executor import Executor
-from specexec.executor.layers.quantization import quantize_model
+from specexec.executor.layers.quantized.quantization import quantize_model
 from specexec.sampling import SamplingParams
 from test_eagle3 import make_head_dir
 from tiny_models import make_tiny_model

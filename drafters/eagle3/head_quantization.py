@@ -25,8 +25,8 @@ from torch import nn
 
 from ...executor.layers.cpu_info import describe_cpu
 from ...executor.layers.measurement_cache import cached_measurement, interleaved_medians
-from ...executor.layers.quantization import quantize_model
-from ...executor.layers.quantized_linear import Int8WeightOnlyLinear
+from ...executor.layers.quantized.quantization import quantize_model
+from ...executor.layers.quantized.quantized_linear import Int8WeightOnlyLinear
 
 SETTINGS = ("auto", "int8", None)
 #: int8 is taken where its time is under this share of the dense head's

@@ -73,6 +73,7 @@ class EngineCore:
         self.graph_reports: list = []  #: GraphCaptureReport per captured model (set up on CUDA)
         self.quantization = None  #: QuantizationReport of the target's layers, when quantized
         self.linear_backend = None  #: LinearBackendChoice: which kernels run the dense linear layers
+        self.quantized_kernel = None  #: QuantizedKernelChoice: which kernels run the quantized ones
         self.model_impl = None  #: ModelImplChoice: which forward runs the target (set up by engine_setup)
         self.verifier = VerifyStage(RejectionSampler(), vocab_size)
         self.resources = StepResources(runner, outputs.tokenizer, vocab_size)

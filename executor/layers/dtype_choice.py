@@ -5,7 +5,8 @@
   emulated; on one of this project's machines they ran at 0.3 GFLOP/s.
 - A CPU with it: a start-up measurement decides. One decode step's work for the model's shapes — every
   layer's q/k/v/o and MLP projections (through the quantized kernels when ``quantization`` is set: their
-  speed differs between dtypes far more than a dense matmul's) and attention over 1,024 cached keys,
+  speed differs between dtypes far more than a dense matmul's; int8_dot's where ``quantized_kernel``
+  allows it and the C++ kernels load, torch's otherwise) and attention over 1,024 cached keys,
   then the LM head — runs in
   both dtypes for 1 and 4 new tokens, on enough distinct weights to stream from memory as the real
   forward does; bfloat16 wins when it takes under `BF16_MARGIN` of float32's time. The answer is cached
@@ -27,12 +28,13 @@ from torch import nn
 from .attention_kernels import attend
 from .cpu_info import describe_cpu, native_bf16_flags
 from .measurement_cache import cached_measurement, median_seconds
-from .quantized_linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear, fits_int4, kernel_scheme
+from .quantized.quantized_dot import MAX_ROWS, int8_dot_loads
+from .quantized.quantized_linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear, fits_int4, kernel_scheme
 
 logger = logging.getLogger("specexec")
 
 MEASUREMENT_VERSION = (
-    4  #: bump when the measured work changes (the attention path did; quantization): old answers are stale
+    5  #: bump when the measured work changes (attention path, quantization, int8_dot): old answers are stale
 )
 BF16_MARGIN = 0.9  #: bfloat16 must take under this fraction of float32's time to be chosen
 #: a dtype whose warm-up step takes this many times the other's is not timed again (see measure_bf16_ratio)
@@ -74,10 +76,14 @@ class DtypeChoice:
 
 
 def choose_dtype(
-    device: torch.device, shape_config: dict, cache_dir: Path | None, quantization: str | None = None
+    device: torch.device,
+    shape_config: dict,
+    cache_dir: Path | None,
+    quantization: str | None = None,
+    quantized_kernel: str = "auto",
 ) -> DtypeChoice:
-    """What ``dtype: auto`` loads in on this machine for a model quantized as ``quantization`` (see the
-    module docstring)."""
+    """What ``dtype: auto`` loads in on this machine for a model quantized as ``quantization`` with
+    ``quantized_kernel`` (see the module docstring)."""
     if device.type == "cuda":
         return DtypeChoice("bfloat16", "auto: CUDA")
     if not native_bf16_flags():
@@ -85,7 +91,8 @@ def choose_dtype(
     if not shape_config.get("hidden_size"):  # e.g. a path that does not exist: let the load say so
         return DtypeChoice("float32", "auto: the model's shape could not be read before loading")
     shape = ModelShape.from_config(shape_config)
-    ratio = _cached_bf16_ratio(shape, cache_dir, quantization)
+    int8_dot = quantization is not None and quantized_kernel != "torch" and int8_dot_loads()
+    ratio = _cached_bf16_ratio(shape, cache_dir, quantization, int8_dot)
     verdict = "bfloat16" if ratio < BF16_MARGIN else "float32"
     weights = f" with {quantization} weights" if quantization else ""
     return DtypeChoice(
@@ -93,33 +100,37 @@ def choose_dtype(
     )
 
 
-def _cached_bf16_ratio(shape: ModelShape, cache_dir: Path | None, quantization: str | None) -> float:
+def _cached_bf16_ratio(
+    shape: ModelShape, cache_dir: Path | None, quantization: str | None, int8_dot: bool = False
+) -> float:
     key = (
         f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
-        f"|{shape}|quantization={quantization}"
+        f"|{shape}|quantization={quantization}|int8_dot={int8_dot}"
     )
     data = cached_measurement(
         cache_dir,
         "dtype-choice",
         key,
-        lambda: {"bf16_ratio": measure_bf16_ratio(shape, quantization)},
+        lambda: {"bf16_ratio": measure_bf16_ratio(shape, quantization, int8_dot=int8_dot)},
         "dtype auto: timing bfloat16 against float32 on this CPU",
         ("bf16_ratio",),
     )
     try:
         return float(data["bf16_ratio"])
     except (TypeError, ValueError):  # a damaged cache file: measure again, uncached
-        return measure_bf16_ratio(shape, quantization)
+        return measure_bf16_ratio(shape, quantization, int8_dot=int8_dot)
 
 
-def measure_bf16_ratio(shape: ModelShape, quantization: str | None = None, repeats: int = 5) -> float:
+def measure_bf16_ratio(
+    shape: ModelShape, quantization: str | None = None, repeats: int = 5, int8_dot: bool = False
+) -> float:
     """bfloat16's time over float32's for one decode step's work at 1 and 4 new tokens (summed). Where
     one dtype's first (warm-up) step takes over `CLEARLY_SLOWER` times the other's, the answer is clear
     and the warm-ups' ratio is kept: no repeats of the slow one (float32 with int4 weights took 16x
     bfloat16's time on the AVX512-BF16 EPYC, and its repeats were most of the start-up)."""
     steps, warm = {}, {}
     for dtype in (torch.float32, torch.bfloat16):
-        steps[dtype] = DecodeStepWork(shape, dtype, quantization)
+        steps[dtype] = DecodeStepWork(shape, dtype, quantization, int8_dot)
         started = time.perf_counter()
         steps[dtype].run(1)  # warm-up
         warm[dtype] = time.perf_counter() - started
@@ -137,7 +148,9 @@ class DecodeStepWork:
     """Random weights of a few distinct layers (enough to stream from memory) and the LM head; `run`
     does every layer's projections and attention (cycling through the distinct layers) and the head."""
 
-    def __init__(self, shape: ModelShape, dtype: torch.dtype, quantization: str | None = None) -> None:
+    def __init__(
+        self, shape: ModelShape, dtype: torch.dtype, quantization: str | None = None, int8_dot: bool = False
+    ) -> None:
         s = shape
         scheme = kernel_scheme(quantization)
 
@@ -146,9 +159,12 @@ class DecodeStepWork:
             layer.weight.uniform_(-0.02, 0.02)
             if scheme is None or not quantize:
                 return layer
-            if scheme == "int4" and fits_int4(layer):
-                return Int4WeightOnlyLinear(layer)
-            return Int8WeightOnlyLinear(layer)
+            quantized = (
+                Int4WeightOnlyLinear if scheme == "int4" and fits_int4(layer) else Int8WeightOnlyLinear
+            )(layer)
+            if int8_dot:
+                quantized.set_int8_dot_rows(MAX_ROWS)
+            return quantized
 
         q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         layer_floats = s.hidden * (q_out + 2 * kv_out) + q_out * s.hidden + 3 * s.hidden * s.intermediate

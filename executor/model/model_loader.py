@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from ..layers.measurement_cache import resolve_cache_dir
-from ..layers.quantization import QuantizationReport, check_quantization, quantize_model
+from ..layers.quantized.quantization import QuantizationReport, check_quantization, quantize_model
 from .decoder.convert import ModelImplChoice, resolve_model_impl
 
 logger = logging.getLogger("specexec")
@@ -84,11 +84,13 @@ def load_model(
     progress: bool = True,
     quantization: str | None = None,
     model_impl: str | None = None,
+    quantized_kernel: str = "torch",
 ) -> LoadedModel:
     """Load `model` (None = default SmolLM2 GGUF, a .gguf file, or a save_pretrained directory); with
     `model_impl` (auto, specexec, transformers: `decoder/convert.py`) turn it into specexec's own decoder
     where that applies (None: transformers' modules, as loaded); then quantize its linear layers where
-    `quantization` says (int8, int4, gguf: `executor/layers/quantization.py`), the fused ones included."""
+    `quantization` says (int8, int4, gguf: `executor/layers/quantized/quantization.py`), the fused ones included
+    (``quantized_kernel``: the config key, which decides how a GGUF's Q8_0 layers are held)."""
     check_quantization(quantization)
     if dtype not in DTYPES:
         raise ModelLoadError(f"unsupported dtype {dtype!r}; allowed values: {', '.join(DTYPES)}")
@@ -111,7 +113,7 @@ def load_model(
     if model_impl is not None:
         loaded.model_impl = resolve_model_impl(loaded.model, model_impl)
     if quantization is not None:
-        loaded.quantization = quantize_model(loaded.model, quantization, loaded.gguf_path)
+        loaded.quantization = quantize_model(loaded.model, quantization, loaded.gguf_path, quantized_kernel)
     return loaded
 
 

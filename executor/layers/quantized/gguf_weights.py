@@ -23,7 +23,7 @@ from .quantized_linear import Int4Weights, QuantizationError
 
 BLOCK = 32
 INT4_TYPES = ("Q4_0", "Q4_1")  #: the types that map exactly onto the int4 kernels' layout
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 
 
 @dataclass(slots=True)
@@ -35,7 +35,7 @@ class GGUFTensor:
 
     def decode(self) -> Int4Weights:
         """The codes and scales, as stored (no rounding anywhere)."""
-        if self.type_name not in _BLOCK_BYTES:
+        if self.type_name not in INT4_TYPES:
             raise QuantizationError(f"{self.name}: {self.type_name} has no exact kernel layout here")
         rows, cols = self.shape
         raw = np.ascontiguousarray(self.blocks).reshape(rows, cols // BLOCK, _BLOCK_BYTES[self.type_name])
@@ -45,6 +45,15 @@ class GGUFTensor:
         q = torch.from_numpy(codes.reshape(rows, cols).astype(np.uint8))
         offset = _fp16(raw[..., 2:4]) if self.type_name == "Q4_1" else -8 * d
         return Int4Weights(q, d, offset, BLOCK)
+
+    def decode_q8_0(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A Q8_0 tensor's int8 codes [rows, cols] and float32 block scales [rows, cols / 32], as stored."""
+        if self.type_name != "Q8_0":
+            raise QuantizationError(f"{self.name}: {self.type_name} is not Q8_0")
+        rows, cols = self.shape
+        raw = np.ascontiguousarray(self.blocks).reshape(rows, cols // BLOCK, _BLOCK_BYTES["Q8_0"])
+        q = torch.from_numpy(np.ascontiguousarray(raw[..., 2:]).view(np.int8).reshape(rows, cols).copy())
+        return q, _fp16(raw[..., 0:2])
 
 
 def _fp16(two_bytes: np.ndarray) -> torch.Tensor:  # [..., 2] uint8 -> [...] float32 (exact)

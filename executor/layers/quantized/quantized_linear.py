@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .quantized_dot import BLOCK, pack_q4, q4_linear, q8_linear
+
 GROUP_SIZE = 32  #: input features per int4 scale (GGUF's block size; the kernels take 32..256)
 INT4_ROWS_MULTIPLE = 16  #: the CPU int4 packing needs the output features in multiples of this
 CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -85,6 +87,8 @@ class WeightOnlyLinear(nn.Module):
         self.weight_dtype = linear.weight.dtype  #: the dense layer's dtype (for `dequantize_model`)
         #: whether `dequantized` is cheap enough for prefill chunks (see DENSE_FROM_ROWS)
         self.can_dequantize_fast = True
+        #: calls of up to this many rows run on the int8_dot kernels (`quantized_dot.py`; 0: none)
+        self.int8_dot_rows = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         if x.device.type != self.packed_for:
@@ -95,6 +99,8 @@ class WeightOnlyLinear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         if not self._has_kernel(x):
             out = F.linear(flat, self._dense(x.dtype))
+        elif flat.shape[0] <= self.int8_dot_rows:
+            out = self._int8_dot(flat)
         elif flat.shape[0] >= DENSE_FROM_ROWS and self.can_dequantize_fast:
             out = F.linear(flat, self.dequantized(x.dtype))  # a prefill chunk: see DENSE_FROM_ROWS
         else:
@@ -113,6 +119,14 @@ class WeightOnlyLinear(nn.Module):
         if x.device.type == "cpu":
             return x.dtype in CPU_KERNEL_DTYPES
         return x.dtype in CUDA_KERNEL_DTYPES[self.scheme]
+
+    def takes_int8_dot(self) -> bool:
+        """Whether the int8_dot kernels can run this layer: on the CPU, inputs in blocks of 32."""
+        return self.packed_for == "cpu" and self.in_features % BLOCK == 0
+
+    def set_int8_dot_rows(self, rows: int) -> None:
+        """Calls of up to ``rows`` rows take the int8_dot kernel (0: none; the kernel's copies dropped)."""
+        self.int8_dot_rows = rows if self.takes_int8_dot() else 0
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}"
@@ -139,8 +153,39 @@ class Int8WeightOnlyLinear(WeightOnlyLinear):
             scale = self._scales[flat.dtype] = self.scale.to(flat.dtype)
         return torch._weight_int8pack_mm(flat, self.weight_int8, scale)
 
+    def _int8_dot(self, flat: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]: the codes as stored
+        return q8_linear(flat, self.weight_int8, self.scale)
+
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in]
         return self.weight_int8.to(dtype) * self.scale.to(dtype)[:, None]
+
+
+class Int8BlockLinear(WeightOnlyLinear):
+    """int8 codes with one scale per block of 32 inputs, as GGUF's Q8_0 stores them: weight = q * scale.
+    Torch has no kernel for it, so every call below `DENSE_FROM_ROWS` rows runs on the int8_dot kernel
+    (`quantized_dot.py`; `quantization.py` builds this layer only where that kernel loads), and the rest
+    (prefill chunks, float64) on the dequantized weights, which are exact in float32."""
+
+    scheme = "q8_0"
+
+    def __init__(self, linear: nn.Linear, q: torch.Tensor, scale: torch.Tensor) -> None:
+        super().__init__(linear)
+        self.register_buffer("weight_int8", q.contiguous())  # [out, in] int8
+        self.register_buffer("block_scale", scale.float().contiguous())  # [out, in / 32] float32
+        self.int8_dot_rows = DENSE_FROM_ROWS - 1
+
+    def takes_int8_dot(self) -> bool:
+        return False  # always on it: nothing for `quantized_kernel` to choose
+
+    def _int8_dot(self, flat: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
+        return q8_linear(flat, self.weight_int8, self.block_scale)
+
+    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        return F.linear(flat, self.dequantized(flat.dtype))
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in]
+        scale = self.block_scale.repeat_interleave(BLOCK, dim=1)  # [out, in]
+        return (self.weight_int8.float() * scale).to(dtype)  # exact in float32: 7 bits times 11
 
 
 class Int4WeightOnlyLinear(WeightOnlyLinear):
@@ -165,6 +210,24 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
         self.register_buffer("scale", weights.scale.to(device))  # [out, groups] float32
         self.register_buffer("offset", weights.offset.to(device))  # [out, groups] float32
         self._scales_and_zeros: dict[torch.dtype, torch.Tensor] = {}
+        self._q4_codes: torch.Tensor | None = None  #: [out, in / 32 * 20] `pack_q4`'s records, for int8_dot
+
+    def takes_int8_dot(self) -> bool:
+        return super().takes_int8_dot() and self.group_size == BLOCK
+
+    def set_int8_dot_rows(self, rows: int) -> None:
+        super().set_int8_dot_rows(rows)
+        if self.int8_dot_rows == 0:
+            self._q4_codes = None
+        elif self._q4_codes is None:
+            if self.can_dequantize_fast:
+                q = _unpack_cpu_layout(self.packed, self.out_features, self.in_features)
+            else:
+                q = _unpack_int4(self.packed, self.out_features, self.in_features)
+            self._q4_codes = pack_q4(q, self.scale, self.offset)
+
+    def _int8_dot(self, flat: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
+        return q4_linear(flat, self._q4_codes)
 
     def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
         table = self._scales_and_zeros.get(flat.dtype)

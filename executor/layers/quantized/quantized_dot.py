@@ -1,0 +1,214 @@
+"""``quantized_kernel:`` — which kernel runs a CPU model's quantized linear layers (int4, int8, GGUF) for
+the few rows of decode and verify steps.
+
+- ``torch``: torch's weight-only kernels (`quantized_linear.py`): activations stay in the model's dtype,
+  exact in float32 against the dequantized weights.
+- ``int8_dot``: specexec's C++ kernels (`quantized_dot_cpu.cpp`), llama.cpp's way: each activation row
+  quantized to int8 in blocks of 32, integer dot products (AVX512-VNNI / AVX-VNNI ``dpbusd``, else AVX2),
+  one float scale per block. It reads the codes as stored (4-bit codes 16 bytes a block of 32; int8
+  rows as they are) where torch's int4 kernel dequantizes each weight before a float multiply. The one
+  extra rounding is the activations' int8 step (a block's dot is off by at most sum(|w|) * scale / 2;
+  `tests/test_quantized_dot.py`). Each row is quantized on its own, so a row's output does not depend on
+  the other rows of the call (a verify step's rows equal the same tokens decoded one at a time). Rows
+  above ``max_rows`` (prefill chunks, large batches) keep torch's kernels.
+- ``auto``: on a CPU where the C++ kernels load, each scheme's layers (int4 and int8 apart: a GGUF's
+  Q4_1 layers, its int8 LM head) are run once each, in order (a step's weight traffic), under both
+  kernels at each of `MEASURED_ROWS` rows, taking turns; ``int8_dot`` takes a scheme's rows up to the
+  last count where it needs under `MARGIN` of torch's time, every smaller count included. Cached per
+  CPU, torch, threads, dtype and the layers' shapes. Elsewhere: ``torch``.
+
+What it bought (2-core AMD EPYC Zen 4, AVX512-VNNI; `bench/reports/2026-11-27-int8-dot/`): torch's int4
+kernel is as fast at one row in bfloat16 but 25-60x slower in float32 (the dtype of CPUs without native
+bfloat16), and its int8 kernel takes 3x int8_dot's time for SmolLM2's 49152x576 LM head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..cpu_info import describe_cpu
+from ..cpu_kernels import FUSED_DTYPES, cpu_kernels
+from ..measurement_cache import cached_measurement, interleaved_medians
+
+QUANTIZED_KERNELS = ("auto", "torch", "int8_dot")
+BLOCK = 32  #: inputs per activation scale (and per Q4 scale): the kernels need in_features in multiples
+MEASURED_ROWS = (1, 2, 4, 8, 16)  #: rows per timed pass: decode, verify of 1 + k at batch 1-4
+MAX_ROWS = MEASURED_ROWS[-1]  #: ``int8_dot`` configured: rows up to this take it
+MARGIN = 0.95  #: int8_dot must take under this fraction of torch's time at a row count to be chosen
+CLEARLY_SLOWER = 1.5  #: at this ratio larger row counts are not timed (they only get slower)
+MEASUREMENT_VERSION = 1
+
+
+SCHEMES = ("int4", "int8")
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizedKernelChoice:
+    kernel: str  #: torch or int8_dot (for one scheme at least)
+    reason: str  #: one line: why (printed by `specexec run`)
+    int4_rows: int = 0  #: int4 layers' calls of up to this many rows take int8_dot (0: none)
+    int8_rows: int = 0  #: the same for int8 layers
+
+    def rows(self, scheme: str) -> int:
+        return self.int4_rows if scheme == "int4" else self.int8_rows
+
+
+def check_quantized_kernel(value) -> None:
+    if value not in QUANTIZED_KERNELS:
+        raise ValueError(
+            f"config key 'quantized_kernel': got {value!r}; allowed: {', '.join(QUANTIZED_KERNELS)}"
+        )
+
+
+def pack_q4(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """4-bit codes [out, in] (0..15) with a scale and an offset per block of 32 inputs ([out, in / 32]
+    each) -> one record per weight row, [out, in / 32 * 20] uint8: the blocks' codes, 16 bytes a block
+    (byte j: input j in the low nibble, input 16 + j in the high one), then the scales, then the offsets
+    in float16 (GGUF's Q4_1 holds them so: exact there; specexec's int4 rounds them to float16)."""
+    out_features, in_features = q.shape
+    blocks = q.to(torch.uint8).reshape(out_features, in_features // BLOCK, BLOCK)
+    codes = (blocks[..., : BLOCK // 2] | (blocks[..., BLOCK // 2 :] << 4)).reshape(out_features, -1)
+    halves = torch.cat([scale, offset], dim=1).to(torch.float16).contiguous().view(torch.uint8)
+    return torch.cat([codes, halves], dim=1).contiguous()
+
+
+def q4_linear(x, rows) -> torch.Tensor:
+    """x [M, in] @ (q * scale + offset)^T with int8 activations (``rows``: `pack_q4`): [M, out] in x's
+    dtype."""
+    return cpu_kernels().q4_linear(x, rows)
+
+
+def q8_linear(x, weight, scale) -> torch.Tensor:
+    """x [M, in] @ (weight * scale[:, None])^T with int8 activations: [M, out] in x's dtype."""
+    return cpu_kernels().q8_linear(x, weight, scale)
+
+
+def int8_dot_loads() -> bool:
+    """Whether the int8_dot kernels can run here: the C++ CPU kernels built and loaded."""
+    return cpu_kernels() is not None
+
+
+def kernel_isa() -> str:
+    """The integer dot product the built kernels run: avx512_vnni, avx_vnni, avx2 or scalar."""
+    return cpu_kernels().quantized_dot_isa()
+
+
+def quantized_layers(module: nn.Module) -> list[nn.Module]:
+    """The weight-only quantized layers (`quantized_linear.WeightOnlyLinear`) the int8_dot kernels can
+    take, in module order."""
+    return [
+        m for m in module.modules() if callable(getattr(m, "takes_int8_dot", None)) and m.takes_int8_dot()
+    ]
+
+
+def set_int8_dot(modules, choice: QuantizedKernelChoice | None) -> int:
+    """Route each quantized layer of ``modules`` to int8_dot for the rows ``choice`` gives its scheme
+    (None or 0 rows: none, and the layer drops the kernel's copies); returns how many layers take it."""
+    count = 0
+    for module in modules:
+        for layer in quantized_layers(module):
+            rows = 0 if choice is None else choice.rows(layer.scheme)
+            layer.set_int8_dot_rows(rows)
+            count += rows > 0
+    return count
+
+
+def choose_quantized_kernel(
+    setting: str, model: nn.Module, cache_dir: Path | None, dtype: torch.dtype | None = None
+) -> QuantizedKernelChoice:
+    """The kernel for ``model``'s quantized layers (see the module docstring)."""
+    check_quantized_kernel(setting)
+    layers = quantized_layers(model)
+    param = next(model.parameters())
+    dtype = dtype or param.dtype
+    if setting == "torch":
+        return QuantizedKernelChoice("torch", "configured")
+    runs = param.device.type == "cpu" and dtype in FUSED_DTYPES and cpu_kernels() is not None
+    if setting == "int8_dot":
+        if not runs:
+            raise ValueError(
+                "config key 'quantized_kernel': int8_dot runs on a CPU, in float32, bfloat16 or float16, "
+                f"where specexec's C++ kernels load; this model is {str(dtype).removeprefix('torch.')} on "
+                f"{param.device.type}"
+            )
+        return QuantizedKernelChoice("int8_dot", f"configured ({kernel_isa()})", MAX_ROWS, MAX_ROWS)
+    if not layers:
+        return QuantizedKernelChoice("torch", "auto: no quantized layer the int8_dot kernels take")
+    if not runs:
+        return QuantizedKernelChoice("torch", "auto: int8_dot runs on a CPU where the C++ kernels load")
+    by_scheme = {s: [m for m in layers if m.scheme == s] for s in SCHEMES}
+    ratios = {s: _cached_ratios(group, dtype, cache_dir) for s, group in by_scheme.items() if group}
+    return choice_from_ratios(ratios)
+
+
+def choice_from_ratios(ratios: dict[str, dict[int, float]]) -> QuantizedKernelChoice:
+    """Per scheme, int8_dot up to the last measured row count where it and every smaller count took
+    under `MARGIN` of torch's time."""
+    rows, parts = {}, []
+    for scheme, by_rows in ratios.items():
+        rows[scheme] = 0
+        for count in sorted(by_rows):
+            if by_rows[count] >= MARGIN:
+                break
+            rows[scheme] = count
+        measured = ", ".join(f"{n}: {by_rows[n]:.2f}x" for n in sorted(by_rows))
+        verdict = f"int8_dot up to {rows[scheme]} rows" if rows[scheme] else "torch"
+        parts.append(f"{scheme} {verdict} (int8_dot's time over torch's by rows {measured})")
+    why = f"{'; '.join(parts)} on {describe_cpu()}"
+    if not any(rows.values()):
+        return QuantizedKernelChoice("torch", f"auto: {why}")
+    return QuantizedKernelChoice(
+        "int8_dot", f"auto ({kernel_isa()}): {why}", rows.get("int4", 0), rows.get("int8", 0)
+    )
+
+
+@torch.inference_mode()
+def measure_ratios(layers: list[nn.Module], dtype: torch.dtype, repeats: int = 5) -> dict[int, float]:
+    """int8_dot's time over torch's for one pass over ``layers`` at each of `MEASURED_ROWS` rows, taking
+    turns; counts beyond one where int8_dot took `CLEARLY_SLOWER` x torch's time are not timed."""
+    for layer in layers:
+        layer.set_int8_dot_rows(MAX_ROWS)  # builds the kernel's copies for the timing
+    generator = torch.Generator().manual_seed(0)
+    ratios = {}
+    for rows in MEASURED_ROWS:
+        inputs = {
+            n: torch.randn(rows, n, generator=generator).to(dtype) for n in {m.in_features for m in layers}
+        }
+        works = {
+            "torch": lambda inputs=inputs: [m._matmul(inputs[m.in_features]) for m in layers],
+            "int8_dot": lambda inputs=inputs: [m._int8_dot(inputs[m.in_features]) for m in layers],
+        }
+        for work in works.values():
+            work()  # warm-up
+        median = interleaved_medians(works, repeats)
+        ratios[rows] = median["int8_dot"] / median["torch"]
+        if ratios[rows] >= CLEARLY_SLOWER:
+            break
+    return ratios
+
+
+def _cached_ratios(layers: list[nn.Module], dtype: torch.dtype, cache_dir: Path | None) -> dict[int, float]:
+    shapes = sorted({(m.scheme, m.in_features, m.out_features) for m in layers})
+    key = (
+        f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
+        f"|{dtype}|layers={len(layers)}|{shapes}"
+    )
+    data = cached_measurement(
+        cache_dir,
+        "quantized-kernel",
+        key,
+        lambda: {"ratios": measure_ratios(layers, dtype)},
+        "quantized_kernel auto: timing the int8_dot kernels against torch's on this CPU",
+        ("ratios",),
+    )
+    try:
+        ratios = {int(n): float(r) for n, r in data["ratios"].items()}
+        if 1 in ratios:
+            return ratios
+    except (AttributeError, TypeError, ValueError):
+        pass
+    return measure_ratios(layers, dtype)  # a damaged cache file: measure, uncached

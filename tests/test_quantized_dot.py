@@ -1,0 +1,364 @@
+"""``quantized_kernel: int8_dot``: the C++ integer-dot kernels against float64 references, the rows
+independent of each other, the layers routing calls by rows, the auto choice per scheme, the setting's
+errors, and speculation on a float32 target that runs them (greedy identity)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from specexec.executor.executor import Executor
+from specexec.executor.layers.cpu_kernels import cpu_kernels
+from specexec.executor.layers.quantized import quantized_dot
+from specexec.executor.layers.quantized.quantization import quantize_model
+from specexec.executor.layers.quantized.quantized_dot import (
+    BLOCK,
+    MAX_ROWS,
+    QuantizedKernelChoice,
+    choice_from_ratios,
+    choose_quantized_kernel,
+    pack_q4,
+    q4_linear,
+    q8_linear,
+    set_int8_dot,
+)
+from specexec.executor.layers.quantized.quantized_linear import (
+    Int4WeightOnlyLinear,
+    Int4Weights,
+    Int8BlockLinear,
+    Int8WeightOnlyLinear,
+)
+from test_speculative_identity import assert_all_pages_free, make_config, make_requests, num_accepted
+from tiny_models import make_prompts, make_tiny_model
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+SOURCE = Path(quantized_dot.__file__).with_name("quantized_dot_cpu.cpp")
+
+
+@pytest.fixture(autouse=True)
+def the_ops_are_built():
+    if cpu_kernels() is None:
+        pytest.fail(
+            "specexec's C++ CPU kernels did not build here (see the log); this machine has a compiler"
+        )
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels' rounding of x [M, K], step for step in float32 as they do it: int8 codes [M, K] and
+    one scale per block [M, K / 32], returned in float64."""
+    blocks = x.float().reshape(x.shape[0], -1, BLOCK)
+    amax = blocks.abs().amax(-1)  # [M, K / 32]
+    # a float32 division, as the kernel's (torch's 127 / tensor multiplies by a reciprocal instead)
+    inverse = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+    codes = torch.round(blocks * inverse[..., None]).clamp(-127, 127)  # half to even, as nearbyint
+    return codes.reshape(x.shape).double(), (amax / 127).double()
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x's int8 rounding @ weight^T, a bound on how far the kernel may be from x @ weight^T), float64."""
+    codes, scale = quantize_activations(x)
+    xq = (codes.reshape(x.shape[0], -1, BLOCK) * scale[..., None]).reshape(x.shape)
+    blocks_abs = weight.double().abs().reshape(weight.shape[0], -1, BLOCK).sum(-1)  # [N, K / 32]
+    bound = scale @ blocks_abs.t() / 2  # each block's dot is off by at most sum(|w|) * scale / 2
+    return xq @ weight.double().t(), bound
+
+
+def random_q4(out_features: int, in_features: int, seed: int) -> Int4Weights:
+    gen = torch.Generator().manual_seed(seed)
+    groups = in_features // BLOCK
+    q = torch.randint(0, 16, (out_features, in_features), generator=gen, dtype=torch.uint8)
+    scale = (
+        (torch.rand(out_features, groups, generator=gen) * 0.02).half().float()
+    )  # float16 values, as stored
+    offset = (-torch.rand(out_features, groups, generator=gen) * 0.15).half().float()
+    return Int4Weights(q, scale, offset)
+
+
+CASES = [(1, 32, 1), (1, 576, 960), (3, 96, 17), (4, 64, 48), (9, 160, 33)]  # (rows, in, out)
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+@pytest.mark.parametrize(("rows", "in_features", "out_features"), CASES)
+def test_q4_linear_is_the_int8_rounded_product_within_its_bound(dtype, rows, in_features, out_features):
+    weights = random_q4(out_features, in_features, seed=rows * in_features)
+    x = (torch.randn(rows, in_features, generator=torch.Generator().manual_seed(1)) * 2).to(dtype)
+    got = q4_linear(x, pack_q4(weights.q, weights.scale, weights.offset))
+    assert got.dtype == dtype and got.shape == (rows, out_features)
+    dense = weights.dequantize()
+    rounded, bound = reference(x, dense)
+    # the integer dots are exact: only float sums (and the output dtype's rounding) remain
+    out_rounding = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
+    torch.testing.assert_close(got.double(), rounded, rtol=out_rounding, atol=1e-4)
+    exact = x.double() @ dense.double().t()
+    assert ((got.double() - exact).abs() <= bound + rounded.abs() * out_rounding + 1e-4).all()
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+@pytest.mark.parametrize("per_block", [False, True])
+@pytest.mark.parametrize(("rows", "in_features", "out_features"), CASES)
+def test_q8_linear_is_the_int8_rounded_product_within_its_bound(
+    dtype, per_block, rows, in_features, out_features
+):
+    gen = torch.Generator().manual_seed(out_features)
+    q = torch.randint(-127, 128, (out_features, in_features), generator=gen, dtype=torch.int8)
+    shape = (out_features, in_features // BLOCK) if per_block else (out_features,)
+    scale = (torch.rand(*shape, generator=gen) * 0.01).half().float()
+    x = torch.randn(rows, in_features, generator=gen).to(dtype)
+    x[0, :BLOCK] = -x[0, :BLOCK].abs()  # a block whose largest magnitude is negative: the sign trick
+    got = q8_linear(x, q, scale)
+    dense = q.double() * (
+        scale.double().repeat_interleave(BLOCK, 1) if per_block else scale.double()[:, None]
+    )
+    rounded, bound = reference(x, dense)
+    out_rounding = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
+    torch.testing.assert_close(got.double(), rounded, rtol=out_rounding, atol=1e-4)
+    exact = x.double() @ dense.t()
+    assert ((got.double() - exact).abs() <= bound + rounded.abs() * out_rounding + 1e-4).all()
+
+
+def test_each_row_is_computed_on_its_own():
+    """A verify step's rows give what the same tokens give one at a time: bit for bit."""
+    weights = random_q4(96, 128, seed=3)
+    rows = pack_q4(weights.q, weights.scale, weights.offset)
+    x = torch.randn(7, 128, generator=torch.Generator().manual_seed(2))
+    together = q4_linear(x, rows)
+    alone = torch.cat([q4_linear(x[i : i + 1], rows) for i in range(7)])
+    assert torch.equal(together, alone)
+    q = torch.randint(-127, 128, (96, 128), generator=torch.Generator().manual_seed(5), dtype=torch.int8)
+    scale = torch.rand(96) * 0.01
+    assert torch.equal(
+        q8_linear(x, q, scale), torch.cat([q8_linear(x[i : i + 1], q, scale) for i in range(7)])
+    )
+
+
+def test_a_zero_block_and_a_zero_row_give_zero():
+    weights = random_q4(16, 64, seed=4)
+    x = torch.zeros(2, 64)
+    x[1, 32:] = 1.0
+    got = q4_linear(x, pack_q4(weights.q, weights.scale, weights.offset))
+    assert torch.equal(got[0], torch.zeros(16))
+    torch.testing.assert_close(
+        got[1].double(), x[1].double() @ weights.dequantize().double().t(), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_pack_q4_puts_input_j_low_and_input_16_plus_j_high():
+    q = torch.arange(32, dtype=torch.uint8).remainder(16).reshape(1, 32)
+    record = pack_q4(q, torch.ones(1, 1), torch.zeros(1, 1))
+    assert record.shape == (1, 20)
+    assert [int(b) & 0x0F for b in record[0, :16]] == list(range(16))
+    assert [int(b) >> 4 for b in record[0, :16]] == list(range(16))  # inputs 16..31: codes 0..15 again
+    assert torch.equal(record[0, 16:18].view(torch.float16), torch.ones(1, dtype=torch.float16))
+
+
+def test_the_kernels_refuse_shapes_they_cannot_take():
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        q8_linear(torch.randn(1, 48), torch.zeros(4, 48, dtype=torch.int8), torch.ones(4))
+    with pytest.raises(RuntimeError, match="rows"):
+        q4_linear(torch.randn(1, 64), torch.zeros(4, 30, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="float32, bfloat16 or float16"):
+        q8_linear(
+            torch.randn(1, 32, dtype=torch.float64), torch.zeros(4, 32, dtype=torch.int8), torch.ones(4)
+        )
+
+
+# ---- the layers ------------------------------------------------------------------------------------------
+
+
+def random_linear(out_features=64, in_features=96, seed=0) -> torch.nn.Linear:
+    torch.manual_seed(seed)
+    layer = torch.nn.Linear(in_features, out_features, bias=True)
+    torch.nn.init.normal_(layer.weight, std=0.05)
+    return layer.requires_grad_(False)
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_a_layer_takes_int8_dot_up_to_its_rows_and_torch_above(scheme):
+    linear = random_linear()
+    layer = (Int4WeightOnlyLinear if scheme == "int4" else Int8WeightOnlyLinear)(linear)
+    x = torch.randn(6, 96)
+    torch_out = layer._matmul(x) + layer.bias
+    layer.set_int8_dot_rows(4)
+    dot_out = layer._int8_dot(x[:4]) + layer.bias
+    assert torch.equal(layer(x[:4]), dot_out), "4 rows: int8_dot (bias added)"
+    assert torch.equal(layer(x), torch_out), "6 rows: torch's kernel"
+    assert not torch.equal(dot_out, torch_out[:4]), "the two kernels differ, so the routing above is seen"
+    torch.testing.assert_close(dot_out, torch_out[:4], rtol=0.05, atol=0.02)
+    layer.set_int8_dot_rows(0)
+    assert torch.equal(layer(x[:4]), torch_out[:4])
+    if scheme == "int4":
+        assert layer._q4_codes is None, "the kernel's copy is dropped"
+
+
+def test_a_layer_the_kernel_cannot_take_stays_on_torch():
+    layer = Int8WeightOnlyLinear(random_linear(in_features=48))  # 48 inputs: not blocks of 32
+    assert not layer.takes_int8_dot()
+    layer.set_int8_dot_rows(16)
+    assert layer.int8_dot_rows == 0
+    model = torch.nn.Sequential(layer)
+    assert set_int8_dot([model], QuantizedKernelChoice("int8_dot", "test", 16, 16)) == 0
+
+
+def test_a_q8_0_block_layer_runs_on_int8_dot_and_dequantizes_exactly():
+    linear = random_linear(out_features=32, in_features=64)
+    gen = torch.Generator().manual_seed(9)
+    q = torch.randint(-127, 128, (32, 64), generator=gen, dtype=torch.int8)
+    scale = (torch.rand(32, 2, generator=gen) * 0.01).half().float()
+    layer = Int8BlockLinear(linear, q, scale)
+    dense = q.float() * scale.repeat_interleave(BLOCK, 1)
+    assert torch.equal(layer.dequantized(torch.float32), dense)
+    x = torch.randn(3, 64)
+    assert torch.equal(layer(x), q8_linear(x, q, scale) + layer.bias)
+    _, bound = reference(x, dense.double())
+    assert ((layer(x) - layer.bias - x @ dense.t()).abs().double() <= bound + 1e-4).all()
+    big = torch.randn(200, 64)  # a prefill chunk: the dequantized weights
+    torch.testing.assert_close(layer(big), big @ dense.t() + layer.bias, rtol=1e-5, atol=1e-5)
+    assert torch.equal(layer(x.double()), x.double() @ dense.double().t() + layer.bias.double())
+
+
+# ---- the choice ------------------------------------------------------------------------------------------
+
+
+def test_the_choice_takes_each_scheme_up_to_its_last_faster_count():
+    choice = choice_from_ratios({"int4": {1: 0.5, 2: 0.7, 4: 0.97, 8: 0.6}, "int8": {1: 1.2, 2: 0.5}})
+    assert (choice.kernel, choice.int4_rows, choice.int8_rows) == ("int8_dot", 2, 0)
+    assert "int4 int8_dot up to 2 rows" in choice.reason and "int8 torch" in choice.reason
+    slower = choice_from_ratios({"int4": {1: 0.99}, "int8": {1: 1.5}})
+    assert (slower.kernel, slower.int4_rows, slower.int8_rows) == ("torch", 0, 0)
+
+
+def quantized_tiny(scheme="int4", dtype=torch.float32):
+    _, model = make_tiny_model("llama", dtype=dtype)
+    quantize_model(model, scheme)
+    return model
+
+
+def test_auto_measures_each_scheme_once_and_caches_it(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_measure(layers, dtype, repeats=5):
+        calls.append({m.scheme for m in layers})
+        return {1: 0.5, 2: 0.5, 4: 2.0} if layers[0].scheme == "int4" else {1: 2.0}
+
+    monkeypatch.setattr(quantized_dot, "measure_ratios", fake_measure)
+    model = quantized_tiny()  # int4 layers and an int8 LM head
+    choice = choose_quantized_kernel("auto", model, tmp_path)
+    assert (choice.kernel, choice.int4_rows, choice.int8_rows) == ("int8_dot", 2, 0)
+    assert sorted(map(sorted, calls)) == [["int4"], ["int8"]]
+    again = choose_quantized_kernel("auto", model, tmp_path)
+    assert again == choice and len(calls) == 2, "the second start reads the cache"
+
+
+def test_the_real_measurement_times_both_kernels_at_each_count():
+    model = quantized_tiny()
+    layers = quantized_dot.quantized_layers(model)
+    ratios = quantized_dot.measure_ratios([m for m in layers if m.scheme == "int4"], torch.float32, repeats=1)
+    assert set(ratios) <= set(quantized_dot.MEASURED_ROWS) and 1 in ratios
+    assert all(r > 0 for r in ratios.values())
+
+
+def test_configured_settings_and_their_refusals():
+    model = quantized_tiny()
+    assert choose_quantized_kernel("torch", model, None).kernel == "torch"
+    configured = choose_quantized_kernel("int8_dot", model, None)
+    assert (configured.kernel, configured.int4_rows, configured.int8_rows) == ("int8_dot", MAX_ROWS, MAX_ROWS)
+    with pytest.raises(ValueError, match="'quantized_kernel': int8_dot runs on a CPU.*float64"):
+        choose_quantized_kernel("int8_dot", quantized_tiny(dtype=torch.float64), None)
+    assert choose_quantized_kernel("auto", quantized_tiny(dtype=torch.float64), None).kernel == "torch"
+    _, dense = make_tiny_model("llama", dtype=torch.float32)
+    assert "no quantized layer" in choose_quantized_kernel("auto", dense, None).reason
+    with pytest.raises(ValueError, match=r"'quantized_kernel': got 'fast'; allowed: auto, torch, int8_dot"):
+        make_config(quantized_kernel="fast")
+
+
+# ---- an executor on it: speculation keeps the greedy output ----------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_speculation_on_an_int8_dot_target_keeps_its_greedy_output(scheme):
+    """float32 target whose decode and verify calls all run on int8_dot (at most 4 requests of 1 + 3
+    rows: within its 16 rows): NGram drafts change nothing, as each row's output depends on that row
+    alone; requests one at a time and four together."""
+    prompts = make_prompts(8, (5, 12, 3, 20), seed=4)
+    prompts = [p + p[:6] for p in prompts]  # repeats for NGram to draft from
+
+    def run(spec):
+        _, model = make_tiny_model("llama", dtype=torch.float32)
+        config = make_config(
+            dtype="float32",
+            quantization=scheme,
+            quantized_kernel="int8_dot",
+            speculative_config=spec,
+            max_batch_size=4,
+        )
+        with Executor(model, config) as executor:
+            assert executor.quantized_kernel.kernel == "int8_dot"
+            layers = quantized_dot.quantized_layers(executor.model)
+            assert layers and all(m.int8_dot_rows == MAX_ROWS for m in layers)
+            alone = [executor.run(make_requests([p]))[0] for p in prompts]
+            together = executor.run(make_requests(prompts[:4]))
+            assert_all_pages_free(executor)
+        return alone, together
+
+    plain = run(None)
+    drafted = run({"decoding_type": "NGram", "max_draft_len": 3})
+    for got, want in zip(drafted, plain):
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert num_accepted(drafted[0]) > 0
+
+
+def test_a_float32_executor_with_torch_keeps_torch_kernels():
+    _, model = make_tiny_model("llama", dtype=torch.float32)
+    with Executor(model, make_config(dtype="float32", quantization="int4", quantized_kernel="torch")) as ex:
+        assert ex.quantized_kernel.kernel == "torch"
+        assert all(m.int8_dot_rows == 0 for m in quantized_dot.quantized_layers(ex.model))
+
+
+# ---- the AVX2 and plain C++ paths, built apart (this CPU may run the VNNI one) -----------------------------
+
+ISA_CHECK = textwrap.dedent(
+    """
+    import sys, torch
+    from torch.utils.cpp_extension import load
+    flags, build = sys.argv[1], sys.argv[2]
+    load(name="qd_" + flags.replace("-", "_").replace("=", "_"), sources=[sys.argv[3]],
+         extra_cflags=["-O2", flags], build_directory=build, is_python_module=False, verbose=False)
+    ops = torch.ops.specexec_cpu
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 96, generator=gen)
+    q = torch.randint(-127, 128, (40, 96), generator=gen, dtype=torch.int8)
+    scale = torch.rand(40, 3, generator=gen) * 0.01
+    codes = torch.randint(0, 256, (40, 48), generator=gen, dtype=torch.uint8)
+    halves = (torch.rand(40, 6, generator=gen) * 0.01).half().view(torch.uint8)
+    rows = torch.cat([codes, halves], 1).contiguous()
+    torch.save({"isa": ops.quantized_dot_isa(), "q8": ops.q8_linear(x, q, scale),
+                "q8_row": ops.q8_linear(x, q, scale[:, 0].contiguous()), "q4": ops.q4_linear(x, rows),
+                "x": x, "q": q, "scale": scale, "rows": rows}, sys.argv[4])
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("flags", "isa"), [("-march=x86-64-v3", "avx2"), ("-march=x86-64", "scalar")])
+def test_the_avx2_and_plain_builds_give_this_builds_results(tmp_path, flags, isa):
+    if not (sys.platform == "linux" and Path("/proc/cpuinfo").read_text().count(" avx2") > 0):
+        pytest.fail("this check builds x86-64 code: it needs an x86-64 Linux machine with AVX2, as CI has")
+    script = tmp_path / "isa_check.py"
+    script.write_text(ISA_CHECK)
+    (tmp_path / "build").mkdir()
+    out = tmp_path / "out.pt"
+    subprocess.run(
+        [sys.executable, str(script), flags, str(tmp_path / "build"), str(SOURCE), str(out)],
+        check=True,
+        timeout=600,
+    )
+    got = torch.load(out)
+    assert got["isa"] == isa
+    x, q, scale, rows = got["x"], got["q"], got["scale"], got["rows"]
+    torch.testing.assert_close(got["q8"], q8_linear(x, q, scale), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got["q8_row"], q8_linear(x, q, scale[:, 0].contiguous()), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got["q4"], q4_linear(x, rows), rtol=1e-5, atol=1e-5)
