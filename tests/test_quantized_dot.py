@@ -27,6 +27,7 @@ from specexec.executor.layers.quantized.quantized_dot import (
     set_int8_dot,
 )
 from specexec.executor.layers.quantized.quantized_linear import (
+    DENSE_FROM_ROWS,
     Int4WeightOnlyLinear,
     Int4Weights,
     Int8BlockLinear,
@@ -229,6 +230,37 @@ def test_the_choice_takes_each_scheme_up_to_its_last_faster_count():
     assert "int4 int8_dot up to 2 rows" in choice.reason and "int8 torch" in choice.reason
     slower = choice_from_ratios({"int4": {1: 0.99}, "int8": {1: 1.5}})
     assert (slower.kernel, slower.int4_rows, slower.int8_rows) == ("torch", 0, 0)
+    everywhere = choice_from_ratios({"int4": {1: 0.04}, "int8": {1: 0.4, 64: 0.5}})
+    assert (everywhere.int4_rows, everywhere.int8_rows) == (MAX_ROWS, MAX_ROWS), "past the last count"
+
+
+def test_a_clearly_faster_first_pass_ends_the_timing(monkeypatch):
+    """float32's torch int4 path would take seconds a pass at 64 rows: one warm-up pass decides."""
+    import time
+
+    class Slow:
+        in_features, scheme = 32, "int4"
+        calls = []
+
+        def set_int8_dot_rows(self, rows):
+            pass
+
+        def _matmul(self, x):
+            self.calls.append(("torch", x.shape[0]))
+            time.sleep(0.02)
+
+        def _int8_dot(self, x):
+            self.calls.append(("int8_dot", x.shape[0]))
+            time.sleep(0.001)
+
+    layer = Slow()
+    ratios = quantized_dot.measure_ratios([layer], torch.float32)
+    assert list(ratios) == [1] and ratios[1] < 0.25
+    assert layer.calls == [("torch", 1), ("int8_dot", 1)]
+
+
+def test_int8_dot_stops_where_the_dense_matmul_starts():
+    assert MAX_ROWS == DENSE_FROM_ROWS - 1
 
 
 def quantized_tiny(scheme="int4", dtype=torch.float32):
@@ -280,9 +312,9 @@ def test_configured_settings_and_their_refusals():
 
 @pytest.mark.parametrize("scheme", ["int4", "int8"])
 def test_speculation_on_an_int8_dot_target_keeps_its_greedy_output(scheme):
-    """float32 target whose decode and verify calls all run on int8_dot (at most 4 requests of 1 + 3
-    rows: within its 16 rows): NGram drafts change nothing, as each row's output depends on that row
-    alone; requests one at a time and four together."""
+    """float32 target whose calls all run on int8_dot (short prompts, at most 4 requests: under its
+    127 rows): NGram drafts change nothing, as each row's output depends on that row alone; requests
+    one at a time and four together."""
     prompts = make_prompts(8, (5, 12, 3, 20), seed=4)
     prompts = [p + p[:6] for p in prompts]  # repeats for NGram to draft from
 

@@ -5,7 +5,9 @@
 - ``add_rms_norm``, ``rotary_kv_write``, ``act_mul`` (`fused_ops_cpu.cpp`): the own decoder's residual
   add with its RMSNorm, RoPE with the K/V cache write, and act(gate) * up, one pass each;
 - ``q4_linear``, ``q8_linear`` (`quantized/quantized_dot_cpu.cpp`): quantized linear layers on integer dot products
-  over int8-quantized activations (``quantized_kernel: int8_dot``, `quantized/quantized_dot.py`).
+  over int8-quantized activations (``quantized_kernel: int8_dot``, `quantized/quantized_dot.py`);
+- ``prenorm_layer`` (`prenorm_layer_cpu.cpp`): a whole pre-norm decoder layer as one op, calling the
+  ones above (`model/decoder/fused_layer.py`).
 
 They are compiled on first use with torch's cpp_extension (``-O3 -march=native``, OpenMP; ninja and a
 C++ compiler) into specexec's cache folder, one build per source, CPU and torch, and loaded from there
@@ -32,7 +34,12 @@ logger = logging.getLogger("specexec")
 
 SOURCES = tuple(
     Path(__file__).parent / name
-    for name in ("paged_attention_cpu.cpp", "fused_ops_cpu.cpp", "quantized/quantized_dot_cpu.cpp")
+    for name in (
+        "paged_attention_cpu.cpp",
+        "fused_ops_cpu.cpp",
+        "quantized/quantized_dot_cpu.cpp",
+        "prenorm_layer_cpu.cpp",
+    )
 )
 SWITCH = "SPECEXEC_CPU_KERNELS"  #: "0" keeps every CPU op on torch
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")  #: (no errno: libm calls vectorize)

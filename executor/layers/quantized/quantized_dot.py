@@ -1,5 +1,5 @@
 """``quantized_kernel:`` — which kernel runs a CPU model's quantized linear layers (int4, int8, GGUF) for
-the few rows of decode and verify steps.
+the rows of decode and verify steps (and short prefill chunks).
 
 - ``torch``: torch's weight-only kernels (`quantized_linear.py`): activations stay in the model's dtype,
   exact in float32 against the dequantized weights.
@@ -9,12 +9,14 @@ the few rows of decode and verify steps.
   rows as they are) where torch's int4 kernel dequantizes each weight before a float multiply. The one
   extra rounding is the activations' int8 step (a block's dot is off by at most sum(|w|) * scale / 2;
   `tests/test_quantized_dot.py`). Each row is quantized on its own, so a row's output does not depend on
-  the other rows of the call (a verify step's rows equal the same tokens decoded one at a time). Rows
-  above ``max_rows`` (prefill chunks, large batches) keep torch's kernels.
+  the other rows of the call (a verify step's rows equal the same tokens decoded one at a time). Calls
+  of up to `MAX_ROWS` rows take it; from 128 rows a layer runs one dense matmul on its dequantized
+  weights.
 - ``auto``: on a CPU where the C++ kernels load, each scheme's layers (int4 and int8 apart: a GGUF's
   Q4_1 layers, its int8 LM head) are run once each, in order (a step's weight traffic), under both
   kernels at each of `MEASURED_ROWS` rows, taking turns; ``int8_dot`` takes a scheme's rows up to the
-  last count where it needs under `MARGIN` of torch's time, every smaller count included. Cached per
+  last count where it needs under `MARGIN` of torch's time, every smaller count included (all of them:
+  up to `MAX_ROWS`). Cached per
   CPU, torch, threads, dtype and the layers' shapes. Elsewhere: ``torch``.
 
 What it bought (2-core AMD EPYC Zen 4, AVX512-VNNI; `bench/reports/2026-11-27-int8-dot/`): torch's int4
@@ -24,6 +26,7 @@ bfloat16), and its int8 kernel takes 3x int8_dot's time for SmolLM2's 49152x576 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,11 +39,17 @@ from ..measurement_cache import cached_measurement, interleaved_medians
 
 QUANTIZED_KERNELS = ("auto", "torch", "int8_dot")
 BLOCK = 32  #: inputs per activation scale (and per Q4 scale): the kernels need in_features in multiples
-MEASURED_ROWS = (1, 2, 4, 8, 16)  #: rows per timed pass: decode, verify of 1 + k at batch 1-4
-MAX_ROWS = MEASURED_ROWS[-1]  #: ``int8_dot`` configured: rows up to this take it
+#: rows per timed pass: decode, verify of 1 + k at batch 1-4, larger batches and short prefill chunks
+MEASURED_ROWS = (1, 2, 4, 8, 16, 32, 64)
+#: the most rows int8_dot takes (``int8_dot`` configured: every call up to it); from 128 rows
+#: (`quantized_linear.DENSE_FROM_ROWS`) a layer dequantizes its weights for one dense matmul instead
+MAX_ROWS = 127
 MARGIN = 0.95  #: int8_dot must take under this fraction of torch's time at a row count to be chosen
 CLEARLY_SLOWER = 1.5  #: at this ratio larger row counts are not timed (they only get slower)
-MEASUREMENT_VERSION = 1
+#: at this ratio in the warm-up pass, int8_dot is taken for this count and every larger one untimed:
+#: torch's float32 int4 path, 25-60x int8_dot's time, would take seconds a pass at 64 rows
+CLEARLY_FASTER = 0.25
+MEASUREMENT_VERSION = 2  #: bump when the measured work changes: old answers are stale
 
 
 SCHEMES = ("int4", "int8")
@@ -147,14 +156,16 @@ def choose_quantized_kernel(
 
 def choice_from_ratios(ratios: dict[str, dict[int, float]]) -> QuantizedKernelChoice:
     """Per scheme, int8_dot up to the last measured row count where it and every smaller count took
-    under `MARGIN` of torch's time."""
+    under `MARGIN` of torch's time; past the largest count measured (every one faster) up to
+    `MAX_ROWS`."""
     rows, parts = {}, []
     for scheme, by_rows in ratios.items():
         rows[scheme] = 0
-        for count in sorted(by_rows):
+        counts = sorted(by_rows)
+        for count in counts:
             if by_rows[count] >= MARGIN:
                 break
-            rows[scheme] = count
+            rows[scheme] = MAX_ROWS if count == counts[-1] else count
         measured = ", ".join(f"{n}: {by_rows[n]:.2f}x" for n in sorted(by_rows))
         verdict = f"int8_dot up to {rows[scheme]} rows" if rows[scheme] else "torch"
         parts.append(f"{scheme} {verdict} (int8_dot's time over torch's by rows {measured})")
@@ -169,7 +180,9 @@ def choice_from_ratios(ratios: dict[str, dict[int, float]]) -> QuantizedKernelCh
 @torch.inference_mode()
 def measure_ratios(layers: list[nn.Module], dtype: torch.dtype, repeats: int = 5) -> dict[int, float]:
     """int8_dot's time over torch's for one pass over ``layers`` at each of `MEASURED_ROWS` rows, taking
-    turns; counts beyond one where int8_dot took `CLEARLY_SLOWER` x torch's time are not timed."""
+    turns; counts beyond one where int8_dot took `CLEARLY_SLOWER` x torch's time are not timed, nor is
+    any count once the warm-up pass finds int8_dot under `CLEARLY_FASTER` x torch's time (that ratio
+    kept)."""
     for layer in layers:
         layer.set_int8_dot_rows(MAX_ROWS)  # builds the kernel's copies for the timing
     generator = torch.Generator().manual_seed(0)
@@ -182,8 +195,14 @@ def measure_ratios(layers: list[nn.Module], dtype: torch.dtype, repeats: int = 5
             "torch": lambda inputs=inputs: [m._matmul(inputs[m.in_features]) for m in layers],
             "int8_dot": lambda inputs=inputs: [m._int8_dot(inputs[m.in_features]) for m in layers],
         }
-        for work in works.values():
-            work()  # warm-up
+        warm = {}
+        for name, work in works.items():  # the warm-up, timed
+            started = time.perf_counter()
+            work()
+            warm[name] = time.perf_counter() - started
+        if warm["int8_dot"] < CLEARLY_FASTER * warm["torch"]:
+            ratios[rows] = warm["int8_dot"] / warm["torch"]
+            break
         median = interleaved_medians(works, repeats)
         ratios[rows] = median["int8_dot"] / median["torch"]
         if ratios[rows] >= CLEARLY_SLOWER:

@@ -42,6 +42,10 @@ CUDA_INT4_INNER_K_TILES = (8, 4, 2)
 DENSE_FROM_ROWS = 128
 
 
+#: the kinds of linear call `prenorm_layer_cpu.cpp` makes (see `WeightOnlyLinear.fused_call`)
+DENSE, Q4_INT8_DOT, Q8_INT8_DOT, TORCH_INT4, TORCH_INT8 = range(5)
+
+
 class QuantizationError(ValueError):
     """No kernel for this scheme on this device and dtype, or a tensor that cannot be quantized."""
 
@@ -120,6 +124,18 @@ class WeightOnlyLinear(nn.Module):
             return x.dtype in CPU_KERNEL_DTYPES
         return x.dtype in CUDA_KERNEL_DTYPES[self.scheme]
 
+    def fused_call(self, rows: int, dtype: torch.dtype) -> tuple[int, list[torch.Tensor]] | None:
+        """The kernel call `forward` makes for ``rows`` rows in ``dtype``, as a kind and its tensors (the
+        bias last) for the C++ layer op (`decoder/fused_layer.py`); None where it is not one such call
+        (another device or dtype, a dense prefill chunk)."""
+        if self.packed_for != "cpu" or dtype not in CPU_KERNEL_DTYPES or rows >= DENSE_FROM_ROWS:
+            return None
+        call = self._int8_dot_call() if rows <= self.int8_dot_rows else self._torch_call(dtype)
+        if call is None:
+            return None
+        kind, tensors = call
+        return kind, tensors if self.bias is None else [*tensors, self.bias]
+
     def takes_int8_dot(self) -> bool:
         """Whether the int8_dot kernels can run this layer: on the CPU, inputs in blocks of 32."""
         return self.packed_for == "cpu" and self.in_features % BLOCK == 0
@@ -156,6 +172,14 @@ class Int8WeightOnlyLinear(WeightOnlyLinear):
     def _int8_dot(self, flat: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]: the codes as stored
         return q8_linear(flat, self.weight_int8, self.scale)
 
+    def _int8_dot_call(self):
+        return Q8_INT8_DOT, [self.weight_int8, self.scale]
+
+    def _torch_call(self, dtype: torch.dtype):
+        if dtype not in self._scales:
+            self._scales[dtype] = self.scale.to(dtype)
+        return TORCH_INT8, [self.weight_int8, self._scales[dtype]]
+
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in]
         return self.weight_int8.to(dtype) * self.scale.to(dtype)[:, None]
 
@@ -179,6 +203,12 @@ class Int8BlockLinear(WeightOnlyLinear):
 
     def _int8_dot(self, flat: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
         return q8_linear(flat, self.weight_int8, self.block_scale)
+
+    def _int8_dot_call(self):
+        return Q8_INT8_DOT, [self.weight_int8, self.block_scale]
+
+    def _torch_call(self, dtype: torch.dtype):
+        return None  # torch has no kernel for it
 
     def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
         return F.linear(flat, self.dequantized(flat.dtype))
@@ -228,6 +258,17 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
 
     def _int8_dot(self, flat: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
         return q4_linear(flat, self._q4_codes)
+
+    def _int8_dot_call(self):
+        return Q4_INT8_DOT, [self._q4_codes]
+
+    def _torch_call(self, dtype: torch.dtype):
+        if self.group_size != GROUP_SIZE:  # the C++ layer op calls the kernel with groups of 32
+            return None
+        table = self._scales_and_zeros.get(dtype)
+        if table is None:
+            table = self._scales_and_zeros[dtype] = self.scales_and_zeros(dtype)
+        return TORCH_INT4, [self.packed, table]
 
     def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
         table = self._scales_and_zeros.get(flat.dtype)

@@ -1,5 +1,5 @@
-"""The own decoder's forward over a flat batch: embed, the layers, the final norm and the LM head only
-over the rows that need logits.
+"""The own decoder's forward over a flat batch: embed, the layers (each as one C++ op where
+`fused_layer.py` can run it), the final norm and the LM head only over the rows that need logits.
 
 It reads the model's modules at every call (``model.model.layers``, ``model.lm_head``, ...), so layers
 that quantization or packing replaced after conversion run as replaced. Hidden states are recorded where
@@ -14,6 +14,7 @@ from torch import nn
 
 from ..attention_metadata import AttentionMetadata
 from .convert import is_own_decoder
+from .fused_layer import FusedStep, fused_args, run_fused
 
 
 class OwnDecoder:
@@ -40,8 +41,16 @@ class OwnDecoder:
         rows = {name: table.rows(positions) for name, table in decoder.rotary_tables.items()}
         captured = {0: hidden} if 0 in capture else {}
         residual = None
+        step = FusedStep.of(meta, hidden)  # None: every layer runs in Python
+        num_tokens, dtype = hidden.shape[0], hidden.dtype
         for i, layer in enumerate(decoder.layers):
-            hidden, residual = layer(hidden, residual, rows[layer.spec.rotary], meta)
+            args = None if step is None else fused_args(layer, num_tokens, dtype)
+            if args is not None:  # the whole layer as one C++ op (`fused_layer.py`)
+                hidden, residual = run_fused(
+                    layer, args, hidden, residual, rows[layer.spec.rotary], meta, step
+                )
+            else:
+                hidden, residual = layer(hidden, residual, rows[layer.spec.rotary], meta)
             if i + 1 in capture and i + 1 < self.num_layers:
                 captured[i + 1] = residual + hidden
         out = hidden if residual is None else residual + hidden  # [T, hidden]

@@ -1,0 +1,98 @@
+// One pre-norm decoder layer (Llama's order, no q/k norms: Llama, Mistral, Qwen2) of a forward whose
+// rows attend over the paged KV pool in one group, as one op: the ops `PreNormLayer.forward` calls from
+// Python, called here in the same order on the same tensors, so the output is the same bit for bit and
+// the layer pays no Python between them (about 90 us a layer on the 2-core EPYC, a third of a batch-1
+// decode layer at the GGUF's codes):
+//
+//   h, x = add_rms_norm(hidden, residual)            (x: the layer's input, the next residual)
+//   q = rotary_kv_write(qkv_proj(h))                  (K and V written into the pool)
+//   o = paged_attention_short(q)                      (one group: the whole batch in order)
+//   h, x = add_rms_norm(o_proj(o), x)
+//   out = down_proj(act_mul(gate_up_proj(h)))         (returns (out, x); the next layer adds them)
+//
+// A linear layer arrives as a kind and its tensors (`decoder/fused_layer.py` builds them from the
+// layer's own routing for this many rows), the bias last when it has one:
+//   0 dense: weight                          -> at::linear
+//   1 q4 (int8_dot): pack_q4 records         -> specexec_cpu::q4_linear
+//   2 q8 (int8_dot): int8 weight, scale      -> specexec_cpu::q8_linear (a row's or a block's scale)
+//   3 torch int4: packed weight, table       -> at::_weight_int4pack_mm_for_cpu (groups of 32)
+//   4 torch int8: int8 weight, scale         -> at::_weight_int8pack_mm
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+template <typename Signature>
+c10::TypedOperatorHandle<Signature> find_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+
+enum LinearKind : int64_t { kDense = 0, kQ4 = 1, kQ8 = 2, kTorchInt4 = 3, kTorchInt8 = 4 };
+
+at::Tensor linear(const at::Tensor& x, int64_t kind, const std::vector<at::Tensor>& t) {
+  static const auto q4 = find_op<at::Tensor(at::Tensor, at::Tensor)>("specexec_cpu::q4_linear");
+  static const auto q8 = find_op<at::Tensor(at::Tensor, at::Tensor, at::Tensor)>("specexec_cpu::q8_linear");
+  const size_t arity = (kind == kDense || kind == kQ4) ? 1 : 2;
+  TORCH_CHECK(t.size() == arity || t.size() == arity + 1, "prenorm_layer: linear kind ", kind, " takes ", arity,
+              " tensors and an optional bias, got ", t.size());
+  const std::optional<at::Tensor> bias = t.size() > arity ? std::optional<at::Tensor>(t[arity]) : std::nullopt;
+  at::Tensor out;
+  switch (kind) {
+    case kDense: return at::linear(x, t[0], bias);
+    case kQ4: out = q4.call(x, t[0]); break;
+    case kQ8: out = q8.call(x, t[0], t[1]); break;
+    case kTorchInt4: out = at::_weight_int4pack_mm_for_cpu(x, t[0], 32, t[1]); break;
+    case kTorchInt8: out = at::_weight_int8pack_mm(x, t[0], t[1]); break;
+    default: TORCH_CHECK(false, "prenorm_layer: unknown linear kind ", kind);
+  }
+  return bias.has_value() ? out + *bias : out;  // as the Python layer adds it: one add after the matmul
+}
+
+std::tuple<at::Tensor, at::Tensor> prenorm_layer(
+    at::Tensor hidden,                   // [T, hidden]
+    std::optional<at::Tensor> residual,  // [T, hidden]; None: the first layer
+    at::Tensor input_norm, double input_eps, at::Tensor post_norm, double post_eps,
+    std::vector<int64_t> kinds,  // qkv, o, gate_up, down
+    std::vector<at::Tensor> qkv, std::vector<at::Tensor> o, std::vector<at::Tensor> gate_up,
+    std::vector<at::Tensor> down,
+    at::Tensor rotary_rows,  // [T, 2, 1, head_dim]
+    at::Tensor kv,           // [2, slots, kv_heads, head_dim] this layer's pool
+    at::Tensor slots,        // [T]
+    int64_t heads, int64_t kv_heads, int64_t head_dim,
+    at::Tensor block_tables,  // [1, max_blocks]... the group's
+    at::Tensor query_pos,     // [G, Q]
+    at::Tensor kv_lens,       // [G]
+    int64_t block_size, double scaling, int64_t window, double softcap, int64_t act) {
+  static const auto add_rms_norm =
+      find_op<std::tuple<at::Tensor, at::Tensor>(at::Tensor, std::optional<at::Tensor>, at::Tensor, double, bool)>(
+          "specexec_cpu::add_rms_norm");
+  static const auto rotary_kv_write =
+      find_op<at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t)>(
+          "specexec_cpu::rotary_kv_write");
+  static const auto attend = find_op<at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t,
+                                                double, int64_t, double)>("specexec_cpu::paged_attention_short");
+  static const auto act_mul = find_op<at::Tensor(at::Tensor, int64_t)>("specexec_cpu::act_mul");
+  TORCH_CHECK(kinds.size() == 4, "prenorm_layer: four linear kinds (qkv, o, gate_up, down)");
+  const int64_t T = hidden.size(0), groups = query_pos.size(0), per_group = query_pos.size(1);
+  TORCH_CHECK(groups * per_group == T, "prenorm_layer: the group's queries must be the whole batch in order");
+  auto [h, x] = add_rms_norm.call(hidden, residual, input_norm, input_eps, false);
+  const at::Tensor q = rotary_kv_write.call(linear(h, kinds[0], qkv), rotary_rows, kv, slots, heads, kv_heads,
+                                            head_dim);  // [T, heads, head_dim]
+  const at::Tensor attended = attend.call(q.view({groups, per_group, heads, head_dim}), kv, block_tables, query_pos,
+                                          kv_lens, block_size, scaling, window, softcap);
+  auto [h2, x2] = add_rms_norm.call(linear(attended.reshape({T, heads * head_dim}), kinds[1], o), x, post_norm,
+                                    post_eps, false);
+  at::Tensor out = linear(act_mul.call(linear(h2, kinds[2], gate_up), act), kinds[3], down);
+  return {out, x2};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(specexec_cpu, m) {
+  m.def("prenorm_layer", &prenorm_layer);
+}

@@ -1,0 +1,149 @@
+"""A pre-norm layer's whole forward as one C++ op on the CPU (``prenorm_layer``, built from
+`executor/layers/prenorm_layer_cpu.cpp`): the ops `PreNormLayer.forward` calls, in the same order on
+the same tensors, with no Python between them. The output is the Python layer's, bit for bit
+(`tests/test_fused_layer.py`); what it saves is the Python (about 90 us a layer on the 2-core EPYC).
+
+It runs where every piece of the layer is one of the C++ ops or one kernel call:
+- the step (`FusedStep.of`): on the CPU, in float32, bfloat16 or float16, with the C++ ops loaded, one
+  attention group whose queries are the whole batch in order, attended by the C++ paged kernel (the
+  measured path for those rows);
+- the layer (`PreNormLayer` without q/k norms, RMSNorm without Gemma's offset, an activation the C++
+  op has): Llama, Mistral and Qwen2;
+- each linear layer: dense ``nn.Linear`` or a quantized layer whose call for this many rows is one
+  kernel (`WeightOnlyLinear.fused_call`); a layer packed for oneDNN or MKL (``cpu_linear``) is not.
+Elsewhere the Python layer runs. A layer's arguments are built once per (rows, dtype) and kept while its
+linear layers and their routing stay the same objects and settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ...layers.attention_kernels import AUTO, PAGED_CPU
+from ...layers.cpu_kernels import FUSED_DTYPES, cpu_kernels
+from ...layers.quantized.quantized_linear import DENSE
+from ..attention_metadata import AttentionMetadata
+
+LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+@dataclass(frozen=True, slots=True)
+class FusedStep:
+    """What every layer's op shares in one forward: the group's pages and positions."""
+
+    slots: torch.Tensor  # [T]
+    block_tables: torch.Tensor  # [G, max_blocks]
+    query_pos: torch.Tensor  # [G, Q]
+    kv_lens: torch.Tensor  # [G]
+    block_size: int
+
+    @classmethod
+    def of(cls, meta: AttentionMetadata, hidden: torch.Tensor) -> FusedStep | None:
+        """The step's shared arguments, or None where the layers cannot run as one op."""
+        if hidden.device.type != "cpu" or hidden.dtype not in FUSED_DTYPES or cpu_kernels() is None:
+            return None
+        if not meta.is_single_view or meta.groups[0].query_slice is None:
+            return None
+        group = meta.groups[0]
+        path = meta.paths.for_group(group.max_query_len, group.is_short, group.num_queries, group.max_kv_len)
+        if not (path == PAGED_CPU or (path == AUTO and group.is_short)):
+            return None
+        return cls(
+            meta.slots, group.block_tables, group.query_pos[..., 0], group.kv_lens, meta.kv_cache.block_size
+        )
+
+
+def linear_call(module: nn.Module, rows: int, dtype: torch.dtype) -> tuple[int, list[torch.Tensor]] | None:
+    """One linear layer's call for the op: (kind, tensors, the bias last), or None."""
+    if type(module) is nn.Linear:
+        if module.weight.dtype != dtype:
+            return None
+        return DENSE, [module.weight] if module.bias is None else [module.weight, module.bias]
+    fused_call = getattr(module, "fused_call", None)
+    return None if fused_call is None else fused_call(rows, dtype)
+
+
+class FusedLayerArgs:
+    """A layer's weights and settings as the op takes them, for one (rows, dtype); `still_valid` checks
+    that the layer's linear layers are the same objects with the same int8_dot routing."""
+
+    def __init__(self, layer: nn.Module, calls: list[tuple[int, list[torch.Tensor]]]) -> None:
+        spec = layer.spec
+        self.linears = tuple(getattr(layer, name) for name in LINEARS)
+        self.routing = tuple(getattr(m, "int8_dot_rows", None) for m in self.linears)
+        self.weights = (
+            layer.input_layernorm.weight,
+            layer.input_layernorm.eps,
+            layer.post_attention_layernorm.weight,
+            layer.post_attention_layernorm.eps,
+            [kind for kind, _ in calls],
+            *(tensors for _, tensors in calls),
+        )
+        self.attention = (spec.num_heads, spec.num_kv_heads, spec.head_dim)
+        self.settings = (spec.scaling, spec.sliding_window or 0, spec.softcap or 0.0, layer._act_code)
+
+    def still_valid(self, layer: nn.Module) -> bool:
+        return all(
+            getattr(layer, name) is m for name, m in zip(LINEARS, self.linears)
+        ) and self.routing == tuple(getattr(m, "int8_dot_rows", None) for m in self.linears)
+
+
+def fused_args(layer: nn.Module, rows: int, dtype: torch.dtype) -> FusedLayerArgs | None:
+    """The layer's arguments for ``rows`` rows in ``dtype`` (kept on the layer), or None where it must
+    run in Python (see the module docstring)."""
+    cache = layer.__dict__.setdefault("_fused_args", {})
+    args = cache.get((rows, dtype), False)
+    if args is not False and (args is None or args.still_valid(layer)):
+        return args
+    args = None
+    if _layer_fits(layer):
+        calls = [linear_call(getattr(layer, name), rows, dtype) for name in LINEARS]
+        if all(call is not None for call in calls):
+            args = FusedLayerArgs(layer, calls)
+    cache[(rows, dtype)] = args
+    return args
+
+
+def _layer_fits(layer: nn.Module) -> bool:
+    norms = (getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None))
+    return (
+        type(layer).__name__ == "PreNormLayer"
+        and layer.q_norm is None
+        and layer._act_code is not None
+        and all(n is not None and not n.unit_offset for n in norms)
+    )
+
+
+def run_fused(
+    layer: nn.Module,
+    args: FusedLayerArgs,
+    hidden: torch.Tensor,  # [T, hidden]
+    residual: torch.Tensor | None,  # [T, hidden]
+    rotary_rows: torch.Tensor,  # [T, 2, 1, head_dim]
+    meta: AttentionMetadata,
+    step: FusedStep,
+) -> tuple[torch.Tensor, torch.Tensor]:  # (the layer's output, its input): as `PreNormLayer.forward`
+    heads, kv_heads, head_dim = args.attention
+    scaling, window, softcap, act = args.settings
+    return cpu_kernels().prenorm_layer(
+        hidden,
+        residual,
+        *args.weights,
+        rotary_rows,
+        meta.kv_cache.kv[layer.spec.layer_idx],
+        step.slots,
+        heads,
+        kv_heads,
+        head_dim,
+        step.block_tables,
+        step.query_pos,
+        step.kv_lens,
+        step.block_size,
+        scaling,
+        window,
+        softcap,
+        act,
+    )

@@ -1,0 +1,160 @@
+"""The own decoder's layer as one C++ op (`decoder/fused_layer.py`): the same logits and K/V as the
+Python layer, bit for bit, for the families, dtypes and linear kernels it takes; the Python layer where
+it cannot run; arguments rebuilt when a layer's routing changes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from specexec.executor.executor import Executor
+from specexec.executor.layers.attention_kernels import PAGED_CPU, SDPA
+from specexec.executor.layers.cpu_kernels import cpu_kernels
+from specexec.executor.layers.quantized.quantized_dot import QuantizedKernelChoice, set_int8_dot
+from specexec.executor.layers.quantized.quantized_linear import Q4_INT8_DOT, TORCH_INT4
+from specexec.executor.model.attention_paths import AttentionPaths
+from specexec.executor.model.decoder import forward as decoder_forward
+from specexec.executor.model.decoder import fused_layer
+from specexec.executor.model.forward_io import SequenceInput
+from test_speculative_identity import assert_all_pages_free, make_config, make_requests
+from tiny_models import make_prompts, make_tiny_model
+
+
+@pytest.fixture(autouse=True)
+def the_ops_are_built():
+    if cpu_kernels() is None:
+        pytest.fail(
+            "specexec's C++ CPU kernels did not build here (see the log); this machine has a compiler"
+        )
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """Counts the layers that ran as one op."""
+    calls = []
+    real = decoder_forward.run_fused
+
+    def counting(*args):
+        calls.append(args[0].spec.layer_idx)
+        return real(*args)
+
+    monkeypatch.setattr(decoder_forward, "run_fused", counting)
+    return calls
+
+
+def python_only(monkeypatch):
+    monkeypatch.setattr(decoder_forward.FusedStep, "of", classmethod(lambda cls, meta, hidden: None))
+
+
+def executor_for(arch, dtype, quantization=None, kernel="torch", **overrides):
+    _, model = make_tiny_model(arch, dtype=dtype)
+    settings = dict(
+        dtype=str(dtype).removeprefix("torch."),
+        quantization=quantization,
+        quantized_kernel=kernel,
+        model_impl="specexec",
+        cpu_linear="blas",
+    )
+    config = make_config(**{**settings, **overrides})
+    executor = Executor(model, config)
+    executor.core.runner.attention_paths = AttentionPaths.all(PAGED_CPU)
+    return executor
+
+
+def forwards(executor) -> list[torch.Tensor]:
+    """Logits of a prefill, a decode row, a 4-row verify, and 3 requests decoding together, and their
+    K/V."""
+    runner, bm = executor.core.runner, executor.block_manager
+    for name in ("a", "b", "c"):
+        bm.allocate(name, 40)
+    out = [runner.forward([SequenceInput(list(range(3, 23)), 0, bm.block_tables["a"], 1)]).logits]
+    out.append(runner.forward([SequenceInput([7], 20, bm.block_tables["a"], 1)]).logits)
+    out.append(runner.forward([SequenceInput([9, 4, 11, 2], 21, bm.block_tables["a"], 4)]).logits)
+    for name in ("b", "c"):
+        runner.forward([SequenceInput(list(range(5, 17)), 0, bm.block_tables[name], 1)])
+    batch = [SequenceInput([8], 25 if n == "a" else 12, bm.block_tables[n], 1) for n in ("a", "b", "c")]
+    out.append(runner.forward(batch).logits)
+    block = runner.kv_cache.block_size
+    for name, length in (("a", 26), ("b", 13), ("c", 13)):  # each request's K/V, wherever its pages are
+        pages = torch.tensor(bm.block_tables[name])
+        slots = pages[torch.arange(length) // block] * block + torch.arange(length) % block
+        out.append(runner.kv_cache.kv[..., slots, :, :])
+        bm.free(name)
+    return [t.clone() for t in out]
+
+
+CASES = [
+    ("llama", torch.float32, None, "torch"),
+    ("llama", torch.bfloat16, None, "torch"),
+    ("llama", torch.float32, "int4", "torch"),
+    ("llama", torch.float32, "int4", "int8_dot"),
+    ("llama", torch.bfloat16, "int8", "int8_dot"),
+    ("llama", torch.bfloat16, "int8", "torch"),
+    ("mistral", torch.float32, "int4", "int8_dot"),  # its sliding window
+    ("qwen2", torch.float32, None, "torch"),  # q/k/v biases
+    ("qwen2", torch.float32, "int4", "int8_dot"),
+]
+
+
+@pytest.mark.parametrize(("arch", "dtype", "quantization", "kernel"), CASES)
+def test_the_op_gives_the_python_layers_logits_and_pages_bit_for_bit(
+    arch, dtype, quantization, kernel, fused_calls, monkeypatch
+):
+    with executor_for(arch, dtype, quantization, kernel) as executor:
+        fused = forwards(executor)
+        assert fused_calls, "the op ran"
+        num_fused = len(fused_calls)
+        python_only(monkeypatch)
+        plain = forwards(executor)
+        assert len(fused_calls) == num_fused
+    for got, want in zip(fused, plain):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_families_with_q_k_norms_or_gemmas_norms_run_in_python(arch, fused_calls):
+    with executor_for(arch, torch.float32) as executor:
+        forwards(executor)
+    assert fused_calls == []
+
+
+def test_steps_the_op_cannot_take_run_in_python(fused_calls):
+    with executor_for("llama", torch.float32) as executor:
+        executor.core.runner.attention_paths = AttentionPaths.all(SDPA)  # not the C++ attention kernel
+        forwards(executor)
+        assert fused_calls == []
+    with executor_for("llama", torch.float64) as executor:  # a dtype the C++ ops do not take
+        forwards(executor)
+        assert fused_calls == []
+    with executor_for("llama", torch.float32, cpu_linear="onednn") as executor:  # packed for oneDNN
+        forwards(executor)
+        assert fused_calls == []
+
+
+def test_the_layers_arguments_follow_their_routing(fused_calls, monkeypatch):
+    with executor_for("llama", torch.float32, "int4", "torch") as executor:
+        layer = executor.model.model.layers[0]
+        first = fused_layer.fused_args(layer, 1, torch.float32)
+        assert first.weights[4] == [TORCH_INT4] * 4
+        set_int8_dot([executor.model], QuantizedKernelChoice("int8_dot", "test", 16, 16))
+        second = fused_layer.fused_args(layer, 1, torch.float32)
+        assert second is not first and second.weights[4] == [Q4_INT8_DOT] * 4
+        assert fused_layer.fused_args(layer, 1, torch.float32) is second, "kept while valid"
+        fused = forwards(executor)
+        python_only(monkeypatch)
+        assert all(torch.equal(a, b) for a, b in zip(fused, forwards(executor)))
+
+
+def test_an_executor_on_the_op_generates_what_the_python_layers_generate(fused_calls, monkeypatch):
+    prompts = [p + p[:6] for p in make_prompts(6, (5, 12, 3, 20), seed=7)]
+    spec = {"decoding_type": "NGram", "max_draft_len": 3}
+
+    def run():
+        with executor_for("llama", torch.float32, "int4", "int8_dot", speculative_config=spec) as ex:
+            outputs = ex.run(make_requests(prompts))
+            assert_all_pages_free(ex)
+        return [o.token_ids for o in outputs]
+
+    fused = run()
+    assert fused_calls
+    python_only(monkeypatch)
+    assert run() == fused
