@@ -49,7 +49,7 @@ CLEARLY_SLOWER = 1.5  #: at this ratio larger row counts are not timed (they onl
 #: at this ratio in the warm-up pass, int8_dot is taken for this count and every larger one untimed:
 #: torch's float32 int4 path, 25-60x int8_dot's time, would take seconds a pass at 64 rows
 CLEARLY_FASTER = 0.25
-MEASUREMENT_VERSION = 2  #: bump when the measured work changes: old answers are stale
+MEASUREMENT_VERSION = 3  #: bump when the measured work changes: old answers are stale
 
 
 SCHEMES = ("int4", "int8")
@@ -180,9 +180,9 @@ def choice_from_ratios(ratios: dict[str, dict[int, float]]) -> QuantizedKernelCh
 @torch.inference_mode()
 def measure_ratios(layers: list[nn.Module], dtype: torch.dtype, repeats: int = 5) -> dict[int, float]:
     """int8_dot's time over torch's for one pass over ``layers`` at each of `MEASURED_ROWS` rows, taking
-    turns; counts beyond one where int8_dot took `CLEARLY_SLOWER` x torch's time are not timed, nor is
-    any count once the warm-up pass finds int8_dot under `CLEARLY_FASTER` x torch's time (that ratio
-    kept)."""
+    turns, after an untimed warm-up pass each; counts beyond one where int8_dot took `CLEARLY_SLOWER` x
+    torch's time are not timed, nor is any count once a first timed pass finds int8_dot under
+    `CLEARLY_FASTER` x torch's time (that ratio kept)."""
     for layer in layers:
         layer.set_int8_dot_rows(MAX_ROWS)  # builds the kernel's copies for the timing
     generator = torch.Generator().manual_seed(0)
@@ -195,13 +195,15 @@ def measure_ratios(layers: list[nn.Module], dtype: torch.dtype, repeats: int = 5
             "torch": lambda inputs=inputs: [m._matmul(inputs[m.in_features]) for m in layers],
             "int8_dot": lambda inputs=inputs: [m._int8_dot(inputs[m.in_features]) for m in layers],
         }
-        warm = {}
-        for name, work in works.items():  # the warm-up, timed
+        for work in works.values():
+            work()  # warm-up: one-time work (torch's scale tables per dtype) stays out of the timing
+        first = {}
+        for name, work in works.items():  # one timed pass each decides the clear cases
             started = time.perf_counter()
             work()
-            warm[name] = time.perf_counter() - started
-        if warm["int8_dot"] < CLEARLY_FASTER * warm["torch"]:
-            ratios[rows] = warm["int8_dot"] / warm["torch"]
+            first[name] = time.perf_counter() - started
+        if first["int8_dot"] < CLEARLY_FASTER * first["torch"]:
+            ratios[rows] = first["int8_dot"] / first["torch"]
             break
         median = interleaved_medians(works, repeats)
         ratios[rows] = median["int8_dot"] / median["torch"]
