@@ -416,3 +416,12 @@ def test_the_avx2_and_plain_builds_give_this_builds_results(tmp_path, flags, isa
     torch.testing.assert_close(got["q8"], q8_linear(x, q, scale), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got["q8_row"], q8_linear(x, q, scale[:, 0].contiguous()), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got["q4"], q4_linear(x, rows), rtol=1e-5, atol=1e-5)
+
+
+def test_the_choice_says_a_q8_0_layer_runs_on_int8_dot_whatever_it_chose(tmp_path):
+    model = quantized_tiny()
+    linear = random_linear(out_features=32, in_features=64)
+    q = torch.randint(-127, 128, (32, 64), generator=torch.Generator().manual_seed(1), dtype=torch.int8)
+    model.lm_head = Int8BlockLinear(linear, q, torch.full((32, 2), 0.01))
+    for setting in ("torch", "int8_dot"):
+        assert "1 Q8_0 layer on int8_dot" in choose_quantized_kernel(setting, model, tmp_path).reason

@@ -1,5 +1,7 @@
 """How close each kernel and dtype stays to the GGUF's exact model: greedy outputs and top-1 agreement
-against `quantization: gguf` in float32 on torch's kernels (the file's weights exactly), on chat prompts.
+against the GGUF dequantized to a dense float32 model (the file's weights exactly, as
+`tests/test_gguf_quantization_smollm2.py` checks; torch's float32 int4 path computes the same products
+but ~10x slower), on chat prompts.
 
     python bench/reports/2026-11-27-int8-dot/match_rate.py [--num-prompts 20] [--max-tokens 48]
 
@@ -13,11 +15,12 @@ import argparse
 
 import torch
 from specexec import Executor, ExecutorConfig, SamplingParams
+from specexec.executor.engine.inputs import tokenize_prompt
 from specexec.executor.model.forward_io import SequenceInput
 from specexec.prompt_sets.datasets import load_dataset
 
-SETTINGS = {  # name: (dtype, quantized_kernel)
-    "float32, torch (the reference)": ("float32", "torch"),
+SETTINGS = {  # name: (dtype, quantized_kernel); None: the dense float32 model, the reference
+    "dense float32 (the reference)": ("float32", None),
     "bfloat16, torch": ("bfloat16", "torch"),
     "bfloat16, auto": ("bfloat16", "auto"),
     "float32, int8_dot": ("float32", "int8_dot"),
@@ -34,8 +37,7 @@ def top1(executor: Executor, prompts, answers) -> tuple[int, int]:
     runner, bm, tok = executor.core.runner, executor.block_manager, executor.tokenizer
     same = total = 0
     for prompt, answer in zip(prompts, answers):
-        ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        ids = tokenize_prompt(prompt, tok, executor.core.vocab_size)  # as the executor tokenizes it
         bm.allocate("m", len(ids) + len(answer) + 1)
         runner.forward([SequenceInput(ids, 0, bm.block_tables["m"], 1)])
         # the answer in one forward of its own (under 128 rows: the decode/verify kernels, not the dense
@@ -61,7 +63,11 @@ def main() -> None:
     print(f"{'setting':32s} identical  first divergence (median)  top-1 agreement")
     for name, (dtype, kernel) in SETTINGS.items():
         config = ExecutorConfig(
-            quantization="gguf", dtype=dtype, quantized_kernel=kernel, progress=False, num_kv_blocks=256
+            quantization=None if kernel is None else "gguf",
+            dtype=dtype,
+            quantized_kernel=kernel or "auto",
+            progress=False,
+            num_kv_blocks=256,
         )
         with Executor(config=config) as executor:
             outputs = [o.token_ids for o in executor.run(prompts, params)]

@@ -27,7 +27,7 @@ bfloat16), and its int8 kernel takes 3x int8_dot's time for SmolLM2's 49152x576 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -131,6 +131,15 @@ def choose_quantized_kernel(
 ) -> QuantizedKernelChoice:
     """The kernel for ``model``'s quantized layers (see the module docstring)."""
     check_quantized_kernel(setting)
+    choice = _choose(setting, model, cache_dir, dtype)
+    blocks = sum(getattr(m, "scheme", None) == "q8_0" for m in model.modules())
+    if blocks:  # a GGUF's Q8_0 layers, built only where int8_dot runs: on it whatever the choice
+        note = f"; {blocks} Q8_0 layer{'s' if blocks > 1 else ''} on int8_dot (torch has no kernel for it)"
+        choice = replace(choice, reason=choice.reason + note)
+    return choice
+
+
+def _choose(setting: str, model: nn.Module, cache_dir: Path | None, dtype: torch.dtype | None):
     layers = quantized_layers(model)
     param = next(model.parameters())
     dtype = dtype or param.dtype
