@@ -35,7 +35,7 @@ from torch import nn
 
 from .cpu_info import describe_cpu
 from .dtype_choice import DecodeStepWork, ModelShape
-from .measurement_cache import cached_measurement, interleaved_medians
+from .measurement_cache import cached_measurement, cached_row_ratios, interleaved_medians
 from .packed_linear import PackedLinear, RowBands, can_pack, can_pack_mkl
 
 CPU_LINEARS = ("auto", "blas", "onednn")
@@ -166,21 +166,14 @@ def _measurement_key(shape: ModelShape, dtype: torch.dtype, quantization: str | 
 def _cached_onednn_ratios(
     shape: ModelShape, dtype: torch.dtype, cache_dir: Path | None, quantization: str | None
 ) -> dict[int, float]:
-    data = cached_measurement(
+    return cached_row_ratios(
         cache_dir,
         "linear-backend",
         _measurement_key(shape, dtype, quantization),
-        lambda: {"onednn_ratios": measure_onednn_ratios(shape, dtype, quantization)},
+        lambda: measure_onednn_ratios(shape, dtype, quantization),
         "cpu_linear auto: timing oneDNN's packed linears against the BLAS on this CPU",
-        ("onednn_ratios",),
+        field="onednn_ratios",
     )
-    try:
-        ratios = {int(n): float(ratio) for n, ratio in data["onednn_ratios"].items()}
-        if 1 in ratios:
-            return ratios
-    except (AttributeError, TypeError, ValueError):
-        pass
-    return measure_onednn_ratios(shape, dtype, quantization)  # a damaged cache file: measure, uncached
 
 
 def _cached_mkl_ratio(

@@ -80,3 +80,23 @@ def cached_measurement(
         except OSError as exc:
             logger.warning("could not cache the %s measurement at %s: %s", kind, path, exc)
     return data
+
+
+def cached_row_ratios(
+    cache_dir: Path | None,
+    kind: str,
+    key: str,
+    measure: Callable[[], dict[int, float]],
+    what: str,
+    field: str = "ratios",
+) -> dict[int, float]:
+    """A ratio per row count (one kernel's time over another's), as `cached_measurement` keeps it under
+    ``field``; a file that does not hold such ratios (one for 1 row at least) is measured again, uncached."""
+    data = cached_measurement(cache_dir, kind, key, lambda: {field: measure()}, what, (field,))
+    try:
+        ratios = {int(n): float(ratio) for n, ratio in data[field].items()}
+        if 1 in ratios:
+            return ratios
+    except (AttributeError, TypeError, ValueError):
+        pass
+    return measure()  # a damaged cache file

@@ -35,7 +35,7 @@ from torch import nn
 
 from ..cpu_info import describe_cpu
 from ..cpu_kernels import FUSED_DTYPES, cpu_kernels
-from ..measurement_cache import cached_measurement, interleaved_medians
+from ..measurement_cache import cached_row_ratios, interleaved_medians
 
 QUANTIZED_KERNELS = ("auto", "torch", "int8_dot")
 BLOCK = 32  #: inputs per activation scale (and per Q4 scale): the kernels need in_features in multiples
@@ -227,18 +227,10 @@ def _cached_ratios(layers: list[nn.Module], dtype: torch.dtype, cache_dir: Path 
         f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
         f"|{dtype}|layers={len(layers)}|{shapes}"
     )
-    data = cached_measurement(
+    return cached_row_ratios(
         cache_dir,
         "quantized-kernel",
         key,
-        lambda: {"ratios": measure_ratios(layers, dtype)},
+        lambda: measure_ratios(layers, dtype),
         "quantized_kernel auto: timing the int8_dot kernels against torch's on this CPU",
-        ("ratios",),
     )
-    try:
-        ratios = {int(n): float(r) for n, r in data["ratios"].items()}
-        if 1 in ratios:
-            return ratios
-    except (AttributeError, TypeError, ValueError):
-        pass
-    return measure_ratios(layers, dtype)  # a damaged cache file: measure, uncached

@@ -26,6 +26,7 @@ from ...layers.attention_kernels import AUTO, PAGED_CPU
 from ...layers.cpu_kernels import FUSED_DTYPES, cpu_kernels
 from ...layers.quantized.quantized_linear import DENSE
 from ..attention_metadata import AttentionMetadata
+from .layers import PreNormLayer
 
 LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
@@ -110,7 +111,7 @@ def fused_args(layer: nn.Module, rows: int, dtype: torch.dtype) -> FusedLayerArg
 def _layer_fits(layer: nn.Module) -> bool:
     norms = (getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None))
     return (
-        type(layer).__name__ == "PreNormLayer"
+        type(layer) is PreNormLayer
         and layer.q_norm is None
         and layer._act_code is not None
         and all(n is not None and not n.unit_offset for n in norms)
