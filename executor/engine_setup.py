@@ -153,15 +153,24 @@ def _drafter_modules(drafter: Drafter | None, what: str) -> list:
 
 
 def _apply_quantized_kernel(config: ExecutorConfig, model, drafter: Drafter | None) -> QuantizedKernelChoice:
-    """Choose ``quantized_kernel``'s kernel from the target's quantized layers and route the target's and
-    the drafter's layers to it (a model an earlier executor set up is set again)."""
-    modules = [model, *_drafter_modules(drafter, "quantized_kernel")]
-    set_int8_dot(modules, None)
-    choice = choose_quantized_kernel(config.quantized_kernel, model, resolve_cache_dir(config.cache_dir))
-    if choice.kernel == "int8_dot":
-        layers = set_int8_dot(modules, choice)
-        logger.info("quantized_kernel int8_dot: %d layers (%s)", layers, choice.reason)
-    return choice
+    """Choose ``quantized_kernel``'s kernel for the target's quantized layers and, apart, for each of the
+    drafter's models (a self-draft's int8 layers in the dtype its own measurement picked), and route
+    their layers to it (a model an earlier executor set up is set again); returns the target's choice."""
+    cache_dir = resolve_cache_dir(config.cache_dir)
+    choices = []
+    for module in (model, *_drafter_modules(drafter, "quantized_kernel")):
+        set_int8_dot([module], None)
+        choice = choose_quantized_kernel(config.quantized_kernel, module, cache_dir)
+        if choice.kernel == "int8_dot":
+            layers = set_int8_dot([module], choice)
+            logger.info(
+                "quantized_kernel int8_dot: %d layers of %s (%s)",
+                layers,
+                type(module).__name__,
+                choice.reason,
+            )
+        choices.append(choice)
+    return choices[0]
 
 
 def _apply_linear_backend(config: ExecutorConfig, model, drafter: Drafter | None) -> LinearBackendChoice:

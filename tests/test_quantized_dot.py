@@ -425,3 +425,19 @@ def test_the_choice_says_a_q8_0_layer_runs_on_int8_dot_whatever_it_chose(tmp_pat
     model.lm_head = Int8BlockLinear(linear, q, torch.full((32, 2), 0.01))
     for setting in ("torch", "int8_dot"):
         assert "1 Q8_0 layer on int8_dot" in choose_quantized_kernel(setting, model, tmp_path).reason
+
+
+def test_a_self_drafts_int8_layers_get_their_own_choice():
+    """A dense float32 target with the int8 self-draft: the target has nothing to route, the draft's
+    layers are chosen and routed on their own (here configured: int8_dot)."""
+    _, model = make_tiny_model("llama", dtype=torch.float32)
+    spec = {"decoding_type": "DraftTarget", "max_draft_len": 3, "quantization": "int8"}
+    config = make_config(dtype="float32", quantized_kernel="int8_dot", speculative_config=spec)
+    with Executor(model, config) as executor:
+        assert "no quantized layer" in executor.quantized_kernel.reason
+        draft = executor.speculation.drafter.runner.model
+        layers = quantized_dot.quantized_layers(draft)
+        assert layers and all(m.int8_dot_rows == MAX_ROWS for m in layers)
+        outputs = executor.run(make_requests(make_prompts(2, (5, 9), seed=3)))
+        assert all(len(o.token_ids) > 0 for o in outputs)
+        assert_all_pages_free(executor)

@@ -140,11 +140,13 @@ def choose_quantized_kernel(
 
 
 def _choose(setting: str, model: nn.Module, cache_dir: Path | None, dtype: torch.dtype | None):
-    layers = quantized_layers(model)
-    param = next(model.parameters())
-    dtype = dtype or param.dtype
     if setting == "torch":
         return QuantizedKernelChoice("torch", "configured")
+    layers = quantized_layers(model)
+    if not layers:  # (a drafter's dense head, too)
+        return QuantizedKernelChoice("torch", f"{setting}: no quantized layer the int8_dot kernels take")
+    param = next(model.parameters())
+    dtype = dtype or param.dtype
     runs = param.device.type == "cpu" and dtype in FUSED_DTYPES and cpu_kernels() is not None
     if setting == "int8_dot":
         if not runs:
@@ -154,8 +156,6 @@ def _choose(setting: str, model: nn.Module, cache_dir: Path | None, dtype: torch
                 f"{param.device.type}"
             )
         return QuantizedKernelChoice("int8_dot", f"configured ({kernel_isa()})", MAX_ROWS, MAX_ROWS)
-    if not layers:
-        return QuantizedKernelChoice("torch", "auto: no quantized layer the int8_dot kernels take")
     if not runs:
         return QuantizedKernelChoice("torch", "auto: int8_dot runs on a CPU where the C++ kernels load")
     by_scheme = {s: [m for m in layers if m.scheme == s] for s in SCHEMES}
