@@ -13,9 +13,9 @@ import gguf
 import pytest
 import torch
 from specexec.executor.layers.quantized.gguf_weights import GGUFFile
+from specexec.executor.layers.quantized.q8_block_linear import Int8BlockLinear
 from specexec.executor.layers.quantized.quantized_linear import (
     Int4WeightOnlyLinear,
-    Int8BlockLinear,
     _unpack_int4,
 )
 from specexec.executor.model.model_loader import default_model_path, load_model

@@ -14,6 +14,7 @@ import torch
 from specexec.executor.executor import Executor
 from specexec.executor.layers.cpu_kernels import cpu_kernels
 from specexec.executor.layers.quantized import quantized_dot
+from specexec.executor.layers.quantized.q8_block_linear import Int8BlockLinear
 from specexec.executor.layers.quantized.quantization import quantize_model
 from specexec.executor.layers.quantized.quantized_dot import (
     BLOCK,
@@ -30,7 +31,6 @@ from specexec.executor.layers.quantized.quantized_linear import (
     DENSE_FROM_ROWS,
     Int4WeightOnlyLinear,
     Int4Weights,
-    Int8BlockLinear,
     Int8WeightOnlyLinear,
 )
 from test_speculative_identity import assert_all_pages_free, make_config, make_requests, num_accepted

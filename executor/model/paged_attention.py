@@ -34,8 +34,8 @@ def _attend_group(
         q = query[group.query_slice].view(num, max_q, *query.shape[1:])
     else:
         q = query[group.query_index]  # [group, max_q, heads, head_dim]
-    path = meta.paths.for_group(max_q, group.is_short, num, group.max_kv_len)
-    if path == PAGED_CPU or (path == AUTO and group.is_short and paged_cpu_kernel_runs(q)):
+    path = group_path(group, meta)
+    if attends_in_place(path, group, q):
         o = attend_paged_cpu(
             q,
             meta.kv_cache.kv[layer],
@@ -56,6 +56,17 @@ def _attend_group(
     else:
         out.index_copy_(0, group.out_index, o.reshape(num * max_q, *o.shape[2:])[group.valid_rows])
     return o
+
+
+def group_path(group: AttentionGroup, meta: AttentionMetadata) -> str:
+    """The measured attention path for this group's shape (`AttentionPaths.for_group`)."""
+    return meta.paths.for_group(group.max_query_len, group.is_short, group.num_queries, group.max_kv_len)
+
+
+def attends_in_place(path: str, group: AttentionGroup, query: torch.Tensor) -> bool:
+    """Whether the group (on ``path``) attends through the C++ kernel straight over the pages: measured
+    so, or unmeasured decode/verify rows where the kernel runs."""
+    return path == PAGED_CPU or (path == AUTO and group.is_short and paged_cpu_kernel_runs(query))
 
 
 def _attend_gathered(group, layer, meta, q, path, scaling, sliding_window, softcap) -> torch.Tensor:

@@ -20,7 +20,7 @@
 
   Where specexec's int8_dot kernel runs (``quantized_kernel`` auto or int8_dot, on a CPU where the C++
   kernels load, in float32, bfloat16 or float16), a Q8_0 layer instead keeps the file's codes and block
-  scales exactly (`quantized_linear.Int8BlockLinear`) in every dtype, and runs on it.
+  scales exactly (`q8_block_linear.Int8BlockLinear`) in every dtype, and runs on it.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..cpu_kernels import fused_ops_take
 from ..packed_linear import unpack_linears
 from .gguf_weights import INT4_TYPES, GGUFFile, match_rows
-from .quantized_dot import int8_dot_loads
+from .q8_block_linear import Int8BlockLinear
+from .quantized_dot import BLOCK
 from .quantized_linear import (
-    CPU_KERNEL_DTYPES,
     Int4WeightOnlyLinear,
     Int4Weights,
-    Int8BlockLinear,
     Int8WeightOnlyLinear,
     QuantizationError,
     WeightOnlyLinear,
@@ -148,42 +148,44 @@ def _install_gguf(model: nn.Module, file: GGUFFile, report: QuantizationReport, 
 
 
 def _stored_codes(tensors: list, weight) -> Int4Weights:
-    """The file's codes of ``tensors`` stacked in row order, each tensor's rows reordered onto the
-    converted ``weight``'s rows [out, in] (a fused layer holds several tensors one after another)."""
-    decoded = [tensor.decode() for tensor in tensors]
-    parts, start = [], 0
-    for tensor, codes in zip(tensors, decoded):
-        rows = slice(start, start + codes.q.shape[0])
-        order = match_rows(codes.dequantize(), weight[rows], tensor.name)
-        parts.append((codes.q[order], codes.scale[order], codes.offset[order]))
-        start = rows.stop
-    q, scale, offset = (torch.cat(column) for column in zip(*parts))
-    return Int4Weights(q, scale, offset, decoded[0].group_size)
+    """The file's 4-bit codes, scales and offsets of ``tensors`` (`_stacked`)."""
+
+    def decode(tensor):
+        codes = tensor.decode()
+        return codes.dequantize(), codes.q, codes.scale, codes.offset
+
+    return Int4Weights(*_stacked(tensors, weight, decode), BLOCK)
 
 
 def _stored_q8_0(tensors: list, weight) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q8_0 codes [out, in] and block scales [out, in / 32] of ``tensors``, stacked and reordered as
-    `_stored_codes` does."""
-    parts, start = [], 0
-    for tensor in tensors:
+    """The file's Q8_0 codes [out, in] and block scales [out, in / 32] of ``tensors`` (`_stacked`)."""
+
+    def decode(tensor):
         q, scale = tensor.decode_q8_0()
-        rows = slice(start, start + q.shape[0])
-        dequantized = q.float() * scale.repeat_interleave(q.shape[1] // scale.shape[1], dim=1)
-        order = match_rows(dequantized, weight[rows], tensor.name)
-        parts.append((q[order], scale[order]))
-        start = rows.stop
-    q, scale = (torch.cat(column) for column in zip(*parts))
+        return q.float() * scale.repeat_interleave(BLOCK, dim=1), q, scale
+
+    q, scale = _stacked(tensors, weight, decode)
     return q, scale
 
 
+def _stacked(tensors: list, weight, decode) -> tuple[torch.Tensor, ...]:
+    """What ``decode(tensor)`` stores of each of ``tensors`` (after its dequantized weights [rows, in]:
+    tensors of one row per weight row), stacked in row order, each tensor's rows reordered onto the
+    converted ``weight``'s rows [out, in] (a fused layer holds several tensors one after another)."""
+    parts, start = [], 0
+    for tensor in tensors:
+        dequantized, *stored = decode(tensor)
+        rows = slice(start, start + dequantized.shape[0])
+        order = match_rows(dequantized, weight[rows], tensor.name)
+        parts.append([part[order] for part in stored])
+        start = rows.stop
+    return tuple(torch.cat(column) for column in zip(*parts))
+
+
 def _int8_dot_runs(linear: nn.Linear) -> bool:
-    weight = linear.weight
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype in CPU_KERNEL_DTYPES
-        and linear.in_features % 32 == 0
-        and int8_dot_loads()
-    )
+    """Whether the int8_dot kernels can run this layer: inputs in blocks of 32, on the C++ ops' device
+    and dtypes, once they have loaded."""
+    return linear.in_features % BLOCK == 0 and fused_ops_take(linear.weight)
 
 
 def _checkpoint_names(name: str, parent: nn.Module, child_name: str) -> tuple[str, ...]:

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from ..cpu_info import describe_cpu
-from ..cpu_kernels import FUSED_DTYPES, cpu_kernels
+from ..cpu_kernels import cpu_kernels, fused_ops_take
 from ..measurement_cache import cached_row_ratios, interleaved_medians
 
 QUANTIZED_KERNELS = ("auto", "torch", "int8_dot")
@@ -126,12 +126,10 @@ def set_int8_dot(modules, choice: QuantizedKernelChoice | None) -> int:
     return count
 
 
-def choose_quantized_kernel(
-    setting: str, model: nn.Module, cache_dir: Path | None, dtype: torch.dtype | None = None
-) -> QuantizedKernelChoice:
+def choose_quantized_kernel(setting: str, model: nn.Module, cache_dir: Path | None) -> QuantizedKernelChoice:
     """The kernel for ``model``'s quantized layers (see the module docstring)."""
     check_quantized_kernel(setting)
-    choice = _choose(setting, model, cache_dir, dtype)
+    choice = _choose(setting, model, cache_dir)
     blocks = sum(getattr(m, "scheme", None) == "q8_0" for m in model.modules())
     if blocks:  # a GGUF's Q8_0 layers, built only where int8_dot runs: on it whatever the choice
         note = f"; {blocks} Q8_0 layer{'s' if blocks > 1 else ''} on int8_dot (torch has no kernel for it)"
@@ -139,15 +137,15 @@ def choose_quantized_kernel(
     return choice
 
 
-def _choose(setting: str, model: nn.Module, cache_dir: Path | None, dtype: torch.dtype | None):
+def _choose(setting: str, model: nn.Module, cache_dir: Path | None) -> QuantizedKernelChoice:
     if setting == "torch":
         return QuantizedKernelChoice("torch", "configured")
     layers = quantized_layers(model)
     if not layers:  # (a drafter's dense head, too)
         return QuantizedKernelChoice("torch", f"{setting}: no quantized layer the int8_dot kernels take")
     param = next(model.parameters())
-    dtype = dtype or param.dtype
-    runs = param.device.type == "cpu" and dtype in FUSED_DTYPES and cpu_kernels() is not None
+    dtype = param.dtype
+    runs = fused_ops_take(param)  # the C++ ops loaded, and this device and dtype theirs
     if setting == "int8_dot":
         if not runs:
             raise ValueError(

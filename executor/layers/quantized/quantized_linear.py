@@ -42,6 +42,8 @@ CUDA_INT4_INNER_K_TILES = (8, 4, 2)
 DENSE_FROM_ROWS = 128
 
 
+#: what `WeightOnlyLinear.forward` computes for a call (`WeightOnlyLinear._route`)
+DENSE_CACHED, INT8_DOT, DEQUANTIZED, TORCH_KERNEL = "dense", "int8_dot", "dequantized", "kernel"
 #: the kinds of linear call `prenorm_layer_cpu.cpp` makes (see `WeightOnlyLinear.fused_call`)
 DENSE, Q4_INT8_DOT, Q8_INT8_DOT, TORCH_INT4, TORCH_INT8 = range(5)
 
@@ -101,11 +103,12 @@ class WeightOnlyLinear(nn.Module):
                 "quantize after moving the model"
             )
         flat = x.reshape(-1, self.in_features)
-        if not self._has_kernel(x):
+        route = self._route(flat.shape[0], x.device.type, x.dtype)
+        if route == DENSE_CACHED:
             out = F.linear(flat, self._dense(x.dtype))
-        elif flat.shape[0] <= self.int8_dot_rows:
+        elif route == INT8_DOT:
             out = self._int8_dot(flat)
-        elif flat.shape[0] >= DENSE_FROM_ROWS and self.can_dequantize_fast:
+        elif route == DEQUANTIZED:
             out = F.linear(flat, self.dequantized(x.dtype))  # a prefill chunk: see DENSE_FROM_ROWS
         else:
             out = self._matmul(flat)
@@ -119,18 +122,32 @@ class WeightOnlyLinear(nn.Module):
             cache[dtype] = self.dequantized(dtype)
         return cache[dtype]
 
-    def _has_kernel(self, x: torch.Tensor) -> bool:
-        if x.device.type == "cpu":
-            return x.dtype in CPU_KERNEL_DTYPES
-        return x.dtype in CUDA_KERNEL_DTYPES[self.scheme]
+    def _route(self, rows: int, device_type: str, dtype: torch.dtype) -> str:
+        """What `forward` computes for ``rows`` rows on ``device_type`` in ``dtype``: the cached dense
+        weights (no kernel for the dtype), int8_dot, the dequantized weights (a prefill chunk), or
+        torch's kernel."""
+        kernel_dtypes = CPU_KERNEL_DTYPES if device_type == "cpu" else CUDA_KERNEL_DTYPES[self.scheme]
+        if dtype not in kernel_dtypes:
+            return DENSE_CACHED
+        if rows <= self.int8_dot_rows:
+            return INT8_DOT
+        if rows >= DENSE_FROM_ROWS and self.can_dequantize_fast:
+            return DEQUANTIZED
+        return TORCH_KERNEL
 
     def fused_call(self, rows: int, dtype: torch.dtype) -> tuple[int, list[torch.Tensor]] | None:
         """The kernel call `forward` makes for ``rows`` rows in ``dtype``, as a kind and its tensors (the
         bias last) for the C++ layer op (`decoder/fused_layer.py`); None where it is not one such call
-        (another device or dtype, a dense prefill chunk)."""
-        if self.packed_for != "cpu" or dtype not in CPU_KERNEL_DTYPES or rows >= DENSE_FROM_ROWS:
+        (another device, dense weights)."""
+        if self.packed_for != "cpu":
             return None
-        call = self._int8_dot_call() if rows <= self.int8_dot_rows else self._torch_call(dtype)
+        route = self._route(rows, "cpu", dtype)
+        if route == INT8_DOT:
+            call = self._int8_dot_call()
+        elif route == TORCH_KERNEL:
+            call = self._torch_call(dtype)
+        else:
+            return None
         if call is None:
             return None
         kind, tensors = call
@@ -182,40 +199,6 @@ class Int8WeightOnlyLinear(WeightOnlyLinear):
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in]
         return self.weight_int8.to(dtype) * self.scale.to(dtype)[:, None]
-
-
-class Int8BlockLinear(WeightOnlyLinear):
-    """int8 codes with one scale per block of 32 inputs, as GGUF's Q8_0 stores them: weight = q * scale.
-    Torch has no kernel for it, so every call below `DENSE_FROM_ROWS` rows runs on the int8_dot kernel
-    (`quantized_dot.py`; `quantization.py` builds this layer only where that kernel loads), and the rest
-    (prefill chunks, float64) on the dequantized weights, which are exact in float32."""
-
-    scheme = "q8_0"
-
-    def __init__(self, linear: nn.Linear, q: torch.Tensor, scale: torch.Tensor) -> None:
-        super().__init__(linear)
-        self.register_buffer("weight_int8", q.contiguous())  # [out, in] int8
-        self.register_buffer("block_scale", scale.float().contiguous())  # [out, in / 32] float32
-        self.int8_dot_rows = DENSE_FROM_ROWS - 1
-
-    def takes_int8_dot(self) -> bool:
-        return False  # always on it: nothing for `quantized_kernel` to choose
-
-    def _int8_dot(self, flat: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
-        return q8_linear(flat, self.weight_int8, self.block_scale)
-
-    def _int8_dot_call(self):
-        return Q8_INT8_DOT, [self.weight_int8, self.block_scale]
-
-    def _torch_call(self, dtype: torch.dtype):
-        return None  # torch has no kernel for it
-
-    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        return F.linear(flat, self.dequantized(flat.dtype))
-
-    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in]
-        scale = self.block_scale.repeat_interleave(BLOCK, dim=1)  # [out, in]
-        return (self.weight_int8.float() * scale).to(dtype)  # exact in float32: 7 bits times 11
 
 
 class Int4WeightOnlyLinear(WeightOnlyLinear):

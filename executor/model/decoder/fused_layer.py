@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ...layers.attention_kernels import AUTO, PAGED_CPU
 from ...layers.cpu_kernels import FUSED_DTYPES, cpu_kernels
 from ...layers.quantized.quantized_linear import DENSE
 from ..attention_metadata import AttentionMetadata
+from ..paged_attention import attends_in_place, group_path
 from .layers import PreNormLayer
 
 LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -49,8 +49,7 @@ class FusedStep:
         if not meta.is_single_view or meta.groups[0].query_slice is None:
             return None
         group = meta.groups[0]
-        path = meta.paths.for_group(group.max_query_len, group.is_short, group.num_queries, group.max_kv_len)
-        if not (path == PAGED_CPU or (path == AUTO and group.is_short)):
+        if not attends_in_place(group_path(group, meta), group, hidden):
             return None
         return cls(
             meta.slots, group.block_tables, group.query_pos[..., 0], group.kv_lens, meta.kv_cache.block_size

@@ -1,0 +1,45 @@
+"""GGUF's Q8_0 tensors as stored: int8 codes with one scale per block of 32 inputs, run on the int8_dot
+kernel (torch has none for them)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .quantized_dot import BLOCK, q8_linear
+from .quantized_linear import DENSE_FROM_ROWS, Q8_INT8_DOT, WeightOnlyLinear
+
+
+class Int8BlockLinear(WeightOnlyLinear):
+    """int8 codes with one scale per block of 32 inputs, as GGUF's Q8_0 stores them: weight = q * scale.
+    Torch has no kernel for it, so every call below `DENSE_FROM_ROWS` rows runs on the int8_dot kernel
+    (`quantized_dot.py`; `quantization.py` builds this layer only where that kernel loads), and the rest
+    (prefill chunks, float64) on the dequantized weights, which are exact in float32."""
+
+    scheme = "q8_0"
+
+    def __init__(self, linear: nn.Linear, q: torch.Tensor, scale: torch.Tensor) -> None:
+        super().__init__(linear)
+        self.register_buffer("weight_int8", q.contiguous())  # [out, in] int8
+        self.register_buffer("block_scale", scale.float().contiguous())  # [out, in / 32] float32
+        self.int8_dot_rows = DENSE_FROM_ROWS - 1
+
+    def takes_int8_dot(self) -> bool:
+        return False  # always on it: nothing for `quantized_kernel` to choose
+
+    def _int8_dot(self, flat: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
+        return q8_linear(flat, self.weight_int8, self.block_scale)
+
+    def _int8_dot_call(self):
+        return Q8_INT8_DOT, [self.weight_int8, self.block_scale]
+
+    def _torch_call(self, dtype: torch.dtype):
+        return None  # torch has no kernel for it
+
+    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        return F.linear(flat, self.dequantized(flat.dtype))
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in]
+        scale = self.block_scale.repeat_interleave(BLOCK, dim=1)  # [out, in]
+        return (self.weight_int8.float() * scale).to(dtype)  # exact in float32: 7 bits times 11
