@@ -23,9 +23,13 @@ from specexec.executor.layers.quantized.quantized_dot import (
     choice_from_ratios,
     choose_quantized_kernel,
     pack_q4,
+    pack_q8,
     q4_linear,
     q8_linear,
     set_int8_dot,
+    tile_block_scales,
+    unpack_q8,
+    untile_block_scales,
 )
 from specexec.executor.layers.quantized.quantized_linear import (
     DENSE_FROM_ROWS,
@@ -79,7 +83,7 @@ def random_q4(out_features: int, in_features: int, seed: int) -> Int4Weights:
     return Int4Weights(q, scale, offset)
 
 
-CASES = [(1, 32, 1), (1, 576, 960), (3, 96, 17), (4, 64, 48), (9, 160, 33)]  # (rows, in, out)
+CASES = [(1, 32, 8), (1, 576, 960), (3, 96, 24), (4, 64, 48), (9, 160, 40)]  # (rows, in, out)
 
 
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES)
@@ -110,7 +114,7 @@ def test_q8_linear_is_the_int8_rounded_product_within_its_bound(
     scale = (torch.rand(*shape, generator=gen) * 0.01).half().float()
     x = torch.randn(rows, in_features, generator=gen).to(dtype)
     x[0, :BLOCK] = -x[0, :BLOCK].abs()  # a block whose largest magnitude is negative: the sign trick
-    got = q8_linear(x, q, scale)
+    got = q8_linear(x, pack_q8(q), tile_block_scales(scale) if per_block else scale)
     dense = q.double() * (
         scale.double().repeat_interleave(BLOCK, 1) if per_block else scale.double()[:, None]
     )
@@ -124,16 +128,18 @@ def test_q8_linear_is_the_int8_rounded_product_within_its_bound(
 def test_each_row_is_computed_on_its_own():
     """A verify step's rows give what the same tokens give one at a time: bit for bit."""
     weights = random_q4(96, 128, seed=3)
-    rows = pack_q4(weights.q, weights.scale, weights.offset)
+    tiles = pack_q4(weights.q, weights.scale, weights.offset)
     x = torch.randn(7, 128, generator=torch.Generator().manual_seed(2))
-    together = q4_linear(x, rows)
-    alone = torch.cat([q4_linear(x[i : i + 1], rows) for i in range(7)])
+    together = q4_linear(x, tiles)
+    alone = torch.cat([q4_linear(x[i : i + 1], tiles) for i in range(7)])
     assert torch.equal(together, alone)
-    q = torch.randint(-127, 128, (96, 128), generator=torch.Generator().manual_seed(5), dtype=torch.int8)
-    scale = torch.rand(96) * 0.01
-    assert torch.equal(
-        q8_linear(x, q, scale), torch.cat([q8_linear(x[i : i + 1], q, scale) for i in range(7)])
+    q = pack_q8(
+        torch.randint(-127, 128, (96, 128), generator=torch.Generator().manual_seed(5), dtype=torch.int8)
     )
+    for scale in (torch.rand(96) * 0.01, tile_block_scales(torch.rand(96, 4) * 0.01)):
+        assert torch.equal(
+            q8_linear(x, q, scale), torch.cat([q8_linear(x[i : i + 1], q, scale) for i in range(7)])
+        )
 
 
 def test_a_zero_block_and_a_zero_row_give_zero():
@@ -147,23 +153,44 @@ def test_a_zero_block_and_a_zero_row_give_zero():
     )
 
 
-def test_pack_q4_puts_input_j_low_and_input_16_plus_j_high():
-    q = torch.arange(32, dtype=torch.uint8).remainder(16).reshape(1, 32)
-    record = pack_q4(q, torch.ones(1, 1), torch.zeros(1, 1))
-    assert record.shape == (1, 20)
-    assert [int(b) & 0x0F for b in record[0, :16]] == list(range(16))
-    assert [int(b) >> 4 for b in record[0, :16]] == list(range(16))  # inputs 16..31: codes 0..15 again
-    assert torch.equal(record[0, 16:18].view(torch.float16), torch.ones(1, dtype=torch.float16))
+def test_pack_q4_interleaves_8_rows_four_inputs_a_lane():
+    """Tile t, block g, vector v, byte 4i + j: row 8t + i's input 32g + 4v + j in the low nibble and its
+    input 32g + 16 + 4v + j in the high one; then the 8 rows' scales and offsets (float16)."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (16, 64), generator=gen, dtype=torch.uint8)
+    scale, offset = torch.rand(16, 2, generator=gen), torch.rand(16, 2, generator=gen)
+    tiles = pack_q4(q, scale, offset)
+    assert tiles.shape == (2, 2 * 160) and tiles.dtype == torch.uint8
+    for t, g, v, i, j in [(0, 0, 0, 0, 0), (1, 1, 3, 7, 3), (1, 0, 2, 5, 1), (0, 1, 1, 2, 2)]:
+        byte = int(tiles[t, g * 160 + 32 * v + 4 * i + j])
+        assert byte & 0x0F == q[8 * t + i, 32 * g + 4 * v + j]
+        assert byte >> 4 == q[8 * t + i, 32 * g + 16 + 4 * v + j]
+        halves = tiles[t, g * 160 + 128 : (g + 1) * 160].contiguous().view(torch.float16)
+        assert halves[i] == scale[8 * t + i, g].half() and halves[8 + i] == offset[8 * t + i, g].half()
+
+
+def test_pack_q8_and_the_tiled_scales_round_trip():
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randint(-127, 128, (24, 96), generator=gen, dtype=torch.int8)
+    tiles = pack_q8(q)
+    assert tiles.shape == (3, 3 * 256)
+    assert tiles[2, 256 + 32 * 5 + 4 * 6 + 1] == q[8 * 2 + 6, 32 + 4 * 5 + 1]  # tile 2, block 1, vector 5
+    assert torch.equal(unpack_q8(tiles), q)
+    scale = torch.rand(24, 3, generator=gen)
+    assert tile_block_scales(scale)[1, 8 * 2 + 3] == scale[8 + 3, 2]
+    assert torch.equal(untile_block_scales(tile_block_scales(scale)), scale)
 
 
 def test_the_kernels_refuse_shapes_they_cannot_take():
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        q8_linear(torch.randn(1, 48), torch.zeros(4, 48, dtype=torch.int8), torch.ones(4))
-    with pytest.raises(RuntimeError, match="rows"):
+        q8_linear(torch.randn(1, 48), torch.zeros(1, 256, dtype=torch.int8), torch.ones(8))
+    with pytest.raises(RuntimeError, match="tiles"):
         q4_linear(torch.randn(1, 64), torch.zeros(4, 30, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="scale"):
+        q8_linear(torch.randn(1, 32), torch.zeros(1, 256, dtype=torch.int8), torch.ones(4))
     with pytest.raises(RuntimeError, match="float32, bfloat16 or float16"):
         q8_linear(
-            torch.randn(1, 32, dtype=torch.float64), torch.zeros(4, 32, dtype=torch.int8), torch.ones(4)
+            torch.randn(1, 32, dtype=torch.float64), torch.zeros(1, 256, dtype=torch.int8), torch.ones(8)
         )
 
 
@@ -213,7 +240,7 @@ def test_a_q8_0_block_layer_runs_on_int8_dot_and_dequantizes_exactly():
     dense = q.float() * scale.repeat_interleave(BLOCK, 1)
     assert torch.equal(layer.dequantized(torch.float32), dense)
     x = torch.randn(3, 64)
-    assert torch.equal(layer(x), q8_linear(x, q, scale) + layer.bias)
+    assert torch.equal(layer(x), q8_linear(x, pack_q8(q), tile_block_scales(scale)) + layer.bias)
     _, bound = reference(x, dense.double())
     assert ((layer(x) - layer.bias - x @ dense.t()).abs().double() <= bound + 1e-4).all()
     big = torch.randn(200, 64)  # a prefill chunk: the dequantized weights
@@ -378,20 +405,13 @@ ISA_CHECK = textwrap.dedent(
     """
     import sys, torch
     from torch.utils.cpp_extension import load
-    flags, build = sys.argv[1], sys.argv[2]
-    load(name="qd_" + flags.replace("-", "_").replace("=", "_"), sources=[sys.argv[3]],
+    flags, build, source, inputs, out = sys.argv[1:6]
+    load(name="qd_" + flags.replace("-", "_").replace("=", "_"), sources=[source],
          extra_cflags=["-O2", flags], build_directory=build, is_python_module=False, verbose=False)
     ops = torch.ops.specexec_cpu
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(5, 96, generator=gen)
-    q = torch.randint(-127, 128, (40, 96), generator=gen, dtype=torch.int8)
-    scale = torch.rand(40, 3, generator=gen) * 0.01
-    codes = torch.randint(0, 256, (40, 48), generator=gen, dtype=torch.uint8)
-    halves = (torch.rand(40, 6, generator=gen) * 0.01).half().view(torch.uint8)
-    rows = torch.cat([codes, halves], 1).contiguous()
-    torch.save({"isa": ops.quantized_dot_isa(), "q8": ops.q8_linear(x, q, scale),
-                "q8_row": ops.q8_linear(x, q, scale[:, 0].contiguous()), "q4": ops.q4_linear(x, rows),
-                "x": x, "q": q, "scale": scale, "rows": rows}, sys.argv[4])
+    x, q8, row_scale, block_scale, q4 = torch.load(inputs)
+    torch.save({"isa": ops.quantized_dot_isa(), "q8": ops.q8_linear(x, q8, block_scale),
+                "q8_row": ops.q8_linear(x, q8, row_scale), "q4": ops.q4_linear(x, q4)}, out)
     """
 )
 
@@ -401,21 +421,42 @@ ISA_CHECK = textwrap.dedent(
 def test_the_avx2_and_plain_builds_give_this_builds_results(tmp_path, flags, isa):
     if not (sys.platform == "linux" and Path("/proc/cpuinfo").read_text().count(" avx2") > 0):
         pytest.fail("this check builds x86-64 code: it needs an x86-64 Linux machine with AVX2, as CI has")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 96, generator=gen)
+    x[0, :BLOCK] = -x[0, :BLOCK].abs()  # a block whose largest magnitude is negative: the sign trick
+    q8 = pack_q8(torch.randint(-127, 128, (40, 96), generator=gen, dtype=torch.int8))
+    row_scale, block_scale = torch.rand(40, generator=gen) * 0.01, torch.rand(40, 3, generator=gen) * 0.01
+    weights = random_q4(40, 96, seed=1)
+    inputs = (
+        x,
+        q8,
+        row_scale,
+        tile_block_scales(block_scale),
+        pack_q4(weights.q, weights.scale, weights.offset),
+    )
+    torch.save(inputs, tmp_path / "inputs.pt")
     script = tmp_path / "isa_check.py"
     script.write_text(ISA_CHECK)
     (tmp_path / "build").mkdir()
     out = tmp_path / "out.pt"
     subprocess.run(
-        [sys.executable, str(script), flags, str(tmp_path / "build"), str(SOURCE), str(out)],
+        [
+            sys.executable,
+            str(script),
+            flags,
+            str(tmp_path / "build"),
+            str(SOURCE),
+            str(tmp_path / "inputs.pt"),
+            str(out),
+        ],
         check=True,
         timeout=600,
     )
     got = torch.load(out)
     assert got["isa"] == isa
-    x, q, scale, rows = got["x"], got["q"], got["scale"], got["rows"]
-    torch.testing.assert_close(got["q8"], q8_linear(x, q, scale), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got["q8_row"], q8_linear(x, q, scale[:, 0].contiguous()), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got["q4"], q4_linear(x, rows), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got["q8"], q8_linear(*inputs[:2], inputs[3]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got["q8_row"], q8_linear(*inputs[:3]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got["q4"], q4_linear(x, inputs[4]), rtol=1e-5, atol=1e-5)
 
 
 def test_the_choice_says_a_q8_0_layer_runs_on_int8_dot_whatever_it_chose(tmp_path):

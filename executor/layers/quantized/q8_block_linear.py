@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .quantized_dot import BLOCK, q8_linear
+from .quantized_dot import BLOCK, pack_q8, q8_linear, tile_block_scales, unpack_q8, untile_block_scales
 from .quantized_linear import DENSE_FROM_ROWS, Q8_INT8_DOT, WeightOnlyLinear
 
 
@@ -21,18 +21,18 @@ class Int8BlockLinear(WeightOnlyLinear):
 
     def __init__(self, linear: nn.Linear, q: torch.Tensor, scale: torch.Tensor) -> None:
         super().__init__(linear)
-        self.register_buffer("weight_int8", q.contiguous())  # [out, in] int8
-        self.register_buffer("block_scale", scale.float().contiguous())  # [out, in / 32] float32
+        self.register_buffer("tiles", pack_q8(q))  # [out / 8, in / 32 * 256] int8: `pack_q8`
+        self.register_buffer("tiled_scale", tile_block_scales(scale))  # [out / 8, in / 32 * 8] float32
         self.int8_dot_rows = DENSE_FROM_ROWS - 1
 
     def takes_int8_dot(self) -> bool:
         return False  # always on it: nothing for `quantized_kernel` to choose
 
     def _int8_dot(self, flat: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
-        return q8_linear(flat, self.weight_int8, self.block_scale)
+        return q8_linear(flat, self.tiles, self.tiled_scale)
 
     def _int8_dot_call(self):
-        return Q8_INT8_DOT, [self.weight_int8, self.block_scale]
+        return Q8_INT8_DOT, [self.tiles, self.tiled_scale]
 
     def _torch_call(self, dtype: torch.dtype):
         return None  # torch has no kernel for it
@@ -41,5 +41,5 @@ class Int8BlockLinear(WeightOnlyLinear):
         return F.linear(flat, self.dequantized(flat.dtype))
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in]
-        scale = self.block_scale.repeat_interleave(BLOCK, dim=1)  # [out, in]
-        return (self.weight_int8.float() * scale).to(dtype)  # exact in float32: 7 bits times 11
+        scale = untile_block_scales(self.tiled_scale).repeat_interleave(BLOCK, dim=1)  # [out, in]
+        return (unpack_q8(self.tiles).float() * scale).to(dtype)  # exact in float32: 7 bits times 11

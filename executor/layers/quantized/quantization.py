@@ -37,7 +37,7 @@ from ..cpu_kernels import fused_ops_take
 from ..packed_linear import unpack_linears
 from .gguf_weights import INT4_TYPES, GGUFFile, match_rows
 from .q8_block_linear import Int8BlockLinear
-from .quantized_dot import BLOCK
+from .quantized_dot import BLOCK, TILE
 from .quantized_linear import (
     Int4WeightOnlyLinear,
     Int4Weights,
@@ -183,9 +183,11 @@ def _stacked(tensors: list, weight, decode) -> tuple[torch.Tensor, ...]:
 
 
 def _int8_dot_runs(linear: nn.Linear) -> bool:
-    """Whether the int8_dot kernels can run this layer: inputs in blocks of 32, on the C++ ops' device
-    and dtypes, once they have loaded."""
-    return linear.in_features % BLOCK == 0 and fused_ops_take(linear.weight)
+    """Whether the int8_dot kernels can run this layer: inputs in blocks of 32, outputs in tiles of 8, on
+    the C++ ops' device and dtypes, once they have loaded."""
+    return (
+        linear.in_features % BLOCK == 0 and linear.out_features % TILE == 0 and fused_ops_take(linear.weight)
+    )
 
 
 def _checkpoint_names(name: str, parent: nn.Module, child_name: str) -> tuple[str, ...]:

@@ -5,8 +5,9 @@ the rows of decode and verify steps (and short prefill chunks).
   exact in float32 against the dequantized weights.
 - ``int8_dot``: specexec's C++ kernels (`quantized_dot_cpu.cpp`), llama.cpp's way: each activation row
   quantized to int8 in blocks of 32, integer dot products (AVX512-VNNI / AVX-VNNI ``dpbusd``, else AVX2),
-  one float scale per block. It reads the codes as stored (4-bit codes 16 bytes a block of 32; int8
-  rows as they are) where torch's int4 kernel dequantizes each weight before a float multiply. The one
+  one float scale per block. It reads the codes as stored (4-bit codes 16 bytes a block of 32, int8
+  codes 32), interleaved 8 weight rows to a tile so that one integer dot product serves 8 rows, where
+  torch's int4 kernel dequantizes each weight before a float multiply. The one
   extra rounding is the activations' int8 step (a block's dot is off by at most sum(|w|) * scale / 2;
   `tests/test_quantized_dot.py`). Each row is quantized on its own, so a row's output does not depend on
   the other rows of the call (a verify step's rows equal the same tokens decoded one at a time). Calls
@@ -39,6 +40,7 @@ from ..measurement_cache import cached_row_ratios, interleaved_medians
 
 QUANTIZED_KERNELS = ("auto", "torch", "int8_dot")
 BLOCK = 32  #: inputs per activation scale (and per Q4 scale): the kernels need in_features in multiples
+TILE = 8  #: weight rows the kernels' tiles interleave: they need out_features in multiples
 #: rows per timed pass: decode, verify of 1 + k at batch 1-4, larger batches and short prefill chunks
 MEASURED_ROWS = (1, 2, 4, 8, 16, 32, 64)
 #: the most rows int8_dot takes (``int8_dot`` configured: every call up to it); from 128 rows
@@ -49,7 +51,7 @@ CLEARLY_SLOWER = 1.5  #: at this ratio larger row counts are not timed (they onl
 #: at this ratio in the warm-up pass, int8_dot is taken for this count and every larger one untimed:
 #: torch's float32 int4 path, 25-60x int8_dot's time, would take seconds a pass at 64 rows
 CLEARLY_FASTER = 0.25
-MEASUREMENT_VERSION = 3  #: bump when the measured work changes: old answers are stale
+MEASUREMENT_VERSION = 4  #: bump when the measured work changes: old answers are stale
 
 
 SCHEMES = ("int4", "int8")
@@ -75,25 +77,67 @@ def check_quantized_kernel(value) -> None:
 
 def pack_q4(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     """4-bit codes [out, in] (0..15) with a scale and an offset per block of 32 inputs ([out, in / 32]
-    each) -> one record per weight row, [out, in / 32 * 20] uint8: the blocks' codes, 16 bytes a block
-    (byte j: input j in the low nibble, input 16 + j in the high one), then the scales, then the offsets
-    in float16 (GGUF's Q4_1 holds them so: exact there; specexec's int4 rounds them to float16)."""
+    each) -> the kernel's tiles, [out / 8, in / 32 * 160] uint8. Per tile of 8 weight rows and block of
+    32 inputs: four 32-byte vectors, vector v's byte 4i + j holding row i's input 4v + j in its low nibble
+    and input 16 + 4v + j in its high one, then the 8 rows' scales, then their offsets, in float16 (GGUF's
+    Q4_1 holds them so: exact there; specexec's int4 rounds them to float16)."""
     out_features, in_features = q.shape
-    blocks = q.to(torch.uint8).reshape(out_features, in_features // BLOCK, BLOCK)
-    codes = (blocks[..., : BLOCK // 2] | (blocks[..., BLOCK // 2 :] << 4)).reshape(out_features, -1)
-    halves = torch.cat([scale, offset], dim=1).to(torch.float16).contiguous().view(torch.uint8)
-    return torch.cat([codes, halves], dim=1).contiguous()
+    tiles, blocks = out_features // TILE, in_features // BLOCK
+    chunks = q.to(torch.uint8).reshape(tiles, TILE, blocks, 8, 4)  # [tile, row, block, chunk, byte]
+    nibbles = chunks[:, :, :, :4] | (chunks[:, :, :, 4:] << 4)  # [tile, row, block, vector, byte]
+    codes = nibbles.permute(0, 2, 3, 1, 4).reshape(tiles, blocks, 128)
+
+    def tiled_halves(values):  # [out, in / 32] -> [tile, block, 16] bytes
+        halves = values.to(torch.float16).reshape(tiles, TILE, blocks).transpose(1, 2).contiguous()
+        return halves.view(torch.uint8)
+
+    return (
+        torch.cat([codes, tiled_halves(scale), tiled_halves(offset)], dim=2).reshape(tiles, -1).contiguous()
+    )
 
 
-def q4_linear(x, rows) -> torch.Tensor:
-    """x [M, in] @ (q * scale + offset)^T with int8 activations (``rows``: `pack_q4`): [M, out] in x's
+def pack_q8(weight: torch.Tensor) -> torch.Tensor:
+    """int8 codes [out, in] -> the kernel's tiles, [out / 8, in / 32 * 256] int8: per tile of 8 weight rows
+    and block of 32 inputs, eight 32-byte vectors, vector c's byte 4i + j holding row i's input 4c + j."""
+    out_features, in_features = weight.shape
+    chunks = weight.reshape(out_features // TILE, TILE, in_features // BLOCK, 8, 4)
+    return chunks.permute(0, 2, 3, 1, 4).reshape(out_features // TILE, -1).contiguous()
+
+
+def unpack_q8(tiles: torch.Tensor) -> torch.Tensor:
+    """`pack_q8`'s tiles back to the codes [out, in]."""
+    chunks = tiles.reshape(tiles.shape[0], -1, 8, TILE, 4)  # [tile, block, chunk, row, byte]
+    return chunks.permute(0, 3, 1, 2, 4).reshape(tiles.shape[0] * TILE, -1)
+
+
+def tile_block_scales(scale: torch.Tensor) -> torch.Tensor:
+    """One float32 scale per block of 32 inputs, [out, in / 32] -> [out / 8, in / 32 * 8] as `pack_q8`
+    tiles the codes (a tile's block: its 8 rows' scales)."""
+    out_features, blocks = scale.shape
+    return (
+        scale.float()
+        .reshape(out_features // TILE, TILE, blocks)
+        .transpose(1, 2)
+        .reshape(out_features // TILE, -1)
+        .contiguous()
+    )
+
+
+def untile_block_scales(tiled: torch.Tensor) -> torch.Tensor:
+    """`tile_block_scales` undone: [out, in / 32]."""
+    return tiled.reshape(tiled.shape[0], -1, TILE).transpose(1, 2).reshape(tiled.shape[0] * TILE, -1)
+
+
+def q4_linear(x, tiles) -> torch.Tensor:
+    """x [M, in] @ (q * scale + offset)^T with int8 activations (``tiles``: `pack_q4`): [M, out] in x's
     dtype."""
-    return cpu_kernels().q4_linear(x, rows)
+    return cpu_kernels().q4_linear(x, tiles)
 
 
-def q8_linear(x, weight, scale) -> torch.Tensor:
-    """x [M, in] @ (weight * scale[:, None])^T with int8 activations: [M, out] in x's dtype."""
-    return cpu_kernels().q8_linear(x, weight, scale)
+def q8_linear(x, tiles, scale) -> torch.Tensor:
+    """x [M, in] @ (weight * scale)^T with int8 activations (``tiles``: `pack_q8`; ``scale``: one per row
+    [out], or one per block tiled by `tile_block_scales`): [M, out] in x's dtype."""
+    return cpu_kernels().q8_linear(x, tiles, scale)
 
 
 def int8_dot_loads() -> bool:

@@ -4,19 +4,26 @@
 // dot product (AVX512-VNNI or AVX-VNNI `dpbusd`, else AVX2 `maddubs` + `madd`, else plain C++), scaled
 // once per block in float.
 //
+// The weights come in tiles of 8 output rows interleaved (llama.cpp's "repacked" layouts): for each block
+// of 32 inputs, 32-byte vector c of a tile holds inputs 4c..4c+3 of each of its 8 rows (row i in bytes
+// 4i..4i+3), so one `dpbusd` against 4 activation bytes broadcast gives 8 rows' partial sums at once and
+// a block's float work (convert, scale, accumulate) is one vector op for 8 rows, not 8 horizontal sums.
+// A tile's blocks follow each other; the tiles follow each other (`pack_q4`, `pack_q8` in
+// quantized_dot.py). Each tile is read once for every 4 activation rows.
+//
 // - q4_linear: 4-bit codes q in 0..15 with a float16 scale d and offset m per block of 32 inputs (weight
 //   = q * d + m: GGUF's Q4_1 and specexec's int4). Per block: d * xd * sum(q * xq) + m * xd * sum(xq).
-//   Each weight row is one record, read in one stream: its blocks' codes, 16 bytes a block (byte j holds
-//   input j in its low nibble and input 16 + j in its high one), then their scales, then their offsets
-//   (`pack_q4` in quantized_dot.py): 20 bytes a block, as GGUF's Q4_1.
+//   A tile's block is 160 bytes: four 32-byte vectors whose low nibbles hold vectors 0..3 and high
+//   nibbles vectors 4..7, then the 8 rows' scales and their offsets in float16 (Q4_1's 20 bytes a row).
 // - q8_linear: int8 codes in -127..127 with a float scale per output row (specexec's int8), or per block
-//   of 32 inputs (GGUF's Q8_0). Per block: xd * sum(w * xq), times the block's scale if it has one, by
-//   the sign trick (|xq| as unsigned times w carrying xq's sign) so no product pair overflows AVX2's
-//   16-bit sums; a row's scale multiplies its sum once at the end.
+//   of 32 inputs (GGUF's Q8_0, tiled as the codes: 8 floats a tile's block). A tile's block is 256
+//   bytes. With VNNI each code is taken as the unsigned byte w + 128 (`dpbusd` multiplies unsigned by
+//   signed) and 128 * sum(xq) is subtracted, in integers; on AVX2 by the sign trick (|xq| as unsigned
+//   times w carrying xq's sign), so no product pair overflows `maddubs`'s 16-bit sums.
 //
 // The only rounding beyond the float path's is the activations' int8 step: |error| of a block's dot <=
-// sum(|w|) * xd / 2. Output rows are split over torch's threads; x in float32, bfloat16 or float16, the
-// output in x's dtype.
+// sum(|w|) * xd / 2. Weight tiles are split over torch's threads; x in float32, bfloat16 or float16, the
+// output in x's dtype; a row's result never depends on the other rows of the call.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -31,19 +38,28 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX2__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define SPECEXEC_SIMD 1
 #include <immintrin.h>
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define SPECEXEC_VNNI 1  // dpbusd: no 16-bit pair sums to overflow
+#endif
 #endif
 
 namespace {
 
 constexpr int64_t kBlock = 32;  // inputs per activation scale (and per Q4 scale)
-constexpr int64_t kRowTile = 4;  // activation rows one pass over a weight row serves
+constexpr int64_t kTile = 8;  // weight rows a tile interleaves
+constexpr int64_t kQ4Bytes = 160;  // a tile's block of Q4: 128 bytes of codes, 8 float16 scales, 8 offsets
+constexpr int64_t kQ8Bytes = 256;  // a tile's block of int8 codes
+constexpr int64_t kRowTile = 4;  // activation rows one pass over a tile serves
 
-// Activation rows as int8 blocks: xq [M, K], xd [M, K / 32] (scale), xs [M, K / 32] (xd * sum(xq)).
+// Activation rows as int8 blocks: xq [M, K], xd [M, K / 32] (scale), xs [M, K / 32] (xd * sum(xq)),
+// sums [M, K / 32] (sum(xq)).
 struct QuantizedRows {
   std::vector<int8_t> q;
   std::vector<float> scale, scaled_sum;
+  std::vector<int32_t> sum;
 };
 
 template <typename T>
@@ -52,6 +68,7 @@ void quantize_rows(const T* x, int64_t M, int64_t K, QuantizedRows& out) {
   out.q.resize(M * K);
   out.scale.resize(M * G);
   out.scaled_sum.resize(M * G);
+  out.sum.resize(M * G);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t g = 0; g < G; ++g) {
       const T* xb = x + m * K + g * kBlock;
@@ -70,125 +87,180 @@ void quantize_rows(const T* x, int64_t M, int64_t K, QuantizedRows& out) {
       }
       out.scale[m * G + g] = d;
       out.scaled_sum[m * G + g] = d * static_cast<float>(sum);
+      out.sum[m * G + g] = sum;
     }
   }
 }
 
-#if defined(__AVX2__)
-// 32 unsigned bytes times 32 signed bytes, summed in groups of four: 8 int32 lanes.
-inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(SPECEXEC_SIMD)
+// acc + 32 unsigned bytes times 32 signed bytes, summed in groups of four: 8 int32 lanes.
+inline __m256i dot_add(__m256i acc, __m256i u, __m256i s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+  return _mm256_dpbusd_epi32(acc, u, s);
 #elif defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
 #else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 #endif
 }
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+// the 4 bytes at p in every 32-bit lane
+inline __m256i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// sum over c of the unsigned vectors u[c] times x's bytes 4c..4c+3 broadcast: each lane one weight row's
+// dot with the block (two chains, so consecutive dpbusd do not wait on each other)
+inline __m256i tile_dot(const __m256i* u, const int8_t* x) {
+  __m256i even = dot_add(_mm256_setzero_si256(), u[0], broadcast4(x));
+  __m256i odd = dot_add(_mm256_setzero_si256(), u[1], broadcast4(x + 4));
+#pragma GCC unroll 3
+  for (int c = 2; c < 8; c += 2) {
+    even = dot_add(even, u[c], broadcast4(x + 4 * c));
+    odd = dot_add(odd, u[c + 1], broadcast4(x + 4 * c + 4));
+  }
+  return _mm256_add_epi32(even, odd);
 }
 #endif
 
-// out[m, n] for rows m0..m0+R of one Q4 weight row n (R a constant: the accumulators stay in registers)
+inline float half_to_float(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+}
+
+// out[r * 8 + i] = activation row m0 + r times weight row i of one Q4 tile, r < R (a constant: the
+// accumulators stay in registers); `rows` of them are real (the scalar path computes only those)
 template <int R>
-inline void q4_row(const uint8_t* codes, const float* d, const float* mn, const QuantizedRows& xr, int64_t m0,
-                   int64_t rows, int64_t K, float* result) {
+inline void q4_tile(const uint8_t* tile, const QuantizedRows& xr, int64_t m0, int64_t rows, int64_t K, float* out) {
   const int64_t G = K / kBlock;
-#if defined(__AVX2__)
   const int8_t* xq = xr.q.data() + m0 * K;
   const float* xd = xr.scale.data() + m0 * G;
   const float* xs = xr.scaled_sum.data() + m0 * G;
+#if defined(SPECEXEC_SIMD)
+  (void)rows;
   __m256 acc[R];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  const __m128i low = _mm_set1_epi8(0x0F);
+  const __m256i low = _mm256_set1_epi8(0x0F);
   for (int64_t g = 0; g < G; ++g) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + g * 16));
-    const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
-    const __m256 dw = _mm256_set1_ps(d[g]);
+    const uint8_t* block = tile + g * kQ4Bytes;
+    __m256i u[8];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * v));
+      u[v] = _mm256_and_si256(packed, low);
+      u[v + 4] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 128)));
+    const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 144)));
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + g * kBlock));
-      const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(w, xv));
-      acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * G + g])), acc[r]);
+      const __m256 dot = _mm256_cvtepi32_ps(tile_dot(u, xq + r * K + g * kBlock));
+      acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, _mm256_set1_ps(xd[r * G + g])), acc[r]);
+      acc[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xs[r * G + g]), acc[r]);
     }
   }
-  // the offsets' term, sum over blocks of m * xd * sum(xq), eight blocks a step
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-    __m256 offset = _mm256_setzero_ps();
-    int64_t g = 0;
-    for (; g + 8 <= G; g += 8) offset = _mm256_fmadd_ps(_mm256_loadu_ps(mn + g), _mm256_loadu_ps(xs + r * G + g), offset);
-    float tail = 0.f;
-    for (; g < G; ++g) tail += mn[g] * xs[r * G + g];
-    result[r] = hsum(acc[r]) + hsum(offset) + tail;
-  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * kTile, acc[r]);
 #else
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t m = m0 + r;
-    float total = 0.f;
-    for (int64_t g = 0; g < G; ++g) {
-      const int8_t* xq = xr.q.data() + m * K + g * kBlock;
-      int32_t dot = 0;
-      for (int64_t j = 0; j < 16; ++j) {
-        dot += (codes[g * 16 + j] & 0x0F) * xq[j] + (codes[g * 16 + j] >> 4) * xq[16 + j];
+    for (int64_t i = 0; i < kTile; ++i) {
+      float total = 0.f;
+      for (int64_t g = 0; g < G; ++g) {
+        const uint8_t* block = tile + g * kQ4Bytes;
+        const int8_t* x = xq + r * K + g * kBlock;
+        int32_t dot = 0;
+        for (int64_t c = 0; c < 8; ++c) {
+          for (int64_t j = 0; j < 4; ++j) {
+            const uint8_t byte = block[32 * (c % 4) + 4 * i + j];
+            dot += (c < 4 ? byte & 0x0F : byte >> 4) * x[4 * c + j];
+          }
+        }
+        const float d = half_to_float(block + 128 + 2 * i), mn = half_to_float(block + 144 + 2 * i);
+        total += d * xd[r * G + g] * static_cast<float>(dot) + mn * xs[r * G + g];
       }
-      total += d[g] * xr.scale[m * G + g] * static_cast<float>(dot) + mn[g] * xr.scaled_sum[m * G + g];
+      out[r * kTile + i] = total;
     }
-    result[r] = total;
   }
 #endif
 }
 
-// out[m, n] for rows m0..m0+R of one int8 weight row: wd, its blocks' scales (nullptr: one scale for
-// the row, applied by the caller)
+// The same for one int8 tile: wd, the tile's blocks' scales (8 a block; nullptr: one scale a row, applied
+// by the caller)
 template <int R>
-inline void q8_row(const int8_t* w, const float* wd, const QuantizedRows& xr, int64_t m0, int64_t rows, int64_t K,
-                   float* result) {
+inline void q8_tile(const int8_t* tile, const float* wd, const QuantizedRows& xr, int64_t m0, int64_t rows,
+                    int64_t K, float* out) {
   const int64_t G = K / kBlock;
-#if defined(__AVX2__)
   const int8_t* xq = xr.q.data() + m0 * K;
   const float* xd = xr.scale.data() + m0 * G;
+#if defined(SPECEXEC_SIMD)
+  (void)rows;
   __m256 acc[R];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
-    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * kBlock));
-    const float block_scale = wd == nullptr ? 1.f : wd[g];
+    const int8_t* block = tile + g * kQ8Bytes;
+    __m256i w[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * c));
+    const __m256 scale = wd == nullptr ? _mm256_set1_ps(1.f) : _mm256_loadu_ps(wd + g * kTile);
+#if defined(SPECEXEC_VNNI)
+    // w + 128 as unsigned bytes: sum((w + 128) * xq) - 128 * sum(xq), exact in int32
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) w[c] = _mm256_xor_si256(w[c], _mm256_set1_epi8(static_cast<char>(0x80)));
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + g * kBlock));
-      const __m256i p = dot_u8s8(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(xd[r * G + g] * block_scale), acc[r]);
+      const __m256i biased = tile_dot(w, xq + r * K + g * kBlock);
+      const __m256i dot = _mm256_sub_epi32(biased, _mm256_set1_epi32(128 * xr.sum[(m0 + r) * G + g]));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, _mm256_set1_ps(xd[r * G + g])), acc[r]);
     }
+#else
+    // |xq| as unsigned times w with xq's sign: maddubs's pair sums stay within 2 * 127 * 127
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const int8_t* x = xq + r * K + g * kBlock;
+      __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int c = 0; c < 8; c += 2) {
+        const __m256i x0 = broadcast4(x + 4 * c), x1 = broadcast4(x + 4 * c + 4);
+        even = dot_add(even, _mm256_sign_epi8(x0, x0), _mm256_sign_epi8(w[c], x0));
+        odd = dot_add(odd, _mm256_sign_epi8(x1, x1), _mm256_sign_epi8(w[c + 1], x1));
+      }
+      const __m256 dot = _mm256_cvtepi32_ps(_mm256_add_epi32(even, odd));
+      acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(scale, _mm256_set1_ps(xd[r * G + g])), acc[r]);
+    }
+#endif
   }
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) result[r] = hsum(acc[r]);
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * kTile, acc[r]);
 #else
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t m = m0 + r;
-    float total = 0.f;
-    for (int64_t g = 0; g < G; ++g) {
-      int32_t dot = 0;
-      for (int64_t j = 0; j < kBlock; ++j) dot += w[g * kBlock + j] * xr.q[m * K + g * kBlock + j];
-      total += xr.scale[m * G + g] * (wd == nullptr ? 1.f : wd[g]) * static_cast<float>(dot);
+    for (int64_t i = 0; i < kTile; ++i) {
+      float total = 0.f;
+      for (int64_t g = 0; g < G; ++g) {
+        const int8_t* block = tile + g * kQ8Bytes;
+        const int8_t* x = xq + r * K + g * kBlock;
+        int32_t dot = 0;
+        for (int64_t c = 0; c < 8; ++c) {
+          for (int64_t j = 0; j < 4; ++j) dot += block[32 * c + 4 * i + j] * x[4 * c + j];
+        }
+        total += static_cast<float>(dot) * ((wd == nullptr ? 1.f : wd[g * kTile + i]) * xd[r * G + g]);
+      }
+      out[r * kTile + i] = total;
     }
-    result[r] = total;
   }
 #endif
 }
 
-// Quantize x's rows, then out[m, n] = row_fn(n, m0, rows, results) over weight rows split across threads.
-template <typename RowFn>
-at::Tensor blocked_linear(const at::Tensor& x_in, int64_t N, RowFn row_fn, const char* name) {
+// Quantize x's rows, then out[m, 8t + i] = tile_fn(t, ...) over the N / 8 weight tiles split across threads.
+template <typename TileFn>
+at::Tensor tiled_linear(const at::Tensor& x_in, int64_t tiles, TileFn tile_fn, const char* name) {
   TORCH_CHECK(x_in.dim() == 2, name, ": x must be [M, K]");
   const at::Tensor x = x_in.contiguous();
-  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t M = x.size(0), K = x.size(1), N = tiles * kTile;
   TORCH_CHECK(K % kBlock == 0, name, ": the input features must be a multiple of ", kBlock, ", got ", K);
   QuantizedRows xr;
   switch (x.scalar_type()) {
@@ -199,77 +271,69 @@ at::Tensor blocked_linear(const at::Tensor& x_in, int64_t N, RowFn row_fn, const
   }
   at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    float result[kRowTile];
-    for (int64_t n = begin; n < end; ++n) {
+  at::parallel_for(0, tiles, 4, [&](int64_t begin, int64_t end) {
+    float result[kRowTile * kTile];
+    for (int64_t t = begin; t < end; ++t) {
       for (int64_t m0 = 0; m0 < M; m0 += kRowTile) {
         const int64_t rows = std::min(kRowTile, M - m0);
         switch (rows) {
-          case 1: row_fn(std::integral_constant<int, 1>{}, n, xr, m0, K, result); break;
-          case 2: row_fn(std::integral_constant<int, 2>{}, n, xr, m0, K, result); break;
-          case 3: row_fn(std::integral_constant<int, 3>{}, n, xr, m0, K, result); break;
-          default: row_fn(std::integral_constant<int, 4>{}, n, xr, m0, K, result); break;
+          case 1: tile_fn(std::integral_constant<int, 1>{}, t, xr, m0, K, result); break;
+          case 2: tile_fn(std::integral_constant<int, 2>{}, t, xr, m0, K, result); break;
+          case 3: tile_fn(std::integral_constant<int, 3>{}, t, xr, m0, K, result); break;
+          default: tile_fn(std::integral_constant<int, 4>{}, t, xr, m0, K, result); break;
         }
-        for (int64_t r = 0; r < rows; ++r) op[(m0 + r) * N + n] = result[r];
+        for (int64_t r = 0; r < rows; ++r) {
+          std::memcpy(op + (m0 + r) * N + t * kTile, result + r * kTile, kTile * sizeof(float));
+        }
       }
     }
   });
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
-// float16 -> float32, n values (F16C eight at a time where the CPU has it)
-inline void halves_to_floats(const uint16_t* h, float* f, int64_t n) {
-  int64_t i = 0;
-#if defined(__F16C__) && defined(__AVX2__)
-  for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
-  }
-#endif
-  for (; i < n; ++i) f[i] = static_cast<float>(c10::Half(h[i], c10::Half::from_bits()));
-}
-
-// x [M, K]; rows [N, K / 32 * 20] uint8 (`pack_q4`: per weight row, its blocks' codes, 16 bytes each,
-// then their scales, then their offsets, float16 each) -> [M, N]
-at::Tensor q4_linear(at::Tensor x, at::Tensor rows) {
-  TORCH_CHECK(rows.scalar_type() == at::kByte && rows.is_contiguous() && rows.dim() == 2,
-              "q4_linear: rows [N, K / 32 * 20] uint8, contiguous");
-  const int64_t N = rows.size(0), K = x.size(-1), G = K / kBlock;
-  TORCH_CHECK(rows.size(1) == G * 20, "q4_linear: rows [N, K / 32 * 20] for x [M, K]");
-  const uint8_t* rp = rows.data_ptr<uint8_t>();
-  return blocked_linear(
-      x, N,
-      [&](auto tile, int64_t n, const QuantizedRows& xr, int64_t m0, int64_t K_, float* result) {
-        const uint8_t* row = rp + n * G * 20;
-        float scales[2 * 1024];  // d then m, float32 (K up to 32768)
-        std::vector<float> large;
-        float* dm = scales;
-        if (G > 1024) large.resize(2 * G), dm = large.data();
-        halves_to_floats(reinterpret_cast<const uint16_t*>(row + G * 16), dm, 2 * G);
-        q4_row<decltype(tile)::value>(row, dm, dm + G, xr, m0, tile, K_, result);
+// x [M, K]; tiles [N / 8, K / 32 * 160] uint8 (`pack_q4`) -> [M, N]
+at::Tensor q4_linear(at::Tensor x, at::Tensor tiles) {
+  TORCH_CHECK(tiles.scalar_type() == at::kByte && tiles.is_contiguous() && tiles.dim() == 2,
+              "q4_linear: tiles [N / 8, K / 32 * 160] uint8, contiguous");
+  TORCH_CHECK(x.size(-1) % kBlock == 0, "q4_linear: the input features must be a multiple of ", kBlock);
+  const int64_t T = tiles.size(0), G = x.size(-1) / kBlock;
+  TORCH_CHECK(tiles.size(1) == G * kQ4Bytes, "q4_linear: tiles [N / 8, K / 32 * 160] for x [M, K]");
+  const uint8_t* tp = tiles.data_ptr<uint8_t>();
+  return tiled_linear(
+      x, T,
+      [&](auto tile_rows, int64_t t, const QuantizedRows& xr, int64_t m0, int64_t K, float* result) {
+        const int64_t rows = std::min(kRowTile, x.size(0) - m0);
+        q4_tile<decltype(tile_rows)::value>(tp + t * G * kQ4Bytes, xr, m0, rows, K, result);
       },
       "q4_linear");
 }
 
-// x [M, K]; weight [N, K] int8 in -127..127; scale [N] float32 (one per row) or [N, K / 32] (one per block,
-// GGUF's Q8_0) -> [M, N]
-at::Tensor q8_linear(at::Tensor x, at::Tensor weight, at::Tensor scale) {
-  TORCH_CHECK(weight.scalar_type() == at::kChar && scale.scalar_type() == at::kFloat && weight.is_contiguous() &&
-                  scale.is_contiguous(),
-              "q8_linear: weight int8 and scale float32, contiguous");
-  const int64_t N = weight.size(0), K = x.size(-1), G = K / kBlock;
+// x [M, K]; tiles [N / 8, K / 32 * 256] int8 in -127..127 (`pack_q8`); scale [N] float32 (one per row) or
+// [N / 8, K / 32 * 8] (one per block, tiled as the codes: `tile_block_scales`) -> [M, N]
+at::Tensor q8_linear(at::Tensor x, at::Tensor tiles, at::Tensor scale) {
+  TORCH_CHECK(tiles.scalar_type() == at::kChar && scale.scalar_type() == at::kFloat && tiles.is_contiguous() &&
+                  scale.is_contiguous() && tiles.dim() == 2,
+              "q8_linear: tiles int8 [N / 8, K / 32 * 256] and scale float32, contiguous");
+  TORCH_CHECK(x.size(-1) % kBlock == 0, "q8_linear: the input features must be a multiple of ", kBlock);
+  const int64_t T = tiles.size(0), G = x.size(-1) / kBlock;
   const bool per_block = scale.dim() == 2;
-  TORCH_CHECK(weight.size(1) == K && scale.size(0) == N && (!per_block || scale.size(1) == G),
-              "q8_linear: weight [N, K], scale [N] or [N, K / 32] for x [M, K]");
-  const int8_t* wp = weight.data_ptr<int8_t>();
+  TORCH_CHECK(tiles.size(1) == G * kQ8Bytes &&
+                  (per_block ? scale.size(0) == T && scale.size(1) == G * kTile : scale.size(0) == T * kTile),
+              "q8_linear: tiles [N / 8, K / 32 * 256], scale [N] or [N / 8, K / 32 * 8] for x [M, K]");
+  const int8_t* tp = tiles.data_ptr<int8_t>();
   const float* sp = scale.data_ptr<float>();
-  return blocked_linear(
-      x, N,
-      [&](auto rows, int64_t n, const QuantizedRows& xr, int64_t m0, int64_t K_, float* result) {
+  return tiled_linear(
+      x, T,
+      [&](auto tile_rows, int64_t t, const QuantizedRows& xr, int64_t m0, int64_t K, float* result) {
+        constexpr int R = decltype(tile_rows)::value;
+        const int64_t rows = std::min(kRowTile, x.size(0) - m0);
         if (per_block) {
-          q8_row<decltype(rows)::value>(wp + n * K_, sp + n * G, xr, m0, rows, K_, result);
-        } else {
-          q8_row<decltype(rows)::value>(wp + n * K_, nullptr, xr, m0, rows, K_, result);
-          for (int64_t r = 0; r < rows; ++r) result[r] *= sp[n];
+          q8_tile<R>(tp + t * G * kQ8Bytes, sp + t * G * kTile, xr, m0, rows, K, result);
+          return;
+        }
+        q8_tile<R>(tp + t * G * kQ8Bytes, nullptr, xr, m0, rows, K, result);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t i = 0; i < kTile; ++i) result[r * kTile + i] *= sp[t * kTile + i];
         }
       },
       "q8_linear");
@@ -277,11 +341,11 @@ at::Tensor q8_linear(at::Tensor x, at::Tensor weight, at::Tensor scale) {
 
 // Which integer dot product this build runs: "avx512_vnni", "avx_vnni", "avx2" or "scalar".
 std::string quantized_dot_isa() {
-#if defined(__AVX2__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(SPECEXEC_SIMD) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
   return "avx512_vnni";
-#elif defined(__AVX2__) && defined(__AVXVNNI__)
+#elif defined(SPECEXEC_SIMD) && defined(__AVXVNNI__)
   return "avx_vnni";
-#elif defined(__AVX2__)
+#elif defined(SPECEXEC_SIMD)
   return "avx2";
 #else
   return "scalar";

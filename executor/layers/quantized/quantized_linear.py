@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .quantized_dot import BLOCK, pack_q4, q4_linear, q8_linear
+from .quantized_dot import BLOCK, TILE, pack_q4, pack_q8, q4_linear, q8_linear
 
 GROUP_SIZE = 32  #: input features per int4 scale (GGUF's block size; the kernels take 32..256)
 INT4_ROWS_MULTIPLE = 16  #: the CPU int4 packing needs the output features in multiples of this
@@ -154,8 +154,9 @@ class WeightOnlyLinear(nn.Module):
         return kind, tensors if self.bias is None else [*tensors, self.bias]
 
     def takes_int8_dot(self) -> bool:
-        """Whether the int8_dot kernels can run this layer: on the CPU, inputs in blocks of 32."""
-        return self.packed_for == "cpu" and self.in_features % BLOCK == 0
+        """Whether the int8_dot kernels can run this layer: on the CPU, inputs in blocks of 32, outputs in
+        tiles of 8."""
+        return self.packed_for == "cpu" and self.in_features % BLOCK == 0 and self.out_features % TILE == 0
 
     def set_int8_dot_rows(self, rows: int) -> None:
         """Calls of up to ``rows`` rows take the int8_dot kernel (0: none; the kernel's copies dropped)."""
@@ -179,6 +180,9 @@ class Int8WeightOnlyLinear(WeightOnlyLinear):
         )
         self.register_buffer("scale", scale)  # [out] float32
         self._scales: dict[torch.dtype, torch.Tensor] = {}
+        self._q8_tiles: torch.Tensor | None = (
+            None  #: [out / 8, in / 32 * 256] `pack_q8`'s tiles, for int8_dot
+        )
 
     def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
         scale = self._scales.get(flat.dtype)
@@ -186,11 +190,18 @@ class Int8WeightOnlyLinear(WeightOnlyLinear):
             scale = self._scales[flat.dtype] = self.scale.to(flat.dtype)
         return torch._weight_int8pack_mm(flat, self.weight_int8, scale)
 
+    def set_int8_dot_rows(self, rows: int) -> None:
+        super().set_int8_dot_rows(rows)
+        if self.int8_dot_rows == 0:
+            self._q8_tiles = None
+        elif self._q8_tiles is None:
+            self._q8_tiles = pack_q8(self.weight_int8)
+
     def _int8_dot(self, flat: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]: the codes as stored
-        return q8_linear(flat, self.weight_int8, self.scale)
+        return q8_linear(flat, self._q8_tiles, self.scale)
 
     def _int8_dot_call(self):
-        return Q8_INT8_DOT, [self.weight_int8, self.scale]
+        return Q8_INT8_DOT, [self._q8_tiles, self.scale]
 
     def _torch_call(self, dtype: torch.dtype):
         if dtype not in self._scales:
@@ -223,7 +234,9 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
         self.register_buffer("scale", weights.scale.to(device))  # [out, groups] float32
         self.register_buffer("offset", weights.offset.to(device))  # [out, groups] float32
         self._scales_and_zeros: dict[torch.dtype, torch.Tensor] = {}
-        self._q4_codes: torch.Tensor | None = None  #: [out, in / 32 * 20] `pack_q4`'s records, for int8_dot
+        self._q4_codes: torch.Tensor | None = (
+            None  #: [out / 8, in / 32 * 160] `pack_q4`'s tiles, for int8_dot
+        )
 
     def takes_int8_dot(self) -> bool:
         return super().takes_int8_dot() and self.group_size == BLOCK
