@@ -123,7 +123,8 @@ def label_the_model(executor: Executor) -> Iterator[None]:
     runner = executor.core.runner
     layer = runner.model.model.layers[0]
     run_model, own_attention, layer_forward = runner._run_model, own_layers.paged_attention, layer.forward
-    hf_attention = ALL_ATTENTION_FUNCTIONS[paged.PAGED_ATTENTION]
+    # registered once a model runs on transformers' modules (absent where only the own decoder ran)
+    hf_attention = ALL_ATTENTION_FUNCTIONS._global_mapping.get(paged.PAGED_ATTENTION)
 
     def labelled(label, fn):
         def call(*args, **kwargs):
@@ -134,24 +135,33 @@ def label_the_model(executor: Executor) -> Iterator[None]:
 
     runner._run_model = labelled(MODEL, run_model)
     layer.forward = labelled(LAYER, layer_forward)
-    ALL_ATTENTION_FUNCTIONS[paged.PAGED_ATTENTION] = labelled(ATTENTION, paged.paged_attention_forward)
+    if hf_attention is not None:
+        ALL_ATTENTION_FUNCTIONS[paged.PAGED_ATTENTION] = labelled(ATTENTION, hf_attention)
     own_layers.paged_attention = labelled(ATTENTION, own_attention)
     try:
         yield
     finally:
         del runner._run_model, layer.forward
-        ALL_ATTENTION_FUNCTIONS[paged.PAGED_ATTENTION] = hf_attention
+        if hf_attention is not None:
+            ALL_ATTENTION_FUNCTIONS[paged.PAGED_ATTENTION] = hf_attention
         own_layers.paged_attention = own_attention
 
 
-#: the linear layers' ops: dense (the BLAS, or oneDNN on packed weights: `executor/layers/packed_linear.py`), and
-#: the weight-only quantized kernels (`executor/layers/quantized/quantized_linear.py`)
+#: the linear layers' ops: dense (the BLAS, or oneDNN on packed weights: `executor/layers/packed_linear.py`),
+#: the weight-only quantized kernels (`executor/layers/quantized/quantized_linear.py`) and the int8_dot ones
 LINEAR_OPS = (
     "aten::linear",
     "mkldnn::_linear_pointwise",
     "aten::_weight_int8pack_mm",
     "aten::_weight_int4pack_mm_for_cpu",
+    "specexec_cpu::q4_linear",
+    "specexec_cpu::q8_linear",
 )
+#: attention ops reached without the attention range: the C++ layer op calls its kernel directly
+ATTENTION_OPS = ("specexec_cpu::paged_attention_short",)
+#: ops that only call others (the C++ decoder layer, `prenorm_layer_cpu.cpp`): their children are split as
+#: if called from Python, their own time (the glue between the calls) counts as "other ops"
+CONTAINER_OPS = ("specexec_cpu::prenorm_layer",)
 
 
 LABELS = (STEP, MODEL, ATTENTION, LAYER)
@@ -164,7 +174,7 @@ def _ancestors(event) -> tuple[list[str], bool]:
     while parent is not None:
         if parent.name in LABELS:
             ancestors.append(parent.name)
-        else:
+        elif parent.name not in CONTAINER_OPS:
             is_top_level = False  # nested inside another op: counted with it
         parent = parent.cpu_parent
     return ancestors, is_top_level
@@ -185,13 +195,26 @@ def split(events) -> dict[str, float]:
         if ATTENTION in ancestors:
             continue  # the attention range is counted whole
         if MODEL in ancestors:
-            totals["linear" if e.name in LINEAR_OPS else "other ops"] += e.cpu_time_total
+            totals[_category(e)] += _own_time(e)
         else:
             totals["outside: ops"] += e.cpu_time_total
-    totals["attention"] = totals[ATTENTION]
+    totals["attention"] += totals[ATTENTION]
     totals["Python in model"] = totals[MODEL] - totals["linear"] - totals["attention"] - totals["other ops"]
     totals["outside: Python"] = totals[STEP] - totals[MODEL] - totals["outside: ops"]
     return totals
+
+
+def _category(event) -> str:
+    if event.name in LINEAR_OPS:
+        return "linear"
+    return "attention" if event.name in ATTENTION_OPS else "other ops"
+
+
+def _own_time(event) -> float:
+    """An op's time; a container op's without its children's (they are counted apart)."""
+    if event.name not in CONTAINER_OPS:
+        return event.cpu_time_total
+    return event.cpu_time_total - sum(child.cpu_time_total for child in event.cpu_children)
 
 
 def layer_ops(events, num_steps: int) -> list[tuple[str, float, float]]:
@@ -208,7 +231,7 @@ def layer_ops(events, num_steps: int) -> list[tuple[str, float, float]]:
         if not ancestors or ancestors[0] != LAYER or not (is_top_level or e.name == ATTENTION):
             continue  # (an op inside the attention range is counted with the range)
         calls[e.name] += 1
-        micros[e.name] += e.cpu_time_total
+        micros[e.name] += _own_time(e)
     rows = sorted(((n, calls[n] / num_steps, micros[n] / num_steps) for n in calls), key=lambda r: -r[2])
     rows.append(("Python in the layer", float("nan"), (layer_total - sum(micros.values())) / num_steps))
     return rows

@@ -89,6 +89,69 @@ def test_the_kernel_gives_the_torch_paths_output(
         torch.testing.assert_close(got.double(), want.double(), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (300, None), (None, 7.5)])
+def test_long_contexts_split_over_chunks_give_the_torch_paths_output(dtype, window, softcap):
+    """Contexts of several of the kernel's 256-key chunks (each one task, merged afterwards), verify rows
+    among them, a sliding window that starts inside a chunk."""
+    if cpu_kernels() is None:
+        pytest.fail("the C++ CPU kernel did not build here (see the log); this machine has a compiler")
+    heads, kv_heads, head_dim, block_size = 9, 3, 64, 16
+    cache, meta, query = make_case(dtype, heads, kv_heads, head_dim, block_size, [1, 4, 2], [1000, 515, 257])
+    for group in meta.groups:
+        num, max_q = group.num_queries, group.max_query_len
+        q = (
+            query[group.query_slice].view(num, max_q, heads, head_dim)
+            if group.query_slice
+            else query[group.query_index]
+        )
+        want = _attend_gathered(group, 0, meta, q, MATMUL, 0.125, window, softcap)
+        got = attend_paged_cpu(
+            q,
+            cache.kv[0],
+            group.block_tables,
+            group.query_pos[..., 0],
+            group.kv_lens,
+            block_size,
+            0.125,
+            window,
+            softcap,
+        )
+        rows = group.valid_rows if group.valid_rows is not None else slice(None)
+        got = got.reshape(num * max_q, heads, head_dim)[rows]
+        want = want.reshape(num * max_q, heads, head_dim)[rows]
+        torch.testing.assert_close(got.double(), want.double(), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 100])
+def test_a_verify_row_is_the_same_token_decoded_alone_bit_for_bit(dtype, window):
+    """Each row's result depends only on its own keys, whatever the other rows of its request see: the
+    greedy identity of speculative and plain decoding rests on it."""
+    if cpu_kernels() is None:
+        pytest.fail("the C++ CPU kernel did not build here (see the log); this machine has a compiler")
+    cache, meta, query = make_case(dtype, 9, 3, 64, 16, [4], [700])
+    tables = meta.groups[0].block_tables
+    q = query.view(1, 4, 9, 64)
+    positions = torch.arange(696, 700)
+    together = attend_paged_cpu(
+        q, cache.kv[0], tables, positions[None], torch.tensor([700]), 16, 0.125, window, None
+    )
+    for t, position in enumerate(positions.tolist()):
+        alone = attend_paged_cpu(
+            q[:, t : t + 1],
+            cache.kv[0],
+            tables,
+            torch.tensor([[position]]),
+            torch.tensor([position + 1]),
+            16,
+            0.125,
+            window,
+            None,
+        )
+        assert torch.equal(together[:, t : t + 1], alone), f"row {t}"
+
+
 def test_a_padded_request_attends_key_0_as_the_torch_mask_does():
     """A captured shape pads its batch with requests of no keys (kv_len 0): their rows are never read,
     but they must not divide by zero; like the torch mask, they attend key 0 of their first page."""
@@ -118,3 +181,72 @@ def test_switched_off_the_kernel_is_not_loaded_and_attention_runs_on_torch(monke
         cpu_kernels.cache_clear()
     torch.testing.assert_close(on, off, rtol=2e-6, atol=2e-6)
     assert cpu_kernels() is not None, "back on once the switch is gone"
+
+
+ISA_CHECK = """
+import sys, torch
+from torch.utils.cpp_extension import load
+flags, build, source, inputs, out = sys.argv[1:6]
+load(name="pa_" + flags.replace("-", "_").replace("=", "_"), sources=[source],
+     extra_cflags=["-O2", flags], build_directory=build, is_python_module=False, verbose=False)
+args = torch.load(inputs)
+torch.save([torch.ops.specexec_cpu.paged_attention_short(*a) for a in args], out)
+"""
+
+
+@pytest.mark.slow
+def test_the_avx2_build_gives_this_builds_results(tmp_path):
+    """The AVX2 vector path (8 lanes: its own transposing sum and max), built apart: this CPU may run the
+    AVX-512 one."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from specexec.executor.layers import paged_attention_cpu
+
+    if not (sys.platform == "linux" and Path("/proc/cpuinfo").read_text().count(" avx2") > 0):
+        pytest.fail("this check builds x86-64 code: it needs an x86-64 Linux machine with AVX2, as CI has")
+    calls = []
+    for dtype, window, softcap in [
+        (torch.float32, None, None),
+        (torch.bfloat16, 300, None),
+        (torch.float16, None, 7.5),
+    ]:
+        cache, meta, query = make_case(dtype, 9, 3, 64, 16, [4], [700])
+        q = query.view(1, 4, 9, 64)
+        positions = torch.arange(696, 700)[None]
+        calls.append(
+            (
+                q,
+                cache.kv[0],
+                meta.groups[0].block_tables,
+                positions,
+                torch.tensor([700]),
+                16,
+                0.125,
+                window or 0,
+                softcap or 0.0,
+            )
+        )
+    torch.save(calls, tmp_path / "inputs.pt")
+    (tmp_path / "check.py").write_text(ISA_CHECK)
+    (tmp_path / "build").mkdir()
+    source = Path(paged_attention_cpu.__file__).with_name("paged_attention_cpu.cpp")
+    out = tmp_path / "out.pt"
+    subprocess.run(
+        [
+            sys.executable,
+            str(tmp_path / "check.py"),
+            "-march=x86-64-v3",
+            str(tmp_path / "build"),
+            str(source),
+            str(tmp_path / "inputs.pt"),
+            str(out),
+        ],
+        check=True,
+        timeout=600,
+    )
+    for got, args in zip(torch.load(out), calls):
+        want = cpu_kernels().paged_attention_short(*args)
+        tolerance = TOLERANCE[args[0].dtype]
+        torch.testing.assert_close(got.double(), want.double(), rtol=tolerance, atol=tolerance)

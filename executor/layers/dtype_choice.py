@@ -34,7 +34,7 @@ from .quantized.quantized_linear import Int4WeightOnlyLinear, Int8WeightOnlyLine
 logger = logging.getLogger("specexec")
 
 MEASUREMENT_VERSION = (
-    5  #: bump when the measured work changes (attention path, quantization, int8_dot): old answers are stale
+    6  #: bump when the measured work changes (attention path, quantization, int8_dot): old answers are stale
 )
 BF16_MARGIN = 0.9  #: bfloat16 must take under this fraction of float32's time to be chosen
 #: a dtype whose warm-up step takes this many times the other's is not timed again (see measure_bf16_ratio)

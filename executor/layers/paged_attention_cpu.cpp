@@ -4,12 +4,13 @@
 // over the keys k a query at position p sees: k <= p, k < kv_len[g], and with a sliding window
 // k > p - window. K and V of request g at key position k are read in place from the pool, at slot
 // block_tables[g][k / block_size] * block_size + k % block_size: no gather, no copy, no cast of the pool.
-// Sums and the softmax run in float (double for double); each (request, KV head) is one task of
-// at::parallel_for (torch's threads), reading its keys and values once for all of its queries and the
-// query heads that share them. float, bfloat16 and float16 pools run on the CPU's vector unit (AVX-512 or AVX2, whichever the
-// build machine has: the module is compiled with -march=native); double, and head sizes that are not a
-// multiple of the vector width, run the plain loops. A padded query (no key in range) attends key 0, as
-// the torch path's mask does; its row is never read.
+// Sums and the softmax run in float (double for double). float, bfloat16 and float16 pools run on the
+// CPU's vector unit (AVX-512 or AVX2, whichever the build machine has: the module is compiled with
+// -march=native): each (request, KV head, chunk of 256 key positions) is one task of at::parallel_for
+// (torch's threads), reading its keys and values once for all of its queries and the query heads that
+// share them, its chunks merged afterwards (`attend_vector`). double, and head sizes that are not a
+// multiple of the vector width, run the plain loops, one task per (request, query, KV head). A padded
+// query (no key in range) attends key 0, as the torch path's mask does; its row is never read.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -47,6 +48,7 @@ inline vf vload(const c10::Half* p) {
 }
 inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 inline float vsum(vf a) { return _mm512_reduce_add_ps(a); }
+inline float vmax_lanes(vf a) { return _mm512_reduce_max_ps(a); }
 inline void vstore(float* p, vf a) { _mm512_storeu_ps(p, a); }
 inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
 inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
@@ -75,6 +77,11 @@ inline float vsum(vf a) {
 }
 inline void vstore(float* p, vf a) { _mm256_storeu_ps(p, a); }
 inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+inline float vmax_lanes(vf a) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
 inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
 inline vf vround(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
@@ -216,151 +223,259 @@ void attend_plain(const Problem& P, const T* qp, const T* kp, const T* vp, T* op
 }
 
 #if W_HAS_VECTORS
-// One row of a task: a (query, head) pair, with the keys it sees inside the task's key union.
-struct Row {
-  int64_t lo, hi;  // inclusive, as key positions
-};
+// lane j of the result = the sum of s[j]'s lanes (W vectors in): a transposing sum, about three vector
+// ops a key where a horizontal sum per key takes eight
+#if defined(__AVX512F__)
+inline vf transposed_sums(const vf* s) {
+  vf pairs[8], quads[4];
+  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: [s2i lanes 0+2, s2i+1 lanes 0+2, s2i 1+3, s2i+1 1+3]
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(s[2 * i], s[2 * i + 1]), _mm512_unpackhi_ps(s[2 * i], s[2 * i + 1]));
+  }
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: keys 4i..4i+3, that lane's share
+    const __m512d x = _mm512_castps_pd(pairs[2 * i]), y = _mm512_castps_pd(pairs[2 * i + 1]);
+    quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  const vf low = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x44), _mm512_shuffle_f32x4(quads[0], quads[1], 0xEE));
+  const vf high = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x44), _mm512_shuffle_f32x4(quads[2], quads[3], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
+}
+#else
+inline vf transposed_sums(const vf* s) {
+  const vf a0 = _mm256_hadd_ps(s[0], s[1]), a1 = _mm256_hadd_ps(s[2], s[3]);
+  const vf a2 = _mm256_hadd_ps(s[4], s[5]), a3 = _mm256_hadd_ps(s[6], s[7]);
+  const vf b0 = _mm256_hadd_ps(a0, a1), b1 = _mm256_hadd_ps(a2, a3);  // per 128-bit half: keys 0-3, 4-7
+  return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+}
+#endif
 
-// softmax over each row's own keys (its slice [lo - base, hi - base] of scores): exp by the vector
-// exp, every key outside the row set to exactly 0; inv_total[r] = 1 / the row's sum
-inline void softmax_rows_vector(float* scores, const std::vector<Row>& rows, int64_t base, int64_t n, float* inv_total) {
-  for (size_t r = 0; r < rows.size(); ++r) {
-    float* row = scores + r * n;
-    const int64_t a = rows[r].lo - base, b = rows[r].hi - base + 1;  // [a, b)
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t j = a; j < b; ++j) {
-      m = std::max(m, row[j]);
+// keys_f [W, D] = keys j < width (at `slots`, this KV head) as float, zeros after them. DC: D known at
+// compile time (0: the runtime d), so the loops unroll.
+template <int64_t DC, typename T>
+inline void keys_to_float(const T* kp, const int64_t* slots, int64_t width, int64_t slot_stride, int64_t d,
+                          float* keys_f) {
+  const int64_t D = DC > 0 ? DC : d;
+  for (int64_t j = 0; j < W; ++j) {
+    float* dst = keys_f + j * D;
+    if (j < width) {
+      const T* krow = kp + slots[j] * slot_stride;
+#pragma GCC unroll 8
+      for (int64_t i = 0; i < D; i += W) vstore(dst + i, vload(krow + i));
+    } else {
+      std::fill(dst, dst + D, 0.f);
     }
-    std::fill(row, row + a, 0.f);
-    std::fill(row + b, row + n, 0.f);
-    const vf vm = vset(-m);
-    vf vs = vzero();
-    int64_t j = a;
-    for (; j + W <= b; j += W) {
-      const vf e = vexp(vadd(vload(row + j), vm));
-      vstore(row + j, e);
-      vs = vadd(vs, e);
-    }
-    float sum = vsum(vs);
-    for (; j < b; ++j) {
-      row[j] = std::exp(row[j] - m);
-      sum += row[j];
-    }
-    inv_total[r] = 1.f / sum;
   }
 }
 
-// acc[r, :] = sum_k p[r, k] V[k, :] for the R rows, ROWS rows at a time with their sums in registers
-// (D known at compile time): each V row is loaded once per ROWS rows.
+// dots[r * stride + j] = query row r . key j for W keys (keys_f [W, D]), R rows. DC as above: the W
+// independent sums of a row are unrolled and overlap instead of waiting on one chain.
+template <int64_t DC>
+inline void key_dots(const float* query, int64_t R, int64_t d, const float* keys_f, float* dots, int64_t stride) {
+  const int64_t D = DC > 0 ? DC : d;
+  for (int64_t r = 0; r < R; ++r) {
+    const float* q = query + r * D;
+    vf sums[W];
+#pragma GCC unroll 16
+    for (int64_t j = 0; j < W; ++j) {
+      const float* key = keys_f + j * D;
+      vf s = vmul(vload(q), vload(key));
+#pragma GCC unroll 8
+      for (int64_t i = W; i < D; i += W) s = vfma(vload(q + i), vload(key + i), s);
+      sums[j] = s;
+    }
+    vstore(dots + r * stride, transposed_sums(sums));
+  }
+}
+
+// acc[r, :] = sum_k p[r, k] V[k, :] for ROWS rows (p's rows n apart) over the keys at `slots`, their sums
+// in registers (D known at compile time): each V row is loaded once for the ROWS rows.
 template <int64_t D, int64_t ROWS, typename T>
-inline void weighted_values(
-    const T* vhead, int64_t slot_stride, const int64_t* table, int64_t block_size, KeyRange all,
-    const float* p, int64_t n, int64_t R, float* acc) {
+inline void weighted_values_rows(const T* vhead, int64_t slot_stride, const int64_t* slots, int64_t keys,
+                                 const float* p, int64_t n, float* acc) {
   constexpr int64_t C = D / W;
-  for (int64_t r0 = 0; r0 < R; r0 += ROWS) {
-    const int64_t m = std::min<int64_t>(ROWS, R - r0);
-    vf a[ROWS][C];
+  vf a[ROWS][C];
+  for (int64_t j = 0; j < ROWS; ++j) {
+    for (int64_t c = 0; c < C; ++c) a[j][c] = vzero();
+  }
+  for (int64_t k = 0; k < keys; ++k) {
+    const T* vrow = vhead + slots[k] * slot_stride;
+    vf vv[C];
+    for (int64_t c = 0; c < C; ++c) vv[c] = vload(vrow + c * W);
     for (int64_t j = 0; j < ROWS; ++j) {
-      for (int64_t c = 0; c < C; ++c) {
-        a[j][c] = vzero();
-      }
+      const vf w = vset(p[j * n + k]);
+      for (int64_t c = 0; c < C; ++c) a[j][c] = vfma(w, vv[c], a[j][c]);
     }
-    for_each_key(table, block_size, all, [&](int64_t slot, int64_t k) {
-      const T* vrow = vhead + slot * slot_stride;
-      vf vv[C];
-      for (int64_t c = 0; c < C; ++c) {
-        vv[c] = vload(vrow + c * W);
-      }
-      for (int64_t j = 0; j < ROWS; ++j) {
-        if (j < m) {
-          const vf w = vset(p[(r0 + j) * n + (k - all.lo)]);
-          for (int64_t c = 0; c < C; ++c) {
-            a[j][c] = vfma(w, vv[c], a[j][c]);
-          }
-        }
-      }
-    });
-    for (int64_t j = 0; j < m; ++j) {
-      for (int64_t c = 0; c < C; ++c) {
-        vstore(acc + (r0 + j) * D + c * W, a[j][c]);
-      }
+  }
+  for (int64_t j = 0; j < ROWS; ++j) {
+    for (int64_t c = 0; c < C; ++c) vstore(acc + j * D + c * W, a[j][c]);
+  }
+}
+
+// the same for R rows, MAX_ROWS at a time
+template <int64_t D, int64_t MAX_ROWS, typename T>
+inline void weighted_values(const T* vhead, int64_t slot_stride, const int64_t* slots, int64_t keys, const float* p,
+                            int64_t n, int64_t R, float* acc) {
+  static_assert(MAX_ROWS >= 1 && MAX_ROWS <= 4);
+  for (int64_t r0 = 0; r0 < R; r0 += MAX_ROWS) {
+    const float* pr = p + r0 * n;
+    float* ar = acc + r0 * D;
+    switch (std::min<int64_t>(MAX_ROWS, R - r0)) {
+      case 1: weighted_values_rows<D, 1>(vhead, slot_stride, slots, keys, pr, n, ar); break;
+      case 2: weighted_values_rows<D, 2>(vhead, slot_stride, slots, keys, pr, n, ar); break;
+      case 3: weighted_values_rows<D, (MAX_ROWS >= 3 ? 3 : 1)>(vhead, slot_stride, slots, keys, pr, n, ar); break;
+      default: weighted_values_rows<D, MAX_ROWS>(vhead, slot_stride, slots, keys, pr, n, ar); break;
     }
   }
 }
 
-// The vector path: float accumulation, D a multiple of W. One task per (request, KV head) takes all
-// of its queries (a verify step's 1 + k) and the rep heads of each: every K and V row is loaded once
-// for all of them, and four (query, head) rows at a time keep independent sums in flight.
+constexpr int64_t kChunk = 256;  // keys per task: a request's keys split at multiples of it (absolute positions)
+
+// The vector path: float accumulation, D a multiple of W. Work is split into tasks of (request, KV head,
+// chunk of kChunk key positions), so one request's long context keeps every thread busy; a task takes
+// all of its queries (a verify step's 1 + k) and the rep heads of each, so every K and V row of the chunk
+// is loaded once for all of them (K converted to float once, W keys at a time, their scores summed by
+// `transposed_sums`). Each task leaves per row its chunk's max score, sum of exponentials and unscaled
+// value sum; a second pass merges a row's chunks in order (the log-sum-exp rescaling of split-K
+// attention). A row's result depends only on its own keys: a verify row equals the same token decoded.
 template <typename T>
 void attend_vector(const Problem& P, const T* qp, const T* kp, const T* vp, T* op) {
   const float scale = static_cast<float>(P.scaling), cap = static_cast<float>(P.softcap);
-  const int64_t D = P.D, rep = P.rep, R = P.Q * rep;  // rows per task: query t, head r -> t * rep + r
-  at::parallel_for(0, P.G * P.KVH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> query(R * D), acc(R * D), scores, inv(R);
-    std::vector<Row> rows(R);
+  const int64_t D = P.D, rep = P.rep, R = P.Q * rep;  // rows per (request, KV head): query t, head r -> t * rep + r
+  struct Task {
+    int64_t g, kvh, lo, hi;  // key positions [lo, hi] (inclusive) of the chunk the rows' keys cover
+  };
+  std::vector<KeyRange> rows(P.G * R);  // each row's keys
+  std::vector<Task> tasks;
+  std::vector<int64_t> first(P.G * P.KVH + 1, 0);  // the tasks of (g, kvh): [first[i], first[i + 1])
+  for (int64_t g = 0; g < P.G; ++g) {
+    KeyRange all{std::numeric_limits<int64_t>::max(), -1};
+    for (int64_t t = 0; t < P.Q; ++t) {
+      const KeyRange range = key_range(P.positions[g * P.Q + t], P.lens[g], P.window);
+      all = {std::min(all.lo, range.lo), std::max(all.hi, range.hi)};
+      for (int64_t r = 0; r < rep; ++r) rows[g * R + t * rep + r] = range;
+    }
+    for (int64_t kvh = 0; kvh < P.KVH; ++kvh) {
+      first[g * P.KVH + kvh] = static_cast<int64_t>(tasks.size());
+      for (int64_t c = all.lo / kChunk; c <= all.hi / kChunk; ++c) {
+        tasks.push_back({g, kvh, std::max(all.lo, c * kChunk), std::min(all.hi, c * kChunk + kChunk - 1)});
+      }
+    }
+  }
+  first[P.G * P.KVH] = static_cast<int64_t>(tasks.size());
+  const int64_t num_tasks = static_cast<int64_t>(tasks.size());
+  std::vector<float> part_acc(num_tasks * R * D), part_max(num_tasks * R), part_sum(num_tasks * R);
+
+  at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> query(R * D), keys_f(W * D), dots(R * W), scores(R * kChunk);
+    std::vector<int64_t> slots(kChunk);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t kvh = task % P.KVH, g = task / P.KVH;
-      KeyRange all{std::numeric_limits<int64_t>::max(), -1};
+      const Task& tk = tasks[task];
+      const int64_t n = tk.hi - tk.lo + 1;
       for (int64_t t = 0; t < P.Q; ++t) {
-        const KeyRange range = key_range(P.positions[g * P.Q + t], P.lens[g], P.window);
-        all = {std::min(all.lo, range.lo), std::max(all.hi, range.hi)};
-        const T* qrow = qp + ((g * P.Q + t) * P.H + kvh * rep) * D;
-        for (int64_t r = 0; r < rep; ++r) {
-          rows[t * rep + r] = {range.lo, range.hi};
-          for (int64_t i = 0; i < D; ++i) {
-            query[(t * rep + r) * D + i] = static_cast<float>(qrow[r * D + i]) * scale;
-          }
+        const T* qrow = qp + ((tk.g * P.Q + t) * P.H + tk.kvh * rep) * D;
+        for (int64_t i = 0; i < rep * D; ++i) query[t * rep * D + i] = static_cast<float>(qrow[i]) * scale;
+      }
+      const int64_t* table = P.tables + tk.g * P.max_blocks;
+      for_each_key(table, P.block_size, {tk.lo, tk.hi}, [&](int64_t slot, int64_t k) { slots[k - tk.lo] = slot; });
+      // scores [R, n] (rows `stride` apart): W keys at a time, converted to float once for all rows
+      const int64_t stride = (n + W - 1) / W * W;
+      const int64_t slot_stride = P.KVH * D;
+      const T* khead = kp + tk.kvh * D;
+      for (int64_t k0 = 0; k0 < n; k0 += W) {
+        const int64_t width = std::min<int64_t>(W, n - k0);
+        float* dots = scores.data() + k0;
+        if (D == 64) {
+          keys_to_float<64>(khead, slots.data() + k0, width, slot_stride, D, keys_f.data());
+          key_dots<64>(query.data(), R, D, keys_f.data(), dots, stride);
+        } else if (D == 128) {
+          keys_to_float<128>(khead, slots.data() + k0, width, slot_stride, D, keys_f.data());
+          key_dots<128>(query.data(), R, D, keys_f.data(), dots, stride);
+        } else {
+          keys_to_float<0>(khead, slots.data() + k0, width, slot_stride, D, keys_f.data());
+          key_dots<0>(query.data(), R, D, keys_f.data(), dots, stride);
         }
       }
-      const int64_t n = all.hi - all.lo + 1;
-      scores.resize(R * n);
-      const int64_t* table = P.tables + g * P.max_blocks;
-      for_each_key(table, P.block_size, all, [&](int64_t slot, int64_t k) {
-        const T* krow = kp + (slot * P.KVH + kvh) * D;
-        for (int64_t r0 = 0; r0 < R; r0 += 4) {
-          const int64_t m = std::min<int64_t>(4, R - r0);
-          vf s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
-          const float* q0 = query.data() + r0 * D;
-          for (int64_t i = 0; i < D; i += W) {
-            const vf kv = vload(krow + i);
-            s0 = vfma(vload(q0 + i), kv, s0);
-            if (m > 1) s1 = vfma(vload(q0 + D + i), kv, s1);
-            if (m > 2) s2 = vfma(vload(q0 + 2 * D + i), kv, s2);
-            if (m > 3) s3 = vfma(vload(q0 + 3 * D + i), kv, s3);
-          }
-          const float dots[4] = {vsum(s0), m > 1 ? vsum(s1) : 0.f, m > 2 ? vsum(s2) : 0.f, m > 3 ? vsum(s3) : 0.f};
-          for (int64_t j = 0; j < m; ++j) {
-            scores[(r0 + j) * n + (k - all.lo)] = cap > 0 ? std::tanh(dots[j] / cap) * cap : dots[j];
-          }
+      if (cap > 0) {
+        for (int64_t i = 0; i < R * stride; ++i) scores[i] = std::tanh(scores[i] / cap) * cap;
+      }
+      // each row's softmax over its own keys in the chunk (exactly 0 elsewhere), unnormalized
+      for (int64_t r = 0; r < R; ++r) {
+        float* row = scores.data() + r * stride;
+        const KeyRange own = rows[tk.g * R + r];
+        const int64_t a = std::max(own.lo, tk.lo) - tk.lo, b = std::min(own.hi, tk.hi) - tk.lo + 1;  // [a, b)
+        float* out_max = part_max.data() + task * R + r;
+        float* out_sum = part_sum.data() + task * R + r;
+        if (a >= b) {  // none of this row's keys in the chunk
+          std::fill(row, row + n, 0.f);
+          *out_max = -std::numeric_limits<float>::infinity();
+          *out_sum = 0.f;
+          continue;
         }
-      });
-      softmax_rows_vector(scores.data(), rows, all.lo, n, inv.data());
-      const T* vhead = vp + kvh * D;
+        vf vmx = vset(-std::numeric_limits<float>::infinity());
+        int64_t j = a;
+        for (; j + W <= b; j += W) vmx = vmax(vmx, vload(row + j));
+        float m = vmax_lanes(vmx);
+        for (; j < b; ++j) m = std::max(m, row[j]);
+        std::fill(row, row + a, 0.f);
+        std::fill(row + b, row + n, 0.f);
+        const vf vm = vset(-m);
+        vf vs = vzero();
+        j = a;
+        for (; j + W <= b; j += W) {
+          const vf e = vexp(vadd(vload(row + j), vm));
+          vstore(row + j, e);
+          vs = vadd(vs, e);
+        }
+        float sum = vsum(vs);
+        for (; j < b; ++j) {
+          row[j] = std::exp(row[j] - m);
+          sum += row[j];
+        }
+        *out_max = m;
+        *out_sum = sum;
+      }
+      const T* vhead = vp + tk.kvh * D;
+      float* acc = part_acc.data() + task * R * D;
       if (D == 64) {
-        weighted_values<64, (W == 16 ? 4 : 2)>(vhead, P.KVH * D, table, P.block_size, all, scores.data(), n, R, acc.data());
+        weighted_values<64, (W == 16 ? 4 : 2)>(vhead, slot_stride, slots.data(), n, scores.data(), stride, R, acc);
       } else if (D == 128) {
-        weighted_values<128, (W == 16 ? 2 : 1)>(vhead, P.KVH * D, table, P.block_size, all, scores.data(), n, R, acc.data());
+        weighted_values<128, (W == 16 ? 2 : 1)>(vhead, slot_stride, slots.data(), n, scores.data(), stride, R, acc);
       } else {
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for_each_key(table, P.block_size, all, [&](int64_t slot, int64_t k) {
-          const T* vrow = vhead + slot * P.KVH * D;
+        std::fill(acc, acc + R * D, 0.f);
+        for (int64_t k = 0; k < n; ++k) {
+          const T* vrow = vhead + slots[k] * P.KVH * D;
           for (int64_t i = 0; i < D; i += W) {
             const vf vv = vload(vrow + i);
             for (int64_t r = 0; r < R; ++r) {
-              float* a = acc.data() + r * D + i;
-              vstore(a, vfma(vset(scores[r * n + (k - all.lo)]), vv, vload(a)));
+              float* a = acc + r * D + i;
+              vstore(a, vfma(vset(scores[r * stride + k]), vv, vload(a)));
             }
           }
-        });
-      }
-      for (int64_t t = 0; t < P.Q; ++t) {
-        T* orow = op + ((g * P.Q + t) * P.H + kvh * rep) * D;
-        for (int64_t r = 0; r < rep; ++r) {
-          const float* a = acc.data() + (t * rep + r) * D;
-          for (int64_t i = 0; i < D; ++i) {
-            orow[r * D + i] = static_cast<T>(a[i] * inv[t * rep + r]);
-          }
         }
+      }
+    }
+  });
+
+  // merge each row's chunks in order: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c
+  at::parallel_for(0, P.G * P.KVH, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> merged(D);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t g = i / P.KVH, kvh = i % P.KVH;
+      for (int64_t row = 0; row < R; ++row) {
+        float M = -std::numeric_limits<float>::infinity();
+        for (int64_t task = first[i]; task < first[i + 1]; ++task) M = std::max(M, part_max[task * R + row]);
+        float total = 0.f;
+        std::fill(merged.begin(), merged.end(), 0.f);
+        for (int64_t task = first[i]; task < first[i + 1]; ++task) {
+          if (part_sum[task * R + row] == 0.f) continue;
+          const float w = std::exp(part_max[task * R + row] - M);  // exactly 1 for the max's chunk
+          total += w * part_sum[task * R + row];
+          const float* acc = part_acc.data() + (task * R + row) * D;
+          for (int64_t d = 0; d < D; d += W) vstore(merged.data() + d, vfma(vset(w), vload(acc + d), vload(merged.data() + d)));
+        }
+        const int64_t t = row / rep, r = row % rep;
+        T* orow = op + ((g * P.Q + t) * P.H + kvh * rep + r) * D;
+        const float inv = 1.f / total;
+        for (int64_t d = 0; d < D; ++d) orow[d] = static_cast<T>(merged[d] * inv);
       }
     }
   });

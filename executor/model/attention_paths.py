@@ -22,7 +22,7 @@ from ..layers.cpu_kernels import cpu_kernels
 from ..layers.measurement_cache import cached_measurement, median_seconds
 from ..layers.paged_attention_cpu import attend_paged_cpu
 
-MEASUREMENT_VERSION = 4  #: 4: the C++ kernel joins the candidates
+MEASUREMENT_VERSION = 5  #: 4: the C++ kernel joins the candidates; 5: it splits long contexts
 CONTEXTS = (256, 2048)  #: keys per request in the timed calls: a short and a long context
 CONTEXT_SPLIT = 768  #: groups reading fewer keys than this take the short-context choice
 VERIFY_QUERY_LEN = 4  #: 1 + 3 drafts
