@@ -118,11 +118,13 @@ def label_the_model(executor: Executor) -> Iterator[None]:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from ..executor.model import paged_attention as paged
+    from ..executor.model.decoder import forward as own_forward
     from ..executor.model.decoder import layers as own_layers
 
     runner = executor.core.runner
     layer = runner.model.model.layers[0]
     run_model, own_attention, layer_forward = runner._run_model, own_layers.paged_attention, layer.forward
+    run_fused = own_forward.run_fused  # the own decoder's layer as one C++ op (`decoder/fused_layer.py`)
     # registered once a model runs on transformers' modules (absent where only the own decoder ran)
     hf_attention = ALL_ATTENTION_FUNCTIONS._global_mapping.get(paged.PAGED_ATTENTION)
 
@@ -133,8 +135,15 @@ def label_the_model(executor: Executor) -> Iterator[None]:
 
         return call
 
+    def fused(fused_layer, *args, **kwargs):
+        if fused_layer is not layer:
+            return run_fused(fused_layer, *args, **kwargs)
+        with torch.profiler.record_function(LAYER):
+            return run_fused(fused_layer, *args, **kwargs)
+
     runner._run_model = labelled(MODEL, run_model)
     layer.forward = labelled(LAYER, layer_forward)
+    own_forward.run_fused = fused
     if hf_attention is not None:
         ALL_ATTENTION_FUNCTIONS[paged.PAGED_ATTENTION] = labelled(ATTENTION, hf_attention)
     own_layers.paged_attention = labelled(ATTENTION, own_attention)
@@ -142,6 +151,7 @@ def label_the_model(executor: Executor) -> Iterator[None]:
         yield
     finally:
         del runner._run_model, layer.forward
+        own_forward.run_fused = run_fused
         if hf_attention is not None:
             ALL_ATTENTION_FUNCTIONS[paged.PAGED_ATTENTION] = hf_attention
         own_layers.paged_attention = own_attention

@@ -1,6 +1,7 @@
-"""The own decoder's layer as one C++ op (`decoder/fused_layer.py`): the same logits and K/V as the
-Python layer, bit for bit, for the families, dtypes and linear kernels it takes; the Python layer where
-it cannot run; arguments rebuilt when a layer's routing changes."""
+"""The own decoder's layer as one C++ op, and its whole stack of layers as one (`decoder/fused_layer.py`):
+the same logits, K/V and recorded hidden states as the Python layers, bit for bit, for the families,
+dtypes and linear kernels they take; the Python layer where they cannot run; arguments rebuilt when a
+layer's routing changes."""
 
 from __future__ import annotations
 
@@ -29,20 +30,30 @@ def the_ops_are_built():
 
 @pytest.fixture
 def fused_calls(monkeypatch):
-    """Counts the layers that ran as one op."""
+    """Counts the layers that ran as one op, alone or in the stack's op."""
     calls = []
-    real = decoder_forward.run_fused
+    real_layer, real_stack = decoder_forward.run_fused, decoder_forward.run_stack
 
-    def counting(*args):
+    def counting_layer(*args):
         calls.append(args[0].spec.layer_idx)
-        return real(*args)
+        return real_layer(*args)
 
-    monkeypatch.setattr(decoder_forward, "run_fused", counting)
+    def counting_stack(stack, *args):
+        calls.extend(stack.layer_idx)
+        return real_stack(stack, *args)
+
+    monkeypatch.setattr(decoder_forward, "run_fused", counting_layer)
+    monkeypatch.setattr(decoder_forward, "run_stack", counting_stack)
     return calls
 
 
 def python_only(monkeypatch):
     monkeypatch.setattr(decoder_forward.FusedStep, "of", classmethod(lambda cls, meta, hidden: None))
+
+
+def layer_by_layer(monkeypatch):
+    """Each layer as its own op: no stack."""
+    monkeypatch.setattr(decoder_forward, "fused_stack", lambda layers, rows, dtype: None)
 
 
 def executor_for(arch, dtype, quantization=None, kernel="torch", **overrides):
@@ -61,14 +72,16 @@ def executor_for(arch, dtype, quantization=None, kernel="torch", **overrides):
 
 
 def forwards(executor) -> list[torch.Tensor]:
-    """Logits of a prefill, a decode row, a 4-row verify, and 3 requests decoding together, and their
-    K/V."""
+    """Logits of a prefill, a decode row, a 4-row verify (and the hidden states recorded then), and 3
+    requests decoding together, and their K/V."""
     runner, bm = executor.core.runner, executor.block_manager
     for name in ("a", "b", "c"):
         bm.allocate(name, 40)
     out = [runner.forward([SequenceInput(list(range(3, 23)), 0, bm.block_tables["a"], 1)]).logits]
     out.append(runner.forward([SequenceInput([7], 20, bm.block_tables["a"], 1)]).logits)
-    out.append(runner.forward([SequenceInput([9, 4, 11, 2], 21, bm.block_tables["a"], 4)]).logits)
+    verify = runner.forward([SequenceInput([9, 4, 11, 2], 21, bm.block_tables["a"], 4)])
+    out.append(verify.logits)
+    out += [verify.hidden_states[i] for i in sorted(verify.hidden_states)]
     for name in ("b", "c"):
         runner.forward([SequenceInput(list(range(5, 17)), 0, bm.block_tables[name], 1)])
     batch = [SequenceInput([8], 25 if n == "a" else 12, bm.block_tables[n], 1) for n in ("a", "b", "c")]
@@ -100,13 +113,19 @@ def test_the_op_gives_the_python_layers_logits_and_pages_bit_for_bit(
     arch, dtype, quantization, kernel, fused_calls, monkeypatch
 ):
     with executor_for(arch, dtype, quantization, kernel) as executor:
+        runner = executor.core.runner
+        runner.capture((0, 1, runner.model.config.num_hidden_layers))  # as EAGLE-3 records them
+        stacked = forwards(executor)
+        assert fused_calls, "the stack's op ran"
+        layer_by_layer(monkeypatch)
         fused = forwards(executor)
-        assert fused_calls, "the op ran"
         num_fused = len(fused_calls)
         python_only(monkeypatch)
         plain = forwards(executor)
         assert len(fused_calls) == num_fused
-    for got, want in zip(fused, plain):
+    assert len(stacked) == len(plain) == 4 + 3 + 3
+    for got_stacked, got, want in zip(stacked, fused, plain):
+        assert torch.equal(got_stacked, want)
         assert torch.equal(got, want)
 
 

@@ -21,6 +21,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -53,6 +54,50 @@ at::Tensor linear(const at::Tensor& x, int64_t kind, const std::vector<at::Tenso
   return bias.has_value() ? out + *bias : out;  // as the Python layer adds it: one add after the matmul
 }
 
+// What every layer of one forward shares: the rows' rotary table, the pages, the attention settings.
+struct StepArgs {
+  const at::Tensor& rotary_rows;  // [T, 2, 1, head_dim]
+  const at::Tensor& slots;        // [T]
+  int64_t heads, kv_heads, head_dim;
+  const at::Tensor& block_tables;  // [G, max_blocks]
+  const at::Tensor& query_pos;     // [G, Q]
+  const at::Tensor& kv_lens;       // [G]
+  int64_t block_size;
+  double scaling;
+  int64_t window;
+  double softcap;
+  int64_t act;
+};
+
+std::tuple<at::Tensor, at::Tensor> layer_forward(const at::Tensor& hidden, const std::optional<at::Tensor>& residual,
+                                                 const at::Tensor& input_norm, double input_eps,
+                                                 const at::Tensor& post_norm, double post_eps,
+                                                 const int64_t* kinds,  // qkv, o, gate_up, down
+                                                 const std::vector<at::Tensor>* linears,  // the four calls' tensors
+                                                 const at::Tensor& kv,  // [2, slots, kv_heads, head_dim] this layer's pool
+                                                 const StepArgs& s) {
+  static const auto add_rms_norm =
+      find_op<std::tuple<at::Tensor, at::Tensor>(at::Tensor, std::optional<at::Tensor>, at::Tensor, double, bool)>(
+          "specexec_cpu::add_rms_norm");
+  static const auto rotary_kv_write =
+      find_op<at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t)>(
+          "specexec_cpu::rotary_kv_write");
+  static const auto attend = find_op<at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t,
+                                                double, int64_t, double)>("specexec_cpu::paged_attention_short");
+  static const auto act_mul = find_op<at::Tensor(at::Tensor, int64_t)>("specexec_cpu::act_mul");
+  const int64_t T = hidden.size(0), groups = s.query_pos.size(0), per_group = s.query_pos.size(1);
+  TORCH_CHECK(groups * per_group == T, "prenorm_layer: the group's queries must be the whole batch in order");
+  auto [h, x] = add_rms_norm.call(hidden, residual, input_norm, input_eps, false);
+  const at::Tensor q = rotary_kv_write.call(linear(h, kinds[0], linears[0]), s.rotary_rows, kv, s.slots, s.heads,
+                                            s.kv_heads, s.head_dim);  // [T, heads, head_dim]
+  const at::Tensor attended = attend.call(q.view({groups, per_group, s.heads, s.head_dim}), kv, s.block_tables,
+                                          s.query_pos, s.kv_lens, s.block_size, s.scaling, s.window, s.softcap);
+  auto [h2, x2] = add_rms_norm.call(linear(attended.reshape({T, s.heads * s.head_dim}), kinds[1], linears[1]), x,
+                                    post_norm, post_eps, false);
+  at::Tensor out = linear(act_mul.call(linear(h2, kinds[2], linears[2]), s.act), kinds[3], linears[3]);
+  return {out, x2};
+}
+
 std::tuple<at::Tensor, at::Tensor> prenorm_layer(
     at::Tensor hidden,                   // [T, hidden]
     std::optional<at::Tensor> residual,  // [T, hidden]; None: the first layer
@@ -64,35 +109,62 @@ std::tuple<at::Tensor, at::Tensor> prenorm_layer(
     at::Tensor kv,           // [2, slots, kv_heads, head_dim] this layer's pool
     at::Tensor slots,        // [T]
     int64_t heads, int64_t kv_heads, int64_t head_dim,
-    at::Tensor block_tables,  // [1, max_blocks]... the group's
+    at::Tensor block_tables,  // [G, max_blocks] the group's
     at::Tensor query_pos,     // [G, Q]
     at::Tensor kv_lens,       // [G]
     int64_t block_size, double scaling, int64_t window, double softcap, int64_t act) {
-  static const auto add_rms_norm =
-      find_op<std::tuple<at::Tensor, at::Tensor>(at::Tensor, std::optional<at::Tensor>, at::Tensor, double, bool)>(
-          "specexec_cpu::add_rms_norm");
-  static const auto rotary_kv_write =
-      find_op<at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t)>(
-          "specexec_cpu::rotary_kv_write");
-  static const auto attend = find_op<at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t,
-                                                double, int64_t, double)>("specexec_cpu::paged_attention_short");
-  static const auto act_mul = find_op<at::Tensor(at::Tensor, int64_t)>("specexec_cpu::act_mul");
   TORCH_CHECK(kinds.size() == 4, "prenorm_layer: four linear kinds (qkv, o, gate_up, down)");
-  const int64_t T = hidden.size(0), groups = query_pos.size(0), per_group = query_pos.size(1);
-  TORCH_CHECK(groups * per_group == T, "prenorm_layer: the group's queries must be the whole batch in order");
-  auto [h, x] = add_rms_norm.call(hidden, residual, input_norm, input_eps, false);
-  const at::Tensor q = rotary_kv_write.call(linear(h, kinds[0], qkv), rotary_rows, kv, slots, heads, kv_heads,
-                                            head_dim);  // [T, heads, head_dim]
-  const at::Tensor attended = attend.call(q.view({groups, per_group, heads, head_dim}), kv, block_tables, query_pos,
-                                          kv_lens, block_size, scaling, window, softcap);
-  auto [h2, x2] = add_rms_norm.call(linear(attended.reshape({T, heads * head_dim}), kinds[1], o), x, post_norm,
-                                    post_eps, false);
-  at::Tensor out = linear(act_mul.call(linear(h2, kinds[2], gate_up), act), kinds[3], down);
-  return {out, x2};
+  const StepArgs step{rotary_rows, slots,    heads,   kv_heads, head_dim, block_tables, query_pos,
+                      kv_lens,     block_size, scaling, window,   softcap,  act};
+  const std::vector<at::Tensor> linears[4] = {qkv, o, gate_up, down};
+  return layer_forward(hidden, residual, input_norm, input_eps, post_norm, post_eps, kinds.data(), linears, kv, step);
+}
+
+// Every layer of the decoder, one after another, as one op: layer i's norms are norms[2i], norms[2i + 1]
+// (eps the same), its four linear calls kinds[4i..4i + 3] with counts[4i..4i + 3] tensors each, taken in
+// order from `tensors`, its pool kv[layer_idx[i]]. Returns the last layer's (output, input) as `prenorm_layer` does,
+// and for each index c of `capture` (1 <= c < layers) the hidden state after layer c - 1 (residual + out).
+std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> prenorm_stack(
+    at::Tensor hidden,  // [T, hidden]
+    std::vector<at::Tensor> norms, std::vector<double> eps, std::vector<int64_t> kinds, std::vector<int64_t> counts,
+    std::vector<at::Tensor> tensors,
+    at::Tensor kv,                     // [model layers, 2, slots, kv_heads, head_dim] the whole pool
+    std::vector<int64_t> layer_idx,    // each layer's index into it
+    at::Tensor rotary_rows, at::Tensor slots, int64_t heads, int64_t kv_heads, int64_t head_dim,
+    at::Tensor block_tables, at::Tensor query_pos, at::Tensor kv_lens, int64_t block_size, double scaling,
+    int64_t window, double softcap, int64_t act, std::vector<int64_t> capture) {
+  const size_t layers = layer_idx.size();
+  TORCH_CHECK(layers > 0 && norms.size() == 2 * layers && eps.size() == 2 * layers && kinds.size() == 4 * layers &&
+                  counts.size() == 4 * layers,
+              "prenorm_stack: per layer two norms and eps, four linear kinds and counts, one pool");
+  const StepArgs step{rotary_rows, slots,    heads,   kv_heads, head_dim, block_tables, query_pos,
+                      kv_lens,     block_size, scaling, window,   softcap,  act};
+  std::vector<at::Tensor> captured;
+  std::optional<at::Tensor> residual;
+  size_t next = 0;  // the next of `tensors`
+  for (size_t i = 0; i < layers; ++i) {
+    std::vector<at::Tensor> linears[4];
+    for (size_t j = 0; j < 4; ++j) {
+      const int64_t n = counts[4 * i + j];
+      TORCH_CHECK(n > 0 && next + n <= tensors.size(), "prenorm_stack: fewer tensors than the counts say");
+      linears[j].assign(tensors.begin() + next, tensors.begin() + next + n);
+      next += n;
+    }
+    auto [out, x] = layer_forward(hidden, residual, norms[2 * i], eps[2 * i], norms[2 * i + 1], eps[2 * i + 1],
+                                  kinds.data() + 4 * i, linears, kv.select(0, layer_idx[i]), step);
+    hidden = out;
+    residual = x;
+    if (std::find(capture.begin(), capture.end(), static_cast<int64_t>(i + 1)) != capture.end() && i + 1 < layers) {
+      captured.push_back(x + out);
+    }
+  }
+  TORCH_CHECK(next == tensors.size(), "prenorm_stack: more tensors than the counts say");
+  return {hidden, *residual, captured};
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specexec_cpu, m) {
   m.def("prenorm_layer", &prenorm_layer);
+  m.def("prenorm_stack", &prenorm_stack);
 }

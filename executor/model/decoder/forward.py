@@ -14,7 +14,7 @@ from torch import nn
 
 from ..attention_metadata import AttentionMetadata
 from .convert import is_own_decoder
-from .fused_layer import FusedStep, fused_args, run_fused
+from .fused_layer import FusedStep, fused_args, fused_stack, run_fused, run_stack
 
 
 class OwnDecoder:
@@ -43,16 +43,22 @@ class OwnDecoder:
         residual = None
         step = FusedStep.of(meta, hidden)  # None: every layer runs in Python
         num_tokens, dtype = hidden.shape[0], hidden.dtype
-        for i, layer in enumerate(decoder.layers):
-            args = None if step is None else fused_args(layer, num_tokens, dtype)
-            if args is not None:  # the whole layer as one C++ op (`fused_layer.py`)
-                hidden, residual = run_fused(
-                    layer, args, hidden, residual, rows[layer.spec.rotary], meta, step
-                )
-            else:
-                hidden, residual = layer(hidden, residual, rows[layer.spec.rotary], meta)
-            if i + 1 in capture and i + 1 < self.num_layers:
-                captured[i + 1] = residual + hidden
+        stack = None if step is None else fused_stack(decoder.layers, num_tokens, dtype)
+        if stack is not None:  # every layer in one C++ op (`fused_layer.py`)
+            inner = [i for i in sorted(capture) if 0 < i < self.num_layers]
+            hidden, residual, states = run_stack(stack, hidden, rows[stack.rotary], meta, step, inner)
+            captured.update(zip(inner, states))
+        else:
+            for i, layer in enumerate(decoder.layers):
+                args = None if step is None else fused_args(layer, num_tokens, dtype)
+                if args is not None:  # the whole layer as one C++ op (`fused_layer.py`)
+                    hidden, residual = run_fused(
+                        layer, args, hidden, residual, rows[layer.spec.rotary], meta, step
+                    )
+                else:
+                    hidden, residual = layer(hidden, residual, rows[layer.spec.rotary], meta)
+                if i + 1 in capture and i + 1 < self.num_layers:
+                    captured[i + 1] = residual + hidden
         out = hidden if residual is None else residual + hidden  # [T, hidden]
         if self.num_layers in capture:
             captured[self.num_layers] = normed = decoder.norm(out)

@@ -13,6 +13,10 @@ It runs where every piece of the layer is one of the C++ ops or one kernel call:
   kernel (`WeightOnlyLinear.fused_call`); a layer packed for oneDNN or MKL (``cpu_linear``) is not.
 Elsewhere the Python layer runs. A layer's arguments are built once per (rows, dtype) and kept while its
 linear layers and their routing stay the same objects and settings.
+
+Where every layer of the decoder runs so and they share their attention settings and rotary table, the
+whole stack is one op (``prenorm_stack``, `fused_stack`): one call a forward instead of one a layer,
+the layers' hidden states recorded inside it where a drafter asks for them.
 """
 
 from __future__ import annotations
@@ -146,4 +150,71 @@ def run_fused(
         window,
         softcap,
         act,
+    )
+
+
+class FusedStackArgs:
+    """Every layer's `FusedLayerArgs` flattened as ``prenorm_stack`` takes them."""
+
+    def __init__(self, layers: list[nn.Module], args: list[FusedLayerArgs]) -> None:
+        self.args = args  #: each layer's, to see whether one was rebuilt
+        self.norms = [t for a in args for t in (a.weights[0], a.weights[2])]
+        self.eps = [e for a in args for e in (a.weights[1], a.weights[3])]
+        self.kinds = [k for a in args for k in a.weights[4]]
+        calls = [tensors for a in args for tensors in a.weights[5:]]  # four a layer
+        self.counts = [len(tensors) for tensors in calls]
+        self.tensors = [t for tensors in calls for t in tensors]
+        self.layer_idx = [layer.spec.layer_idx for layer in layers]
+        self.attention, self.settings = args[0].attention, args[0].settings
+        self.rotary = layers[0].spec.rotary  #: the rotary table every layer uses
+
+
+def fused_stack(layers: nn.ModuleList, rows: int, dtype: torch.dtype) -> FusedStackArgs | None:
+    """The whole stack's arguments for ``rows`` rows in ``dtype`` (kept on the layer list), or None where
+    a layer must run in Python or the layers differ in attention settings or rotary table."""
+    args = [fused_args(layer, rows, dtype) for layer in layers]
+    if any(a is None for a in args):
+        return None
+    cache = layers.__dict__.setdefault("_fused_stack", {})
+    stack = cache.get((rows, dtype), False)
+    if stack is False or (stack is not None and any(x is not y for x, y in zip(stack.args, args))):
+        shared = {(a.attention, a.settings, layer.spec.rotary) for a, layer in zip(args, layers)}
+        stack = FusedStackArgs(list(layers), args) if len(shared) == 1 else None
+        cache[(rows, dtype)] = stack
+    return stack
+
+
+def run_stack(
+    stack: FusedStackArgs,
+    hidden: torch.Tensor,  # [T, hidden]: the embeddings
+    rotary_rows: torch.Tensor,  # [T, 2, 1, head_dim]
+    meta: AttentionMetadata,
+    step: FusedStep,
+    capture: list[int],  # hidden-state indices to record, 1 <= index < layers
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:  # (last output, its input, the recorded states)
+    heads, kv_heads, head_dim = stack.attention
+    scaling, window, softcap, act = stack.settings
+    return cpu_kernels().prenorm_stack(
+        hidden,
+        stack.norms,
+        stack.eps,
+        stack.kinds,
+        stack.counts,
+        stack.tensors,
+        meta.kv_cache.kv,
+        stack.layer_idx,
+        rotary_rows,
+        step.slots,
+        heads,
+        kv_heads,
+        head_dim,
+        step.block_tables,
+        step.query_pos,
+        step.kv_lens,
+        step.block_size,
+        scaling,
+        window,
+        softcap,
+        act,
+        capture,
     )
