@@ -149,3 +149,21 @@ def test_quantized_weights_are_timed_on_the_kernel_quantized_kernel_allows(monke
     work = dtype_choice.DecodeStepWork(ModelShape.from_config(shape), torch.float32, "int4", int8_dot=True)
     assert all(layer.int8_dot_rows == MAX_ROWS for group in work.layers for layer in group)
     work.run(2)
+
+
+def test_a_gguf_step_is_timed_as_it_loads_the_q8_0_head_on_int8_dot_and_attends_over_pages():
+    """Where int8_dot runs, a GGUF's Q8_0 head loads as int8 blocks in every dtype (`quantization.py`):
+    timing a dense float32 head instead made float32 look twice as slow. Attention is the C++ kernel over
+    pages, as decode and verify rows take it."""
+    from specexec.executor.layers.quantized.q8_block_linear import Int8BlockLinear
+
+    shape = ModelShape.from_config(
+        {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 128}
+    )
+    for dtype in (torch.float32, torch.bfloat16):
+        work = dtype_choice.DecodeStepWork(shape, dtype, "gguf", int8_dot=True)
+        assert isinstance(work.head, Int8BlockLinear) and work.paged
+        work.run(1)
+        work.run(4)
+    without = dtype_choice.DecodeStepWork(shape, torch.float32, "gguf", int8_dot=False)
+    assert type(without.head) is torch.nn.Linear, "torch's kernels: the head stays dense in float32"

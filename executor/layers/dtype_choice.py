@@ -6,8 +6,9 @@
 - A CPU with it: a start-up measurement decides. One decode step's work for the model's shapes — every
   layer's q/k/v/o and MLP projections (through the quantized kernels when ``quantization`` is set: their
   speed differs between dtypes far more than a dense matmul's; int8_dot's where ``quantized_kernel``
-  allows it and the C++ kernels load, torch's otherwise) and attention over 1,024 cached keys,
-  then the LM head — runs in
+  allows it and the C++ kernels load, torch's otherwise) and attention over 1,024 cached keys (the C++
+  kernel over pages where it runs, as decode and verify rows take it), then the LM head (a GGUF's Q8_0
+  head in int8 blocks on int8_dot, as loaded, where int8_dot runs) — runs in
   both dtypes for 1 and 4 new tokens, on enough distinct weights to stream from memory as the real
   forward does; bfloat16 wins when it takes under `BF16_MARGIN` of float32's time. The answer is cached
   per CPU, torch version, thread count and model shape (like the forward-cost curve), so it is measured
@@ -28,19 +29,24 @@ from torch import nn
 from .attention_kernels import attend
 from .cpu_info import describe_cpu, native_bf16_flags
 from .measurement_cache import cached_measurement, median_seconds
-from .quantized.quantized_dot import MAX_ROWS, int8_dot_loads
+from .paged_attention_cpu import attend_paged_cpu, paged_cpu_kernel_runs
+from .quantized.q8_block_linear import Int8BlockLinear
+from .quantized.quantized_dot import BLOCK, MAX_ROWS, TILE, int8_dot_loads
 from .quantized.quantized_linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear, fits_int4, kernel_scheme
 
 logger = logging.getLogger("specexec")
 
 MEASUREMENT_VERSION = (
-    6  #: bump when the measured work changes (attention path, quantization, int8_dot): old answers are stale
+    7  #: bump when the measured work changes (attention path, quantization, int8_dot): old answers are stale
 )
 BF16_MARGIN = 0.9  #: bfloat16 must take under this fraction of float32's time to be chosen
 #: a dtype whose warm-up step takes this many times the other's is not timed again (see measure_bf16_ratio)
 CLEARLY_SLOWER = 4.0
 CONTEXT = 1024  #: cached keys each measured attention call reads
 STREAMED_BYTES = 128 * 2**20  #: float32 weights the measurement cycles through (beyond any cache)
+PAGE_SIZE = 16  #: the measured pool's pages: one request on consecutive pages
+PAGES = torch.arange(CONTEXT // PAGE_SIZE)[None]  # [1, pages]
+KV_LENS = torch.tensor([CONTEXT])
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +186,15 @@ class DecodeStepWork:
         ]
         self.keys = torch.empty(1, s.num_kv_heads, CONTEXT, s.head_dim, dtype=dtype).uniform_(-1, 1)
         self.values = torch.empty(1, s.num_kv_heads, CONTEXT, s.head_dim, dtype=dtype).uniform_(-1, 1)
-        # gguf: a Q8_0 head is dense in float32, int8 per row in bfloat16 (`quantization.py`)
-        self.head = weight(s.vocab, s.hidden, quantize=quantization != "gguf" or dtype != torch.float32)
+        #: the same keys as one request's pages of the pool, for the C++ kernel ([2, slots, kv_heads, head_dim])
+        self.pool = torch.stack([self.keys[0].transpose(0, 1), self.values[0].transpose(0, 1)]).contiguous()
+        self.paged = paged_cpu_kernel_runs(self.keys)
+        # gguf: a Q8_0 head is int8 blocks on int8_dot where it runs, else dense in float32 and int8 per row
+        # in bfloat16 (`quantization.py`)
+        if quantization == "gguf" and int8_dot and s.vocab % TILE == 0 and s.hidden % BLOCK == 0:
+            self.head = _q8_0_head(s.vocab, s.hidden, dtype)
+        else:
+            self.head = weight(s.vocab, s.hidden, quantize=quantization != "gguf" or dtype != torch.float32)
         self.shape, self.dtype = s, dtype
 
     def map_linears(self, fn) -> None:
@@ -196,10 +209,24 @@ class DecodeStepWork:
         for i in range(s.num_layers):
             qkv, o, gate_up, down = self.layers[i % len(self.layers)]
             q = qkv(x)[:, : s.num_heads * s.head_dim]  # [n, heads * head_dim]
-            q = q.view(1, num_tokens, s.num_heads, s.head_dim).transpose(1, 2)  # [1, heads, n, head_dim]
-            # the unmeasured default kernel (the executor's own choice is timed later, in the chosen dtype)
-            a = attend(q, self.keys, self.values, None, s.head_dim**-0.5, None)
-            x = x + o(a.transpose(1, 2).reshape(num_tokens, -1))
+            q = q.view(1, num_tokens, s.num_heads, s.head_dim)  # [1, n, heads, head_dim]
+            if self.paged:  # the C++ kernel over the pages, as the executor's decode and verify rows run
+                positions = torch.arange(CONTEXT - num_tokens, CONTEXT)[None]  # [1, n]
+                a = attend_paged_cpu(
+                    q, self.pool, PAGES, positions, KV_LENS, PAGE_SIZE, s.head_dim**-0.5, None, None
+                )  # [1, n, heads, head_dim]
+            else:  # the unmeasured default kernel (the executor's own choice is timed later, in the chosen dtype)
+                a = attend(q.transpose(1, 2), self.keys, self.values, None, s.head_dim**-0.5, None).transpose(
+                    1, 2
+                )
+            x = x + o(a.reshape(num_tokens, -1))
             g, u = gate_up(x).chunk(2, dim=-1)  # [n, intermediate] each
             x = x + down(F.silu(g) * u)
         self.head(x)  # [n, vocab]
+
+
+def _q8_0_head(vocab: int, hidden: int, dtype: torch.dtype) -> Int8BlockLinear:
+    """A GGUF's Q8_0 LM head as `quantization.py` loads it where int8_dot runs: random int8 blocks."""
+    linear = torch.nn.utils.skip_init(nn.Linear, hidden, vocab, bias=False, dtype=dtype).requires_grad_(False)
+    q = torch.randint(-127, 128, (vocab, hidden), dtype=torch.int8)
+    return Int8BlockLinear(linear, q, torch.full((vocab, hidden // BLOCK), 1e-3))
