@@ -272,7 +272,7 @@ def test_a_clearly_faster_first_pass_ends_the_timing(monkeypatch):
         def set_int8_dot_rows(self, rows):
             pass
 
-        def _matmul(self, x):
+        def without_int8_dot(self, x):
             self.calls.append(("torch", x.shape[0]))
             time.sleep(0.02)
 
@@ -297,7 +297,7 @@ def test_one_time_work_in_the_first_call_does_not_decide(monkeypatch):
         def set_int8_dot_rows(self, rows):
             pass
 
-        def _matmul(self, x):
+        def without_int8_dot(self, x):
             self.seen += 1
             time.sleep(0.05 if self.seen == 1 else 0.002)
 
@@ -308,8 +308,16 @@ def test_one_time_work_in_the_first_call_does_not_decide(monkeypatch):
     assert ratios[1] > 0.5, "the equal kernels are timed as equal, not 25x apart"
 
 
-def test_int8_dot_stops_where_the_dense_matmul_starts():
-    assert MAX_ROWS == DENSE_FROM_ROWS - 1
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_int8_dot_takes_prefill_chunks_timed_against_the_dequantized_matmul(scheme):
+    """From `DENSE_FROM_ROWS` rows torch's route is the matmul on the dequantized weights: that is
+    what int8_dot is timed against there, and a layer on int8_dot takes such chunks too."""
+    layer = (Int4WeightOnlyLinear if scheme == "int4" else Int8WeightOnlyLinear)(random_linear())
+    small, chunk = torch.randn(4, 96), torch.randn(DENSE_FROM_ROWS + 5, 96)
+    assert torch.equal(layer.without_int8_dot(small), layer._matmul(small))
+    assert torch.equal(layer.without_int8_dot(chunk), chunk @ layer.dequantized(torch.float32).t())
+    layer.set_int8_dot_rows(MAX_ROWS)
+    assert torch.equal(layer(chunk), layer._int8_dot(chunk) + layer.bias)
 
 
 def quantized_tiny(scheme="int4", dtype=torch.float32):
@@ -361,8 +369,8 @@ def test_configured_settings_and_their_refusals():
 
 @pytest.mark.parametrize("scheme", ["int4", "int8"])
 def test_speculation_on_an_int8_dot_target_keeps_its_greedy_output(scheme):
-    """float32 target whose calls all run on int8_dot (short prompts, at most 4 requests: under its
-    127 rows): NGram drafts change nothing, as each row's output depends on that row alone; requests
+    """float32 target whose calls all run on int8_dot (configured: every call, prefill included): NGram
+    drafts change nothing, as each row's output depends on that row alone; requests
     one at a time and four together."""
     prompts = make_prompts(8, (5, 12, 3, 20), seed=4)
     prompts = [p + p[:6] for p in prompts]  # repeats for NGram to draft from

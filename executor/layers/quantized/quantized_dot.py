@@ -10,14 +10,15 @@ the rows of decode and verify steps (and short prefill chunks).
   torch's int4 kernel dequantizes each weight before a float multiply. The one
   extra rounding is the activations' int8 step (a block's dot is off by at most sum(|w|) * scale / 2;
   `tests/test_quantized_dot.py`). Each row is quantized on its own, so a row's output does not depend on
-  the other rows of the call (a verify step's rows equal the same tokens decoded one at a time). Calls
-  of up to `MAX_ROWS` rows take it; from 128 rows a layer runs one dense matmul on its dequantized
-  weights.
+  the other rows of the call (a verify step's rows equal the same tokens decoded one at a time). It
+  takes prefill chunks too: from 128 rows torch's route dequantizes a layer's weights for one dense
+  matmul, which int8_dot beat at 128 and 512 rows (float32: 3-13x; bfloat16: 1.0-3.4x).
 - ``auto``: on a CPU where the C++ kernels load, each scheme's layers (int4 and int8 apart: a GGUF's
   Q4_1 layers, its int8 LM head) are run once each, in order (a step's weight traffic), under both
-  kernels at each of `MEASURED_ROWS` rows, taking turns; ``int8_dot`` takes a scheme's rows up to the
+  kernels at each of `MEASURED_ROWS` rows (torch's side as its route runs them: its kernel, or from 128
+  rows the dequantized weights' matmul), taking turns; ``int8_dot`` takes a scheme's rows up to the
   last count where it needs under `MARGIN` of torch's time, every smaller count included (all of them:
-  up to `MAX_ROWS`). Cached per
+  every call). Cached per
   CPU, torch, threads, dtype and the layers' shapes. Elsewhere: ``torch``.
 
 What it bought (2-core AMD EPYC Zen 4, AVX512-VNNI; `bench/reports/2026-11-27-int8-dot/`): torch's int4
@@ -41,17 +42,16 @@ from ..measurement_cache import cached_row_ratios, interleaved_medians
 QUANTIZED_KERNELS = ("auto", "torch", "int8_dot")
 BLOCK = 32  #: inputs per activation scale (and per Q4 scale): the kernels need in_features in multiples
 TILE = 8  #: weight rows the kernels' tiles interleave: they need out_features in multiples
-#: rows per timed pass: decode, verify of 1 + k at batch 1-4, larger batches and short prefill chunks
-MEASURED_ROWS = (1, 2, 4, 8, 16, 32, 64)
-#: the most rows int8_dot takes (``int8_dot`` configured: every call up to it); from 128 rows
-#: (`quantized_linear.DENSE_FROM_ROWS`) a layer dequantizes its weights for one dense matmul instead
-MAX_ROWS = 127
+#: rows per timed pass: decode, verify of 1 + k at batch 1-4, larger batches, prefill chunks
+MEASURED_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 512)
+#: "every call" (``int8_dot`` configured, or faster at every measured count)
+MAX_ROWS = 2**62
 MARGIN = 0.95  #: int8_dot must take under this fraction of torch's time at a row count to be chosen
 CLEARLY_SLOWER = 1.5  #: at this ratio larger row counts are not timed (they only get slower)
 #: at this ratio in the warm-up pass, int8_dot is taken for this count and every larger one untimed:
 #: torch's float32 int4 path, 25-60x int8_dot's time, would take seconds a pass at 64 rows
 CLEARLY_FASTER = 0.25
-MEASUREMENT_VERSION = 4  #: bump when the measured work changes: old answers are stale
+MEASUREMENT_VERSION = 5  #: bump when the measured work changes: old answers are stale
 
 
 SCHEMES = ("int4", "int8")
@@ -243,7 +243,7 @@ def measure_ratios(layers: list[nn.Module], dtype: torch.dtype, repeats: int = 5
             n: torch.randn(rows, n, generator=generator).to(dtype) for n in {m.in_features for m in layers}
         }
         works = {
-            "torch": lambda inputs=inputs: [m._matmul(inputs[m.in_features]) for m in layers],
+            "torch": lambda inputs=inputs: [m.without_int8_dot(inputs[m.in_features]) for m in layers],
             "int8_dot": lambda inputs=inputs: [m._int8_dot(inputs[m.in_features]) for m in layers],
         }
         for work in works.values():

@@ -116,6 +116,14 @@ class WeightOnlyLinear(nn.Module):
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
 
+    def without_int8_dot(self, flat: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out], no bias
+        """What `forward` computes for ``flat`` on torch's side: its kernel, or from `DENSE_FROM_ROWS`
+        rows the matmul on the dequantized weights (what ``quantized_kernel: auto`` times int8_dot
+        against)."""
+        if flat.shape[0] >= DENSE_FROM_ROWS and self.can_dequantize_fast:
+            return F.linear(flat, self.dequantized(flat.dtype))
+        return self._matmul(flat)
+
     def _dense(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in], for dtypes without a kernel
         cache = self.__dict__.setdefault("_dense_weights", {})
         if dtype not in cache:
