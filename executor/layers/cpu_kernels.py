@@ -6,8 +6,8 @@
   add with its RMSNorm, RoPE with the K/V cache write, and act(gate) * up, one pass each;
 - ``q4_linear``, ``q8_linear`` (`quantized/quantized_dot_cpu.cpp`): quantized linear layers on integer dot products
   over int8-quantized activations (``quantized_kernel: int8_dot``, `quantized/quantized_dot.py`);
-- ``prenorm_layer`` (`prenorm_layer_cpu.cpp`): a whole pre-norm decoder layer as one op, calling the
-  ones above (`model/decoder/fused_layer.py`).
+- ``prenorm_layer``, ``prenorm_stack`` (`prenorm_layer_cpu.cpp`): a whole pre-norm decoder layer, or
+  every layer of the decoder, as one op, calling the ones above (`model/decoder/fused_layer.py`).
 
 They are compiled on first use with torch's cpp_extension (``-O3 -march=native``, OpenMP; ninja and a
 C++ compiler) into specexec's cache folder, one build per source, CPU and torch, and loaded from there
