@@ -7,7 +7,8 @@
   layer's q/k/v/o and MLP projections (through the quantized kernels when ``quantization`` is set: their
   speed differs between dtypes far more than a dense matmul's; int8_dot's where ``quantized_kernel``
   allows it and the C++ kernels load, torch's otherwise) and attention over 1,024 cached keys (the C++
-  kernel over pages where it runs, as decode and verify rows take it), then the LM head (a GGUF's Q8_0
+  kernel over pages where it runs, as decode and verify rows take it, a cache a layer: float32's is
+  twice the bytes to read), then the LM head (a GGUF's Q8_0
   head in int8 blocks on int8_dot, as loaded, where int8_dot runs) — runs in
   both dtypes for 1 and 4 new tokens, on enough distinct weights to stream from memory as the real
   forward does; bfloat16 wins when it takes under `BF16_MARGIN` of float32's time. The answer is cached
@@ -37,7 +38,7 @@ from .quantized.quantized_linear import Int4WeightOnlyLinear, Int8WeightOnlyLine
 logger = logging.getLogger("specexec")
 
 MEASUREMENT_VERSION = (
-    7  #: bump when the measured work changes (attention path, quantization, int8_dot): old answers are stale
+    8  #: bump when the measured work changes (attention path, quantization, int8_dot): old answers are stale
 )
 BF16_MARGIN = 0.9  #: bfloat16 must take under this fraction of float32's time to be chosen
 #: a dtype whose warm-up step takes this many times the other's is not timed again (see measure_bf16_ratio)
@@ -186,8 +187,12 @@ class DecodeStepWork:
         ]
         self.keys = torch.empty(1, s.num_kv_heads, CONTEXT, s.head_dim, dtype=dtype).uniform_(-1, 1)
         self.values = torch.empty(1, s.num_kv_heads, CONTEXT, s.head_dim, dtype=dtype).uniform_(-1, 1)
-        #: the same keys as one request's pages of the pool, for the C++ kernel ([2, slots, kv_heads, head_dim])
-        self.pool = torch.stack([self.keys[0].transpose(0, 1), self.values[0].transpose(0, 1)]).contiguous()
+        # one request's pages for the C++ kernel, [2, slots, kv_heads, head_dim], a pool a layer (up to
+        # STREAMED_BYTES of them): a forward reads every layer's cache from memory, twice the bytes in
+        # float32 as in bfloat16, where one pool read again would stay in cache
+        pool = torch.stack([self.keys[0].transpose(0, 1), self.values[0].transpose(0, 1)]).contiguous()
+        num_pools = max(1, min(s.num_layers, STREAMED_BYTES // (pool.numel() * pool.element_size())))
+        self.pools = [pool] + [torch.empty_like(pool).uniform_(-1, 1) for _ in range(num_pools - 1)]
         self.paged = paged_cpu_kernel_runs(self.keys)
         # gguf: a Q8_0 head is int8 blocks on int8_dot where it runs, else dense in float32 and int8 per row
         # in bfloat16 (`quantization.py`)
@@ -213,7 +218,15 @@ class DecodeStepWork:
             if self.paged:  # the C++ kernel over the pages, as the executor's decode and verify rows run
                 positions = torch.arange(CONTEXT - num_tokens, CONTEXT)[None]  # [1, n]
                 a = attend_paged_cpu(
-                    q, self.pool, PAGES, positions, KV_LENS, PAGE_SIZE, s.head_dim**-0.5, None, None
+                    q,
+                    self.pools[i % len(self.pools)],
+                    PAGES,
+                    positions,
+                    KV_LENS,
+                    PAGE_SIZE,
+                    s.head_dim**-0.5,
+                    None,
+                    None,
                 )  # [1, n, heads, head_dim]
             else:  # the unmeasured default kernel (the executor's own choice is timed later, in the chosen dtype)
                 a = attend(q.transpose(1, 2), self.keys, self.values, None, s.head_dim**-0.5, None).transpose(

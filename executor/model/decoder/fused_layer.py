@@ -77,7 +77,7 @@ class FusedLayerArgs:
     def __init__(self, layer: nn.Module, calls: list[tuple[int, list[torch.Tensor]]]) -> None:
         spec = layer.spec
         self.linears = tuple(getattr(layer, name) for name in LINEARS)
-        self.routing = tuple(getattr(m, "int8_dot_rows", None) for m in self.linears)
+        self.routing = tuple(m.__dict__.get("int8_dot_rows") for m in self.linears)
         self.weights = (
             layer.input_layernorm.weight,
             layer.input_layernorm.eps,
@@ -90,9 +90,10 @@ class FusedLayerArgs:
         self.settings = (spec.scaling, spec.sliding_window or 0, spec.softcap or 0.0, layer._act_code)
 
     def still_valid(self, layer: nn.Module) -> bool:
-        return all(
-            getattr(layer, name) is m for name, m in zip(LINEARS, self.linears)
-        ) and self.routing == tuple(getattr(m, "int8_dot_rows", None) for m in self.linears)
+        modules = layer._modules  # (each step, every layer: no nn.Module attribute lookups)
+        return all(modules[name] is m for name, m in zip(LINEARS, self.linears)) and self.routing == tuple(
+            m.__dict__.get("int8_dot_rows") for m in self.linears
+        )
 
 
 def fused_args(layer: nn.Module, rows: int, dtype: torch.dtype) -> FusedLayerArgs | None:
