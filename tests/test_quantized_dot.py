@@ -259,6 +259,7 @@ def test_the_choice_takes_each_scheme_up_to_its_last_faster_count():
     assert (slower.kernel, slower.int4_rows, slower.int8_rows) == ("torch", 0, 0)
     everywhere = choice_from_ratios({"int4": {1: 0.04}, "int8": {1: 0.4, 64: 0.5}})
     assert (everywhere.int4_rows, everywhere.int8_rows) == (MAX_ROWS, MAX_ROWS), "past the last count"
+    assert "int4 int8_dot for every call" in everywhere.reason
 
 
 def test_a_clearly_faster_first_pass_ends_the_timing(monkeypatch):

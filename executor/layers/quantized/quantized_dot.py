@@ -218,7 +218,13 @@ def choice_from_ratios(ratios: dict[str, dict[int, float]]) -> QuantizedKernelCh
                 break
             rows[scheme] = MAX_ROWS if count == counts[-1] else count
         measured = ", ".join(f"{n}: {by_rows[n]:.2f}x" for n in sorted(by_rows))
-        verdict = f"int8_dot up to {rows[scheme]} rows" if rows[scheme] else "torch"
+        verdict = (
+            "int8_dot for every call"
+            if rows[scheme] == MAX_ROWS
+            else f"int8_dot up to {rows[scheme]} rows"
+            if rows[scheme]
+            else "torch"
+        )
         parts.append(f"{scheme} {verdict} (int8_dot's time over torch's by rows {measured})")
     why = f"{'; '.join(parts)} on {describe_cpu()}"
     if not any(rows.values()):
