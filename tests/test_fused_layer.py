@@ -10,8 +10,9 @@ import torch
 from specexec.executor.executor import Executor
 from specexec.executor.layers.attention_kernels import PAGED_CPU, SDPA
 from specexec.executor.layers.cpu_kernels import cpu_kernels
+from specexec.executor.layers.packed_linear import PackedLinear, can_pack
 from specexec.executor.layers.quantized.quantized_dot import QuantizedKernelChoice, set_int8_dot
-from specexec.executor.layers.quantized.quantized_linear import Q4_INT8_DOT, TORCH_INT4
+from specexec.executor.layers.quantized.quantized_linear import DENSE, ONEDNN, Q4_INT8_DOT, TORCH_INT4
 from specexec.executor.model.attention_paths import AttentionPaths
 from specexec.executor.model.decoder import forward as decoder_forward
 from specexec.executor.model.decoder import fused_layer
@@ -129,6 +130,24 @@ def test_the_op_gives_the_python_layers_logits_and_pages_bit_for_bit(
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layers_packed_for_onednn_run_in_the_op_as_they_run_in_python(dtype, fused_calls, monkeypatch):
+    """``cpu_linear: onednn``: each packed layer is the op's oneDNN call, with its bias inside it, as
+    `PackedLinear.forward` makes it (qwen2: q/k/v biases)."""
+    if not can_pack(dtype):
+        pytest.fail(f"oneDNN cannot pack {dtype} on this CPU; the test machines' CPUs can")
+    with executor_for("qwen2", dtype, cpu_linear="onednn") as executor:
+        layer = executor.model.model.layers[0]
+        assert type(layer.qkv_proj) is PackedLinear and layer.qkv_proj.bias is not None
+        assert fused_layer.fused_args(layer, 1, dtype).weights[4] == [ONEDNN] * 4
+        stacked = forwards(executor)
+        assert fused_calls, "the op ran"
+        python_only(monkeypatch)
+        plain = forwards(executor)
+    for got, want in zip(stacked, plain):
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
 def test_families_with_q_k_norms_or_gemmas_norms_run_in_python(arch, fused_calls):
     with executor_for(arch, torch.float32) as executor:
@@ -142,9 +161,6 @@ def test_steps_the_op_cannot_take_run_in_python(fused_calls):
         forwards(executor)
         assert fused_calls == []
     with executor_for("llama", torch.float64) as executor:  # a dtype the C++ ops do not take
-        forwards(executor)
-        assert fused_calls == []
-    with executor_for("llama", torch.float32, cpu_linear="onednn") as executor:  # packed for oneDNN
         forwards(executor)
         assert fused_calls == []
 
@@ -177,3 +193,21 @@ def test_an_executor_on_the_op_generates_what_the_python_layers_generate(fused_c
     assert fused_calls
     python_only(monkeypatch)
     assert run() == fused
+
+
+def test_a_packed_layer_gives_the_op_the_call_its_forward_makes_for_those_rows():
+    """Row bands: the BLAS's rows are the dense call, oneDNN's the packed one; MKL's packed GEMM (its one
+    row count) is no call the op makes, so such a step runs in Python."""
+    from specexec.executor.layers.packed_linear import RowBands, can_pack_mkl
+
+    linear = torch.nn.Linear(64, 32).requires_grad_(False)
+    banded = PackedLinear(linear, RowBands((1, 4), (False, True)))
+    assert fused_layer.linear_call(banded, 1, torch.float32) == (DENSE, [banded.dense_weight, banded.bias])
+    kind, tensors = fused_layer.linear_call(banded, 4, torch.float32)
+    assert kind == ONEDNN and tensors[0] is banded.packed and tensors[1] is banded.bias
+    assert fused_layer.linear_call(banded, 4, torch.bfloat16) is None, "another dtype"
+    if not can_pack_mkl(torch.float32):
+        pytest.fail("this torch build has no MKL packed GEMM; torch's CPU wheels do")
+    mkl = PackedLinear(linear, mkl_rows=4)
+    assert fused_layer.linear_call(mkl, 4, torch.float32) is None
+    assert fused_layer.linear_call(mkl, 1, torch.float32)[0] == ONEDNN

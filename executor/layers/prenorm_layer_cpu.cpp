@@ -17,12 +17,15 @@
 //   2 q8 (int8_dot): pack_q8 tiles, scale    -> specexec_cpu::q8_linear (a row's or a block's scale)
 //   3 torch int4: packed weight, table       -> at::_weight_int4pack_mm_for_cpu (groups of 32)
 //   4 torch int8: int8 weight, scale         -> at::_weight_int8pack_mm
+//   5 oneDNN: packed weight                  -> mkldnn::_linear_pointwise (the bias inside, as PackedLinear)
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -33,18 +36,34 @@ c10::TypedOperatorHandle<Signature> find_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
 }
 
-enum LinearKind : int64_t { kDense = 0, kQ4 = 1, kQ8 = 2, kTorchInt4 = 3, kTorchInt8 = 4 };
+enum LinearKind : int64_t { kDense = 0, kQ4 = 1, kQ8 = 2, kTorchInt4 = 3, kTorchInt8 = 4, kOneDnn = 5 };
+
+// oneDNN's multiply on a packed weight, called as `PackedLinear.forward` calls it (boxed: the op has
+// no typed C++ entry point)
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  torch::jit::Stack stack;
+  stack.emplace_back(x);
+  stack.emplace_back(packed);
+  stack.emplace_back(bias.has_value() ? c10::IValue(*bias) : c10::IValue());
+  stack.emplace_back(std::string("none"));
+  stack.emplace_back(c10::List<std::optional<at::Scalar>>());
+  stack.emplace_back(std::string(""));
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
 
 at::Tensor linear(const at::Tensor& x, int64_t kind, const std::vector<at::Tensor>& t) {
   static const auto q4 = find_op<at::Tensor(at::Tensor, at::Tensor)>("specexec_cpu::q4_linear");
   static const auto q8 = find_op<at::Tensor(at::Tensor, at::Tensor, at::Tensor)>("specexec_cpu::q8_linear");
-  const size_t arity = (kind == kDense || kind == kQ4) ? 1 : 2;
+  const size_t arity = (kind == kDense || kind == kQ4 || kind == kOneDnn) ? 1 : 2;
   TORCH_CHECK(t.size() == arity || t.size() == arity + 1, "prenorm_layer: linear kind ", kind, " takes ", arity,
               " tensors and an optional bias, got ", t.size());
   const std::optional<at::Tensor> bias = t.size() > arity ? std::optional<at::Tensor>(t[arity]) : std::nullopt;
   at::Tensor out;
   switch (kind) {
     case kDense: return at::linear(x, t[0], bias);
+    case kOneDnn: return onednn_linear(x, t[0], bias);
     case kQ4: out = q4.call(x, t[0]); break;
     case kQ8: out = q8.call(x, t[0], t[1]); break;
     case kTorchInt4: out = at::_weight_int4pack_mm_for_cpu(x, t[0], 32, t[1]); break;

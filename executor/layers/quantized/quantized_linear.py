@@ -44,8 +44,9 @@ DENSE_FROM_ROWS = 128
 
 #: what `WeightOnlyLinear.forward` computes for a call (`WeightOnlyLinear._route`)
 DENSE_CACHED, INT8_DOT, DEQUANTIZED, TORCH_KERNEL = "dense", "int8_dot", "dequantized", "kernel"
-#: the kinds of linear call `prenorm_layer_cpu.cpp` makes (see `WeightOnlyLinear.fused_call`)
-DENSE, Q4_INT8_DOT, Q8_INT8_DOT, TORCH_INT4, TORCH_INT8 = range(5)
+#: the kinds of linear call `prenorm_layer_cpu.cpp` makes (see `WeightOnlyLinear.fused_call`; ONEDNN:
+#: `packed_linear.PackedLinear`'s, built in `decoder/fused_layer.py`)
+DENSE, Q4_INT8_DOT, Q8_INT8_DOT, TORCH_INT4, TORCH_INT8, ONEDNN = range(6)
 
 
 class QuantizationError(ValueError):

@@ -9,8 +9,9 @@ It runs where every piece of the layer is one of the C++ ops or one kernel call:
   measured path for those rows);
 - the layer (`PreNormLayer` without q/k norms, RMSNorm without Gemma's offset, an activation the C++
   op has): Llama, Mistral and Qwen2;
-- each linear layer: dense ``nn.Linear`` or a quantized layer whose call for this many rows is one
-  kernel (`WeightOnlyLinear.fused_call`); a layer packed for oneDNN or MKL (``cpu_linear``) is not.
+- each linear layer: dense ``nn.Linear``, a quantized layer whose call for this many rows is one kernel
+  (`WeightOnlyLinear.fused_call`), or a layer packed for oneDNN (``cpu_linear``) unless this many rows
+  run on MKL's packed GEMM.
 Elsewhere the Python layer runs. A layer's arguments are built once per (rows, dtype) and kept while its
 linear layers and their routing stay the same objects and settings.
 
@@ -27,7 +28,8 @@ import torch
 from torch import nn
 
 from ...layers.cpu_kernels import FUSED_DTYPES, cpu_kernels
-from ...layers.quantized.quantized_linear import DENSE
+from ...layers.packed_linear import PackedLinear
+from ...layers.quantized.quantized_linear import DENSE, ONEDNN
 from ..attention_metadata import AttentionMetadata
 from ..paged_attention import attends_in_place, group_path
 from .layers import PreNormLayer
@@ -66,6 +68,8 @@ def linear_call(module: nn.Module, rows: int, dtype: torch.dtype) -> tuple[int, 
         if module.weight.dtype != dtype:
             return None
         return DENSE, [module.weight] if module.bias is None else [module.weight, module.bias]
+    if type(module) is PackedLinear:
+        return _packed_call(module, rows, dtype)
     fused_call = getattr(module, "fused_call", None)
     return None if fused_call is None else fused_call(rows, dtype)
 
@@ -219,3 +223,16 @@ def run_stack(
         act,
         capture,
     )
+
+
+def _packed_call(
+    module: PackedLinear, rows: int, dtype: torch.dtype
+) -> tuple[int, list[torch.Tensor]] | None:
+    """The call `PackedLinear.forward` makes for ``rows`` rows: oneDNN on the packed weight, or the BLAS on
+    the dense one where its row bands say so; None for MKL's packed GEMM (not a call the op makes)."""
+    if module.dtype != dtype or rows == module.mkl_rows:
+        return None
+    bias = [] if module.bias is None else [module.bias]
+    if module.bands is not None and not module.bands.uses_onednn(rows):
+        return DENSE, [module.dense_weight, *bias]
+    return ONEDNN, [module.packed, *bias]
