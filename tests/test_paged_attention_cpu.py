@@ -60,7 +60,13 @@ def test_the_kernel_gives_the_torch_paths_output(
         [1, 37, 17, 9, 60],
     )  # decode and verify rows, a fresh 1-token prompt
     cache, meta, query = make_case(dtype, heads, kv_heads, head_dim, block_size, query_lens, kv_lens)
-    scale = head_dim**-0.5
+    assert_the_kernel_gives_the_torch_paths_output(cache, meta, query, head_dim**-0.5, window, softcap)
+
+
+def assert_the_kernel_gives_the_torch_paths_output(cache, meta, query, scale, window, softcap):
+    """Every attention group of ``meta`` through the C++ kernel and through the torch path, its real rows
+    within the dtype's tolerance."""
+    heads, head_dim, dtype = query.shape[1], query.shape[2], query.dtype
     for group in meta.groups:
         num, max_q = group.num_queries, group.max_query_len
         q = (
@@ -75,7 +81,7 @@ def test_the_kernel_gives_the_torch_paths_output(
             group.block_tables,
             group.query_pos[..., 0],
             group.kv_lens,
-            block_size,
+            cache.block_size,
             scale,
             window,
             softcap,
@@ -98,29 +104,7 @@ def test_long_contexts_split_over_chunks_give_the_torch_paths_output(dtype, wind
         pytest.fail("the C++ CPU kernel did not build here (see the log); this machine has a compiler")
     heads, kv_heads, head_dim, block_size = 9, 3, 64, 16
     cache, meta, query = make_case(dtype, heads, kv_heads, head_dim, block_size, [1, 4, 2], [1000, 515, 257])
-    for group in meta.groups:
-        num, max_q = group.num_queries, group.max_query_len
-        q = (
-            query[group.query_slice].view(num, max_q, heads, head_dim)
-            if group.query_slice
-            else query[group.query_index]
-        )
-        want = _attend_gathered(group, 0, meta, q, MATMUL, 0.125, window, softcap)
-        got = attend_paged_cpu(
-            q,
-            cache.kv[0],
-            group.block_tables,
-            group.query_pos[..., 0],
-            group.kv_lens,
-            block_size,
-            0.125,
-            window,
-            softcap,
-        )
-        rows = group.valid_rows if group.valid_rows is not None else slice(None)
-        got = got.reshape(num * max_q, heads, head_dim)[rows]
-        want = want.reshape(num * max_q, heads, head_dim)[rows]
-        torch.testing.assert_close(got.double(), want.double(), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    assert_the_kernel_gives_the_torch_paths_output(cache, meta, query, 0.125, window, softcap)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -135,26 +135,13 @@ def run_fused(
     meta: AttentionMetadata,
     step: FusedStep,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (the layer's output, its input): as `PreNormLayer.forward`
-    heads, kv_heads, head_dim = args.attention
-    scaling, window, softcap, act = args.settings
     return cpu_kernels().prenorm_layer(
         hidden,
         residual,
         *args.weights,
         rotary_rows,
         meta.kv_cache.kv[layer.spec.layer_idx],
-        step.slots,
-        heads,
-        kv_heads,
-        head_dim,
-        step.block_tables,
-        step.query_pos,
-        step.kv_lens,
-        step.block_size,
-        scaling,
-        window,
-        softcap,
-        act,
+        *_step_args(args.attention, args.settings, step),
     )
 
 
@@ -197,8 +184,6 @@ def run_stack(
     step: FusedStep,
     capture: list[int],  # hidden-state indices to record, 1 <= index < layers
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:  # (last output, its input, the recorded states)
-    heads, kv_heads, head_dim = stack.attention
-    scaling, window, softcap, act = stack.settings
     return cpu_kernels().prenorm_stack(
         hidden,
         stack.norms,
@@ -209,6 +194,17 @@ def run_stack(
         meta.kv_cache.kv,
         stack.layer_idx,
         rotary_rows,
+        *_step_args(stack.attention, stack.settings, step),
+        capture,
+    )
+
+
+def _step_args(attention: tuple, settings: tuple, step: FusedStep) -> tuple:
+    """The arguments both ops take after the rotary rows, in their order: the pages, the heads, the
+    attention settings and the activation."""
+    heads, kv_heads, head_dim = attention
+    scaling, window, softcap, act = settings
+    return (
         step.slots,
         heads,
         kv_heads,
@@ -221,7 +217,6 @@ def run_stack(
         window,
         softcap,
         act,
-        capture,
     )
 
 
