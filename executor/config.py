@@ -62,7 +62,7 @@ class ExecutorConfig:
     #: for oneDNN, the drafter's models too). auto measures both once per CPU and model shape and keeps
     #: the faster (`executor/layers/linear_backend.py`); on CUDA and for float64/float16: blas
     cpu_linear: str = "auto"
-    #: a CPU model's quantized layers in calls of up to 127 rows: auto, torch (torch's weight-only kernels,
+    #: a CPU model's quantized layers (decode, verify, prefill chunks): auto, torch (torch's weight-only kernels,
     #: exact in float32), int8_dot (C++ integer dot products over activations quantized to int8 in blocks
     #: of 32, llama.cpp's way). auto times both once per CPU and model and takes int8_dot for the row
     #: counts where it is faster (`executor/layers/quantized/quantized_dot.py`); on CUDA: torch

@@ -1,5 +1,5 @@
 """``quantized_kernel:`` — which kernel runs a CPU model's quantized linear layers (int4, int8, GGUF) for
-the rows of decode and verify steps (and short prefill chunks).
+decode and verify steps and prefill chunks.
 
 - ``torch``: torch's weight-only kernels (`quantized_linear.py`): activations stay in the model's dtype,
   exact in float32 against the dequantized weights.
@@ -12,7 +12,7 @@ the rows of decode and verify steps (and short prefill chunks).
   `tests/test_quantized_dot.py`). Each row is quantized on its own, so a row's output does not depend on
   the other rows of the call (a verify step's rows equal the same tokens decoded one at a time). It
   takes prefill chunks too: from 128 rows torch's route dequantizes a layer's weights for one dense
-  matmul, which int8_dot beat at 128 and 512 rows (float32: 3-13x; bfloat16: 1.0-3.4x).
+  matmul, which int8_dot beat at 128 and 512 rows (float32: 2-13x; bfloat16: 1.0-3.4x).
 - ``auto``: on a CPU where the C++ kernels load, each scheme's layers (int4 and int8 apart: a GGUF's
   Q4_1 layers, its int8 LM head) are run once each, in order (a step's weight traffic), under both
   kernels at each of `MEASURED_ROWS` rows (torch's side as its route runs them: its kernel, or from 128
@@ -21,9 +21,11 @@ the rows of decode and verify steps (and short prefill chunks).
   every call). Cached per
   CPU, torch, threads, dtype and the layers' shapes. Elsewhere: ``torch``.
 
-What it bought (2-core AMD EPYC Zen 4, AVX512-VNNI; `bench/reports/2026-11-27-int8-dot/`): torch's int4
-kernel is as fast at one row in bfloat16 but 25-60x slower in float32 (the dtype of CPUs without native
-bfloat16), and its int8 kernel takes 3x int8_dot's time for SmolLM2's 49152x576 LM head.
+What it bought (2-core AMD EPYC Zen 4, AVX512-VNNI; `bench/reports/2026-11-27-int8-dot/`,
+`2026-11-27-int8-tiles/`): torch's int4 kernel is 25-60x slower in float32 (the dtype of CPUs without
+native bfloat16); in bfloat16 the tiles take 0.55-0.71x its time at one row and 0.60x at 4 over
+SmolLM2's layers; torch's int8 kernel takes 3x int8_dot's first layout's time for the 49152x576 LM
+head.
 """
 
 from __future__ import annotations
