@@ -22,6 +22,7 @@ the layers' hidden states recorded inside it where a drafter asks for them.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,10 @@ from ..paged_attention import attends_in_place, group_path
 from .layers import PreNormLayer
 
 LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+#: each layer's arguments per (rows, dtype), and each layer list's stack: beside the modules, not on them,
+#: so a copied or pickled model carries none (oneDNN's packed weights cannot be copied)
+_LAYER_ARGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_STACK_ARGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +106,9 @@ class FusedLayerArgs:
 
 
 def fused_args(layer: nn.Module, rows: int, dtype: torch.dtype) -> FusedLayerArgs | None:
-    """The layer's arguments for ``rows`` rows in ``dtype`` (kept on the layer), or None where it must
+    """The layer's arguments for ``rows`` rows in ``dtype`` (kept for the layer), or None where it must
     run in Python (see the module docstring)."""
-    cache = layer.__dict__.setdefault("_fused_args", {})
+    cache = _LAYER_ARGS.setdefault(layer, {})
     args = cache.get((rows, dtype), False)
     if args is not False and (args is None or args.still_valid(layer)):
         return args
@@ -162,12 +167,12 @@ class FusedStackArgs:
 
 
 def fused_stack(layers: nn.ModuleList, rows: int, dtype: torch.dtype) -> FusedStackArgs | None:
-    """The whole stack's arguments for ``rows`` rows in ``dtype`` (kept on the layer list), or None where
+    """The whole stack's arguments for ``rows`` rows in ``dtype`` (kept for the layer list), or None where
     a layer must run in Python or the layers differ in attention settings or rotary table."""
     args = [fused_args(layer, rows, dtype) for layer in layers]
     if any(a is None for a in args):
         return None
-    cache = layers.__dict__.setdefault("_fused_stack", {})
+    cache = _STACK_ARGS.setdefault(layers, {})
     stack = cache.get((rows, dtype), False)
     if stack is False or (stack is not None and any(x is not y for x, y in zip(stack.args, args))):
         shared = {(a.attention, a.settings, layer.spec.rotary) for a, layer in zip(args, layers)}
