@@ -10,6 +10,9 @@
 //   h, x = add_rms_norm(o_proj(o), x)
 //   out = down_proj(act_mul(gate_up_proj(h)))         (returns (out, x); the next layer adds them)
 //
+// `prenorm_stack` runs every layer of the decoder so, one after another, in one call (where they share
+// the attention settings and the rotary table), recording the hidden states a drafter asks for.
+//
 // A linear layer arrives as a kind and its tensors (`decoder/fused_layer.py` builds them from the
 // layer's own routing for this many rows), the bias last when it has one:
 //   0 dense: weight                          -> at::linear
