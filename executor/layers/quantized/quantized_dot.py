@@ -88,14 +88,8 @@ def pack_q4(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch
     chunks = q.to(torch.uint8).reshape(tiles, TILE, blocks, 8, 4)  # [tile, row, block, chunk, byte]
     nibbles = chunks[:, :, :, :4] | (chunks[:, :, :, 4:] << 4)  # [tile, row, block, vector, byte]
     codes = nibbles.permute(0, 2, 3, 1, 4).reshape(tiles, blocks, 128)
-
-    def tiled_halves(values):  # [out, in / 32] -> [tile, block, 16] bytes
-        halves = values.to(torch.float16).reshape(tiles, TILE, blocks).transpose(1, 2).contiguous()
-        return halves.view(torch.uint8)
-
-    return (
-        torch.cat([codes, tiled_halves(scale), tiled_halves(offset)], dim=2).reshape(tiles, -1).contiguous()
-    )
+    halves = [_per_tile_block(values.to(torch.float16)).view(torch.uint8) for values in (scale, offset)]
+    return torch.cat([codes, *halves], dim=2).reshape(tiles, -1).contiguous()  # 16 bytes each a tile's block
 
 
 def pack_q8(weight: torch.Tensor) -> torch.Tensor:
@@ -115,14 +109,14 @@ def unpack_q8(tiles: torch.Tensor) -> torch.Tensor:
 def tile_block_scales(scale: torch.Tensor) -> torch.Tensor:
     """One float32 scale per block of 32 inputs, [out, in / 32] -> [out / 8, in / 32 * 8] as `pack_q8`
     tiles the codes (a tile's block: its 8 rows' scales)."""
-    out_features, blocks = scale.shape
-    return (
-        scale.float()
-        .reshape(out_features // TILE, TILE, blocks)
-        .transpose(1, 2)
-        .reshape(out_features // TILE, -1)
-        .contiguous()
-    )
+    return _per_tile_block(scale.float()).reshape(scale.shape[0] // TILE, -1)
+
+
+def _per_tile_block(values: torch.Tensor) -> torch.Tensor:
+    """One value per weight row and block, [out, in / 32] -> [out / 8, in / 32, 8]: a tile's block's 8
+    rows' values together, as the kernels read a tile's scales (`pack_q4`, `tile_block_scales`)."""
+    out_features, blocks = values.shape
+    return values.reshape(out_features // TILE, TILE, blocks).transpose(1, 2).contiguous()
 
 
 def untile_block_scales(tiled: torch.Tensor) -> torch.Tensor:
