@@ -255,7 +255,8 @@ inline void q8_tile(const int8_t* tile, const float* wd, const QuantizedRows& xr
 #endif
 }
 
-// Quantize x's rows, then out[m, 8t + i] = tile_fn(t, ...) over the N / 8 weight tiles split across threads.
+// Quantize x's rows, then out[m, 8t + i] = tile_fn(R, t, xr, m0, rows, K, result) over the N / 8 weight tiles
+// split across threads: `rows` (<= R) real activation rows from m0, R their count rounded to a compiled one.
 template <typename TileFn>
 at::Tensor tiled_linear(const at::Tensor& x_in, int64_t tiles, TileFn tile_fn, const char* name) {
   TORCH_CHECK(x_in.dim() == 2, name, ": x must be [M, K]");
@@ -277,10 +278,10 @@ at::Tensor tiled_linear(const at::Tensor& x_in, int64_t tiles, TileFn tile_fn, c
       for (int64_t m0 = 0; m0 < M; m0 += kRowTile) {
         const int64_t rows = std::min(kRowTile, M - m0);
         switch (rows) {
-          case 1: tile_fn(std::integral_constant<int, 1>{}, t, xr, m0, K, result); break;
-          case 2: tile_fn(std::integral_constant<int, 2>{}, t, xr, m0, K, result); break;
-          case 3: tile_fn(std::integral_constant<int, 3>{}, t, xr, m0, K, result); break;
-          default: tile_fn(std::integral_constant<int, 4>{}, t, xr, m0, K, result); break;
+          case 1: tile_fn(std::integral_constant<int, 1>{}, t, xr, m0, rows, K, result); break;
+          case 2: tile_fn(std::integral_constant<int, 2>{}, t, xr, m0, rows, K, result); break;
+          case 3: tile_fn(std::integral_constant<int, 3>{}, t, xr, m0, rows, K, result); break;
+          default: tile_fn(std::integral_constant<int, 4>{}, t, xr, m0, rows, K, result); break;
         }
         for (int64_t r = 0; r < rows; ++r) {
           std::memcpy(op + (m0 + r) * N + t * kTile, result + r * kTile, kTile * sizeof(float));
@@ -301,8 +302,7 @@ at::Tensor q4_linear(at::Tensor x, at::Tensor tiles) {
   const uint8_t* tp = tiles.data_ptr<uint8_t>();
   return tiled_linear(
       x, T,
-      [&](auto tile_rows, int64_t t, const QuantizedRows& xr, int64_t m0, int64_t K, float* result) {
-        const int64_t rows = std::min(kRowTile, x.size(0) - m0);
+      [&](auto tile_rows, int64_t t, const QuantizedRows& xr, int64_t m0, int64_t rows, int64_t K, float* result) {
         q4_tile<decltype(tile_rows)::value>(tp + t * G * kQ4Bytes, xr, m0, rows, K, result);
       },
       "q4_linear");
@@ -324,9 +324,8 @@ at::Tensor q8_linear(at::Tensor x, at::Tensor tiles, at::Tensor scale) {
   const float* sp = scale.data_ptr<float>();
   return tiled_linear(
       x, T,
-      [&](auto tile_rows, int64_t t, const QuantizedRows& xr, int64_t m0, int64_t K, float* result) {
+      [&](auto tile_rows, int64_t t, const QuantizedRows& xr, int64_t m0, int64_t rows, int64_t K, float* result) {
         constexpr int R = decltype(tile_rows)::value;
-        const int64_t rows = std::min(kRowTile, x.size(0) - m0);
         if (per_block) {
           q8_tile<R>(tp + t * G * kQ8Bytes, sp + t * G * kTile, xr, m0, rows, K, result);
           return;
