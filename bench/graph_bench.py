@@ -1,10 +1,11 @@
 """CUDA graphs on against off, side by side in one process.
 
-    python -m specexec.bench.graph_bench [--models smollm2,tiny] [--drafters none,ngram,eagle3]
-        [--batches 1,8] [--max-tokens 64] [--num-prompts 8] [--device cuda] [--output graphs.json]
+    python -m specexec.bench.graph_bench [--models smollm2,tiny,llama8b] [--drafters none,ngram,eagle3]
+        [--batches 1,8] [--graphs on,off] [--model-impls auto] [--max-tokens 64] [--num-prompts 8]
+        [--device cuda] [--output graphs.json]
 
-For each model, drafter and batch size two executors, ``cuda_graphs: true`` and ``false``, serve the
-same Spec-Bench prompts (greedy, ``ignore_eos``, the same token budget), in alternation: one warm-up
+For each model, forward (``model_impl``), drafter and batch size one executor per ``--graphs`` setting
+(``cuda_graphs: true`` and ``false``) serves the same Spec-Bench prompts (at least as many as the batch) (greedy, ``ignore_eos``, the same token budget), in alternation: one warm-up
 pass each, then ``--repeats`` timed passes each, the faster kept. A guided row per model and batch (NGram
 on the extraction prompts with their schemas) adds the mask wait. Columns: output tokens/s; the mean wall
 time of a step; how the target's forwards ran (graph replays / eager: prefill chunks and anything larger
@@ -13,7 +14,11 @@ graphs; the mask wait per guided step; and the share of requests whose tokens ar
 as without (on real weights in bfloat16, padded shapes may round differently near a tie).
 
 ``smollm2`` is the embedded SmolLM2-135M-Instruct (EAGLE-3 uses its shipped head); ``tiny`` is a random
-2-layer Llama with SmolLM2's vocabulary, where launches are nearly all of a step's time. With ``--device
+2-layer Llama with SmolLM2's vocabulary, where launches are nearly all of a step's time; ``llama8b`` has
+Llama-3-8B's shape (32 layers, hidden 4096, 32/8 heads, MLP 14336) with random weights built on the
+device and SmolLM2's vocabulary (49152 instead of 128256), where reading the weights is the floor of a
+step: its rows also give the weight bytes over the card's measured copy bandwidth (bytes read and written
+per second, `copy_bandwidth`) and the step's ratio to that floor. With ``--device
 cpu`` the eager-replay backend stands in for the graphs (the captured path launched eagerly): that checks
 the script and the path, it is not a speed figure.
 """
@@ -48,6 +53,7 @@ SPECS = {
 @dataclass(slots=True)
 class Row:
     model: str
+    model_impl: str  #: the forward that ran (`Executor.model_impl`)
     drafter: str
     batch: int
     guided: bool
@@ -61,6 +67,7 @@ class Row:
     capture_mib: float
     mask_wait_ms: float | None
     same_tokens: float | None = None  #: share of requests with the same tokens as the other setting
+    floor_ms: float | None = None  #: the model's weight bytes over the measured copy bandwidth (llama8b)
 
 
 def tiny_model(vocab_size: int, dtype: torch.dtype):
@@ -80,8 +87,71 @@ def tiny_model(vocab_size: int, dtype: torch.dtype):
     return LlamaForCausalLM(config).to(dtype).eval().requires_grad_(False)
 
 
+def llama8b_model(vocab_size: int, dtype: torch.dtype, device: str):
+    """Llama-3-8B's shape with random weights, built on ``device`` in ``dtype`` (no float32 copy)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    return model.eval().requires_grad_(False)
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """The bytes a decode step reads: every parameter but the embedding tables (one row a token)."""
+    embedded = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in embedded)
+
+
+def copy_bandwidth(device: str, mib: int = 1024, repeats: int = 20) -> float:
+    """Bytes read and written per second by a device-to-device copy of ``mib`` MiB (the best of
+    ``repeats``)."""
+    src = torch.empty(mib * 2**20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return 2 * src.numel() / best
+
+
+def build_target(model_name: str, vocab: int, dtype: torch.dtype, device: str):
+    """The module a bench model runs (None: the executor loads the embedded SmolLM2)."""
+    if model_name == "tiny":
+        return tiny_model(vocab, dtype).to(device)
+    if model_name == "llama8b":
+        if device == "cpu":
+            raise SystemExit("llama8b needs a GPU (its weights are 15 GB)")
+        return llama8b_model(vocab, dtype, device)
+    if model_name != "smollm2":
+        raise SystemExit(f"unknown model {model_name!r}: smollm2, tiny, llama8b")
+    return None
+
+
 def make_requests(tokenizer, num_prompts: int, batch: int, max_tokens: int, guided: bool) -> list[Request]:
-    prompts = load_dataset("extraction" if guided else "specbench", num_prompts)
+    prompts = load_dataset("extraction" if guided else "specbench", max(num_prompts, batch))
     requests = []
     for i, p in enumerate(prompts):
         fmt = {"type": "json_schema", "json_schema": {"schema": p.schema}} if guided else None
@@ -93,19 +163,24 @@ def make_requests(tokenizer, num_prompts: int, batch: int, max_tokens: int, guid
 class Setting:
     """One executor and its counters."""
 
-    def __init__(self, args, model_name: str, drafter: str, graphs: bool, guided: bool, target) -> None:
+    def __init__(
+        self, args, impl: str, drafter: str, graphs: bool, guided: bool, target, share: bool
+    ) -> None:
         model, tokenizer = target
         spec = SPECS["ngram" if guided else drafter]
         config = ExecutorConfig(
             dtype=args.dtype,
             device=args.device,
+            model_impl=impl,
             max_batch_size=max(args.batches),
+            kv_cache_memory_gb=args.kv_cache_gb,
             cuda_graphs=graphs and args.device != "cpu",
             speculative_config=spec,
             guided_unsupported="warn",
             drafter_timeout_s=None,
         )
-        module = copy.deepcopy(model) if model_name == "tiny" else None  # each executor its own
+        # each executor its own module, unless it is the only one (a 15 GB model is not copied)
+        module = model if model is None or share else copy.deepcopy(model)
         self.executor = Executor(module, config, tokenizer=tokenizer if module is not None else None)
         core = self.executor.core
         if graphs and args.device == "cpu":
@@ -158,6 +233,7 @@ class Setting:
         reports = self.executor.cuda_graphs
         return Row(
             model,
+            self.executor.model_impl.impl,
             "ngram" if guided else drafter,
             batch,
             guided,
@@ -173,8 +249,9 @@ class Setting:
         )
 
 
-def compare(args, model_name: str, drafter: str, batch: int, guided: bool, target) -> list[Row]:
-    settings = [Setting(args, model_name, drafter, graphs, guided, target) for graphs in (True, False)]
+def compare(args, model_name: str, impl: str, drafter: str, batch: int, guided: bool, target) -> list[Row]:
+    share = len(args.graphs) == 1
+    settings = [Setting(args, impl, drafter, graphs, guided, target, share) for graphs in args.graphs]
     requests = make_requests(target[1], args.num_prompts, batch, args.max_tokens, guided)
     for s in settings:
         s.run(requests, batch)  # warm-up pass
@@ -187,10 +264,11 @@ def compare(args, model_name: str, drafter: str, batch: int, guided: bool, targe
         rows.append(
             s.row(model_name, drafter, batch, guided, max(runs, key=lambda r: r["tokens"] / r["seconds"]))
         )
-    on, off = settings
-    same = sum(on.tokens[k] == off.tokens[k] for k in on.tokens) / max(1, len(on.tokens))
-    for row in rows:
-        row.same_tokens = same
+    if len(settings) == 2:
+        on, off = settings
+        same = sum(on.tokens[k] == off.tokens[k] for k in on.tokens) / max(1, len(on.tokens))
+        for row in rows:
+            row.same_tokens = same
     for s in settings:
         s.executor.close()
     return rows
@@ -198,22 +276,24 @@ def compare(args, model_name: str, drafter: str, batch: int, guided: bool, targe
 
 def format_table(rows: list[Row]) -> str:
     head = (
-        f"{'model':8} {'drafter':8} {'b':>2} {'guided':6} {'graphs':6} {'tok/s':>8} {'step ms':>8} "
-        f"{'replay/eager':>12} {'acc.len':>7} {'capture s':>9} {'MiB':>6} {'mask wait ms':>12} {'same':>5} "
-        f"{'on/off':>6}"
+        f"{'model':8} {'impl':12} {'drafter':8} {'b':>2} {'guided':6} {'graphs':6} {'tok/s':>8} "
+        f"{'step ms':>8} {'replay/eager':>12} {'acc.len':>7} {'capture s':>9} {'MiB':>6} {'mask wait ms':>12} "
+        f"{'same':>5} {'on/off':>6} {'floor ms':>8} {'/floor':>6}"
     )
     lines = [head, "-" * len(head)]
-    speed = {(r.model, r.drafter, r.batch, r.guided, r.graphs): r.tokens_per_s for r in rows}
+    speed = {(r.model, r.model_impl, r.drafter, r.batch, r.guided, r.graphs): r.tokens_per_s for r in rows}
     for r in rows:
-        off = speed.get((r.model, r.drafter, r.batch, r.guided, False))
+        off = speed.get((r.model, r.model_impl, r.drafter, r.batch, r.guided, False))
         ratio = f"{r.tokens_per_s / off:.2f}x" if r.graphs and off else ""
         acc = f"{r.acceptance_length:.2f}" if r.acceptance_length else "-"
         wait = f"{r.mask_wait_ms:.2f}" if r.mask_wait_ms is not None else "-"
+        same = f"{r.same_tokens:5.0%}" if r.same_tokens is not None else "-"
+        floor = f"{r.floor_ms:8.2f} {r.step_ms / r.floor_ms:5.2f}x" if r.floor_ms else f"{'-':>8} {'-':>6}"
         lines.append(
-            f"{r.model:8} {r.drafter:8} {r.batch:>2} {'yes' if r.guided else 'no':6} "
+            f"{r.model:8} {r.model_impl:12} {r.drafter:8} {r.batch:>2} {'yes' if r.guided else 'no':6} "
             f"{'on' if r.graphs else 'off':6} {r.tokens_per_s:8.1f} {r.step_ms:8.2f} "
             f"{f'{r.replays}/{r.eager}':>12} {acc:>7} {r.capture_s:9.2f} {r.capture_mib:6.0f} {wait:>12} "
-            f"{r.same_tokens:5.0%} {ratio:>6}"
+            f"{same:>5} {ratio:>6} {floor}"
         )
     return "\n".join(lines)
 
@@ -231,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="smollm2,tiny")
     parser.add_argument("--drafters", default="none,ngram,eagle3")
     parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--graphs", default="on,off", help="the cuda_graphs settings to run: on, off or both")
+    parser.add_argument("--model-impls", default="auto", help="model_impl values, each its own rows")
+    parser.add_argument("--kv-cache-gb", type=float, default=1.0, help="each executor's KV pool (GiB)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
@@ -240,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
+    graph_settings = {"on": True, "off": False}
+    if not set(args.graphs.split(",")) <= set(graph_settings):
+        parser.error(f"--graphs: on, off or on,off; got {args.graphs!r}")
+    args.graphs = [graph_settings[g] for g in args.graphs.split(",")]
     if args.device != "cpu" and not torch.cuda.is_available():
         print(
             "no CUDA device: run with --device cpu (eager replay stands in for the graphs)", file=sys.stderr
@@ -254,20 +341,39 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if args.device != "cpu" else torch.float32
     rows: list[Row] = []
     print(f"device: {describe_device(args.device)}", file=sys.stderr)
+    bandwidth, notes = None, []
     for model_name in args.models.split(","):
-        target = (tiny_model(vocab, dtype).to(args.device) if model_name == "tiny" else None, tokenizer)
-        drafters = [d for d in args.drafters.split(",") if not (d == "eagle3" and model_name == "tiny")]
-        for batch in args.batches:
-            cases = [(d, False) for d in drafters] + ([] if args.no_guided else [("ngram", True)])
-            for drafter, guided in cases:
-                rows += compare(args, model_name, drafter, batch, guided, target)
-                print("\n".join(format_table(rows[-2:]).splitlines()[2:]), file=sys.stderr)
+        drafters = [d for d in args.drafters.split(",") if not (d == "eagle3" and model_name != "smollm2")]
+        for impl in args.model_impls.split(","):
+            module = build_target(model_name, vocab, dtype, args.device)  # fresh: an executor converts it
+            floor_ms = None
+            if model_name == "llama8b":
+                bandwidth = bandwidth or copy_bandwidth(args.device)
+                floor_ms = 1e3 * weight_bytes(module) / bandwidth
+                notes.append(
+                    f"llama8b: {weight_bytes(module) / 1e9:.2f} GB of weights; copy bandwidth "
+                    f"{bandwidth / 1e12:.2f} TB/s (read + written); floor {floor_ms:.2f} ms"
+                )
+                print(notes[-1], file=sys.stderr)
+            for batch in args.batches:
+                cases = [(d, False) for d in drafters] + ([] if args.no_guided else [("ngram", True)])
+                for drafter, guided in cases:
+                    new = compare(args, model_name, impl, drafter, batch, guided, (module, tokenizer))
+                    for row in new:
+                        row.floor_ms = floor_ms if batch == 1 else None
+                    rows += new
+                    print("\n".join(format_table(new).splitlines()[2:]), file=sys.stderr)
+            del module
+            if args.device != "cpu":
+                torch.cuda.empty_cache()
     print(f"device: {describe_device(args.device)}")
-    print(format_table(rows))
+    print("\n".join(notes + [format_table(rows)]))
     if args.output:
         with open(args.output, "w") as f:
             json.dump(
-                {"device": describe_device(args.device), "rows": [asdict(r) for r in rows]}, f, indent=1
+                {"device": describe_device(args.device), "notes": notes, "rows": [asdict(r) for r in rows]},
+                f,
+                indent=1,
             )
     return 0
 
