@@ -208,7 +208,9 @@ def test_kernel_choice_is_measured_once_per_machine_and_cached(tmp_path, monkeyp
     assert choose_attention_paths(HEADS, KV_HEADS, HEAD_DIM, torch.float32, cpu, tmp_path) is not None
     assert len(calls) == 2
     cuda = choose_attention_paths(HEADS, KV_HEADS, HEAD_DIM, torch.bfloat16, torch.device("cuda"), None)
-    assert cuda == AttentionPaths.all("sdpa")
+    assert cuda == AttentionPaths.all("paged_triton"), "CUDA: the Triton kernel over the pages, unmeasured"
+    cuda = choose_attention_paths(HEADS, KV_HEADS, HEAD_DIM, torch.float64, torch.device("cuda"), None)
+    assert cuda == AttentionPaths.all("sdpa"), "float64 stays on SDPA"
 
 
 def test_without_the_cpp_kernel_the_choice_is_between_the_torch_kernels(tmp_path, monkeypatch):

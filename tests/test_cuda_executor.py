@@ -131,6 +131,71 @@ def graphs_and_eager_replay(make_model, requests, tokenizer=None, **config) -> d
     return tokens
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3"])
+def test_the_own_decoder_on_cuda_gives_the_tokens_of_transformers_modules(arch):
+    """float64 on CUDA with NGram drafts: the own decoder (fused layers, its own RoPE and norms),
+    replayed from graphs, gives the greedy tokens of transformers' modules behind the paged-attention
+    hook, launched eagerly (cuBLAS refuses to capture transformers' float64 Qwen2 projections with a
+    bias: "CUBLAS_STATUS_EXECUTION_FAILED", H100, torch 2.11)."""
+    spec = {"decoding_type": "NGram", "max_draft_len": 4}
+    outputs = {}
+    for impl, graphs in (("transformers", False), ("specexec", True)):
+        _, model = make_tiny_model(arch)
+        config = make_config("cuda", model_impl=impl, speculative_config=spec, cuda_graphs=graphs)
+        with Executor(model, config) as executor:
+            assert executor.model_impl.impl == impl
+            outputs[impl] = [o.token_ids for o in executor.run(greedy_requests())]
+            if graphs:
+                assert [r.error for r in executor.cuda_graphs] == [None] * len(executor.cuda_graphs)
+                assert executor.core.runner.graphs.stats.num_replays > 0
+            assert_all_free(executor)
+    assert outputs["specexec"] == outputs["transformers"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "gemma3"])
+def test_the_triton_kernels_give_the_tokens_and_logprobs_of_torch_ops(arch, monkeypatch):
+    """float32, the own decoder on CUDA with graphs and NGram drafts (decode and verify rows): with its
+    Triton kernels (fused norms, RoPE + cache write, act * up, attention over the pages) and with torch
+    ops (``SPECEXEC_CUDA_KERNELS=0``), the same greedy tokens and their log-probabilities to float32
+    rounding."""
+    from specexec.executor.layers import triton_kernels
+
+    spec = {"decoding_type": "NGram", "max_draft_len": 4}
+    results = {}
+    for kernels in ("triton", "torch"):
+        if kernels == "torch":
+            monkeypatch.setenv(triton_kernels.SWITCH, "0")
+        triton_kernels.triton_available.cache_clear()
+        try:
+            _, model = make_tiny_model(arch, dtype=torch.float32)
+            config = make_config("cuda", dtype="float32", speculative_config=spec)
+            with Executor(model, config) as executor:
+                assert executor.model_impl.impl == "specexec"
+                requests = [
+                    Request(
+                        p,
+                        SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0),
+                        request_id=f"r{i}",
+                    )
+                    for i, p in enumerate(PROMPTS)
+                ]
+                outputs = executor.run(requests)
+                assert executor.core.runner.graphs.stats.num_replays > 0
+                assert_all_free(executor)
+        finally:
+            monkeypatch.delenv(triton_kernels.SWITCH, raising=False)
+            triton_kernels.triton_available.cache_clear()
+        results[kernels] = outputs
+    for fast, reference in zip(results["triton"], results["torch"]):
+        assert fast.error is None and fast.token_ids == reference.token_ids
+        torch.testing.assert_close(
+            torch.tensor([e.logprob for e in fast.logprobs]),
+            torch.tensor([e.logprob for e in reference.logprobs]),
+            rtol=1e-4,
+            atol=1e-4,
+        )
+
+
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("drafter", ["none", "ngram", "self-int8", "eagle3"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -1,5 +1,6 @@
 """act(gate) * up over a fused gate/up projection's output: one C++ op on the CPU (``act_mul``,
-`fused_ops_cpu.cpp`) for the activations it knows, torch's two ops otherwise."""
+`fused_ops_cpu.cpp`) and one Triton kernel on CUDA (`triton_kernels/fused_ops.py`) for the activations
+they know, torch's two ops otherwise."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import torch
 from torch import nn
 
 from .cpu_kernels import cpu_kernels, fused_ops_take
+from .triton_kernels import triton_ops, triton_ops_take
 
-#: the C++ op's code for each activation module it computes (transformers' classes, by name)
+#: the fused op's code for each activation module it computes (transformers' classes, by name)
 FUSED_ACTIVATIONS = {"SiLUActivation": 0, "SiLU": 0, "GELUTanh": 1, "PytorchGELUTanh": 1}
 
 
@@ -21,5 +23,7 @@ def act_mul(gate_up: torch.Tensor, act: nn.Module, code: int | None) -> torch.Te
     """[T, 2 * intermediate] -> act(gate) * up [T, intermediate]."""
     if code is not None and fused_ops_take(gate_up):
         return cpu_kernels().act_mul(gate_up, code)
+    if code is not None and triton_ops_take(gate_up):
+        return triton_ops().act_mul(gate_up, code)
     gate, up = gate_up.chunk(2, dim=-1)
     return act(gate) * up

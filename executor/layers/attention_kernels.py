@@ -12,6 +12,8 @@ MAX_MATMUL_QUERY_LEN = 64
 SDPA, MATMUL, AUTO = "sdpa", "matmul", "auto"
 #: the C++ CPU kernel over the pages themselves (`paged_attention_cpu.py`): no gather; short queries only
 PAGED_CPU = "paged_cpu"
+#: the Triton CUDA kernel over the pages themselves (`triton_kernels/paged_attention.py`): likewise
+PAGED_TRITON = "paged_triton"
 
 
 def attend(

@@ -6,7 +6,8 @@ Two conventions (transformers' own modules differ, and so must we to give their 
   as an offset from 1).
 
 On the CPU in float32, bfloat16 and float16 the C++ op ``add_rms_norm`` (`fused_ops_cpu.cpp`) does
-the residual add and the norm in one pass; elsewhere ``torch.rms_norm`` (float32 inside, float32's
+the residual add and the norm in one pass, on CUDA the Triton kernel of the same name
+(`triton_kernels/fused_ops.py`); elsewhere ``torch.rms_norm`` (float32 inside, float32's
 numbers bit for bit). A float64 model (the tests' reference dtype) normalizes in float32 like
 transformers does, so its outputs match transformers' to float64 precision.
 """
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cpu_kernels import cpu_kernels, fused_ops_take
+from .triton_kernels import triton_ops, triton_ops_take
 
 
 class RMSNorm(nn.Module):
@@ -43,6 +45,11 @@ class RMSNorm(nn.Module):
                 x.reshape(-1, x.shape[-1]), None, self.weight, self.eps, self.unit_offset
             )
             return out.view(x.shape)
+        if triton_ops_take(x):
+            out, _ = triton_ops().add_rms_norm(
+                x.reshape(-1, x.shape[-1]), None, self.weight, self.eps, self.unit_offset
+            )
+            return out.view(x.shape)
         return self._torch_forward(x)
 
     def add_forward(
@@ -51,6 +58,8 @@ class RMSNorm(nn.Module):
         """The residual add then the norm (``residual=None``: no add), in one op where it can."""
         if fused_ops_take(x):
             return cpu_kernels().add_rms_norm(x, residual, self.weight, self.eps, self.unit_offset)
+        if triton_ops_take(x):
+            return triton_ops().add_rms_norm(x, residual, self.weight, self.eps, self.unit_offset)
         total = x if residual is None else residual + x
         return self._torch_forward(total), total
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .cpu_kernels import cpu_kernels
+from .cpu_kernels import cpu_kernels, fused_ops_take
+from .triton_kernels import triton_ops, triton_ops_take
 
 
 class RotaryTable(nn.Module):
@@ -53,8 +54,16 @@ def rotate_and_store(
     head_dim: int,
 ) -> torch.Tensor:  # [T, heads, head_dim]
     """RoPE on the q and k heads, the rotated keys and the values written into the pool at their slots,
-    in one pass (the C++ op ``rotary_kv_write``: callers check `cpu_kernels.fused_ops_take`); returns q."""
+    in one pass (the C++ op ``rotary_kv_write`` on the CPU, the Triton kernel on CUDA: callers check
+    `rotate_and_store_takes`); returns q."""
+    if triton_ops_take(qkv):
+        return triton_ops().rotary_kv_write(qkv, rows, kv, slots, num_heads, num_kv_heads, head_dim)
     return cpu_kernels().rotary_kv_write(qkv, rows, kv, slots, num_heads, num_kv_heads, head_dim)
+
+
+def rotate_and_store_takes(qkv: torch.Tensor) -> bool:
+    """Whether `rotate_and_store` runs for this fused QKV output (a fused op for its device and dtype)."""
+    return fused_ops_take(qkv) or triton_ops_take(qkv)
 
 
 def apply_rotary(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import torch
 
-from ..layers.attention_kernels import AUTO, MATMUL, PAGED_CPU, SDPA, attend
+from ..layers.attention_kernels import AUTO, MATMUL, PAGED_CPU, PAGED_TRITON, SDPA, attend
 from ..layers.cpu_info import describe_cpu
 from ..layers.cpu_kernels import cpu_kernels
 from ..layers.measurement_cache import cached_measurement, median_seconds
 from ..layers.paged_attention_cpu import attend_paged_cpu
+from ..layers.triton_kernels import TRITON_DTYPES, triton_available
 
 MEASUREMENT_VERSION = 5  #: 4: the C++ kernel joins the candidates; 5: it splits long contexts
 CONTEXTS = (256, 2048)  #: keys per request in the timed calls: a short and a long context
@@ -68,9 +69,11 @@ def choose_attention_paths(
     cache_dir: Path | None,
 ) -> AttentionPaths:
     """The faster kernel for each case here (cached per CPU, torch, threads, dtype and head shape).
-    CUDA keeps SDPA (its flash kernels serve every case)."""
+    CUDA takes the Triton kernel over the pages for every decode and verify case where it runs (one
+    query per launch costs gather + SDPA 13 us a layer on an H100, `bench/reports/2026-11-27-gpu-own-decoder`),
+    else SDPA."""
     if device.type != "cpu":
-        return AttentionPaths.all(SDPA)
+        return AttentionPaths.all(PAGED_TRITON if dtype in TRITON_DTYPES and triton_available() else SDPA)
     key = (
         f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
         f"|{dtype}|heads={num_heads}/{num_kv_heads}x{head_dim}|cpp={cpu_kernels() is not None}"

@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..layers.attention_kernels import AUTO, PAGED_CPU, attend
+from ..layers.attention_kernels import AUTO, PAGED_CPU, PAGED_TRITON, attend
 from ..layers.paged_attention_cpu import attend_paged_cpu, paged_cpu_kernel_runs
+from ..layers.triton_kernels import triton_ops_take
 from .attention_metadata import AttentionGroup, AttentionMetadata
 
 PAGED_ATTENTION = "specexec_paged"
@@ -35,7 +36,21 @@ def _attend_group(
     else:
         q = query[group.query_index]  # [group, max_q, heads, head_dim]
     path = group_path(group, meta)
-    if attends_in_place(path, group, q):
+    if path == PAGED_TRITON and group.is_short and triton_ops_take(q):
+        from ..layers.triton_kernels.paged_attention import attend_paged_triton
+
+        o = attend_paged_triton(
+            q,
+            meta.kv_cache.kv[layer],
+            group.block_tables,
+            group.query_pos[..., 0],
+            group.kv_lens,
+            meta.kv_cache.block_size,
+            scaling,
+            sliding_window,
+            softcap,
+        )  # [group, max_q, heads, head_dim], read from the pages in place
+    elif attends_in_place(path, group, q):
         o = attend_paged_cpu(
             q,
             meta.kv_cache.kv[layer],

@@ -7,9 +7,9 @@ Two orders of norms:
 - `PreNormLayer` (Llama, Mistral, Qwen2/3): norm, attention, add; norm, MLP (the add comes next);
 - `SandwichNormLayer` (Gemma2/3): norm, attention, norm, add; norm, MLP, norm.
 Attention: one QKV projection, optional per-head q/k norms (Qwen3, Gemma3), RoPE from the table rows of
-the step's positions, K/V written into the paged cache (on the CPU without q/k norms, RoPE and the write
-are one C++ pass) and attended there (`paged_attention`), one output projection. MLP: one gate/up
-projection, act(gate) * up (one C++ op on the CPU), one down projection.
+the step's positions, K/V written into the paged cache (without q/k norms, RoPE and the write are one
+pass: a C++ op on the CPU, a Triton kernel on CUDA) and attended there (`paged_attention`), one output
+projection. MLP: one gate/up projection, act(gate) * up (one fused op), one down projection.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import torch
 from torch import nn
 
 from ...layers.activation import act_mul, fused_activation_code
-from ...layers.cpu_kernels import fused_ops_take
 from ...layers.norm import RMSNorm
-from ...layers.rotary import apply_rotary, rotate_and_store
+from ...layers.rotary import apply_rotary, rotate_and_store, rotate_and_store_takes
 from ..attention_metadata import AttentionMetadata
 from ..paged_attention import paged_attention
 
@@ -81,7 +80,7 @@ class DecoderLayer(nn.Module):
         spec, (q_size, kv_size) = self.spec, self._split
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
-        if self.q_norm is None and fused_ops_take(qkv):  # RoPE and the cache write in one C++ pass
+        if self.q_norm is None and rotate_and_store_takes(qkv):  # RoPE and the cache write in one pass
             kv = meta.kv_cache.kv[spec.layer_idx]
             q = rotate_and_store(qkv, rows, kv, meta.slots, spec.num_heads, spec.num_kv_heads, spec.head_dim)
             out = paged_attention(
