@@ -273,6 +273,19 @@ def test_unreadable_rows_cut_the_drafts_before_them(temperature: float) -> None:
     assert got[2] == Verification([], 0, "-inf")
 
 
+def test_greedy_decode_rows_without_drafts_say_each_rows_status() -> None:
+    # No request has drafts and none samples (the short path): each row's argmax, or why it has none.
+    good = make_logits([[0.0, 0.0, 100.0, 0.0, 0.0]])
+    nan = torch.full((1, VOCAB), float("nan"))
+    inf = torch.tensor([[0.0, float("inf"), 0.0, 0.0, 0.0]])
+    none = torch.full((1, VOCAB), float("-inf"))
+    logits = torch.cat([good, nan, inf, none, good])
+    meta = SpecDecodeMetadata.make_dummy([[]] * 5)
+    got = RejectionSampler().verify_batch(logits, meta, [make_params(0.0)] * 5, [None] * 5)
+    assert got[0] == got[4] == Verification([2], 0)
+    assert got[1:4] == [Verification([], 0, why) for why in ("nan", "+inf", "-inf")]
+
+
 def test_a_step_reads_its_answers_back_once(monkeypatch) -> None:
     # The whole batch's answers come back in one transfer, whatever the mix of greedy and sampled.
     calls = []
