@@ -201,3 +201,31 @@ def test_graph_bench_compares_graphs_on_and_off_side_by_side(tmp_path, capsys):
         assert (r["replays"] > 0 and r["capture_s"] > 0) if r["graphs"] else r["replays"] == 0
         assert (r["mask_wait_ms"] is not None) == r["guided"]
     assert "on/off" in capsys.readouterr().out
+
+
+def test_graph_bench_rows_per_forward_with_graphs_on_only(tmp_path, capsys):
+    """``--model-impls`` gives each forward its own rows (the one that ran, said per row); ``--graphs on``
+    runs only the captured path, so no row compares tokens with graphs off."""
+    from specexec.bench.graph_bench import main as graph_bench
+
+    out = tmp_path / "graphs.json"
+    args = "--device cpu --models tiny --drafters none --batches 1 --max-tokens 4 --num-prompts 1 --no-guided"
+    extra = [
+        "--model-impls",
+        "transformers,specexec",
+        "--graphs",
+        "on",
+        "--repeats",
+        "1",
+        "--output",
+        str(out),
+    ]
+    assert graph_bench([*args.split(), *extra]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["model_impl"], r["graphs"], r["same_tokens"]) for r in rows] == [
+        ("transformers", True, None),
+        ("specexec", True, None),
+    ]
+    with pytest.raises(SystemExit) as exit_info:
+        graph_bench([*args.split(), "--graphs", "sideways"])
+    assert exit_info.value.code == 2 and "--graphs: on, off or on,off" in capsys.readouterr().err
