@@ -50,7 +50,7 @@ def attention_cases():
             (4, 12, None, None),
             (4, 12, 5, None),
             (1, 12, None, 30.0),
-            (2, 140, None, None),  # 2240 keys: 35 tiles over 32 splits, 2 tiles each
+            (1, 140, None, None),  # 2240 keys: 35 tiles over 32 splits, 2 tiles each
         ):
             if num_pages > 100 and dtype != torch.float32:
                 continue  # (the interpreter is slow: one long case)
