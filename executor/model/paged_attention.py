@@ -36,22 +36,9 @@ def _attend_group(
     else:
         q = query[group.query_index]  # [group, max_q, heads, head_dim]
     path = group_path(group, meta)
-    if path == PAGED_TRITON and group.is_short and triton_ops_take(q):
-        from ..layers.triton_kernels.paged_attention import attend_paged_triton
-
-        o = attend_paged_triton(
-            q,
-            meta.kv_cache.kv[layer],
-            group.block_tables,
-            group.query_pos[..., 0],
-            group.kv_lens,
-            meta.kv_cache.block_size,
-            scaling,
-            sliding_window,
-            softcap,
-        )  # [group, max_q, heads, head_dim], read from the pages in place
-    elif attends_in_place(path, group, q):
-        o = attend_paged_cpu(
+    kernel = in_place_kernel(path, group, q)
+    if kernel is not None:
+        o = kernel(
             q,
             meta.kv_cache.kv[layer],
             group.block_tables,
@@ -76,6 +63,16 @@ def _attend_group(
 def group_path(group: AttentionGroup, meta: AttentionMetadata) -> str:
     """The measured attention path for this group's shape (`AttentionPaths.for_group`)."""
     return meta.paths.for_group(group.max_query_len, group.is_short, group.num_queries, group.max_kv_len)
+
+
+def in_place_kernel(path: str, group: AttentionGroup, query: torch.Tensor):
+    """The kernel that attends this group straight over the pages (same arguments, same output), or
+    None where torch ops run over gathered keys: the Triton kernel on CUDA, the C++ one on the CPU."""
+    if path == PAGED_TRITON and group.is_short and triton_ops_take(query):
+        from ..layers.triton_kernels.paged_attention import attend_paged_triton
+
+        return attend_paged_triton
+    return attend_paged_cpu if attends_in_place(path, group, query) else None
 
 
 def attends_in_place(path: str, group: AttentionGroup, query: torch.Tensor) -> bool:
