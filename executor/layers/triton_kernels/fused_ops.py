@@ -52,6 +52,8 @@ def add_rms_norm(
     out = torch.empty_like(x)
     total = x if residual is None else torch.empty_like(x)
     res = x if residual is None else residual.contiguous()
+    if rows == 0:
+        return out, total
     _add_rms_norm_kernel[(rows,)](
         x, res, weight, out, total, dim, eps, 1.0 if unit_offset else 0.0,
         HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(dim), num_warps=4,
