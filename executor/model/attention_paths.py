@@ -69,9 +69,9 @@ def choose_attention_paths(
     cache_dir: Path | None,
 ) -> AttentionPaths:
     """The faster kernel for each case here (cached per CPU, torch, threads, dtype and head shape).
-    CUDA takes the Triton kernel over the pages for every decode and verify case where it runs (one
-    query per launch costs gather + SDPA 13 us a layer on an H100, `bench/reports/2026-11-27-gpu-own-decoder`),
-    else SDPA."""
+    CUDA takes the Triton kernel over the pages for every decode and verify case where it runs, SDPA
+    elsewhere (for one SmolLM2 query on an H100: 5.0 us a layer against 12.8 for gather + SDPA,
+    `bench/reports/2026-11-27-gpu-own-decoder`)."""
     if device.type != "cpu":
         return AttentionPaths.all(PAGED_TRITON if dtype in TRITON_DTYPES and triton_available() else SDPA)
     key = (
