@@ -30,13 +30,11 @@ def run(pipe, prompts, max_tokens: int, lookup: dict | None):
         if lookup:
             config.num_assistant_tokens = lookup["k"]
             config.max_ngram_size = lookup["ngram"]
-        first = []
-        count = [0]
+        first: list[float] = []  # when the first token streamed
 
-        def streamer(_subword):
+        def streamer(_subword, first=first):
             if not first:
                 first.append(time.perf_counter())
-            count[0] += 1
             return ov_genai.StreamingStatus.RUNNING
 
         ids = ov.Tensor(np.array([p["token_ids"]], dtype=np.int64))
@@ -46,8 +44,15 @@ def run(pipe, prompts, max_tokens: int, lookup: dict | None):
         end = time.perf_counter()
         tokens = len(result.tokens[0])
         ttft = first[0] - start
-        records.append(dict(id=p["id"], tokens=tokens, ttft=ttft, tpot=(end - first[0]) / max(1, tokens - 1),
-                            seconds=end - start))
+        records.append(
+            dict(
+                id=p["id"],
+                tokens=tokens,
+                ttft=ttft,
+                tpot=(end - first[0]) / max(1, tokens - 1),
+                seconds=end - start,
+            )
+        )
     return records
 
 
@@ -60,7 +65,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--ngram", type=int, default=3)
     args = parser.parse_args()
-    prompts = json.load(open(args.prompts))
+    with open(args.prompts) as f:
+        prompts = json.load(f)
     props = {"INFERENCE_NUM_THREADS": args.threads}
     print(f"openvino {ov.get_version()}, openvino_genai {ov_genai.__version__}, {args.threads} threads")
     for name, lookup in (("plain", None), (f"prompt lookup k={args.k}", {"k": args.k, "ngram": args.ngram})):
