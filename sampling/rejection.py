@@ -172,10 +172,7 @@ def rejection_sample(
     ok_prefix = row_ok.long().cumprod(dim=1).bool()  # [batch, K + 1]
     usable = in_range & ok_prefix[:, 1:]  # [batch, K]
     num_usable = usable.sum(dim=1)  # [batch]
-    first = row_max[rows[:, 0]]  # [batch]
-    status = torch.where(
-        row_ok[:, 0], 0, torch.where(first.isnan(), 1, torch.where(first > 0, 2, 3))
-    )  # [batch]
+    status = _row_status(row_max[rows[:, 0]])  # [batch]
 
     # Greedy: accept while the draft is the target's argmax (on the raw logits: float64 stays exact).
     argmax = row_argmax[rows]  # [batch, K + 1]
@@ -205,10 +202,14 @@ def _greedy_decode(logits: Tensor, rows: Tensor) -> Tensor:  # rows [batch] -> [
     """`rejection_sample`'s answer where no request has drafts and none samples: the row status, then
     the row's argmax (the same numbers its general path gives, in fewer ops)."""
     row_max, argmax = (x[rows] for x in logits.max(dim=-1))  # [batch] each
-    status = torch.where(
-        torch.isfinite(row_max), 0, torch.where(row_max.isnan(), 1, torch.where(row_max > 0, 2, 3))
-    )  # [batch]
-    return torch.stack([status, argmax], dim=1)
+    return torch.stack([_row_status(row_max), argmax], dim=1)
+
+
+def _row_status(first_max: Tensor) -> Tensor:  # [batch] each request's first row's max -> [batch] long
+    """Column 0 of `rejection_sample`'s answer (`ROW_STATUS`): 0 a readable row, 1 NaN, 2 +inf, 3 all -inf."""
+    return torch.where(
+        torch.isfinite(first_max), 0, torch.where(first_max.isnan(), 1, torch.where(first_max > 0, 2, 3))
+    )
 
 
 def _target_probs(logits, meta: SpecDecodeMetadata, params, sampled: list[int]) -> Tensor:
