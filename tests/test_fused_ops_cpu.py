@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from specexec.executor.layers.activation import act_mul, fused_activation_code
 from specexec.executor.layers.cpu_kernels import cpu_kernels
-from specexec.executor.layers.rotary import RotaryTable, apply_rotary, rotate_and_store
+from specexec.executor.layers.rotary import RotaryTable, apply_rotary
 from transformers.activations import ACT2FN
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -67,7 +67,7 @@ def test_rotary_kv_write_rotates_q_and_k_and_stores_k_and_v(dtype, heads, kv_hea
     slots = torch.tensor([40, 2, 11, 63, 0])
     pool = torch.zeros(2, 64, kv_heads, head_dim, dtype=dtype)
     rows = table.rows(positions)
-    q = rotate_and_store(qkv, rows, pool, slots, heads, kv_heads, head_dim)
+    q = cpu_kernels().rotary_kv_write(qkv, rows, pool, slots, heads, kv_heads, head_dim)
     q_want = apply_rotary(qkv[:, : heads * head_dim].view(tokens, heads, head_dim), rows)
     k_want = apply_rotary(
         qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim), rows

@@ -7,8 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .cpu_kernels import cpu_kernels, fused_ops_take
-from .triton_kernels import triton_ops, triton_ops_take
+from .fused_ops import fused_ops_for
 
 #: the fused op's code for each activation module it computes (transformers' classes, by name)
 FUSED_ACTIVATIONS = {"SiLUActivation": 0, "SiLU": 0, "GELUTanh": 1, "PytorchGELUTanh": 1}
@@ -21,9 +20,8 @@ def fused_activation_code(act: nn.Module) -> int | None:
 
 def act_mul(gate_up: torch.Tensor, act: nn.Module, code: int | None) -> torch.Tensor:
     """[T, 2 * intermediate] -> act(gate) * up [T, intermediate]."""
-    if code is not None and fused_ops_take(gate_up):
-        return cpu_kernels().act_mul(gate_up, code)
-    if code is not None and triton_ops_take(gate_up):
-        return triton_ops().act_mul(gate_up, code)
+    ops = fused_ops_for(gate_up) if code is not None else None
+    if ops is not None:
+        return ops.act_mul(gate_up, code)
     gate, up = gate_up.chunk(2, dim=-1)
     return act(gate) * up

@@ -18,8 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cpu_kernels import cpu_kernels, fused_ops_take
-from .triton_kernels import triton_ops, triton_ops_take
+from .fused_ops import fused_ops_for
 
 
 class RMSNorm(nn.Module):
@@ -40,13 +39,9 @@ class RMSNorm(nn.Module):
         return cls(module.weight, float(eps), unit_offset="Gemma" in type(module).__name__)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> [..., dim]
-        if fused_ops_take(x):
-            out, _ = cpu_kernels().add_rms_norm(
-                x.reshape(-1, x.shape[-1]), None, self.weight, self.eps, self.unit_offset
-            )
-            return out.view(x.shape)
-        if triton_ops_take(x):
-            out, _ = triton_ops().add_rms_norm(
+        ops = fused_ops_for(x)
+        if ops is not None:
+            out, _ = ops.add_rms_norm(
                 x.reshape(-1, x.shape[-1]), None, self.weight, self.eps, self.unit_offset
             )
             return out.view(x.shape)
@@ -56,10 +51,9 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:  # [T, dim] each: (norm(residual + x), residual + x)
         """The residual add then the norm (``residual=None``: no add), in one op where it can."""
-        if fused_ops_take(x):
-            return cpu_kernels().add_rms_norm(x, residual, self.weight, self.eps, self.unit_offset)
-        if triton_ops_take(x):
-            return triton_ops().add_rms_norm(x, residual, self.weight, self.eps, self.unit_offset)
+        ops = fused_ops_for(x)
+        if ops is not None:
+            return ops.add_rms_norm(x, residual, self.weight, self.eps, self.unit_offset)
         total = x if residual is None else residual + x
         return self._torch_forward(total), total
 

@@ -12,9 +12,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .cpu_kernels import cpu_kernels, fused_ops_take
-from .triton_kernels import triton_ops, triton_ops_take
-
 
 class RotaryTable(nn.Module):
     """cos and sin per position: ``table[position] = (cos [head_dim], sign * sin [head_dim])``."""
@@ -42,28 +39,6 @@ class RotaryTable(nn.Module):
     def rows(self, positions: torch.Tensor) -> torch.Tensor:  # [num_tokens] -> [num_tokens, 2, 1, head_dim]
         """The cos and signed-sin rows of these positions, shaped to broadcast over heads."""
         return self.table.index_select(0, positions).unsqueeze(2)
-
-
-def rotate_and_store(
-    qkv: torch.Tensor,  # [T, (heads + 2 * kv_heads) * head_dim] a fused QKV projection's output
-    rows: torch.Tensor,  # [T, 2, 1, head_dim] `RotaryTable.rows`
-    kv: torch.Tensor,  # [2, slots, kv_heads, head_dim] one layer's KV pool
-    slots: torch.Tensor,  # [T] each token's slot
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-) -> torch.Tensor:  # [T, heads, head_dim]
-    """RoPE on the q and k heads, the rotated keys and the values written into the pool at their slots,
-    in one pass (the C++ op ``rotary_kv_write`` on the CPU, the Triton kernel on CUDA: callers check
-    `rotate_and_store_takes`); returns q."""
-    if triton_ops_take(qkv):
-        return triton_ops().rotary_kv_write(qkv, rows, kv, slots, num_heads, num_kv_heads, head_dim)
-    return cpu_kernels().rotary_kv_write(qkv, rows, kv, slots, num_heads, num_kv_heads, head_dim)
-
-
-def rotate_and_store_takes(qkv: torch.Tensor) -> bool:
-    """Whether `rotate_and_store` runs for this fused QKV output (a fused op for its device and dtype)."""
-    return fused_ops_take(qkv) or triton_ops_take(qkv)
 
 
 def apply_rotary(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

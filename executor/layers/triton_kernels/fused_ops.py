@@ -9,7 +9,7 @@ six, with the numbers of the torch ops they replace (float32 inside, rounded whe
 - `act_mul`: ``act(gate) * up`` over a fused gate/up output (SiLU or tanh-GELU, rounded, then the
   product), one program a (token, block of columns).
 
-The callers check `triton_ops_take` first (`__init__.py`).
+`../fused_ops.py` takes them for CUDA tensors (`triton_ops_take`, `__init__.py`).
 """
 
 from __future__ import annotations

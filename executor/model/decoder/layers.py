@@ -20,8 +20,9 @@ import torch
 from torch import nn
 
 from ...layers.activation import act_mul, fused_activation_code
+from ...layers.fused_ops import fused_ops_for
 from ...layers.norm import RMSNorm
-from ...layers.rotary import apply_rotary, rotate_and_store, rotate_and_store_takes
+from ...layers.rotary import apply_rotary
 from ..attention_metadata import AttentionMetadata
 from ..paged_attention import paged_attention
 
@@ -80,9 +81,12 @@ class DecoderLayer(nn.Module):
         spec, (q_size, kv_size) = self.spec, self._split
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
-        if self.q_norm is None and rotate_and_store_takes(qkv):  # RoPE and the cache write in one pass
+        ops = fused_ops_for(qkv) if self.q_norm is None else None
+        if ops is not None:  # RoPE and the cache write in one pass
             kv = meta.kv_cache.kv[spec.layer_idx]
-            q = rotate_and_store(qkv, rows, kv, meta.slots, spec.num_heads, spec.num_kv_heads, spec.head_dim)
+            q = ops.rotary_kv_write(
+                qkv, rows, kv, meta.slots, spec.num_heads, spec.num_kv_heads, spec.head_dim
+            )
             out = paged_attention(
                 spec.layer_idx, q, None, None, meta, spec.scaling, spec.sliding_window, spec.softcap
             )
