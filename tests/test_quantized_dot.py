@@ -125,6 +125,22 @@ def test_q8_linear_is_the_int8_rounded_product_within_its_bound(
     assert ((got.double() - exact).abs() <= bound + rounded.abs() * out_rounding + 1e-4).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_width_result_is_the_float_result_rounded_as_torch_rounds(dtype):
+    """The kernels write bfloat16 and float16 results straight from their float sums: the same values as
+    the float32 result converted by torch (nearest, ties to even), a NaN a NaN and infinity infinity."""
+    weights = random_q4(64, 96, seed=11)
+    tiles = pack_q4(weights.q, weights.scale, weights.offset)
+    x = (torch.randn(5, 96, generator=torch.Generator().manual_seed(4)) * 3).to(dtype)
+    assert torch.equal(q4_linear(x, tiles), q4_linear(x.float(), tiles).to(dtype))
+    q = torch.randint(-127, 128, (64, 96), generator=torch.Generator().manual_seed(6), dtype=torch.int8)
+    scale = torch.rand(64) * 0.01
+    scale[3], scale[5] = float("nan"), float("inf")
+    got, want = q8_linear(x, pack_q8(q), scale), q8_linear(x.float(), pack_q8(q), scale).to(dtype)
+    assert got[:, 3].isnan().all() and got[:, 5].isinf().all()
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
 def test_each_row_is_computed_on_its_own():
     """A verify step's rows give what the same tokens give one at a time: bit for bit."""
     weights = random_q4(96, 128, seed=3)

@@ -41,6 +41,7 @@ SOURCES = tuple(
         "prenorm_layer_cpu.cpp",
     )
 )
+HEADERS = (Path(__file__).parent / "float_convert.h",)  #: included by the sources: part of a build's identity
 SWITCH = "SPECEXEC_CPU_KERNELS"  #: "0" keeps every CPU op on torch
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")  #: (no errno: libm calls vectorize)
 #: the dtypes the fused ops take (float64, the tests' reference dtype, stays on torch ops)
@@ -54,7 +55,7 @@ def cpu_kernels():
         logger.info("C++ CPU kernels off (%s=0): torch ops run instead", SWITCH)
         return None
     digest = hashlib.sha256(
-        "\0".join([*(s.read_text() for s in SOURCES), describe_cpu(), torch.__version__, *CFLAGS]).encode()
+        "\0".join([*(s.read_text() for s in SOURCES + HEADERS), describe_cpu(), torch.__version__, *CFLAGS]).encode()
     ).hexdigest()[:12]
     name = f"specexec_cpu_{digest}"
     build = default_cache_dir() / "cpu-kernels" / name

@@ -13,16 +13,33 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "float_convert.h"
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <tuple>
 #include <vector>
 
 namespace {
 
-template <typename T>
-inline float f(T x) {
-  return static_cast<float>(x);
+using specexec_convert::widen;
+using specexec_convert::round_to;
+using specexec_convert::put;
+
+// sum of v[i]^2 over n floats, in 16 partial sums (so that it vectorizes; float addition is not
+// associative, so GCC keeps a single sum's order otherwise)
+inline float sum_of_squares(const float* v, int64_t n) {
+  float partial[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (int j = 0; j < 16; ++j) partial[j] += v[i + j] * v[i + j];
+  }
+  for (; i < n; ++i) partial[i % 16] += v[i] * v[i];
+  float total = 0.f;
+  for (int j = 0; j < 16; ++j) total += partial[j];
+  return total;
 }
 
 // out [T, D], residual [T, D] (its sum with x when given, else x itself: returned as the new residual)
@@ -31,36 +48,40 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && x.size(1) == weight.size(0), "x [T, D], weight [D]");
   x = x.contiguous();
   weight = weight.contiguous();
+  const at::Tensor res = residual.has_value() ? residual->contiguous() : x;
   at::Tensor sum = residual.has_value() ? at::empty_like(x) : x;
   at::Tensor out = at::empty_like(x);
   const int64_t T = x.size(0), D = x.size(1);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
     using T_ = scalar_t;
     const T_* xp = x.data_ptr<T_>();
-    const T_* rp = residual.has_value() ? residual->contiguous().data_ptr<T_>() : nullptr;
+    const T_* rp = residual.has_value() ? res.data_ptr<T_>() : nullptr;
     const T_* wp = weight.data_ptr<T_>();
     T_* sp = sum.data_ptr<T_>();
     T_* op = out.data_ptr<T_>();
     at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
-      std::vector<float> row(D);
+      std::vector<float> row(D), w(D);
+      for (int64_t i = 0; i < D; ++i) w[i] = widen(wp + i);
       for (int64_t t = begin; t < end; ++t) {
-        float squares = 0.f;
-        for (int64_t i = 0; i < D; ++i) {
-          T_ v = xp[t * D + i];
-          if (rp != nullptr) {
-            v = static_cast<T_>(f(v) + f(rp[t * D + i]));  // the add, rounded to the dtype
-            sp[t * D + i] = v;
+        const T_* xr = xp + t * D;
+        if (rp != nullptr) {
+          const T_* rr = rp + t * D;
+          T_* sr = sp + t * D;
+          for (int64_t i = 0; i < D; ++i) {
+            const float v = round_to<T_>(widen(xr + i) + widen(rr + i));  // the add, rounded to the dtype
+            put(sr + i, v);
+            row[i] = v;
           }
-          row[i] = f(v);
-          squares += row[i] * row[i];
+        } else {
+          for (int64_t i = 0; i < D; ++i) row[i] = widen(xr + i);
         }
-        const float scale = 1.f / std::sqrt(squares / static_cast<float>(D) + static_cast<float>(eps));
-        for (int64_t i = 0; i < D; ++i) {
-          if (unit_offset) {
-            op[t * D + i] = static_cast<T_>(row[i] * scale * (1.f + f(wp[i])));
-          } else {
-            op[t * D + i] = static_cast<T_>(f(wp[i]) * f(static_cast<T_>(row[i] * scale)));
-          }
+        const float scale =
+            1.f / std::sqrt(sum_of_squares(row.data(), D) / static_cast<float>(D) + static_cast<float>(eps));
+        T_* orow = op + t * D;
+        if (unit_offset) {
+          for (int64_t i = 0; i < D; ++i) put(orow + i, row[i] * scale * (1.f + w[i]));
+        } else {
+          for (int64_t i = 0; i < D; ++i) put(orow + i, w[i] * round_to<T_>(row[i] * scale));
         }
       }
     });
@@ -74,6 +95,7 @@ at::Tensor rotary_kv_write(
   TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == (H + 2 * KV) * D, "qkv [T, (H + 2 KV) * D]");
   TORCH_CHECK(kv.is_contiguous() && kv.size(2) == KV && kv.size(3) == D, "kv [2, slots, KV, D], contiguous");
   TORCH_CHECK(qkv.scalar_type() == kv.scalar_type() && rows.scalar_type() == qkv.scalar_type(), "one dtype");
+  TORCH_CHECK(D % 2 == 0, "rotary_kv_write: an even head size");
   qkv = qkv.contiguous();
   rows = rows.contiguous();
   slots = slots.to(at::kLong).contiguous();
@@ -87,25 +109,29 @@ at::Tensor rotary_kv_write(
     T_* qp = q.data_ptr<T_>();
     T_* kp = kv.data_ptr<T_>();
     T_* vp = kp + num_slots * KV * D;
-    at::parallel_for(0, T * (H + KV), 8, [&](int64_t begin, int64_t end) {
-      for (int64_t task = begin; task < end; ++task) {
-        const int64_t t = task / (H + KV), h = task % (H + KV);
-        const T_* in = xp + t * (H + 2 * KV) * D + h * D;
+    // a token's heads are one task's (a few microseconds); tokens split over torch's threads
+    at::parallel_for(0, T, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
         const T_* cos = cp + t * 2 * D;
         const T_* sin = cos + D;
-        T_* dst = h < H ? qp + (t * H + h) * D : kp + (sp[t] * KV + (h - H)) * D;
-        for (int64_t i = 0; i < D; ++i) {
-          const float swapped = f(in[i < half ? i + half : i - half]);
-          // transformers: (x * cos) + (rotate_half(x) * sin), each product rounded to the dtype
-          const T_ a = static_cast<T_>(f(in[i]) * f(cos[i]));
-          const T_ b = static_cast<T_>(swapped * f(sin[i]));
-          dst[i] = static_cast<T_>(f(a) + f(b));
-        }
-        if (h >= H) {  // its V head goes in beside it, unrotated
-          const T_* v = xp + t * (H + 2 * KV) * D + (H + KV + (h - H)) * D;
-          T_* vdst = vp + (sp[t] * KV + (h - H)) * D;
-          for (int64_t i = 0; i < D; ++i) {
-            vdst[i] = v[i];
+        for (int64_t h = 0; h < H + KV; ++h) {
+          const T_* in = xp + t * (H + 2 * KV) * D + h * D;
+          T_* dst = h < H ? qp + (t * H + h) * D : kp + (sp[t] * KV + (h - H)) * D;
+          // transformers: (x * cos) + (rotate_half(x) * sin), each product rounded to the dtype; the two
+          // halves apart, so that neither loop branches on its index
+          for (int64_t i = 0; i < half; ++i) {
+            const float a = round_to<T_>(widen(in + i) * widen(cos + i));
+            const float b = round_to<T_>(widen(in + i + half) * widen(sin + i));
+            put(dst + i, a + b);
+          }
+          for (int64_t i = half; i < D; ++i) {
+            const float a = round_to<T_>(widen(in + i) * widen(cos + i));
+            const float b = round_to<T_>(widen(in + i - half) * widen(sin + i));
+            put(dst + i, a + b);
+          }
+          if (h >= H) {  // its V head goes in beside it, unrotated
+            const T_* v = xp + t * (H + 2 * KV) * D + (H + KV + (h - H)) * D;
+            std::memcpy(vp + (sp[t] * KV + (h - H)) * D, v, D * sizeof(T_));
           }
         }
       }
@@ -114,28 +140,83 @@ at::Tensor rotary_kv_write(
   return q;
 }
 
-// gate_up [T, 2 I] -> act(gate) * up [T, I]; act 0: SiLU, 1: GELU (tanh form)
+// e^x in float for the activations: the attention kernel's range reduction and polynomial (relative error
+// about 2e-7), written as plain arithmetic so that GCC vectorizes a loop of it (std::exp does not vectorize:
+// a libm call per element, which made act_mul 12 ns an element)
+inline float exp_poly(float x) {
+  x = std::min(std::max(x, -87.3f), 88.3f);  // 2^n stays a normal float
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  const float r = std::fma(n, -1.42860677e-6f, std::fma(n, -0.693145752f, x));
+  float p = 1.f / 720;
+  p = std::fma(p, r, 1.f / 120);
+  p = std::fma(p, r, 1.f / 24);
+  p = std::fma(p, r, 1.f / 6);
+  p = std::fma(p, r, 0.5f);
+  p = std::fma(p, r, 1.f);
+  p = std::fma(p, r, 1.f);
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+inline float silu(float g) { return g / (1.f + exp_poly(-g)); }
+
+inline float gelu_tanh(float g) {  // tanh(z) = 1 - 2 / (e^(2z) + 1)
+  const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+  return 0.5f * g * (2.f - 2.f / (exp_poly(2.f * inner) + 1.f));
+}
+
+// One row's act(gate) * up, `n` elements, in chunks whose float work vectorizes; the activation is rounded
+// to the dtype before the product, as torch's two ops round.
+template <typename T_>
+void act_mul_row(const T_* gate, const T_* up, T_* out, int64_t n, int64_t act) {
+  constexpr int64_t kChunk = 64;
+  float g[kChunk], a[kChunk];
+  for (int64_t start = 0; start < n; start += kChunk) {
+    const int64_t len = std::min(kChunk, n - start);
+    for (int64_t i = 0; i < len; ++i) {
+      g[i] = widen(gate + start + i);
+    }
+    if (act == 0) {
+      for (int64_t i = 0; i < len; ++i) a[i] = silu(g[i]);
+    } else {
+      for (int64_t i = 0; i < len; ++i) a[i] = gelu_tanh(g[i]);
+    }
+    for (int64_t i = 0; i < len; ++i) {
+      put(out + start + i, round_to<T_>(a[i]) * widen(up + start + i));
+    }
+  }
+}
+
+template <>
+void act_mul_row<double>(const double* gate, const double* up, double* out, int64_t n, int64_t act) {
+  for (int64_t i = 0; i < n; ++i) {  // double keeps libm's exp and tanh
+    const double g = gate[i];
+    const double a = act == 0 ? g / (1.0 + std::exp(-g))
+                              : 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+    out[i] = a * up[i];
+  }
+}
+
+// gate_up [T, 2 I] -> act(gate) * up [T, I]; act 0: SiLU, 1: GELU (tanh form). Rows split over torch's
+// threads, and a row's chunks too where there are few rows.
 at::Tensor act_mul(at::Tensor gate_up, int64_t act) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "gate_up [T, 2 I]");
   gate_up = gate_up.contiguous();
   const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
   at::Tensor out = at::empty({T, I}, gate_up.options());
+  constexpr int64_t kPiece = 1024;  // elements a task takes at the least
+  const int64_t pieces = (I + kPiece - 1) / kPiece;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "act_mul", [&] {
     using T_ = scalar_t;
     const T_* gp = gate_up.data_ptr<T_>();
     T_* op = out.data_ptr<T_>();
-    at::parallel_for(0, T * I, 4096, [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) {
-        const int64_t t = k / I, i = k % I;
-        const float g = f(gp[t * 2 * I + i]);
-        float a;
-        if (act == 0) {
-          a = g / (1.f + std::exp(-g));
-        } else {
-          const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-          a = 0.5f * g * (1.f + std::tanh(inner));
-        }
-        op[k] = static_cast<T_>(f(static_cast<T_>(a)) * f(gp[t * 2 * I + I + i]));
+    at::parallel_for(0, T * pieces, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t t = task / pieces, start = (task % pieces) * kPiece;
+        const int64_t len = std::min(kPiece, I - start);
+        act_mul_row<T_>(gp + t * 2 * I + start, gp + t * 2 * I + I + start, op + t * I + start, len, act);
       }
     });
   });

@@ -30,6 +30,8 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "../float_convert.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -270,26 +272,34 @@ at::Tensor tiled_linear(const at::Tensor& x_in, int64_t tiles, TileFn tile_fn, c
     case at::kHalf: quantize_rows(x.data_ptr<c10::Half>(), M, K, xr); break;
     default: TORCH_CHECK(false, name, ": x must be float32, bfloat16 or float16");
   }
-  at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, tiles, 4, [&](int64_t begin, int64_t end) {
-    float result[kRowTile * kTile];
-    for (int64_t t = begin; t < end; ++t) {
-      for (int64_t m0 = 0; m0 < M; m0 += kRowTile) {
-        const int64_t rows = std::min(kRowTile, M - m0);
-        switch (rows) {
-          case 1: tile_fn(std::integral_constant<int, 1>{}, t, xr, m0, rows, K, result); break;
-          case 2: tile_fn(std::integral_constant<int, 2>{}, t, xr, m0, rows, K, result); break;
-          case 3: tile_fn(std::integral_constant<int, 3>{}, t, xr, m0, rows, K, result); break;
-          default: tile_fn(std::integral_constant<int, 4>{}, t, xr, m0, rows, K, result); break;
-        }
-        for (int64_t r = 0; r < rows; ++r) {
-          std::memcpy(op + (m0 + r) * N + t * kTile, result + r * kTile, kTile * sizeof(float));
+  at::Tensor out = at::empty({M, N}, x.options());  // written in x's dtype, rounded as a float result's .to()
+  auto run = [&](auto* op) {
+    at::parallel_for(0, tiles, 4, [&](int64_t begin, int64_t end) {
+      float result[kRowTile * kTile];
+      for (int64_t t = begin; t < end; ++t) {
+        for (int64_t m0 = 0; m0 < M; m0 += kRowTile) {
+          const int64_t rows = std::min(kRowTile, M - m0);
+          switch (rows) {
+            case 1: tile_fn(std::integral_constant<int, 1>{}, t, xr, m0, rows, K, result); break;
+            case 2: tile_fn(std::integral_constant<int, 2>{}, t, xr, m0, rows, K, result); break;
+            case 3: tile_fn(std::integral_constant<int, 3>{}, t, xr, m0, rows, K, result); break;
+            default: tile_fn(std::integral_constant<int, 4>{}, t, xr, m0, rows, K, result); break;
+          }
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t i = 0; i < kTile; ++i) {
+              specexec_convert::put(op + (m0 + r) * N + t * kTile + i, result[r * kTile + i]);
+            }
+          }
         }
       }
-    }
-  });
-  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+    });
+  };
+  switch (x.scalar_type()) {
+    case at::kFloat: run(out.data_ptr<float>()); break;
+    case at::kBFloat16: run(out.data_ptr<c10::BFloat16>()); break;
+    default: run(out.data_ptr<c10::Half>()); break;
+  }
+  return out;
 }
 
 // x [M, K]; tiles [N / 8, K / 32 * 160] uint8 (`pack_q4`) -> [M, N]
