@@ -114,7 +114,7 @@ def make_qkv(n: int):
 
 
 @pytest.mark.parametrize("shapes", SHAPES)
-@pytest.mark.parametrize("path", ["sdpa", "matmul"])
+@pytest.mark.parametrize("path", ["sdpa", "matmul", "paged_cpu"])
 def test_paged_attention_equals_plain_attention_per_request(shapes, path):
     rng = random.Random(str(shapes))
     torch.manual_seed(0)
@@ -238,3 +238,25 @@ def test_each_group_takes_the_kernel_of_its_case_and_context():
     assert [paths.for_group(4, True, 1, short), paths.for_group(4, True, 8, short)] == ["sdpa", "matmul"]
     assert [paths.for_group(1, True, 1, long), paths.for_group(4, True, 8, long)] == ["sdpa", "sdpa"]
     assert paths.for_group(200, False, 1, long) == "sdpa"  # prefill chunks: SDPA
+
+
+def test_short_queries_share_one_group_where_the_kernel_reads_each_requests_own_keys():
+    """Padding a group in keys costs the torch kernels (they attend over the longest request's keys), so
+    a decode row over 5 keys is not grouped with one over 300; the kernels that read the pages in place
+    read each request's own keys, so every short query joins one group (one call a layer) and only a
+    long prefill chunk stays alone."""
+    shapes = [(4, 1), (300, 1), (20, 4), (3, 70), (9, 2)]
+    cache = KVCache(KVCacheSpec(1, KV_HEADS, HEAD_DIM, torch.float32), 128, BLOCK, torch.device("cpu"))
+    seqs = ragged_batch(random.Random(0), 128, shapes)
+    torch_paths = AttentionMetadata.build(cache, slots_of(seqs), seqs, BLOCK, AttentionPaths.all("matmul"))
+    assert len(torch_paths.groups) > 2
+    for path in ("paged_cpu", "paged_triton"):
+        paths = AttentionPaths.all(path)
+        assert paths.batches_read_pages_in_place()
+        meta = AttentionMetadata.build(cache, slots_of(seqs), seqs, BLOCK, paths)
+        assert [g.num_queries for g in meta.groups] == [4, 1]
+        assert [g.is_short for g in meta.groups] == [True, False]
+        assert meta.groups[0].out_index.tolist() == [0, 1, 2, 3, 4, 5, 76, 77], "in batch order"
+    mixed = AttentionPaths(("paged_cpu",) * 4, ("paged_cpu", "matmul", "paged_cpu", "paged_cpu"))
+    assert not mixed.batches_read_pages_in_place()
+    assert not AttentionPaths().batches_read_pages_in_place(), "unmeasured: the torch path may run"

@@ -75,8 +75,8 @@ def executor_for(arch, dtype, quantization=None, kernel="torch", **overrides):
 
 
 def forwards(executor) -> list[torch.Tensor]:
-    """Logits of a prefill, a decode row, a 4-row verify (and the hidden states recorded then), and 3
-    requests decoding together, and their K/V."""
+    """Logits of a prefill, a decode row, a 4-row verify (and the hidden states recorded then), 3
+    requests decoding together, the 3 verifying 3, 1 and 2 tokens together, and their K/V."""
     runner, bm = executor.core.runner, executor.block_manager
     for name in ("a", "b", "c"):
         bm.allocate(name, 40)
@@ -89,8 +89,15 @@ def forwards(executor) -> list[torch.Tensor]:
         runner.forward([SequenceInput(list(range(5, 17)), 0, bm.block_tables[name], 1)])
     batch = [SequenceInput([8], 25 if n == "a" else 12, bm.block_tables[n], 1) for n in ("a", "b", "c")]
     out.append(runner.forward(batch).logits)
+    # query lengths 3, 1, 2 in one group: the op gathers the padded group's rows and picks the output's
+    mixed = [
+        SequenceInput([8, 9, 10], 26, bm.block_tables["a"], 3),
+        SequenceInput([3], 13, bm.block_tables["b"], 1),
+        SequenceInput([4, 5], 13, bm.block_tables["c"], 2),
+    ]
+    out.append(runner.forward(mixed).logits)
     block = runner.kv_cache.block_size
-    for name, length in (("a", 26), ("b", 13), ("c", 13)):  # each request's K/V, wherever its pages are
+    for name, length in (("a", 29), ("b", 14), ("c", 15)):  # each request's K/V, wherever its pages are
         pages = torch.tensor(bm.block_tables[name])
         slots = pages[torch.arange(length) // block] * block + torch.arange(length) % block
         out.append(runner.kv_cache.kv[..., slots, :, :])
@@ -126,7 +133,7 @@ def test_the_op_gives_the_python_layers_logits_and_pages_bit_for_bit(
         python_only(monkeypatch)
         plain = forwards(executor)
         assert len(fused_calls) == num_fused
-    assert len(stacked) == len(plain) == 4 + 3 + 3
+    assert len(stacked) == len(plain) == 4 + 3 + 1 + 3
     for got_stacked, got, want in zip(stacked, fused, plain):
         assert torch.equal(got_stacked, want)
         assert torch.equal(got, want)
@@ -214,3 +221,21 @@ def test_a_packed_layer_gives_the_op_the_call_its_forward_makes_for_those_rows()
     mkl = PackedLinear(linear, mkl_rows=4)
     assert fused_layer.linear_call(mkl, 4, torch.float32) is None
     assert fused_layer.linear_call(mkl, 1, torch.float32)[0] == ONEDNN
+
+
+def test_requests_verifying_different_numbers_of_tokens_run_in_the_op(fused_calls):
+    """One short-query group holds requests with 3, 1 and 2 new tokens (an NGram step where some found
+    no drafts); the stack's op takes it, its rows laid out as the Python layers lay them out."""
+    with executor_for("llama", torch.float32) as executor:
+        runner, bm = executor.core.runner, executor.block_manager
+        for name in ("a", "b", "c"):
+            bm.allocate(name, 40)
+            runner.forward([SequenceInput(list(range(3, 13)), 0, bm.block_tables[name], 1)])
+        fused_calls.clear()
+        lengths = {"a": 3, "b": 1, "c": 2}
+        step = [SequenceInput([5] * n, 10, bm.block_tables[name], n) for name, n in lengths.items()]
+        logits = runner.forward(step).logits
+        assert sorted(fused_calls) == list(range(runner.model.config.num_hidden_layers))
+        assert logits.shape[0] == 6
+        for name in lengths:
+            bm.free(name)

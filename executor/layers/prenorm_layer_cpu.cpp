@@ -6,7 +6,7 @@
 //
 //   h, x = add_rms_norm(hidden, residual)            (x: the layer's input, the next residual)
 //   q = rotary_kv_write(qkv_proj(h))                  (K and V written into the pool)
-//   o = paged_attention_short(q)                      (one group: the whole batch in order)
+//   o = paged_attention_short(q)                      (one group: the whole batch, in order or gathered)
 //   h, x = add_rms_norm(o_proj(o), x)
 //   out = down_proj(act_mul(gate_up_proj(h)))         (returns (out, x); the next layer adds them)
 //
@@ -89,6 +89,11 @@ struct StepArgs {
   int64_t window;
   double softcap;
   int64_t act;
+  // where the group's queries are not the batch's rows in order (requests with different query lengths):
+  // the padded group's rows are the batch's rows query_index [G * Q] (padding: row 0), and the batch's
+  // rows are the group output's rows valid_rows [T], as the Python layer gathers and scatters them
+  const std::optional<at::Tensor>& query_index;
+  const std::optional<at::Tensor>& valid_rows;
 };
 
 std::tuple<at::Tensor, at::Tensor> layer_forward(const at::Tensor& hidden, const std::optional<at::Tensor>& residual,
@@ -108,14 +113,21 @@ std::tuple<at::Tensor, at::Tensor> layer_forward(const at::Tensor& hidden, const
                                                 double, int64_t, double)>("specexec_cpu::paged_attention_short");
   static const auto act_mul = find_op<at::Tensor(at::Tensor, int64_t)>("specexec_cpu::act_mul");
   const int64_t T = hidden.size(0), groups = s.query_pos.size(0), per_group = s.query_pos.size(1);
-  TORCH_CHECK(groups * per_group == T, "prenorm_layer: the group's queries must be the whole batch in order");
+  const bool in_order = !s.query_index.has_value();
+  TORCH_CHECK(in_order ? groups * per_group == T
+                       : s.valid_rows.has_value() && s.query_index->numel() == groups * per_group &&
+                             s.valid_rows->numel() == T,
+              "prenorm_layer: the group's queries must be the whole batch, in order or laid out by "
+              "query_index and valid_rows");
   auto [h, x] = add_rms_norm.call(hidden, residual, input_norm, input_eps, false);
-  const at::Tensor q = rotary_kv_write.call(linear(h, kinds[0], linears[0]), s.rotary_rows, kv, s.slots, s.heads,
-                                            s.kv_heads, s.head_dim);  // [T, heads, head_dim]
-  const at::Tensor attended = attend.call(q.view({groups, per_group, s.heads, s.head_dim}), kv, s.block_tables,
-                                          s.query_pos, s.kv_lens, s.block_size, s.scaling, s.window, s.softcap);
-  auto [h2, x2] = add_rms_norm.call(linear(attended.reshape({T, s.heads * s.head_dim}), kinds[1], linears[1]), x,
-                                    post_norm, post_eps, false);
+  at::Tensor q = rotary_kv_write.call(linear(h, kinds[0], linears[0]), s.rotary_rows, kv, s.slots, s.heads,
+                                      s.kv_heads, s.head_dim);  // [T, heads, head_dim]
+  if (!in_order) q = q.index_select(0, *s.query_index);  // [G * Q, heads, head_dim]
+  at::Tensor attended = attend.call(q.view({groups, per_group, s.heads, s.head_dim}), kv, s.block_tables,
+                                    s.query_pos, s.kv_lens, s.block_size, s.scaling, s.window, s.softcap);
+  attended = attended.reshape({groups * per_group, s.heads * s.head_dim});
+  if (!in_order) attended = attended.index_select(0, *s.valid_rows);  // [T, heads * head_dim]
+  auto [h2, x2] = add_rms_norm.call(linear(attended, kinds[1], linears[1]), x, post_norm, post_eps, false);
   at::Tensor out = linear(act_mul.call(linear(h2, kinds[2], linears[2]), s.act), kinds[3], linears[3]);
   return {out, x2};
 }
@@ -134,10 +146,12 @@ std::tuple<at::Tensor, at::Tensor> prenorm_layer(
     at::Tensor block_tables,  // [G, max_blocks] the group's
     at::Tensor query_pos,     // [G, Q]
     at::Tensor kv_lens,       // [G]
-    int64_t block_size, double scaling, int64_t window, double softcap, int64_t act) {
+    int64_t block_size, double scaling, int64_t window, double softcap, int64_t act,
+    std::optional<at::Tensor> query_index,  // [G * Q]; None: the group's queries are the batch in order
+    std::optional<at::Tensor> valid_rows) {  // [T]
   TORCH_CHECK(kinds.size() == 4, "prenorm_layer: four linear kinds (qkv, o, gate_up, down)");
-  const StepArgs step{rotary_rows, slots,    heads,   kv_heads, head_dim, block_tables, query_pos,
-                      kv_lens,     block_size, scaling, window,   softcap,  act};
+  const StepArgs step{rotary_rows, slots,   heads,  kv_heads, head_dim,    block_tables, query_pos,
+                      kv_lens,     block_size, scaling, window, softcap, act, query_index, valid_rows};
   const std::vector<at::Tensor> linears[4] = {qkv, o, gate_up, down};
   return layer_forward(hidden, residual, input_norm, input_eps, post_norm, post_eps, kinds.data(), linears, kv, step);
 }
@@ -154,13 +168,14 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> prenorm_stack(
     std::vector<int64_t> layer_idx,    // each layer's index into it
     at::Tensor rotary_rows, at::Tensor slots, int64_t heads, int64_t kv_heads, int64_t head_dim,
     at::Tensor block_tables, at::Tensor query_pos, at::Tensor kv_lens, int64_t block_size, double scaling,
-    int64_t window, double softcap, int64_t act, std::vector<int64_t> capture) {
+    int64_t window, double softcap, int64_t act, std::optional<at::Tensor> query_index,
+    std::optional<at::Tensor> valid_rows, std::vector<int64_t> capture) {
   const size_t layers = layer_idx.size();
   TORCH_CHECK(layers > 0 && norms.size() == 2 * layers && eps.size() == 2 * layers && kinds.size() == 4 * layers &&
                   counts.size() == 4 * layers,
               "prenorm_stack: per layer two norms and eps, four linear kinds and counts, one pool");
-  const StepArgs step{rotary_rows, slots,    heads,   kv_heads, head_dim, block_tables, query_pos,
-                      kv_lens,     block_size, scaling, window,   softcap,  act};
+  const StepArgs step{rotary_rows, slots,   heads,  kv_heads, head_dim,    block_tables, query_pos,
+                      kv_lens,     block_size, scaling, window, softcap, act, query_index, valid_rows};
   std::vector<at::Tensor> captured;
   std::optional<at::Tensor> residual;
   size_t next = 0;  // the next of `tensors`

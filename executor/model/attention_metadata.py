@@ -171,15 +171,21 @@ def _consecutive_slots(seq: SequenceSlice, block_size: int) -> slice | None:
 MAX_PADDING_OVERHEAD = 1.5
 
 
-def group_sequences(seqs: list[SequenceSlice]) -> list[list[SequenceSlice]]:
+def group_sequences(seqs: list[SequenceSlice], one_short_group: bool = False) -> list[list[SequenceSlice]]:
     """Short queries share padded groups; each long query is alone.
 
     Short queries are sorted by key length and cut into groups whose padded size (``num * max_q *
     max_kv``) stays within `MAX_PADDING_OVERHEAD` of their real work, so a decode row over 100 keys
-    never pads to a neighbour's 1700 keys or to a 60-token prefill chunk. Uniform batches stay one group."""
+    never pads to a neighbour's 1700 keys or to a 60-token prefill chunk. Uniform batches stay one group.
+    With ``one_short_group`` (the attention kernel reads each request's own keys from the pages, so padding
+    in keys costs nothing) every short query is in one group: one attention call a layer, and on the CPU
+    the whole stack of layers in one op (`decoder/fused_layer.py`)."""
     short = sorted(
         (s for s in seqs if s.query_len <= MAX_SHORT_QUERY_LEN), key=lambda s: (s.kv_len, s.query_len)
     )
+    if one_short_group and short:
+        long = [[s] for s in seqs if s.query_len > MAX_SHORT_QUERY_LEN]
+        return [sorted(short, key=lambda s: s.query_start)] + long
     groups: list[list[SequenceSlice]] = []
     group: list[SequenceSlice] = []
     real = max_q = max_kv = 0
@@ -229,11 +235,13 @@ class AttentionMetadata:
     ):
         device = slot_mapping.device
         num_tokens = int(slot_mapping.shape[0])
-        groups = [build_group(g, block_size, device) for g in group_sequences(seqs)]
+        paths = paths or AttentionPaths()
+        one_short_group = paths.batches_read_pages_in_place()
+        groups = [build_group(g, block_size, device) for g in group_sequences(seqs, one_short_group)]
         lone = groups[0] if len(groups) == 1 else None
         writes: torch.Tensor | slice = slot_mapping
         if lone is not None and lone.kv_slice is not None:
             writes = slice(lone.kv_slice.stop - num_tokens, lone.kv_slice.stop)
         single = lone is not None and lone.query_slice == slice(0, num_tokens)
         slot_tensor = slot_mapping if isinstance(writes, slice) else None
-        return cls(kv_cache, writes, groups, num_tokens, single, paths or AttentionPaths(), None, slot_tensor)
+        return cls(kv_cache, writes, groups, num_tokens, single, paths, None, slot_tensor)

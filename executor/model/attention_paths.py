@@ -49,6 +49,13 @@ class AttentionPaths:
     def all(cls, path: str) -> AttentionPaths:
         return cls((path,) * len(CASES), (path,) * len(CASES))
 
+    def batches_read_pages_in_place(self) -> bool:
+        """Whether every batched decode and verify case takes a kernel that reads each request's own
+        keys from the pages (the C++ or the Triton one): a group padded in keys then costs nothing."""
+        batched = [i for i, (_, requests, _) in enumerate(CASES) if requests > 1]
+        chosen = [paths[i] for paths in (self.short_context, self.long_context) for i in batched]
+        return all(path in (PAGED_CPU, PAGED_TRITON) for path in chosen)
+
     def for_group(self, max_query_len: int, is_short: bool, num_queries: int = 1, max_kv_len: int = 0) -> str:
         if not is_short:
             return SDPA

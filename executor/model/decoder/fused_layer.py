@@ -5,8 +5,8 @@ the same tensors, with no Python between them. The output is the Python layer's,
 
 It runs where every piece of the layer is one of the C++ ops or one kernel call:
 - the step (`FusedStep.of`): on the CPU, in float32, bfloat16 or float16, with the C++ ops loaded, one
-  attention group whose queries are the whole batch in order, attended by the C++ paged kernel (the
-  measured path for those rows);
+  short-query attention group holding every request (decode and verify rows, any mix of query lengths),
+  attended by the C++ paged kernel (the measured path for those rows);
 - the layer (`PreNormLayer` without q/k norms, RMSNorm without Gemma's offset, an activation the C++
   op has): Llama, Mistral and Qwen2;
 - each linear layer: dense ``nn.Linear``, a quantized layer whose call for this many rows is one kernel
@@ -44,26 +44,39 @@ _STACK_ARGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 @dataclass(frozen=True, slots=True)
 class FusedStep:
-    """What every layer's op shares in one forward: the group's pages and positions."""
+    """What every layer's op shares in one forward: the group's pages and positions, and where its
+    queries are not the batch's rows in order (requests with different query lengths), how to lay them
+    out: the padded group's rows are ``query_index``'s rows of the batch, and the batch's rows are the
+    group output's ``valid_rows``."""
 
     slots: torch.Tensor  # [T]
     block_tables: torch.Tensor  # [G, max_blocks]
     query_pos: torch.Tensor  # [G, Q]
     kv_lens: torch.Tensor  # [G]
     block_size: int
+    query_index: torch.Tensor | None  # [G * Q] (padding: row 0); None: the batch's rows are the group's
+    valid_rows: torch.Tensor | None  # [T]; None likewise
 
     @classmethod
     def of(cls, meta: AttentionMetadata, hidden: torch.Tensor) -> FusedStep | None:
-        """The step's shared arguments, or None where the layers cannot run as one op."""
+        """The step's shared arguments, or None where the layers cannot run as one op: they can where
+        one short-query group holds every request (`attention_metadata.group_sequences`)."""
         if hidden.device.type != "cpu" or hidden.dtype not in FUSED_DTYPES or cpu_kernels() is None:
             return None
-        if not meta.is_single_view or meta.groups[0].query_slice is None:
+        if len(meta.groups) != 1 or not meta.groups[0].is_short:
             return None
         group = meta.groups[0]
         if not attends_in_place(group_path(group, meta), group, hidden):
             return None
+        in_order = meta.is_single_view  # else its rows are gathered and the output's picked
         return cls(
-            meta.slots, group.block_tables, group.query_pos[..., 0], group.kv_lens, meta.kv_cache.block_size
+            meta.slots,
+            group.block_tables,
+            group.query_pos[..., 0],
+            group.kv_lens,
+            meta.kv_cache.block_size,
+            None if in_order else group.query_index.view(-1),
+            None if in_order else group.valid_rows,
         )
 
 
@@ -206,7 +219,7 @@ def run_stack(
 
 def _step_args(attention: tuple, settings: tuple, step: FusedStep) -> tuple:
     """The arguments both ops take after the rotary rows, in their order: the pages, the heads, the
-    attention settings and the activation."""
+    attention settings, the activation and the group's row layout."""
     heads, kv_heads, head_dim = attention
     scaling, window, softcap, act = settings
     return (
@@ -222,6 +235,8 @@ def _step_args(attention: tuple, settings: tuple, step: FusedStep) -> tuple:
         window,
         softcap,
         act,
+        step.query_index,
+        step.valid_rows,
     )
 
 
