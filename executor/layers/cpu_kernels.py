@@ -55,7 +55,9 @@ def cpu_kernels():
         logger.info("C++ CPU kernels off (%s=0): torch ops run instead", SWITCH)
         return None
     digest = hashlib.sha256(
-        "\0".join([*(s.read_text() for s in SOURCES + HEADERS), describe_cpu(), torch.__version__, *CFLAGS]).encode()
+        "\0".join(
+            [*(s.read_text() for s in SOURCES + HEADERS), describe_cpu(), torch.__version__, *CFLAGS]
+        ).encode()
     ).hexdigest()[:12]
     name = f"specexec_cpu_{digest}"
     build = default_cache_dir() / "cpu-kernels" / name
