@@ -9,17 +9,18 @@ import random
 import pytest
 import torch
 from specexec.executor.layers import cpu_kernels as kernels_module
-from specexec.executor.layers.attention_kernels import MATMUL
+from specexec.executor.layers.attention_kernels import MATMUL, PAGED_CPU
 from specexec.executor.layers.cpu_kernels import cpu_kernels
 from specexec.executor.layers.paged_attention_cpu import attend_paged_cpu
 from specexec.executor.model.attention_metadata import AttentionMetadata, SequenceSlice
+from specexec.executor.model.attention_paths import AttentionPaths
 from specexec.executor.model.kv_cache import KVCache, KVCacheSpec
 from specexec.executor.model.paged_attention import _attend_gathered
 
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
-def make_case(dtype, heads, kv_heads, head_dim, block_size, query_lens, kv_lens, seed=0):
+def make_case(dtype, heads, kv_heads, head_dim, block_size, query_lens, kv_lens, seed=0, paths=None):
     """A pool with random keys and values, requests on shuffled pages, and their attention metadata."""
     gen = torch.Generator().manual_seed(seed)
     num_blocks = sum(-(-n // block_size) for n in kv_lens) + 3
@@ -39,7 +40,7 @@ def make_case(dtype, heads, kv_heads, head_dim, block_size, query_lens, kv_lens,
             for p in range(s.start_pos, s.kv_len)
         ]
     )
-    meta = AttentionMetadata.build(cache, slots, seqs, block_size)
+    meta = AttentionMetadata.build(cache, slots, seqs, block_size, paths)
     query = torch.randn(start, heads, head_dim, generator=gen).to(dtype)  # [tokens, heads, head_dim]
     return cache, meta, query
 
@@ -134,6 +135,28 @@ def test_a_verify_row_is_the_same_token_decoded_alone_bit_for_bit(dtype, window)
             None,
         )
         assert torch.equal(together[:, t : t + 1], alone), f"row {t}"
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_split_over_threads_changes_no_bit(threads):
+    """The chunks go to the threads in runs of equal work (short requests first, one long one last: the
+    split is not by count); whichever thread takes a chunk, every request's result is the same."""
+    if cpu_kernels() is None:
+        pytest.fail("the C++ CPU kernel did not build here (see the log); this machine has a compiler")
+    lens = [40, 9, 60, 33, 51, 20, 900]
+    paths = AttentionPaths.all(PAGED_CPU)  # one group
+    cache, meta, query = make_case(torch.bfloat16, 9, 3, 64, 16, [1] * 6 + [4], lens, paths=paths)
+    (group,) = meta.groups
+    q = query[group.query_index]
+    args = (q, cache.kv[0], group.block_tables, group.query_pos[..., 0], group.kv_lens, 16, 0.125, None, None)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = attend_paged_cpu(*args)
+        torch.set_num_threads(threads)
+        assert torch.equal(attend_paged_cpu(*args), alone)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_padded_request_attends_key_0_as_the_torch_mask_does():

@@ -328,6 +328,7 @@ inline void weighted_values(const T* vhead, int64_t slot_stride, const int64_t* 
 }
 
 constexpr int64_t kChunk = 256;  // keys per task: a request's keys split at multiples of it (absolute positions)
+constexpr int64_t kTaskOverheadKeys = 16;  // a task's fixed work (its queries, its partial sums) in keys
 
 // The vector path: float accumulation, D a multiple of W. Work is split into tasks of (request, KV head,
 // chunk of kChunk key positions), so one request's long context keeps every thread busy; a task takes
@@ -364,10 +365,26 @@ void attend_vector(const Problem& P, const T* qp, const T* kp, const T* vp, T* o
   const int64_t num_tasks = static_cast<int64_t>(tasks.size());
   std::vector<float> part_acc(num_tasks * R * D), part_max(num_tasks * R), part_sum(num_tasks * R);
 
-  at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
+  // The tasks go to torch's threads in runs of about equal work (a chunk's keys, plus a fixed part), not
+  // of equal count: requests come in batch order, so an even split gave one thread the long requests'
+  // chunks (Spec-Bench's 8 requests at 40 to 900 keys: one thread had 5x the other's keys).
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_tasks));
+  std::vector<int64_t> bounds(workers + 1, num_tasks);  // worker w takes tasks [bounds[w], bounds[w + 1])
+  {
+    int64_t total = 0;
+    for (const Task& tk : tasks) total += tk.hi - tk.lo + 1 + kTaskOverheadKeys;
+    int64_t done = 0, w = 0;
+    bounds[0] = 0;
+    for (int64_t task = 0; task < num_tasks && w + 1 < workers; ++task) {
+      done += tasks[task].hi - tasks[task].lo + 1 + kTaskOverheadKeys;
+      while (w + 1 < workers && done * workers >= total * (w + 1)) bounds[++w] = task + 1;
+    }
+  }
+
+  at::parallel_for(0, workers, 1, [&](int64_t first_worker, int64_t last_worker) {
     std::vector<float> query(R * D), keys_f(W * D), dots(R * W), scores(R * kChunk);
     std::vector<int64_t> slots(kChunk);
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t task = bounds[first_worker]; task < bounds[last_worker]; ++task) {
       const Task& tk = tasks[task];
       const int64_t n = tk.hi - tk.lo + 1;
       for (int64_t t = 0; t < P.Q; ++t) {
