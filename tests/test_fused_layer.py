@@ -177,10 +177,16 @@ def test_steps_the_op_cannot_take_run_in_python(fused_calls):
 
 def test_the_layers_arguments_follow_their_routing(fused_calls, monkeypatch):
     with executor_for("llama", torch.float32, "int4", "torch") as executor:
-        layer = executor.model.model.layers[0]
+        layers = executor.model.model.layers
+        layer = layers[0]
         first = fused_layer.fused_args(layer, 1, torch.float32)
         assert first.weights[4] == [TORCH_INT4] * 4
+        forwards(executor)  # the stack's arguments are built and kept
+        stack = fused_layer.fused_stack(layers, 1, torch.float32)
+        assert stack is fused_layer.fused_stack(layers, 1, torch.float32), "kept while valid"
         set_int8_dot([executor.model], QuantizedKernelChoice("int8_dot", "test", 16, 16))
+        rebuilt = fused_layer.fused_stack(layers, 1, torch.float32)
+        assert rebuilt is not stack and rebuilt.kinds == [Q4_INT8_DOT] * 4 * len(layers)
         second = fused_layer.fused_args(layer, 1, torch.float32)
         assert second is not first and second.weights[4] == [Q4_INT8_DOT] * 4
         assert fused_layer.fused_args(layer, 1, torch.float32) is second, "kept while valid"

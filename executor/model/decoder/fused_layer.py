@@ -112,10 +112,15 @@ class FusedLayerArgs:
         self.settings = (spec.scaling, spec.sliding_window or 0, spec.softcap or 0.0, layer._act_code)
 
     def still_valid(self, layer: nn.Module) -> bool:
-        modules = layer._modules  # (each step, every layer: no nn.Module attribute lookups)
-        return all(modules[name] is m for name, m in zip(LINEARS, self.linears)) and self.routing == tuple(
-            m.__dict__.get("int8_dot_rows") for m in self.linears
-        )
+        return _linears_and_routing([layer]) == (list(self.linears), list(self.routing))
+
+
+def _linears_and_routing(layers) -> tuple[list[nn.Module], list]:
+    """The layers' linear modules (four a layer) and their int8_dot routing, as `FusedLayerArgs` keeps
+    them: checked every step, so two flat comprehensions and no nn.Module attribute lookups (17 us for
+    SmolLM2's 30 layers, against 62 as a tuple per layer)."""
+    linears = [layer._modules[name] for layer in layers for name in LINEARS]
+    return linears, [m.__dict__.get("int8_dot_rows") for m in linears]
 
 
 def fused_args(layer: nn.Module, rows: int, dtype: torch.dtype) -> FusedLayerArgs | None:
@@ -164,10 +169,12 @@ def run_fused(
 
 
 class FusedStackArgs:
-    """Every layer's `FusedLayerArgs` flattened as ``prenorm_stack`` takes them."""
+    """Every layer's `FusedLayerArgs` flattened as ``prenorm_stack`` takes them; `still_valid` checks all
+    the layers' linear modules and routing in one pass (a step's only check while nothing changed)."""
 
     def __init__(self, layers: list[nn.Module], args: list[FusedLayerArgs]) -> None:
         self.args = args  #: each layer's, to see whether one was rebuilt
+        self.signature = ([m for a in args for m in a.linears], [r for a in args for r in a.routing])
         self.norms = [t for a in args for t in (a.weights[0], a.weights[2])]
         self.eps = [e for a in args for e in (a.weights[1], a.weights[3])]
         self.kinds = [k for a in args for k in a.weights[4]]
@@ -178,15 +185,20 @@ class FusedStackArgs:
         self.attention, self.settings = args[0].attention, args[0].settings
         self.rotary = layers[0].spec.rotary  #: the rotary table every layer uses
 
+    def still_valid(self, layers: nn.ModuleList) -> bool:
+        return _linears_and_routing(layers._modules.values()) == self.signature
+
 
 def fused_stack(layers: nn.ModuleList, rows: int, dtype: torch.dtype) -> FusedStackArgs | None:
     """The whole stack's arguments for ``rows`` rows in ``dtype`` (kept for the layer list), or None where
     a layer must run in Python or the layers differ in attention settings or rotary table."""
+    cache = _STACK_ARGS.setdefault(layers, {})
+    stack = cache.get((rows, dtype), False)
+    if stack and len(stack.args) == len(layers) and stack.still_valid(layers):
+        return stack  # (the usual step: one check over every layer, no per-layer lookups)
     args = [fused_args(layer, rows, dtype) for layer in layers]
     if any(a is None for a in args):
         return None
-    cache = _STACK_ARGS.setdefault(layers, {})
-    stack = cache.get((rows, dtype), False)
     if stack is False or (stack is not None and any(x is not y for x, y in zip(stack.args, args))):
         shared = {(a.attention, a.settings, layer.spec.rotary) for a, layer in zip(args, layers)}
         stack = FusedStackArgs(list(layers), args) if len(shared) == 1 else None
