@@ -141,6 +141,30 @@ def test_a_half_width_result_is_the_float_result_rounded_as_torch_rounds(dtype):
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
 
+def test_tiles_taken_two_at_a_time_give_each_tiles_own_result():
+    """AVX-512 builds run two weight tiles (16 output rows) a pass from 16 activation rows on; a layer of
+    one tile runs the one-tile pass. Each tile's slice of a 5-tile layer's output (two pairs and a last
+    single tile) equals that tile alone, bit for bit, for Q4 and for int8 with a row's or a block's
+    scale, at 18 rows (pairs where the build has them) and at 5 (never)."""
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(18, 96, generator=gen).to(torch.bfloat16)
+    weights = random_q4(40, 96, seed=5)
+    q4 = pack_q4(weights.q, weights.scale, weights.offset)  # [5 tiles, ...]
+    whole = q4_linear(x, q4)
+    assert torch.equal(whole[:5], q4_linear(x[:5], q4)), "18 rows (pairs) and 5 (none) agree"
+    for t in range(5):
+        assert torch.equal(whole[:, 8 * t : 8 * t + 8], q4_linear(x, q4[t : t + 1])), f"Q4 tile {t}"
+    q8 = pack_q8(torch.randint(-127, 128, (40, 96), generator=gen, dtype=torch.int8))
+    row_scale, block_scale = torch.rand(40, generator=gen) * 0.01, torch.rand(40, 3, generator=gen) * 0.01
+    tiled = tile_block_scales(block_scale)  # [5 tiles, 3 * 8]
+    whole_row, whole_block = q8_linear(x, q8, row_scale), q8_linear(x, q8, tiled)
+    assert torch.equal(whole_block[:5], q8_linear(x[:5], q8, tiled))
+    for t in range(5):
+        rows = slice(8 * t, 8 * t + 8)
+        assert torch.equal(whole_row[:, rows], q8_linear(x, q8[t : t + 1], row_scale[rows])), f"int8 tile {t}"
+        assert torch.equal(whole_block[:, rows], q8_linear(x, q8[t : t + 1], tiled[t : t + 1]))
+
+
 def test_each_row_is_computed_on_its_own():
     """A verify step's rows give what the same tokens give one at a time: bit for bit."""
     weights = random_q4(96, 128, seed=3)
