@@ -25,24 +25,18 @@ def main() -> None:
     args = parser.parse_args()
     executor = Executor(config=ExecutorConfig(quantization="gguf", progress=False))
     inside: list[float] = []
-    run_stack = decoder_forward.run_stack
 
-    def timed_stack(*a, **k):
-        start = time.perf_counter()
-        out = run_stack(*a, **k)
-        inside.append(time.perf_counter() - start)
-        return out
+    def timed(fn):
+        def call(*a, **k):
+            start = time.perf_counter()
+            out = fn(*a, **k)
+            inside.append(time.perf_counter() - start)
+            return out
+
+        return call
 
     head = executor.model.lm_head
-    head_forward = head.forward
-
-    def timed_head(*a, **k):
-        start = time.perf_counter()
-        out = head_forward(*a, **k)
-        inside.append(time.perf_counter() - start)
-        return out
-
-    decoder_forward.run_stack, head.forward = timed_stack, timed_head
+    decoder_forward.run_stack, head.forward = timed(decoder_forward.run_stack), timed(head.forward)
     prompt = load_dataset(args.dataset, 1)[0]
     ids = executor.tokenizer.apply_chat_template(
         prompt.messages, add_generation_prompt=True, tokenize=True, return_dict=False

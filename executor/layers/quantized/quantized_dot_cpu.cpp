@@ -199,6 +199,24 @@ inline void q4_tile(const uint8_t* tile, const QuantizedRows& xr, int64_t m0, in
 // broadcast activation group feeds 16 weight rows instead of 8, so a block's loads per row halve (the
 // 256-bit pass is bound by them). Every lane does the 256-bit pass's arithmetic in its order: the same
 // results, bit for bit (tested). out[r * 16 + i]: row i of the pair (i < 8: tile t).
+// `tile_dot` for two tiles side by side: each lane one weight row's dot with the block's 32 activation
+// bytes (u[c]: the pair's unsigned vectors c), two chains
+inline __m512i tile_pair_dot(const __m512i* u, const int8_t* x) {
+  auto group = [x](int c) {  // x's bytes 4c..4c+3 in every 32-bit lane
+    int32_t v;
+    std::memcpy(&v, x + 4 * c, 4);
+    return _mm512_set1_epi32(v);
+  };
+  __m512i even = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], group(0));
+  __m512i odd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], group(1));
+#pragma GCC unroll 3
+  for (int c = 2; c < 8; c += 2) {
+    even = _mm512_dpbusd_epi32(even, u[c], group(c));
+    odd = _mm512_dpbusd_epi32(odd, u[c + 1], group(c + 1));
+  }
+  return _mm512_add_epi32(even, odd);
+}
+
 template <int R>
 inline void q4_tile_pair(const uint8_t* tile0, const uint8_t* tile1, const QuantizedRows& xr, int64_t m0,
                          int64_t K, float* out) {
@@ -232,20 +250,7 @@ inline void q4_tile_pair(const uint8_t* tile0, const uint8_t* tile1, const Quant
     const __m512 d = halves(b0 + 128, b1 + 128), mn = halves(b0 + 144, b1 + 144);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const int8_t* x = xq + r * K + g * kBlock;
-      int32_t group;
-      std::memcpy(&group, x, 4);
-      __m512i even = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_set1_epi32(group));
-      std::memcpy(&group, x + 4, 4);
-      __m512i odd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], _mm512_set1_epi32(group));
-#pragma GCC unroll 3
-      for (int c = 2; c < 8; c += 2) {
-        std::memcpy(&group, x + 4 * c, 4);
-        even = _mm512_dpbusd_epi32(even, u[c], _mm512_set1_epi32(group));
-        std::memcpy(&group, x + 4 * c + 4, 4);
-        odd = _mm512_dpbusd_epi32(odd, u[c + 1], _mm512_set1_epi32(group));
-      }
-      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+      const __m512 dot = _mm512_cvtepi32_ps(tile_pair_dot(u, xq + r * K + g * kBlock));
       acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(xd[r * G + g])), acc[r]);
       acc[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[r * G + g]), acc[r]);
     }
@@ -352,20 +357,7 @@ inline void q8_tile_pair(const int8_t* tile0, const int8_t* tile1, const float* 
                                             _mm256_loadu_ps(wd1 + g * kTile), 1);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const int8_t* x = xq + r * K + g * kBlock;
-      int32_t group;
-      std::memcpy(&group, x, 4);
-      __m512i even = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_set1_epi32(group));
-      std::memcpy(&group, x + 4, 4);
-      __m512i odd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], _mm512_set1_epi32(group));
-#pragma GCC unroll 3
-      for (int c = 2; c < 8; c += 2) {
-        std::memcpy(&group, x + 4 * c, 4);
-        even = _mm512_dpbusd_epi32(even, w[c], _mm512_set1_epi32(group));
-        std::memcpy(&group, x + 4 * c + 4, 4);
-        odd = _mm512_dpbusd_epi32(odd, w[c + 1], _mm512_set1_epi32(group));
-      }
-      const __m512i biased = _mm512_add_epi32(even, odd);
+      const __m512i biased = tile_pair_dot(w, xq + r * K + g * kBlock);
       const __m512i dot = _mm512_sub_epi32(biased, _mm512_set1_epi32(128 * xr.sum[(m0 + r) * G + g]));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale, _mm512_set1_ps(xd[r * G + g])), acc[r]);
     }
