@@ -195,10 +195,6 @@ inline void q4_tile(const uint8_t* tile, const QuantizedRows& xr, int64_t m0, in
 
 #if defined(SPECEXEC_SIMD) && defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 #define SPECEXEC_TILE_PAIRS 1  // two tiles a 512-bit pass
-// Two Q4 tiles side by side in 512-bit vectors (tile t in lanes 0..7, tile t + 1 in lanes 8..15): each
-// broadcast activation group feeds 16 weight rows instead of 8, so a block's loads per row halve (the
-// 256-bit pass is bound by them). Every lane does the 256-bit pass's arithmetic in its order: the same
-// results, bit for bit (tested). out[r * 16 + i]: row i of the pair (i < 8: tile t).
 // `tile_dot` for two tiles side by side: each lane one weight row's dot with the block's 32 activation
 // bytes (u[c]: the pair's unsigned vectors c), two chains
 inline __m512i tile_pair_dot(const __m512i* u, const int8_t* x) {
@@ -217,6 +213,10 @@ inline __m512i tile_pair_dot(const __m512i* u, const int8_t* x) {
   return _mm512_add_epi32(even, odd);
 }
 
+// Two Q4 tiles side by side in 512-bit vectors (tile t in lanes 0..7, tile t + 1 in lanes 8..15): each
+// broadcast activation group feeds 16 weight rows instead of 8, so a block's loads per row halve (the
+// 256-bit pass is bound by them). Every lane does the 256-bit pass's arithmetic in its order: the same
+// results, bit for bit (tested). out[r * 16 + i]: row i of the pair (i < 8: tile t).
 template <int R>
 inline void q4_tile_pair(const uint8_t* tile0, const uint8_t* tile1, const QuantizedRows& xr, int64_t m0,
                          int64_t K, float* out) {
