@@ -99,7 +99,7 @@ def assert_the_kernel_gives_the_torch_paths_output(cache, meta, query, scale, wi
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("window", "softcap"), [(None, None), (300, None), (None, 7.5)])
 def test_long_contexts_split_over_chunks_give_the_torch_paths_output(dtype, window, softcap):
-    """Contexts of several of the kernel's 256-key chunks (each one task, merged afterwards), verify rows
+    """Contexts of several of the kernel's 128-key chunks (each one task, merged afterwards), verify rows
     among them, a sliding window that starts inside a chunk."""
     if cpu_kernels() is None:
         pytest.fail("the C++ CPU kernel did not build here (see the log); this machine has a compiler")
@@ -155,6 +155,75 @@ def test_the_split_over_threads_changes_no_bit(threads):
         alone = attend_paged_cpu(*args)
         torch.set_num_threads(threads)
         assert torch.equal(attend_paged_cpu(*args), alone)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_len", [100, 300, 700])
+def test_tasks_of_one_head_or_of_all_heads_give_the_same_bits(dtype, kv_len):
+    """A chunk's KV heads are one task, or one task each where a request has fewer than two chunks a
+    thread (1 chunk at 100 keys, 3 at 300, 6 at 700: each is split at some of 1 to 4 threads, and
+    not at others); a row's result must not depend on which."""
+    if cpu_kernels() is None:
+        pytest.fail("the C++ CPU kernel did not build here (see the log); this machine has a compiler")
+    cache, meta, query = make_case(dtype, 9, 3, 64, 16, [4], [kv_len])
+    positions = torch.arange(kv_len - 4, kv_len)[None]
+    args = (query.view(1, 4, 9, 64), cache.kv[0], meta.groups[0].block_tables, positions)
+    args += (torch.tensor([kv_len]), 16, 0.125, None, None)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3, 4):
+            torch.set_num_threads(threads)
+            results.append(attend_paged_cpu(*args))
+    finally:
+        torch.set_num_threads(before)
+    for threads, got in zip((2, 3, 4), results[1:]):
+        assert torch.equal(got, results[0]), f"{threads} threads"
+    assert_the_kernel_gives_the_torch_paths_output(cache, meta, query, 0.125, None, None)
+
+
+@pytest.mark.parametrize("kv_len", [301, 1300])
+def test_bfloat16_attention_is_about_as_close_to_the_exact_answer_as_its_rounding(kv_len):
+    """bfloat16 pools take the CPU's bfloat16 dot product where it has one (keys, and the values with the
+    probabilities rounded to bfloat16, as flash attention does on GPUs): the mean error against the
+    float64 answer stays within 2x that of rounding the float64 answer itself to bfloat16 (measured:
+    about 1.5x). An odd key count leaves the last key without a partner in the values' pairs."""
+    if cpu_kernels() is None:
+        pytest.fail("the C++ CPU kernel did not build here (see the log); this machine has a compiler")
+    cache, meta, query = make_case(torch.bfloat16, 9, 3, 64, 16, [4], [kv_len])
+    args = (meta.groups[0].block_tables, torch.arange(kv_len - 4, kv_len)[None], torch.tensor([kv_len]))
+    args += (16, 0.125, None, None)
+    q = query.view(1, 4, 9, 64)
+    exact = attend_paged_cpu(q.double(), cache.kv[0].double(), *args)
+    got = attend_paged_cpu(q, cache.kv[0], *args).double()
+    rounding = (exact.to(torch.bfloat16).double() - exact).abs().mean()
+    assert (got - exact).abs().mean() <= 2 * rounding
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_len", [45, 301])
+def test_slots_a_request_does_not_own_never_reach_its_output(dtype, kv_len):
+    """Every slot outside the request's keys holds NaN (pages of other requests, the rest of its last
+    page): nothing of them may reach the result, not even times a zero probability (an odd number of
+    keys leaves the bfloat16 values' last pair one key short)."""
+    if cpu_kernels() is None:
+        pytest.fail("the C++ CPU kernel did not build here (see the log); this machine has a compiler")
+    cache, meta, query = make_case(dtype, 9, 3, 64, 16, [3], [kv_len])
+    tables = meta.groups[0].block_tables
+    owned = torch.zeros(cache.kv.shape[2], dtype=torch.bool)
+    for k in range(kv_len):
+        owned[tables[0, k // 16] * 16 + k % 16] = True
+    args = (tables, torch.arange(kv_len - 3, kv_len)[None], torch.tensor([kv_len]), 16, 0.125, None, None)
+    q = query.view(1, 3, 9, 64)
+    want = attend_paged_cpu(q, cache.kv[0], *args)
+    cache.kv[:, :, ~owned] = float("nan")
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert torch.equal(attend_paged_cpu(q, cache.kv[0], *args), want), f"{threads} threads"
     finally:
         torch.set_num_threads(before)
 

@@ -6,11 +6,14 @@
 // block_tables[g][k / block_size] * block_size + k % block_size: no gather, no copy, no cast of the pool.
 // Sums and the softmax run in float (double for double). float, bfloat16 and float16 pools run on the
 // CPU's vector unit (AVX-512 or AVX2, whichever the build machine has: the module is compiled with
-// -march=native): each (request, KV head, chunk of 256 key positions) is one task of at::parallel_for
-// (torch's threads), reading its keys and values once for all of its queries and the query heads that
-// share them, its chunks merged afterwards (`attend_vector`). double, and head sizes that are not a
-// multiple of the vector width, run the plain loops, one task per (request, query, KV head). A padded
-// query (no key in range) attends key 0, as the torch path's mask does; its row is never read.
+// -march=native): each (request, chunk of 128 key positions) is one task of at::parallel_for (torch's
+// threads), or one task per KV head where a batch has few chunks, reading its keys and values once for
+// all of its queries and the query heads that share them, its chunks merged afterwards
+// (`attend_vector`). On a CPU with AVX512_BF16, bfloat16 pools take its bfloat16 dot product for the
+// scores and for the values (the probabilities rounded to bfloat16 there, as flash attention does on
+// GPUs). double, and head sizes that are not a multiple of the vector width, run the plain loops, one
+// task per (request, query, KV head). A padded query (no key in range) attends key 0, as the torch
+// path's mask does; its row is never read.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -21,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
@@ -286,6 +290,41 @@ inline void key_dots(const float* query, int64_t R, int64_t d, const float* keys
   }
 }
 
+#if defined(__AVX512BF16__)
+// The same dots for bfloat16 keys and queries, on the CPU's bfloat16 dot product (vdpbf16ps: pairs of
+// products, exact in float, added to float sums), read straight from the pool: no conversion of K to
+// float, half the multiply-adds. query: R rows of D bfloat16, unscaled; the dots come out times `scale`.
+// Keys past `width` count as zeros (their slots are not read).
+template <int64_t D>
+inline void key_dots_bf16(const c10::BFloat16* query, int64_t R, const c10::BFloat16* khead, const int64_t* slots,
+                          int64_t width, int64_t slot_stride, float scale, float* dots, int64_t stride) {
+  static_assert(D % 32 == 0);
+  constexpr int64_t C = D / 32;
+  const __m512i* krows[W];
+  static const c10::BFloat16 zeros[D] = {};
+  for (int64_t j = 0; j < W; ++j) {
+    krows[j] = reinterpret_cast<const __m512i*>(j < width ? khead + slots[j] * slot_stride : zeros);
+  }
+  const vf vscale = vset(scale);
+  for (int64_t r = 0; r < R; ++r) {
+    __m512bh q[C];
+    for (int64_t c = 0; c < C; ++c) q[c] = (__m512bh)_mm512_loadu_si512(query + r * D + c * 32);
+    vf sums[W];
+#pragma GCC unroll 16
+    for (int64_t j = 0; j < W; ++j) {
+      vf s = _mm512_dpbf16_ps(vzero(), q[0], (__m512bh)_mm512_loadu_si512(krows[j]));
+#pragma GCC unroll 4
+      for (int64_t c = 1; c < C; ++c) s = _mm512_dpbf16_ps(s, q[c], (__m512bh)_mm512_loadu_si512(krows[j] + c));
+      sums[j] = s;
+    }
+    vstore(dots + r * stride, vmul(transposed_sums(sums), vscale));
+  }
+}
+#define W_HAS_BF16_DOT 1
+#else
+#define W_HAS_BF16_DOT 0
+#endif
+
 // acc[r, :] = sum_k p[r, k] V[k, :] for ROWS rows (p's rows n apart) over the keys at `slots`, their sums
 // in registers (D known at compile time): each V row is loaded once for the ROWS rows.
 template <int64_t D, int64_t ROWS, typename T>
@@ -327,43 +366,136 @@ inline void weighted_values(const T* vhead, int64_t slot_stride, const int64_t* 
   }
 }
 
-constexpr int64_t kChunk = 256;  // keys per task: a request's keys split at multiples of it (absolute positions)
-constexpr int64_t kTaskOverheadKeys = 16;  // a task's fixed work (its queries, its partial sums) in keys
-
-// The vector path: float accumulation, D a multiple of W. Work is split into tasks of (request, KV head,
-// chunk of kChunk key positions), so one request's long context keeps every thread busy; a task takes
-// all of its queries (a verify step's 1 + k) and the rep heads of each, so every K and V row of the chunk
-// is loaded once for all of them (K converted to float once, W keys at a time, their scores summed by
-// `transposed_sums`). Each task leaves per row its chunk's max score, sum of exponentials and unscaled
-// value sum; a second pass merges a row's chunks in order (the log-sum-exp rescaling of split-K
-// attention). A row's result depends only on its own keys: a verify row equals the same token decoded.
-template <typename T>
-void attend_vector(const Problem& P, const T* qp, const T* kp, const T* vp, T* op) {
-  const float scale = static_cast<float>(P.scaling), cap = static_cast<float>(P.softcap);
-  const int64_t D = P.D, rep = P.rep, R = P.Q * rep;  // rows per (request, KV head): query t, head r -> t * rep + r
-  struct Task {
-    int64_t g, kvh, lo, hi;  // key positions [lo, hi] (inclusive) of the chunk the rows' keys cover
-  };
-  std::vector<KeyRange> rows(P.G * R);  // each row's keys
-  std::vector<Task> tasks;
-  std::vector<int64_t> first(P.G * P.KVH + 1, 0);  // the tasks of (g, kvh): [first[i], first[i + 1])
-  for (int64_t g = 0; g < P.G; ++g) {
-    KeyRange all{std::numeric_limits<int64_t>::max(), -1};
-    for (int64_t t = 0; t < P.Q; ++t) {
-      const KeyRange range = key_range(P.positions[g * P.Q + t], P.lens[g], P.window);
-      all = {std::min(all.lo, range.lo), std::max(all.hi, range.hi)};
-      for (int64_t r = 0; r < rep; ++r) rows[g * R + t * rep + r] = range;
+#if W_HAS_BF16_DOT
+// acc[r, :] = sum_k p[r, k] V[k, :] for ROWS rows on the bfloat16 dot product, two keys a step: the V rows
+// of keys k and k + 1 interleaved (a's and b's elements alternating, per 128-bit lane) and each row's
+// (p[k], p[k + 1]) as a bfloat16 pair, so one vdpbf16ps adds both keys' terms for 16 elements. `pairs`:
+// the rows' probabilities as bfloat16 pairs, rows `pstride` pairs apart. The interleave leaves each sum's
+// lanes in the order d = 8L + i (low half) and 8L + 4 + i (high half), i < 4, per 32 elements; they are
+// put back in order at the end.
+template <int64_t D, int64_t ROWS>
+inline void weighted_values_bf16_rows(const c10::BFloat16* vhead, int64_t slot_stride, const int64_t* slots,
+                                      int64_t keys, const uint32_t* pairs, int64_t pstride, float* acc) {
+  constexpr int64_t C = D / 32;
+  static const c10::BFloat16 zeros[D] = {};  // the partner of an odd last key (its p is 0)
+  vf lo[ROWS][C], hi[ROWS][C];
+  for (int64_t j = 0; j < ROWS; ++j) {
+    for (int64_t c = 0; c < C; ++c) lo[j][c] = hi[j][c] = vzero();
+  }
+  for (int64_t k = 0; k < keys; k += 2) {
+    const auto* a = reinterpret_cast<const __m512i*>(vhead + slots[k] * slot_stride);
+    const auto* b = reinterpret_cast<const __m512i*>(k + 1 < keys ? vhead + slots[k + 1] * slot_stride : zeros);
+    __m512bh vlo[C], vhi[C];
+    for (int64_t c = 0; c < C; ++c) {
+      const __m512i x = _mm512_loadu_si512(a + c), y = _mm512_loadu_si512(b + c);
+      vlo[c] = (__m512bh)_mm512_unpacklo_epi16(x, y);
+      vhi[c] = (__m512bh)_mm512_unpackhi_epi16(x, y);
     }
-    for (int64_t kvh = 0; kvh < P.KVH; ++kvh) {
-      first[g * P.KVH + kvh] = static_cast<int64_t>(tasks.size());
-      for (int64_t c = all.lo / kChunk; c <= all.hi / kChunk; ++c) {
-        tasks.push_back({g, kvh, std::max(all.lo, c * kChunk), std::min(all.hi, c * kChunk + kChunk - 1)});
+    for (int64_t j = 0; j < ROWS; ++j) {
+      const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[j * pstride + k / 2]));
+      for (int64_t c = 0; c < C; ++c) {
+        lo[j][c] = _mm512_dpbf16_ps(lo[j][c], w, vlo[c]);
+        hi[j][c] = _mm512_dpbf16_ps(hi[j][c], w, vhi[c]);
       }
     }
   }
-  first[P.G * P.KVH] = static_cast<int64_t>(tasks.size());
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int64_t j = 0; j < ROWS; ++j) {
+    for (int64_t c = 0; c < C; ++c) {
+      vstore(acc + j * D + c * 32, _mm512_permutex2var_ps(lo[j][c], first, hi[j][c]));
+      vstore(acc + j * D + c * 32 + 16, _mm512_permutex2var_ps(lo[j][c], second, hi[j][c]));
+    }
+  }
+}
+
+// the same for R rows, MAX_ROWS at a time
+template <int64_t D, int64_t MAX_ROWS>
+inline void weighted_values_bf16(const c10::BFloat16* vhead, int64_t slot_stride, const int64_t* slots, int64_t keys,
+                                 const uint32_t* pairs, int64_t pstride, int64_t R, float* acc) {
+  static_assert(MAX_ROWS >= 2 && MAX_ROWS <= 6);
+  for (int64_t r0 = 0; r0 < R; r0 += MAX_ROWS) {
+    const uint32_t* pr = pairs + r0 * pstride;
+    float* ar = acc + r0 * D;
+    switch (std::min<int64_t>(MAX_ROWS, R - r0)) {
+      case 1: weighted_values_bf16_rows<D, 1>(vhead, slot_stride, slots, keys, pr, pstride, ar); break;
+      case 2: weighted_values_bf16_rows<D, 2>(vhead, slot_stride, slots, keys, pr, pstride, ar); break;
+      case 3: weighted_values_bf16_rows<D, std::min<int64_t>(3, MAX_ROWS)>(vhead, slot_stride, slots, keys, pr, pstride, ar); break;
+      case 4: weighted_values_bf16_rows<D, std::min<int64_t>(4, MAX_ROWS)>(vhead, slot_stride, slots, keys, pr, pstride, ar); break;
+      case 5: weighted_values_bf16_rows<D, std::min<int64_t>(5, MAX_ROWS)>(vhead, slot_stride, slots, keys, pr, pstride, ar); break;
+      default: weighted_values_bf16_rows<D, MAX_ROWS>(vhead, slot_stride, slots, keys, pr, pstride, ar); break;
+    }
+  }
+}
+#endif
+
+// Ask for the rows of keys [from, to) (KV heads [h0, h1) of each) ahead of their use. The hardware's
+// prefetchers follow one page of the pool at a time and wait on each new one; asked ahead, a chunk's
+// rows arrive while its first keys compute (on this project's Zen 4: 10-25% off a cold chunk).
+// `hint`: _MM_HINT_T1 (into L2: the whole chunk at its start) or _MM_HINT_T0 (into L1: a key group ahead).
+template <typename T, int hint>
+inline void prefetch_rows(const T* pool, const int64_t* slots, int64_t from, int64_t to, int64_t slot_stride,
+                          int64_t h0, int64_t h1, int64_t d) {
+  const int64_t bytes = (h1 - h0) * d * static_cast<int64_t>(sizeof(T));
+  for (int64_t j = from; j < to; ++j) {
+    const char* row = reinterpret_cast<const char*>(pool + slots[j] * slot_stride + h0 * d);
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, static_cast<_mm_hint>(hint));
+  }
+}
+
+constexpr int64_t kChunk = 128;  // keys per task: a request's keys split at multiples of it (absolute positions)
+constexpr int64_t kPrefetchKeys = 16;  // how far ahead of the key group in use its rows are asked for into L1
+constexpr int64_t kTaskOverheadKeys = 16;  // a task's fixed work (its queries, its partial sums) in keys
+
+// The vector path: float accumulation, D a multiple of W. Work is split into tasks of (request, chunk
+// of kChunk key positions, KV heads [h0, h1)), so one request's long context keeps every thread busy. A
+// task takes every KV head of its chunk where there are enough tasks for the threads: a key's K (and
+// V) row of all heads is one contiguous run in the pool ([slot, KV head, D]), so the task reads whole
+// runs of memory, where a task per head read a third of each run and left the rest to another thread
+// (twice the time at long contexts, the pool streamed from memory). Where there are fewer than two
+// chunks a thread (a short context at batch 1), each head is its own task, so the threads share evenly. A task takes all of its queries (a
+// verify step's 1 + k) and the rep query heads of each KV head, so every K and V row of the chunk is
+// loaded once for all of them (K converted to float once, W keys at a time, their scores summed by
+// `transposed_sums`). Each task leaves per row its chunk's max score, sum of exponentials and unscaled
+// value sum; a second pass merges a row's chunks in order (the log-sum-exp rescaling of split-K
+// attention). A row's result depends only on its own keys and the chunk boundaries, not on how heads
+// are grouped into tasks: a verify row equals the same token decoded, at any batch and thread count.
+template <typename T>
+void attend_vector(const Problem& P, const T* qp, const T* kp, const T* vp, T* op) {
+  const float scale = static_cast<float>(P.scaling), cap = static_cast<float>(P.softcap);
+  // rows of a request: (KV head, query t, its r-th query head) -> (kvh * Q + t) * rep + r, so a KV
+  // head's Rh rows lie together
+  const int64_t D = P.D, rep = P.rep, Rh = P.Q * rep, R = P.KVH * Rh;
+  struct Task {
+    int64_t g, lo, hi, h0, h1;  // key positions [lo, hi] (inclusive) of the chunk; KV heads [h0, h1)
+  };
+  std::vector<KeyRange> ranges(P.G * P.Q);  // the keys of query t of request g
+  std::vector<Task> tasks;
+  std::vector<int64_t> first(P.G + 1, 0);  // the tasks of request g: [first[g], first[g + 1])
+  for (int64_t g = 0; g < P.G; ++g) {
+    KeyRange all{std::numeric_limits<int64_t>::max(), -1};
+    for (int64_t t = 0; t < P.Q; ++t) {
+      ranges[g * P.Q + t] = key_range(P.positions[g * P.Q + t], P.lens[g], P.window);
+      all = {std::min(all.lo, ranges[g * P.Q + t].lo), std::max(all.hi, ranges[g * P.Q + t].hi)};
+    }
+    first[g] = static_cast<int64_t>(tasks.size());
+    for (int64_t c = all.lo / kChunk; c <= all.hi / kChunk; ++c) {
+      tasks.push_back({g, std::max(all.lo, c * kChunk), std::min(all.hi, c * kChunk + kChunk - 1), 0, P.KVH});
+    }
+  }
+  first[P.G] = static_cast<int64_t>(tasks.size());
+  if (static_cast<int64_t>(tasks.size()) < 2 * at::get_num_threads() && P.KVH > 1) {  // a task per head
+    std::vector<Task> per_head;
+    for (const Task& tk : tasks) {
+      for (int64_t h = 0; h < P.KVH; ++h) per_head.push_back({tk.g, tk.lo, tk.hi, h, h + 1});
+    }
+    tasks.swap(per_head);
+  }
   const int64_t num_tasks = static_cast<int64_t>(tasks.size());
-  std::vector<float> part_acc(num_tasks * R * D), part_max(num_tasks * R), part_sum(num_tasks * R);
+  // a chunk's partial results, at (chunk, row): chunk = the task's index where a task takes all heads
+  const int64_t heads_per_task = tasks.empty() ? 1 : tasks[0].h1 - tasks[0].h0;
+  const int64_t num_chunks = num_tasks * heads_per_task / P.KVH;
+  std::vector<float> part_acc(num_chunks * R * D), part_max(num_chunks * R), part_sum(num_chunks * R);
 
   // The tasks go to torch's threads in runs of about equal work (a chunk's keys, plus a fixed part), not
   // of equal count: requests come in batch order, so an even split gave one thread the long requests'
@@ -382,45 +514,78 @@ void attend_vector(const Problem& P, const T* qp, const T* kp, const T* vp, T* o
   }
 
   at::parallel_for(0, workers, 1, [&](int64_t first_worker, int64_t last_worker) {
-    std::vector<float> query(R * D), keys_f(W * D), dots(R * W), scores(R * kChunk);
+    std::vector<float> query(R * D), keys_f(W * D), scores(R * kChunk);
+    std::vector<c10::BFloat16> query_bf16(std::is_same_v<T, c10::BFloat16> ? R * D : 0);  // unscaled
+    std::vector<uint32_t> pairs(std::is_same_v<T, c10::BFloat16> ? R * kChunk / 2 : 0);  // p as bfloat16 pairs
     std::vector<int64_t> slots(kChunk);
     for (int64_t task = bounds[first_worker]; task < bounds[last_worker]; ++task) {
       const Task& tk = tasks[task];
-      const int64_t n = tk.hi - tk.lo + 1;
-      for (int64_t t = 0; t < P.Q; ++t) {
-        const T* qrow = qp + ((tk.g * P.Q + t) * P.H + tk.kvh * rep) * D;
-        for (int64_t i = 0; i < rep * D; ++i) query[t * rep * D + i] = static_cast<float>(qrow[i]) * scale;
+      const int64_t n = tk.hi - tk.lo + 1, chunk = task / (P.KVH / heads_per_task);
+      const int64_t r0 = tk.h0 * Rh, r1 = tk.h1 * Rh;  // the task's rows
+      for (int64_t kvh = tk.h0; kvh < tk.h1; ++kvh) {
+        for (int64_t t = 0; t < P.Q; ++t) {
+          const T* qrow = qp + ((tk.g * P.Q + t) * P.H + kvh * rep) * D;
+          float* qf = query.data() + (kvh * Rh + t * rep) * D;
+          for (int64_t i = 0; i < rep * D; ++i) qf[i] = static_cast<float>(qrow[i]) * scale;
+          if constexpr (std::is_same_v<T, c10::BFloat16>) {
+            std::copy(qrow, qrow + rep * D, query_bf16.data() + (kvh * Rh + t * rep) * D);
+          }
+        }
       }
       const int64_t* table = P.tables + tk.g * P.max_blocks;
       for_each_key(table, P.block_size, {tk.lo, tk.hi}, [&](int64_t slot, int64_t k) { slots[k - tk.lo] = slot; });
-      // scores [R, n] (rows `stride` apart): W keys at a time, converted to float once for all rows
+      // scores [R, n] (rows `stride` apart): W keys at a time, each head's converted to float once for
+      // its Rh rows, the heads of a key read one after another (one run of memory)
       const int64_t stride = (n + W - 1) / W * W;
       const int64_t slot_stride = P.KVH * D;
-      const T* khead = kp + tk.kvh * D;
+      // the chunk's rows into L2 before any is needed (they arrive while its first keys compute), the
+      // keys a group ahead into L1
+      prefetch_rows<T, _MM_HINT_T1>(kp, slots.data(), 0, n, slot_stride, tk.h0, tk.h1, D);
+      prefetch_rows<T, _MM_HINT_T1>(vp, slots.data(), 0, n, slot_stride, tk.h0, tk.h1, D);
+      prefetch_rows<T, _MM_HINT_T0>(kp, slots.data(), 0, std::min(n, kPrefetchKeys), slot_stride, tk.h0, tk.h1, D);
       for (int64_t k0 = 0; k0 < n; k0 += W) {
         const int64_t width = std::min<int64_t>(W, n - k0);
-        float* dots = scores.data() + k0;
-        if (D == 64) {
-          keys_to_float<64>(khead, slots.data() + k0, width, slot_stride, D, keys_f.data());
-          key_dots<64>(query.data(), R, D, keys_f.data(), dots, stride);
-        } else if (D == 128) {
-          keys_to_float<128>(khead, slots.data() + k0, width, slot_stride, D, keys_f.data());
-          key_dots<128>(query.data(), R, D, keys_f.data(), dots, stride);
-        } else {
-          keys_to_float<0>(khead, slots.data() + k0, width, slot_stride, D, keys_f.data());
-          key_dots<0>(query.data(), R, D, keys_f.data(), dots, stride);
+        prefetch_rows<T, _MM_HINT_T0>(kp, slots.data(), std::min(n, k0 + kPrefetchKeys),
+                                      std::min(n, k0 + W + kPrefetchKeys), slot_stride, tk.h0, tk.h1, D);
+        for (int64_t kvh = tk.h0; kvh < tk.h1; ++kvh) {
+          const T* khead = kp + kvh * D;
+          const float* q = query.data() + kvh * Rh * D;
+          float* dots = scores.data() + kvh * Rh * stride + k0;
+#if W_HAS_BF16_DOT
+          if constexpr (std::is_same_v<T, c10::BFloat16>) {
+            if (D == 64 || D == 128) {
+              const c10::BFloat16* qb = query_bf16.data() + kvh * Rh * D;
+              if (D == 64) {
+                key_dots_bf16<64>(qb, Rh, khead, slots.data() + k0, width, slot_stride, scale, dots, stride);
+              } else {
+                key_dots_bf16<128>(qb, Rh, khead, slots.data() + k0, width, slot_stride, scale, dots, stride);
+              }
+              continue;
+            }
+          }
+#endif
+          if (D == 64) {
+            keys_to_float<64>(khead, slots.data() + k0, width, slot_stride, D, keys_f.data());
+            key_dots<64>(q, Rh, D, keys_f.data(), dots, stride);
+          } else if (D == 128) {
+            keys_to_float<128>(khead, slots.data() + k0, width, slot_stride, D, keys_f.data());
+            key_dots<128>(q, Rh, D, keys_f.data(), dots, stride);
+          } else {
+            keys_to_float<0>(khead, slots.data() + k0, width, slot_stride, D, keys_f.data());
+            key_dots<0>(q, Rh, D, keys_f.data(), dots, stride);
+          }
         }
       }
       if (cap > 0) {
-        for (int64_t i = 0; i < R * stride; ++i) scores[i] = std::tanh(scores[i] / cap) * cap;
+        for (int64_t i = r0 * stride; i < r1 * stride; ++i) scores[i] = std::tanh(scores[i] / cap) * cap;
       }
       // each row's softmax over its own keys in the chunk (exactly 0 elsewhere), unnormalized
-      for (int64_t r = 0; r < R; ++r) {
+      for (int64_t r = r0; r < r1; ++r) {
         float* row = scores.data() + r * stride;
-        const KeyRange own = rows[tk.g * R + r];
+        const KeyRange own = ranges[tk.g * P.Q + (r % Rh) / rep];
         const int64_t a = std::max(own.lo, tk.lo) - tk.lo, b = std::min(own.hi, tk.hi) - tk.lo + 1;  // [a, b)
-        float* out_max = part_max.data() + task * R + r;
-        float* out_sum = part_sum.data() + task * R + r;
+        float* out_max = part_max.data() + chunk * R + r;
+        float* out_sum = part_sum.data() + chunk * R + r;
         if (a >= b) {  // none of this row's keys in the chunk
           std::fill(row, row + n, 0.f);
           *out_max = -std::numeric_limits<float>::infinity();
@@ -450,21 +615,47 @@ void attend_vector(const Problem& P, const T* qp, const T* kp, const T* vp, T* o
         *out_max = m;
         *out_sum = sum;
       }
-      const T* vhead = vp + tk.kvh * D;
-      float* acc = part_acc.data() + task * R * D;
-      if (D == 64) {
-        weighted_values<64, (W == 16 ? 4 : 2)>(vhead, slot_stride, slots.data(), n, scores.data(), stride, R, acc);
-      } else if (D == 128) {
-        weighted_values<128, (W == 16 ? 2 : 1)>(vhead, slot_stride, slots.data(), n, scores.data(), stride, R, acc);
-      } else {
-        std::fill(acc, acc + R * D, 0.f);
-        for (int64_t k = 0; k < n; ++k) {
-          const T* vrow = vhead + slots[k] * P.KVH * D;
-          for (int64_t i = 0; i < D; i += W) {
-            const vf vv = vload(vrow + i);
-            for (int64_t r = 0; r < R; ++r) {
-              float* a = acc + r * D + i;
-              vstore(a, vfma(vset(scores[r * stride + k]), vv, vload(a)));
+#if W_HAS_BF16_DOT
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        if (D == 64 || D == 128) {
+          // the probabilities as bfloat16 pairs (rows stride / 2 pairs apart), for the values' dot product
+          for (int64_t r = r0; r < r1; ++r) {
+            for (int64_t j = 0; j < stride; j += W) {
+              _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs.data() + r * (stride / 2) + j / 2),
+                                  (__m256i)_mm512_cvtneps_pbh(vload(scores.data() + r * stride + j)));
+            }
+          }
+          for (int64_t kvh = tk.h0; kvh < tk.h1; ++kvh) {
+            const uint32_t* pr = pairs.data() + kvh * Rh * (stride / 2);
+            float* acc = part_acc.data() + (chunk * R + kvh * Rh) * D;
+            if (D == 64) {
+              weighted_values_bf16<64, 6>(vp + kvh * D, slot_stride, slots.data(), n, pr, stride / 2, Rh, acc);
+            } else {
+              weighted_values_bf16<128, 2>(vp + kvh * D, slot_stride, slots.data(), n, pr, stride / 2, Rh, acc);
+            }
+          }
+          continue;
+        }
+      }
+#endif
+      for (int64_t kvh = tk.h0; kvh < tk.h1; ++kvh) {
+        const T* vhead = vp + kvh * D;
+        const float* p = scores.data() + kvh * Rh * stride;
+        float* acc = part_acc.data() + (chunk * R + kvh * Rh) * D;
+        if (D == 64) {
+          weighted_values<64, (W == 16 ? 4 : 2)>(vhead, slot_stride, slots.data(), n, p, stride, Rh, acc);
+        } else if (D == 128) {
+          weighted_values<128, (W == 16 ? 2 : 1)>(vhead, slot_stride, slots.data(), n, p, stride, Rh, acc);
+        } else {
+          std::fill(acc, acc + Rh * D, 0.f);
+          for (int64_t k = 0; k < n; ++k) {
+            const T* vrow = vhead + slots[k] * slot_stride;
+            for (int64_t i = 0; i < D; i += W) {
+              const vf vv = vload(vrow + i);
+              for (int64_t r = 0; r < Rh; ++r) {
+                float* a = acc + r * D + i;
+                vstore(a, vfma(vset(p[r * stride + k]), vv, vload(a)));
+              }
             }
           }
         }
@@ -477,19 +668,20 @@ void attend_vector(const Problem& P, const T* qp, const T* kp, const T* vp, T* o
     std::vector<float> merged(D);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t g = i / P.KVH, kvh = i % P.KVH;
-      for (int64_t row = 0; row < R; ++row) {
+      // request g's chunks: [first[g], first[g + 1]) in the list before any split by head
+      for (int64_t row = kvh * Rh; row < (kvh + 1) * Rh; ++row) {
         float M = -std::numeric_limits<float>::infinity();
-        for (int64_t task = first[i]; task < first[i + 1]; ++task) M = std::max(M, part_max[task * R + row]);
+        for (int64_t c = first[g]; c < first[g + 1]; ++c) M = std::max(M, part_max[c * R + row]);
         float total = 0.f;
         std::fill(merged.begin(), merged.end(), 0.f);
-        for (int64_t task = first[i]; task < first[i + 1]; ++task) {
-          if (part_sum[task * R + row] == 0.f) continue;
-          const float w = std::exp(part_max[task * R + row] - M);  // exactly 1 for the max's chunk
-          total += w * part_sum[task * R + row];
-          const float* acc = part_acc.data() + (task * R + row) * D;
+        for (int64_t c = first[g]; c < first[g + 1]; ++c) {
+          if (part_sum[c * R + row] == 0.f) continue;
+          const float w = std::exp(part_max[c * R + row] - M);  // exactly 1 for the max's chunk
+          total += w * part_sum[c * R + row];
+          const float* acc = part_acc.data() + (c * R + row) * D;
           for (int64_t d = 0; d < D; d += W) vstore(merged.data() + d, vfma(vset(w), vload(acc + d), vload(merged.data() + d)));
         }
-        const int64_t t = row / rep, r = row % rep;
+        const int64_t t = (row % Rh) / rep, r = row % rep;
         T* orow = op + ((g * P.Q + t) * P.H + kvh * rep + r) * D;
         const float inv = 1.f / total;
         for (int64_t d = 0; d < D; ++d) orow[d] = static_cast<T>(merged[d] * inv);
