@@ -41,7 +41,11 @@ SOURCES = tuple(
         "prenorm_layer_cpu.cpp",
     )
 )
-HEADERS = (Path(__file__).parent / "float_convert.h",)  #: included by the sources: part of a build's identity
+#: included by the sources: part of a build's identity
+HEADERS = tuple(
+    Path(__file__).parent / name
+    for name in ("float_convert.h", "attention_vectors.h", "attention_bf16_dot.h")
+)
 SWITCH = "SPECEXEC_CPU_KERNELS"  #: "0" keeps every CPU op on torch
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")  #: (no errno: libm calls vectorize)
 #: the dtypes the fused ops take (float64, the tests' reference dtype, stays on torch ops)

@@ -27,92 +27,12 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
-#include <immintrin.h>
-#define W_HAS_VECTORS 1
-#else
-#define W_HAS_VECTORS 0
-#endif
+#include "attention_bf16_dot.h"
+#include "attention_vectors.h"
 
 namespace {
 
-// ---- float vectors of the build machine's width -------------------------------------------------------
-#if defined(__AVX512F__)
-constexpr int64_t W = 16;
-using vf = __m512;
-inline vf vzero() { return _mm512_setzero_ps(); }
-inline vf vset(float x) { return _mm512_set1_ps(x); }
-inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
-inline vf vload(const c10::BFloat16* p) {
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-inline vf vload(const c10::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
-inline float vsum(vf a) { return _mm512_reduce_add_ps(a); }
-inline float vmax_lanes(vf a) { return _mm512_reduce_max_ps(a); }
-inline void vstore(float* p, vf a) { _mm512_storeu_ps(p, a); }
-inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
-inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
-inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
-inline vf vround(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-inline vf vpow2i(vf n) {  // 2^n for integral n in float range
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
-}
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-constexpr int64_t W = 8;
-using vf = __m256;
-inline vf vzero() { return _mm256_setzero_ps(); }
-inline vf vset(float x) { return _mm256_set1_ps(x); }
-inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
-inline vf vload(const c10::BFloat16* p) {
-  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
-}
-inline vf vload(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-inline float vsum(vf a) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-inline void vstore(float* p, vf a) { _mm256_storeu_ps(p, a); }
-inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
-inline float vmax_lanes(vf a) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
-inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
-inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
-inline vf vround(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-inline vf vpow2i(vf n) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
-}
-#else
-constexpr int64_t W = 0;  // no vector path: the plain loops run
-#endif
-
-#if W_HAS_VECTORS
-// e^x for x <= 0 (softmax's x - max), to about 2 ulp: e^x = 2^n * e^r with n = round(x / ln 2) and
-// r = x - n ln 2 (in two parts), e^r by its degree-6 Taylor polynomial (|r| <= ln 2 / 2).
-inline vf vexp(vf x) {
-  x = vmax(x, vset(-87.3f));  // below: 0 (2^n would leave float's range)
-  const vf n = vround(vmul(x, vset(1.44269504088896341f)));
-  const vf r = vfma(n, vset(-1.42860677e-6f), vfma(n, vset(-0.693145752f), x));
-  vf p = vset(1.f / 720);
-  p = vfma(p, r, vset(1.f / 120));
-  p = vfma(p, r, vset(1.f / 24));
-  p = vfma(p, r, vset(1.f / 6));
-  p = vfma(p, r, vset(0.5f));
-  p = vfma(p, r, vset(1.f));
-  p = vfma(p, r, vset(1.f));
-  return vmul(p, vpow2i(n));
-}
-#endif
+using namespace specexec_attention;
 
 template <typename T>
 struct Acc {
@@ -227,30 +147,6 @@ void attend_plain(const Problem& P, const T* qp, const T* kp, const T* vp, T* op
 }
 
 #if W_HAS_VECTORS
-// lane j of the result = the sum of s[j]'s lanes (W vectors in): a transposing sum, about three vector
-// ops a key where a horizontal sum per key takes eight
-#if defined(__AVX512F__)
-inline vf transposed_sums(const vf* s) {
-  vf pairs[8], quads[4];
-  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: [s2i lanes 0+2, s2i+1 lanes 0+2, s2i 1+3, s2i+1 1+3]
-    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(s[2 * i], s[2 * i + 1]), _mm512_unpackhi_ps(s[2 * i], s[2 * i + 1]));
-  }
-  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: keys 4i..4i+3, that lane's share
-    const __m512d x = _mm512_castps_pd(pairs[2 * i]), y = _mm512_castps_pd(pairs[2 * i + 1]);
-    quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  const vf low = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x44), _mm512_shuffle_f32x4(quads[0], quads[1], 0xEE));
-  const vf high = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x44), _mm512_shuffle_f32x4(quads[2], quads[3], 0xEE));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
-}
-#else
-inline vf transposed_sums(const vf* s) {
-  const vf a0 = _mm256_hadd_ps(s[0], s[1]), a1 = _mm256_hadd_ps(s[2], s[3]);
-  const vf a2 = _mm256_hadd_ps(s[4], s[5]), a3 = _mm256_hadd_ps(s[6], s[7]);
-  const vf b0 = _mm256_hadd_ps(a0, a1), b1 = _mm256_hadd_ps(a2, a3);  // per 128-bit half: keys 0-3, 4-7
-  return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
-}
-#endif
 
 // keys_f [W, D] = keys j < width (at `slots`, this KV head) as float, zeros after them. DC: D known at
 // compile time (0: the runtime d), so the loops unroll.
@@ -290,40 +186,6 @@ inline void key_dots(const float* query, int64_t R, int64_t d, const float* keys
   }
 }
 
-#if defined(__AVX512BF16__)
-// The same dots for bfloat16 keys and queries, on the CPU's bfloat16 dot product (vdpbf16ps: pairs of
-// products, exact in float, added to float sums), read straight from the pool: no conversion of K to
-// float, half the multiply-adds. query: R rows of D bfloat16, unscaled; the dots come out times `scale`.
-// Keys past `width` count as zeros (their slots are not read).
-template <int64_t D>
-inline void key_dots_bf16(const c10::BFloat16* query, int64_t R, const c10::BFloat16* khead, const int64_t* slots,
-                          int64_t width, int64_t slot_stride, float scale, float* dots, int64_t stride) {
-  static_assert(D % 32 == 0);
-  constexpr int64_t C = D / 32;
-  const __m512i* krows[W];
-  static const c10::BFloat16 zeros[D] = {};
-  for (int64_t j = 0; j < W; ++j) {
-    krows[j] = reinterpret_cast<const __m512i*>(j < width ? khead + slots[j] * slot_stride : zeros);
-  }
-  const vf vscale = vset(scale);
-  for (int64_t r = 0; r < R; ++r) {
-    __m512bh q[C];
-    for (int64_t c = 0; c < C; ++c) q[c] = (__m512bh)_mm512_loadu_si512(query + r * D + c * 32);
-    vf sums[W];
-#pragma GCC unroll 16
-    for (int64_t j = 0; j < W; ++j) {
-      vf s = _mm512_dpbf16_ps(vzero(), q[0], (__m512bh)_mm512_loadu_si512(krows[j]));
-#pragma GCC unroll 4
-      for (int64_t c = 1; c < C; ++c) s = _mm512_dpbf16_ps(s, q[c], (__m512bh)_mm512_loadu_si512(krows[j] + c));
-      sums[j] = s;
-    }
-    vstore(dots + r * stride, vmul(transposed_sums(sums), vscale));
-  }
-}
-#define W_HAS_BF16_DOT 1
-#else
-#define W_HAS_BF16_DOT 0
-#endif
 
 // acc[r, :] = sum_k p[r, k] V[k, :] for ROWS rows (p's rows n apart) over the keys at `slots`, their sums
 // in registers (D known at compile time): each V row is loaded once for the ROWS rows.
@@ -366,68 +228,6 @@ inline void weighted_values(const T* vhead, int64_t slot_stride, const int64_t* 
   }
 }
 
-#if W_HAS_BF16_DOT
-// acc[r, :] = sum_k p[r, k] V[k, :] for ROWS rows on the bfloat16 dot product, two keys a step: the V rows
-// of keys k and k + 1 interleaved (a's and b's elements alternating, per 128-bit lane) and each row's
-// (p[k], p[k + 1]) as a bfloat16 pair, so one vdpbf16ps adds both keys' terms for 16 elements. `pairs`:
-// the rows' probabilities as bfloat16 pairs, rows `pstride` pairs apart. The interleave leaves each sum's
-// lanes in the order d = 8L + i (low half) and 8L + 4 + i (high half), i < 4, per 32 elements; they are
-// put back in order at the end.
-template <int64_t D, int64_t ROWS>
-inline void weighted_values_bf16_rows(const c10::BFloat16* vhead, int64_t slot_stride, const int64_t* slots,
-                                      int64_t keys, const uint32_t* pairs, int64_t pstride, float* acc) {
-  constexpr int64_t C = D / 32;
-  static const c10::BFloat16 zeros[D] = {};  // the partner of an odd last key (its p is 0)
-  vf lo[ROWS][C], hi[ROWS][C];
-  for (int64_t j = 0; j < ROWS; ++j) {
-    for (int64_t c = 0; c < C; ++c) lo[j][c] = hi[j][c] = vzero();
-  }
-  for (int64_t k = 0; k < keys; k += 2) {
-    const auto* a = reinterpret_cast<const __m512i*>(vhead + slots[k] * slot_stride);
-    const auto* b = reinterpret_cast<const __m512i*>(k + 1 < keys ? vhead + slots[k + 1] * slot_stride : zeros);
-    __m512bh vlo[C], vhi[C];
-    for (int64_t c = 0; c < C; ++c) {
-      const __m512i x = _mm512_loadu_si512(a + c), y = _mm512_loadu_si512(b + c);
-      vlo[c] = (__m512bh)_mm512_unpacklo_epi16(x, y);
-      vhi[c] = (__m512bh)_mm512_unpackhi_epi16(x, y);
-    }
-    for (int64_t j = 0; j < ROWS; ++j) {
-      const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[j * pstride + k / 2]));
-      for (int64_t c = 0; c < C; ++c) {
-        lo[j][c] = _mm512_dpbf16_ps(lo[j][c], w, vlo[c]);
-        hi[j][c] = _mm512_dpbf16_ps(hi[j][c], w, vhi[c]);
-      }
-    }
-  }
-  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-  for (int64_t j = 0; j < ROWS; ++j) {
-    for (int64_t c = 0; c < C; ++c) {
-      vstore(acc + j * D + c * 32, _mm512_permutex2var_ps(lo[j][c], first, hi[j][c]));
-      vstore(acc + j * D + c * 32 + 16, _mm512_permutex2var_ps(lo[j][c], second, hi[j][c]));
-    }
-  }
-}
-
-// the same for R rows, MAX_ROWS at a time
-template <int64_t D, int64_t MAX_ROWS>
-inline void weighted_values_bf16(const c10::BFloat16* vhead, int64_t slot_stride, const int64_t* slots, int64_t keys,
-                                 const uint32_t* pairs, int64_t pstride, int64_t R, float* acc) {
-  static_assert(MAX_ROWS >= 2 && MAX_ROWS <= 6);
-  for (int64_t r0 = 0; r0 < R; r0 += MAX_ROWS) {
-    const uint32_t* pr = pairs + r0 * pstride;
-    float* ar = acc + r0 * D;
-    switch (std::min<int64_t>(MAX_ROWS, R - r0)) {
-      case 1: weighted_values_bf16_rows<D, 1>(vhead, slot_stride, slots, keys, pr, pstride, ar); break;
-      case 2: weighted_values_bf16_rows<D, 2>(vhead, slot_stride, slots, keys, pr, pstride, ar); break;
-      case 3: weighted_values_bf16_rows<D, std::min<int64_t>(3, MAX_ROWS)>(vhead, slot_stride, slots, keys, pr, pstride, ar); break;
-      case 4: weighted_values_bf16_rows<D, std::min<int64_t>(4, MAX_ROWS)>(vhead, slot_stride, slots, keys, pr, pstride, ar); break;
-      case 5: weighted_values_bf16_rows<D, std::min<int64_t>(5, MAX_ROWS)>(vhead, slot_stride, slots, keys, pr, pstride, ar); break;
-      default: weighted_values_bf16_rows<D, MAX_ROWS>(vhead, slot_stride, slots, keys, pr, pstride, ar); break;
-    }
-  }
-}
-#endif
 
 // Ask for the rows of keys [from, to) (KV heads [h0, h1) of each) ahead of their use. The hardware's
 // prefetchers follow one page of the pool at a time and wait on each new one; asked ahead, a chunk's
