@@ -9,6 +9,7 @@ one host transfer of the answers. The words *accepted*, *recovered* and *bonus* 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,17 @@ class Verification:
 #: what column 0 of `rejection_sample`'s answer says about a request's first row
 ROW_STATUS = {0: None, 1: "nan", 2: "+inf", 3: "-inf"}
 
+#: logits [rows, vocab] -> [rows, 2] long: each row's status (`ROW_STATUS`'s key) and argmax (the first
+#: index of its max). The executor passes a faster one where it has it (a C++ op on the CPU).
+RowSummary = Callable[[Tensor], Tensor]
+
+
+def row_summary(logits: Tensor) -> Tensor:  # [rows, vocab] -> [rows, 2] long
+    """Each row's status and argmax from torch's max: one pass over the rows (amax + argmax read them
+    twice, and argmax over bfloat16 rows is 4x slower than max on a CPU)."""
+    row_max, row_argmax = logits.max(dim=-1)  # [rows] each
+    return torch.stack([_row_status(row_max), row_argmax], dim=1)
+
 
 class RejectionSampler:
     """Verifies draft tokens against the target model (Leviathan et al., arXiv 2211.17192).
@@ -61,7 +73,12 @@ class RejectionSampler:
     Rows that cannot be read (NaN, +inf, or every logit -inf: a grammar with no way on) are never
     used: a request's drafts are cut so that verification stops before its first such row (draft j
     needs rows 0..j + 1), and a request whose first row is one gets no tokens and says why.
+
+    ``summarize_rows``: how each row's status and argmax are found (`RowSummary`; torch's max by default).
     """
+
+    def __init__(self, summarize_rows: RowSummary = row_summary) -> None:
+        self.summarize_rows = summarize_rows
 
     def verify(
         self,
@@ -113,7 +130,7 @@ class RejectionSampler:
             )
         if n == 0:
             return []
-        answers, rewinds = rejection_sample(target_logits, meta, params, generators)
+        answers, rewinds = rejection_sample(target_logits, meta, params, generators, self.summarize_rows)
         results = []
         for i, (status, *tokens) in enumerate(answers.tolist()):  # the one transfer
             emitted = [t for t in tokens if t != PLACEHOLDER_TOKEN_ID]
@@ -145,6 +162,7 @@ def rejection_sample(
     meta: SpecDecodeMetadata,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
+    summarize_rows: RowSummary = row_summary,
 ) -> tuple[Tensor, dict[int, RngRewind]]:
     """Every request's verification on the device, without reading anything back.
 
@@ -156,8 +174,8 @@ def rejection_sample(
     batch, width = meta.batch_size, meta.max_spec_len
     device = logits.device
     sampled = [i for i, p in enumerate(params) if not p.is_greedy]
-    if width == 0 and not sampled:  # greedy decode rows only: each request's argmax (9 ops, not 30)
-        return _greedy_decode(logits, meta.padded_rows[:, 0]), {}
+    if width == 0 and not sampled:  # greedy decode rows only: each request's status and argmax
+        return summarize_rows(logits)[meta.padded_rows[:, 0]], {}
     drafts = meta.padded_draft_ids  # [batch, K]
     rows = meta.padded_rows  # [batch, K + 1]
     positions = torch.arange(width, device=device)  # [K]
@@ -165,17 +183,15 @@ def rejection_sample(
     in_range = positions[None, :] < num_drafts[:, None]  # [batch, K]
 
     # Rows that can be read: draft j is usable only while rows 0..j + 1 all are.
-    # each row's max and its first index in one pass (torch.max; amax + argmax read the row twice, and
-    # argmax over bfloat16 rows is 4x slower than max on a CPU)
-    row_max, row_argmax = logits.max(dim=-1)  # [num_rows] each
-    row_ok = torch.isfinite(row_max)[rows]  # [batch, K + 1]
+    summary = summarize_rows(logits)[rows]  # [batch, K + 1, 2]: each row's status and argmax
+    row_ok = summary[..., 0] == 0  # [batch, K + 1]
     ok_prefix = row_ok.long().cumprod(dim=1).bool()  # [batch, K + 1]
     usable = in_range & ok_prefix[:, 1:]  # [batch, K]
     num_usable = usable.sum(dim=1)  # [batch]
-    status = _row_status(row_max[rows[:, 0]])  # [batch]
+    status = summary[:, 0, 0]  # [batch]
 
     # Greedy: accept while the draft is the target's argmax (on the raw logits: float64 stays exact).
-    argmax = row_argmax[rows]  # [batch, K + 1]
+    argmax = summary[..., 1]  # [batch, K + 1]
     accept = drafts == argmax[:, :width]  # [batch, K]
     final = argmax  # [batch, K + 1]: the token emitted after n accepted drafts is final[n]
     rewinds: dict[int, RngRewind] = {}
@@ -198,17 +214,10 @@ def rejection_sample(
     return torch.cat([status[:, None], out], dim=1), rewinds
 
 
-def _greedy_decode(logits: Tensor, rows: Tensor) -> Tensor:  # rows [batch] -> [batch, 2] long
-    """`rejection_sample`'s answer where no request has drafts and none samples: the row status, then
-    the row's argmax (the same numbers its general path gives, in fewer ops)."""
-    row_max, argmax = (x[rows] for x in logits.max(dim=-1))  # [batch] each
-    return torch.stack([_row_status(row_max), argmax], dim=1)
-
-
-def _row_status(first_max: Tensor) -> Tensor:  # [batch] each request's first row's max -> [batch] long
-    """Column 0 of `rejection_sample`'s answer (`ROW_STATUS`): 0 a readable row, 1 NaN, 2 +inf, 3 all -inf."""
+def _row_status(row_max: Tensor) -> Tensor:  # [rows] each row's max -> [rows] long
+    """`ROW_STATUS`'s key of each row: 0 a readable row, 1 NaN, 2 +inf, 3 all -inf."""
     return torch.where(
-        torch.isfinite(first_max), 0, torch.where(first_max.isnan(), 1, torch.where(first_max > 0, 2, 3))
+        torch.isfinite(row_max), 0, torch.where(row_max.isnan(), 1, torch.where(row_max > 0, 2, 3))
     )
 
 

@@ -28,6 +28,7 @@ from ...sampling.logprobs import LogprobRows, TokenLogprob, token_logprobs
 from ...sampling.penalties import PenalizedRows, PenaltyMetadata, apply_penalties_inplace
 from ...sampling.rejection import RejectionSampler, Verification
 from ...sampling.spec_decode_metadata import SpecDecodeMetadata
+from ..layers.row_summary import row_summary
 from ..model.forward_io import ForwardOutput, SequenceInput, merge_outputs
 from ..model.model_runner import ModelRunner
 from .guided import GuidedDecodingStage
@@ -75,7 +76,7 @@ class EngineCore:
         self.linear_backend = None  #: LinearBackendChoice: which kernels run the dense linear layers
         self.quantized_kernel = None  #: QuantizedKernelChoice: which kernels run the quantized ones
         self.model_impl = None  #: ModelImplChoice: which forward runs the target (set up by engine_setup)
-        self.verifier = VerifyStage(RejectionSampler(), vocab_size)
+        self.verifier = VerifyStage(RejectionSampler(row_summary), vocab_size)
         self.resources = StepResources(runner, outputs.tokenizer, vocab_size)
         self._submitted: collections.deque[RequestState] = collections.deque()  # from any thread
         self._events: list[TokenEvent] = []  # this step's events

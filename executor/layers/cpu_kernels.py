@@ -7,7 +7,9 @@
 - ``q4_linear``, ``q8_linear`` (`quantized/quantized_dot_cpu.cpp`): quantized linear layers on integer dot products
   over int8-quantized activations (``quantized_kernel: int8_dot``, `quantized/quantized_dot.py`);
 - ``prenorm_layer``, ``prenorm_stack`` (`prenorm_layer_cpu.cpp`): a whole pre-norm decoder layer, or
-  every layer of the decoder, as one op, calling the ones above (`model/decoder/fused_layer.py`).
+  every layer of the decoder, as one op, calling the ones above (`model/decoder/fused_layer.py`);
+- ``row_status_argmax`` (`row_summary_cpu.cpp`): each logit row's status and argmax for verification
+  (`row_summary.py`).
 
 They are compiled on first use with torch's cpp_extension (``-O3 -march=native``, OpenMP; ninja and a
 C++ compiler) into specexec's cache folder, one build per source, CPU and torch, and loaded from there
@@ -39,6 +41,7 @@ SOURCES = tuple(
         "fused_ops_cpu.cpp",
         "quantized/quantized_dot_cpu.cpp",
         "prenorm_layer_cpu.cpp",
+        "row_summary_cpu.cpp",
     )
 )
 #: included by the sources: part of a build's identity
