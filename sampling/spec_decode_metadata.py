@@ -7,6 +7,7 @@ bonus row (the position after its last draft). Everything here indexes those row
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -50,8 +51,15 @@ class SpecDecodeMetadata:
         device: torch.device | str = "cpu",
     ) -> SpecDecodeMetadata:
         """From each request's drafts (and q, ``[k_i, vocab]`` or None); every index comes from host
-        integers in one copy to the device."""
+        integers in one copy to the device. A batch without drafts (every plain decode step) depends only
+        on its size: built once per size and device, and shared (nothing reading it writes to it)."""
         counts = [len(d) for d in draft_token_ids]
+        if not any(counts):
+            return _without_drafts(cls, len(counts), torch.device(device))
+        return cls._build(draft_token_ids, counts, draft_probs, vocab_size, device)
+
+    @classmethod
+    def _build(cls, draft_token_ids, counts, draft_probs, vocab_size, device) -> SpecDecodeMetadata:
         cu_drafts, target_rows, bonus_rows, row = [0], [], [], 0
         for k in counts:
             target_rows.extend(range(row, row + k))
@@ -96,3 +104,9 @@ class SpecDecodeMetadata:
     def make_dummy(cls, draft_token_ids: list[list[int]], device: torch.device | str = "cpu"):
         """Metadata for these drafts without q (tests, warm-up and capture of a fixed verify shape)."""
         return cls.build(draft_token_ids, None, None, device)
+
+
+@functools.lru_cache(maxsize=256)
+def _without_drafts(cls, batch: int, device: torch.device) -> SpecDecodeMetadata:
+    """The metadata of ``batch`` requests without drafts: one host tensor, its copy and 7 views, built once."""
+    return cls._build([[]] * batch, [0] * batch, None, None, device)

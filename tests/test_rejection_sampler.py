@@ -343,3 +343,15 @@ def test_draft_probs_keep_target_distribution(params: SamplingParams) -> None:
     accept_rate = float(torch.minimum(p[0], q[0].double()).sum())
     assert stats.binomtest(num_first_accepted, NUM_TRIALS, accept_rate).pvalue > P_VALUE_THRESHOLD
     assert Counter(v.num_accepted for v in outcomes).keys() == {0, 1, 2}
+
+
+def test_a_batch_without_drafts_has_its_metadata_built_once_and_as_built_with_drafts_absent() -> None:
+    # Every plain decode step of a batch size reads the same metadata: shared, and equal to a fresh build.
+    first = SpecDecodeMetadata.build([[], [], []])
+    assert SpecDecodeMetadata.build([[]] * 3, [None] * 3, VOCAB) is first
+    fresh = SpecDecodeMetadata._build([[]] * 3, [0] * 3, None, None, "cpu")
+    for name in SpecDecodeMetadata.__slots__:
+        a, b = getattr(first, name), getattr(fresh, name)
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, name
+    assert first.padded_rows.tolist() == [[0], [1], [2]]
+    assert SpecDecodeMetadata.build([[], [5]]).num_draft_tokens == [0, 1]  # drafts: built as before
