@@ -1,6 +1,7 @@
 """Decode and verify rows attending straight over the paged KV pool on the CPU: the C++ op
 ``paged_attention_short`` (`paged_attention_cpu.cpp`, built by `cpu_kernels`): no page gather, no
-float32 copy of bfloat16 keys, one task per (request, KV head, chunk of 256 keys) on torch's threads."""
+float32 copy of bfloat16 keys, one task per (request, chunk of 128 keys) on torch's threads, its KV
+heads together."""
 
 from __future__ import annotations
 
