@@ -31,8 +31,14 @@ def build(name: str, source_text: str, folder: Path, headers: dict[str, str]):
         (folder / header).write_text(text)
     source = folder / f"{name}.cpp"
     source.write_text(source_text.replace("TORCH_LIBRARY(specexec_cpu, m)", f"TORCH_LIBRARY({name}, m)"))
-    load(name=name, sources=[str(source)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
-         build_directory=str(folder), is_python_module=False)
+    load(
+        name=name,
+        sources=[str(source)],
+        extra_cflags=CFLAGS,
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(folder),
+        is_python_module=False,
+    )
     return getattr(torch.ops, name).paged_attention_short
 
 
@@ -44,13 +50,18 @@ def main() -> None:
     repo = LAYERS.parents[1]
 
     def at(commit: str, path: str) -> str:
-        return subprocess.run(["git", "-C", str(repo), "show", f"{commit}:{path}"], check=True,
-                              capture_output=True, text=True).stdout
+        return subprocess.run(
+            ["git", "-C", str(repo), "show", f"{commit}:{path}"], check=True, capture_output=True, text=True
+        ).stdout
 
     work = Path(tempfile.mkdtemp(prefix="attention_ab_"))
-    before = build("attention_before", at(args.before, "executor/layers/paged_attention_cpu.cpp"), work / "before", {})
+    before = build(
+        "attention_before", at(args.before, "executor/layers/paged_attention_cpu.cpp"), work / "before", {}
+    )
     headers = {h.name: h.read_text() for h in LAYERS.glob("attention_*.h")}
-    after = build("attention_after", (LAYERS / "paged_attention_cpu.cpp").read_text(), work / "after", headers)
+    after = build(
+        "attention_after", (LAYERS / "paged_attention_cpu.cpp").read_text(), work / "after", headers
+    )
     kernels = {"before": before, "after": after}
 
     torch.manual_seed(0)
@@ -82,8 +93,11 @@ def main() -> None:
                     times[name].append(best)
             cells = " | ".join(f"{name} " + "/".join(f"{t:.0f}" for t in ts) for name, ts in times.items())
             ratio = min(times["after"]) / min(times["before"])
-            print(f"{'cold' if cold else 'warm'} {keys} keys x {queries} queries x {requests} requests: "
-                  f"{cells}  (after / before {ratio:.2f})", flush=True)
+            print(
+                f"{'cold' if cold else 'warm'} {keys} keys x {queries} queries x {requests} requests: "
+                f"{cells}  (after / before {ratio:.2f})",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
