@@ -92,19 +92,10 @@ inline void weighted_values_bf16_rows(const c10::BFloat16* vhead, int64_t slot_s
 template <int64_t D, int64_t MAX_ROWS>
 inline void weighted_values_bf16(const c10::BFloat16* vhead, int64_t slot_stride, const int64_t* slots, int64_t keys,
                                  const uint32_t* pairs, int64_t pstride, int64_t R, float* acc) {
-  static_assert(MAX_ROWS >= 2 && MAX_ROWS <= 6);
-  for (int64_t r0 = 0; r0 < R; r0 += MAX_ROWS) {
-    const uint32_t* pr = pairs + r0 * pstride;
-    float* ar = acc + r0 * D;
-    switch (std::min<int64_t>(MAX_ROWS, R - r0)) {
-      case 1: weighted_values_bf16_rows<D, 1>(vhead, slot_stride, slots, keys, pr, pstride, ar); break;
-      case 2: weighted_values_bf16_rows<D, 2>(vhead, slot_stride, slots, keys, pr, pstride, ar); break;
-      case 3: weighted_values_bf16_rows<D, std::min<int64_t>(3, MAX_ROWS)>(vhead, slot_stride, slots, keys, pr, pstride, ar); break;
-      case 4: weighted_values_bf16_rows<D, std::min<int64_t>(4, MAX_ROWS)>(vhead, slot_stride, slots, keys, pr, pstride, ar); break;
-      case 5: weighted_values_bf16_rows<D, std::min<int64_t>(5, MAX_ROWS)>(vhead, slot_stride, slots, keys, pr, pstride, ar); break;
-      default: weighted_values_bf16_rows<D, MAX_ROWS>(vhead, slot_stride, slots, keys, pr, pstride, ar); break;
-    }
-  }
+  in_row_blocks<MAX_ROWS>(R, [&](auto rows, int64_t r0) {
+    weighted_values_bf16_rows<D, decltype(rows)::value>(vhead, slot_stride, slots, keys, pairs + r0 * pstride,
+                                                        pstride, acc + r0 * D);
+  });
 }
 #endif
 

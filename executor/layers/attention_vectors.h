@@ -7,7 +7,9 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 #include <immintrin.h>
@@ -122,5 +124,22 @@ inline vf transposed_sums(const vf* s) {
 }
 #endif
 #endif
+
+// f(rows, r0) for the blocks of R rows, MAX_ROWS at a time, rows an std::integral_constant (the block's
+// size): runs a kernel whose row count is known at compile time (its sums kept in registers) over any R
+template <int64_t MAX_ROWS, typename F>
+inline void in_row_blocks(int64_t R, F&& f) {
+  static_assert(MAX_ROWS >= 1 && MAX_ROWS <= 6);
+  for (int64_t r0 = 0; r0 < R; r0 += MAX_ROWS) {
+    switch (std::min<int64_t>(MAX_ROWS, R - r0)) {
+      case 1: f(std::integral_constant<int64_t, 1>{}, r0); break;
+      case 2: f(std::integral_constant<int64_t, std::min<int64_t>(2, MAX_ROWS)>{}, r0); break;
+      case 3: f(std::integral_constant<int64_t, std::min<int64_t>(3, MAX_ROWS)>{}, r0); break;
+      case 4: f(std::integral_constant<int64_t, std::min<int64_t>(4, MAX_ROWS)>{}, r0); break;
+      case 5: f(std::integral_constant<int64_t, std::min<int64_t>(5, MAX_ROWS)>{}, r0); break;
+      default: f(std::integral_constant<int64_t, MAX_ROWS>{}, r0); break;
+    }
+  }
+}
 
 }  // namespace specexec_attention

@@ -215,19 +215,10 @@ inline void weighted_values_rows(const T* vhead, int64_t slot_stride, const int6
 template <int64_t D, int64_t MAX_ROWS, typename T>
 inline void weighted_values(const T* vhead, int64_t slot_stride, const int64_t* slots, int64_t keys, const float* p,
                             int64_t n, int64_t R, float* acc) {
-  static_assert(MAX_ROWS >= 1 && MAX_ROWS <= 4);
-  for (int64_t r0 = 0; r0 < R; r0 += MAX_ROWS) {
-    const float* pr = p + r0 * n;
-    float* ar = acc + r0 * D;
-    switch (std::min<int64_t>(MAX_ROWS, R - r0)) {
-      case 1: weighted_values_rows<D, 1>(vhead, slot_stride, slots, keys, pr, n, ar); break;
-      case 2: weighted_values_rows<D, 2>(vhead, slot_stride, slots, keys, pr, n, ar); break;
-      case 3: weighted_values_rows<D, (MAX_ROWS >= 3 ? 3 : 1)>(vhead, slot_stride, slots, keys, pr, n, ar); break;
-      default: weighted_values_rows<D, MAX_ROWS>(vhead, slot_stride, slots, keys, pr, n, ar); break;
-    }
-  }
+  in_row_blocks<MAX_ROWS>(R, [&](auto rows, int64_t r0) {
+    weighted_values_rows<D, decltype(rows)::value>(vhead, slot_stride, slots, keys, p + r0 * n, n, acc + r0 * D);
+  });
 }
-
 
 // Ask for the rows of keys [from, to) (KV heads [h0, h1) of each) ahead of their use. The hardware's
 // prefetchers follow one page of the pool at a time and wait on each new one; asked ahead, a chunk's
