@@ -110,12 +110,15 @@ def test_long_contexts_split_over_chunks_give_the_torch_paths_output(dtype, wind
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [None, 100])
-def test_a_verify_row_is_the_same_token_decoded_alone_bit_for_bit(dtype, window):
+@pytest.mark.parametrize("seed", range(8))
+def test_a_verify_row_is_the_same_token_decoded_alone_bit_for_bit(dtype, window, seed):
     """Each row's result depends only on its own keys, whatever the other rows of its request see: the
-    greedy identity of speculative and plain decoding rests on it."""
+    greedy identity of speculative and plain decoding rests on it. (Eight seeds: a kernel that sums a
+    4-query group's scores in another order than a lone query's differs in about 1 bfloat16 row in 6,
+    the rest rounding alike.)"""
     if cpu_kernels() is None:
         pytest.fail("the C++ CPU kernel did not build here (see the log); this machine has a compiler")
-    cache, meta, query = make_case(dtype, 9, 3, 64, 16, [4], [700])
+    cache, meta, query = make_case(dtype, 9, 3, 64, 16, [4], [700], seed=seed)
     tables = meta.groups[0].block_tables
     q = query.view(1, 4, 9, 64)
     positions = torch.arange(696, 700)

@@ -11,34 +11,71 @@
 namespace specexec_attention {
 
 #if defined(__AVX512BF16__)
-// The same dots for bfloat16 keys and queries, on the CPU's bfloat16 dot product (vdpbf16ps: pairs of
-// products, exact in float, added to float sums), read straight from the pool: no conversion of K to
-// float, half the multiply-adds. query: R rows of D bfloat16, unscaled; the dots come out times `scale`.
-// Keys past `width` count as zeros (their slots are not read).
+// 16 rows of 16 dwords -> 16 columns: out[e] = (rows[0][e], ..., rows[15][e]). Pairs of dwords, then of
+// qwords, interleave within 128-bit lanes (4 rows' element e in lane e / 4); a 4x4 transpose of lanes
+// across the four row groups finishes it. 64 shuffles.
+inline void transpose_16x16_dwords(const __m512i* rows, __m512i* out) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(rows[2 * i], rows[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(rows[2 * i], rows[2 * i + 1]);
+  }
+  for (int g = 0; g < 4; ++g) {  // u[4g + k], lane L: rows 4g..4g+3 at element 4L + k
+    u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512i s0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x44), s1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xEE);
+    const __m512i s2 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x44), s3 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xEE);
+    out[k] = _mm512_shuffle_i32x4(s0, s2, 0x88);
+    out[4 + k] = _mm512_shuffle_i32x4(s0, s2, 0xDD);
+    out[8 + k] = _mm512_shuffle_i32x4(s1, s3, 0x88);
+    out[12 + k] = _mm512_shuffle_i32x4(s1, s3, 0xDD);
+  }
+}
+
+// The scores of W bfloat16 keys (at `slots`, this KV head) against R bfloat16 query rows (D each,
+// unscaled), on the CPU's bfloat16 dot product (vdpbf16ps: pairs of products, exact in float, added to
+// float sums), times `scale`: dots[r * stride + j]. The keys are read straight from the pool (no
+// conversion to float) and transposed once into vectors of one bfloat16 pair of every key (D / 2 of
+// them, 2 x 64 shuffles for D = 64), so each row's dots are D / 2 dot products with its pair broadcast
+// and the W keys in the lanes: no sum across lanes, and every row summed in the same order whatever the
+// number of rows (a verify row's scores are its decode's, bit for bit). Keys past `width` count as
+// zeros (their slots are not read).
 template <int64_t D>
-inline void key_dots_bf16(const c10::BFloat16* query, int64_t R, const c10::BFloat16* khead, const int64_t* slots,
-                          int64_t width, int64_t slot_stride, float scale, float* dots, int64_t stride) {
+inline void key_dots_bf16(const c10::BFloat16* query, int64_t R, const c10::BFloat16* khead,
+                                     const int64_t* slots, int64_t width, int64_t slot_stride, float scale,
+                                     float* dots, int64_t stride) {
   static_assert(D % 32 == 0);
-  constexpr int64_t C = D / 32;
-  const __m512i* krows[W];
+  constexpr int64_t P = D / 2;  // bfloat16 pairs a key
   static const c10::BFloat16 zeros[D] = {};
-  for (int64_t j = 0; j < W; ++j) {
-    krows[j] = reinterpret_cast<const __m512i*>(j < width ? khead + slots[j] * slot_stride : zeros);
+  __m512i kt[P];  // kt[i]: pair i of the W keys
+  for (int64_t b = 0; b < P; b += 16) {
+    __m512i rows[16];
+    for (int64_t j = 0; j < W; ++j) {
+      const c10::BFloat16* key = j < width ? khead + slots[j] * slot_stride : zeros;
+      rows[j] = _mm512_loadu_si512(key + 2 * b);
+    }
+    transpose_16x16_dwords(rows, kt + b);
   }
   const vf vscale = vset(scale);
-  for (int64_t r = 0; r < R; ++r) {
-    __m512bh q[C];
-    for (int64_t c = 0; c < C; ++c) q[c] = (__m512bh)_mm512_loadu_si512(query + r * D + c * 32);
-    vf sums[W];
-#pragma GCC unroll 16
-    for (int64_t j = 0; j < W; ++j) {
-      vf s = _mm512_dpbf16_ps(vzero(), q[0], (__m512bh)_mm512_loadu_si512(krows[j]));
-#pragma GCC unroll 4
-      for (int64_t c = 1; c < C; ++c) s = _mm512_dpbf16_ps(s, q[c], (__m512bh)_mm512_loadu_si512(krows[j] + c));
-      sums[j] = s;
+  const auto* qpairs = reinterpret_cast<const int32_t*>(query);  // row r's pair i at r * P + i
+  in_row_blocks<4>(R, [&](auto rows, int64_t r0) {
+    constexpr int64_t N = decltype(rows)::value;
+    vf even[N], odd[N];  // two sums a row (even and odd pairs), so the multiply-adds overlap
+    for (int64_t r = 0; r < N; ++r) even[r] = odd[r] = vzero();
+#pragma GCC unroll 8
+    for (int64_t i = 0; i < P; i += 2) {
+      for (int64_t r = 0; r < N; ++r) {
+        const int32_t* q = qpairs + (r0 + r) * P + i;
+        even[r] = _mm512_dpbf16_ps(even[r], (__m512bh)_mm512_set1_epi32(q[0]), (__m512bh)kt[i]);
+        odd[r] = _mm512_dpbf16_ps(odd[r], (__m512bh)_mm512_set1_epi32(q[1]), (__m512bh)kt[i + 1]);
+      }
     }
-    vstore(dots + r * stride, vmul(transposed_sums(sums), vscale));
-  }
+    for (int64_t r = 0; r < N; ++r) vstore(dots + (r0 + r) * stride, vmul(vadd(even[r], odd[r]), vscale));
+  });
 }
 #define W_HAS_BF16_DOT 1
 #else

@@ -346,10 +346,11 @@ void attend_vector(const Problem& P, const T* qp, const T* kp, const T* vp, T* o
           if constexpr (std::is_same_v<T, c10::BFloat16>) {
             if (D == 64 || D == 128) {
               const c10::BFloat16* qb = query_bf16.data() + kvh * Rh * D;
+              const int64_t* ks = slots.data() + k0;
               if (D == 64) {
-                key_dots_bf16<64>(qb, Rh, khead, slots.data() + k0, width, slot_stride, scale, dots, stride);
+                key_dots_bf16<64>(qb, Rh, khead, ks, width, slot_stride, scale, dots, stride);
               } else {
-                key_dots_bf16<128>(qb, Rh, khead, slots.data() + k0, width, slot_stride, scale, dots, stride);
+                key_dots_bf16<128>(qb, Rh, khead, ks, width, slot_stride, scale, dots, stride);
               }
               continue;
             }
