@@ -36,7 +36,9 @@ def run(steps: int = 3000) -> None:
 
 def share(raw: str) -> None:
     total, outside, by_function = 0, 0, Counter()
-    for line in open(raw):
+    with open(raw) as samples:
+        lines = samples.readlines()
+    for line in lines:
         stack, count = line.rstrip("\n").rsplit(" ", 1)
         frames = stack.split(";")
         if not any("EngineCore.step" in f for f in frames):
