@@ -1,9 +1,10 @@
 """A sampled view of a batch-1 GGUF decode step (no profiler in the process): py-spy samples the stepping
-loop, and the samples outside the decoder-stack op and the LM head are grouped by the functions they
+loop without stopping it (--nonblocking; stopping the process at every sample stalls the C++ ops'
+threads and inflates their share), and the samples outside the decoder-stack op and the LM head are grouped by the functions they
 lie in (inclusive), as shares of all samples.
 
     pip install py-spy
-    py-spy record -r 500 -f raw -o steps.raw -- python host_sampled.py run
+    py-spy record --nonblocking -r 500 -f raw -o steps.raw -- python host_sampled.py run
     python host_sampled.py share steps.raw
 """
 

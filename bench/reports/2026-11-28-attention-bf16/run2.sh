@@ -13,7 +13,7 @@ echo "# after" >> "$here/step_cost_final.txt"; python $steps --settings bfloat16
 pip install -q py-spy
 for v in before after; do
   if [ $v = before ]; then run=old; else run=; fi
-  $run py-spy record -r 500 -f raw -o "/tmp/host_$v.raw" -- python "$here/host_sampled.py" run > /dev/null 2>&1
+  $run py-spy record --nonblocking -r 500 -f raw -o "/tmp/host_$v.raw" -- python "$here/host_sampled.py" run > /dev/null 2>&1
   echo "# $v" >> "$here/host_sampled.txt"; python "$here/host_sampled.py" share "/tmp/host_$v.raw" >> "$here/host_sampled.txt"
 done
 specexec bench --config "$here/configs.yaml" --baseline llamacpp --dataset specbench --num-requests 8 \
