@@ -45,20 +45,19 @@ inline void transpose_16x16_dwords(const __m512i* rows, __m512i* out) {
 // number of rows (a verify row's scores are its decode's, bit for bit). Keys past `width` count as
 // zeros (their slots are not read).
 template <int64_t D>
-inline void key_dots_bf16(const c10::BFloat16* query, int64_t R, const c10::BFloat16* khead,
-                                     const int64_t* slots, int64_t width, int64_t slot_stride, float scale,
-                                     float* dots, int64_t stride) {
+inline void key_dots_bf16(const c10::BFloat16* query, int64_t R, const c10::BFloat16* khead, const int64_t* slots,
+                          int64_t width, int64_t slot_stride, float scale, float* dots, int64_t stride) {
   static_assert(D % 32 == 0);
   constexpr int64_t P = D / 2;  // bfloat16 pairs a key
   static const c10::BFloat16 zeros[D] = {};
   __m512i kt[P];  // kt[i]: pair i of the W keys
   for (int64_t b = 0; b < P; b += 16) {
-    __m512i rows[16];
+    __m512i keys[16];  // pairs [b, b + 16) of each key
     for (int64_t j = 0; j < W; ++j) {
       const c10::BFloat16* key = j < width ? khead + slots[j] * slot_stride : zeros;
-      rows[j] = _mm512_loadu_si512(key + 2 * b);
+      keys[j] = _mm512_loadu_si512(key + 2 * b);
     }
-    transpose_16x16_dwords(rows, kt + b);
+    transpose_16x16_dwords(keys, kt + b);
   }
   const vf vscale = vset(scale);
   const auto* qpairs = reinterpret_cast<const int32_t*>(query);  // row r's pair i at r * P + i
