@@ -244,12 +244,14 @@ constexpr int64_t kTaskOverheadKeys = 16;  // a task's fixed work (its queries, 
 // V) row of all heads is one contiguous run in the pool ([slot, KV head, D]), so the task reads whole
 // runs of memory, where a task per head read a third of each run and left the rest to another thread
 // (twice the time at long contexts, the pool streamed from memory). Where there are fewer than two
-// chunks a thread (a short context at batch 1), each head is its own task, so the threads share evenly. A task takes all of its queries (a
-// verify step's 1 + k) and the rep query heads of each KV head, so every K and V row of the chunk is
-// loaded once for all of them (K converted to float once, W keys at a time, their scores summed by
-// `transposed_sums`). Each task leaves per row its chunk's max score, sum of exponentials and unscaled
-// value sum; a second pass merges a row's chunks in order (the log-sum-exp rescaling of split-K
-// attention). A row's result depends only on its own keys and the chunk boundaries, not on how heads
+// chunks a thread (a short context at batch 1), each head is its own task, so the threads share evenly.
+// A task takes all of its queries (a verify step's 1 + k) and the rep query heads of each KV head, so
+// every K and V row of the chunk is loaded once for all of them: W keys at a time, converted to float
+// once and their scores summed by `transposed_sums`, or for bfloat16 pools on AVX512_BF16 read as they
+// are by the bfloat16 dot products (`attention_bf16_dot.h`: the keys transposed, the values two a step
+// with the probabilities as bfloat16 pairs). Each task leaves per row its chunk's max score, sum of
+// exponentials and unscaled value sum; a second pass merges a row's chunks in order (the log-sum-exp
+// rescaling of split-K attention). A row's result depends only on its own keys and the chunk boundaries, not on how heads
 // are grouped into tasks: a verify row equals the same token decoded, at any batch and thread count.
 template <typename T>
 void attend_vector(const Problem& P, const T* qp, const T* kp, const T* vp, T* op) {
@@ -257,6 +259,8 @@ void attend_vector(const Problem& P, const T* qp, const T* kp, const T* vp, T* o
   // rows of a request: (KV head, query t, its r-th query head) -> (kvh * Q + t) * rep + r, so a KV
   // head's Rh rows lie together
   const int64_t D = P.D, rep = P.rep, Rh = P.Q * rep, R = P.KVH * Rh;
+  constexpr bool is_bf16 = std::is_same_v<T, c10::BFloat16>;
+  const bool bf16_dot = W_HAS_BF16_DOT && is_bf16 && (D == 64 || D == 128);  // else the float path
   struct Task {
     int64_t g, lo, hi, h0, h1;  // key positions [lo, hi] (inclusive) of the chunk; KV heads [h0, h1)
   };
@@ -305,9 +309,10 @@ void attend_vector(const Problem& P, const T* qp, const T* kp, const T* vp, T* o
   }
 
   at::parallel_for(0, workers, 1, [&](int64_t first_worker, int64_t last_worker) {
-    std::vector<float> query(R * D), keys_f(W * D), scores(R * kChunk);
-    std::vector<c10::BFloat16> query_bf16(std::is_same_v<T, c10::BFloat16> ? R * D : 0);  // unscaled
-    std::vector<uint32_t> pairs(std::is_same_v<T, c10::BFloat16> ? R * kChunk / 2 : 0);  // p as bfloat16 pairs
+    std::vector<float> scores(R * kChunk);
+    std::vector<float> query(bf16_dot ? 0 : R * D), keys_f(bf16_dot ? 0 : W * D);  // scaled; W keys as float
+    std::vector<c10::BFloat16> query_bf16(bf16_dot ? R * D : 0);  // unscaled
+    std::vector<uint32_t> pairs(bf16_dot ? R * kChunk / 2 : 0);  // p as bfloat16 pairs
     std::vector<int64_t> slots(kChunk);
     for (int64_t task = bounds[first_worker]; task < bounds[last_worker]; ++task) {
       const Task& tk = tasks[task];
@@ -316,11 +321,14 @@ void attend_vector(const Problem& P, const T* qp, const T* kp, const T* vp, T* o
       for (int64_t kvh = tk.h0; kvh < tk.h1; ++kvh) {
         for (int64_t t = 0; t < P.Q; ++t) {
           const T* qrow = qp + ((tk.g * P.Q + t) * P.H + kvh * rep) * D;
-          float* qf = query.data() + (kvh * Rh + t * rep) * D;
-          for (int64_t i = 0; i < rep * D; ++i) qf[i] = static_cast<float>(qrow[i]) * scale;
-          if constexpr (std::is_same_v<T, c10::BFloat16>) {
-            std::copy(qrow, qrow + rep * D, query_bf16.data() + (kvh * Rh + t * rep) * D);
+          const int64_t first_row = (kvh * Rh + t * rep) * D;
+          if constexpr (is_bf16) {
+            if (bf16_dot) {
+              std::copy(qrow, qrow + rep * D, query_bf16.data() + first_row);
+              continue;
+            }
           }
+          for (int64_t i = 0; i < rep * D; ++i) query[first_row + i] = static_cast<float>(qrow[i]) * scale;
         }
       }
       const int64_t* table = P.tables + tk.g * P.max_blocks;
@@ -340,11 +348,10 @@ void attend_vector(const Problem& P, const T* qp, const T* kp, const T* vp, T* o
                                       std::min(n, k0 + W + kPrefetchKeys), slot_stride, tk.h0, tk.h1, D);
         for (int64_t kvh = tk.h0; kvh < tk.h1; ++kvh) {
           const T* khead = kp + kvh * D;
-          const float* q = query.data() + kvh * Rh * D;
           float* dots = scores.data() + kvh * Rh * stride + k0;
 #if W_HAS_BF16_DOT
-          if constexpr (std::is_same_v<T, c10::BFloat16>) {
-            if (D == 64 || D == 128) {
+          if constexpr (is_bf16) {
+            if (bf16_dot) {
               const c10::BFloat16* qb = query_bf16.data() + kvh * Rh * D;
               const int64_t* ks = slots.data() + k0;
               if (D == 64) {
@@ -356,6 +363,7 @@ void attend_vector(const Problem& P, const T* qp, const T* kp, const T* vp, T* o
             }
           }
 #endif
+          const float* q = query.data() + kvh * Rh * D;
           if (D == 64) {
             keys_to_float<64>(khead, slots.data() + k0, width, slot_stride, D, keys_f.data());
             key_dots<64>(q, Rh, D, keys_f.data(), dots, stride);
@@ -408,8 +416,8 @@ void attend_vector(const Problem& P, const T* qp, const T* kp, const T* vp, T* o
         *out_sum = sum;
       }
 #if W_HAS_BF16_DOT
-      if constexpr (std::is_same_v<T, c10::BFloat16>) {
-        if (D == 64 || D == 128) {
+      if constexpr (is_bf16) {
+        if (bf16_dot) {
           // the probabilities as bfloat16 pairs (rows stride / 2 pairs apart), for the values' dot product
           for (int64_t r = r0; r < r1; ++r) {
             for (int64_t j = 0; j < stride; j += W) {
