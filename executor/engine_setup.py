@@ -31,6 +31,7 @@ from .layers.linear_backend import LinearBackendChoice, choose_linear_backend, f
 from .layers.measurement_cache import resolve_cache_dir
 from .layers.packed_linear import pack_linears, packable_linear_bytes, unpack_linears
 from .layers.quantized.quantized_dot import QuantizedKernelChoice, choose_quantized_kernel, set_int8_dot
+from .layers.skinny_linear import SkinnyChoice, choose_skinny_kernels
 from .model.attention_paths import choose_attention_paths
 from .model.cuda_graphs import CudaGraphCapture, GraphCaptureReport
 from .model.decoder.convert import resolve_model_impl
@@ -117,6 +118,7 @@ def build_engine_core(
     drafter = _setup_drafter(context, drafter, plugins, runner)
     linear_backend = _apply_linear_backend(config, model, drafter)
     quantized_kernel = _apply_quantized_kernel(config, model, drafter)
+    skinny_kernels = _apply_skinny_kernels(config, runner, drafter)
     graph_reports = capture_cuda_graphs(config, runner, drafter, max_model_len)
     speculation = _speculation_stage(model, vocab_size, config, drafter, plugins, runner, block_manager)
     eos_token_ids = _eos_token_ids(model, tokenizer)
@@ -139,7 +141,23 @@ def build_engine_core(
     core.model_impl = model_impl
     core.linear_backend = linear_backend
     core.quantized_kernel = quantized_kernel
+    core.skinny_kernels = skinny_kernels
     return core
+
+
+def _apply_skinny_kernels(
+    config: ExecutorConfig, runner: ModelRunner, drafter: Drafter | None
+) -> SkinnyChoice:
+    """On CUDA, the own decoder's projections over a decode or verify step's rows: the skinny-GEMM
+    kernel where it measures faster than cuBLAS (`skinny_linear.py`)."""
+    if runner.decoder is None:
+        return SkinnyChoice("off", "transformers' modules run the target")
+    max_draft_len = drafter.max_draft_len if drafter is not None else 0
+    max_rows = min(config.max_num_tokens, config.max_batch_size * (1 + max(max_draft_len, MAX_FORCED_TOKENS)))
+    choice = choose_skinny_kernels(runner.model, max_rows)
+    if choice.kernel != "off":
+        logger.info("skinny GEMM: %s", choice.reason)
+    return choice
 
 
 def _drafter_modules(drafter: Drafter | None, what: str) -> list:

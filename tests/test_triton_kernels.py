@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import triton  # (xgrammar requires it on Linux x86-64: every install of specexec there has it)
-from specexec.executor.layers.triton_kernels import fused_ops, paged_attention
+from specexec.executor.layers.triton_kernels import fused_ops, paged_attention, row_summary, skinny_gemm
 
 HERE = Path(__file__).parent
 
@@ -37,12 +37,12 @@ def interpreter_results() -> dict:
 
 
 def test_every_kernel_matches_its_torch_ops_in_the_interpreter(interpreter_results):
-    assert len(interpreter_results) >= 30
+    assert len(interpreter_results) >= 80
     failed = {case: why for case, why in interpreter_results.items() if why is not None}
     assert not failed, failed
 
 
-def _compile(kernel, types: dict[str, str], constexprs: dict) -> None:
+def _compile(kernel, types: dict[str, str], constexprs: dict, num_warps: int = 4) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -52,7 +52,7 @@ def _compile(kernel, types: dict[str, str], constexprs: dict) -> None:
         fn=kernel, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()}
     )
     triton.compile(
-        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": True}
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "enable_fp_fusion": True}
     )
 
 
@@ -96,6 +96,36 @@ def test_the_kernels_compile_for_an_h100(dtype):
         _compile(paged_attention._split_kernel, split, constexprs)
     merge = dict(max_ptr="*fp32", sum_ptr="*fp32", acc_ptr="*fp32", out_ptr=f"*{dtype}", num_splits="i32")
     _compile(paged_attention._merge_kernel, merge, dict(HEAD_DIM=64, BLOCK_D=64, BLOCK_SPLITS=8))
+    summary = dict(x_ptr=f"*{dtype}", out_ptr="*i64", vocab="i32", stride="i32")
+    _compile(
+        row_summary._row_status_argmax_kernel,
+        summary,
+        dict(BLOCK=row_summary.BLOCK, NO_INDEX=row_summary.NO_INDEX),
+    )
+
+
+def test_the_skinny_gemm_compiles_for_an_h100_with_every_measured_config():
+    ptrs = ("x_ptr", "res_ptr", "norm_w_ptr", "total_ptr", "w_ptr", "out_ptr")
+    types = {n: "*bf16" for n in ptrs}
+    ints = ("M", "N", "K", "stride_xm", "stride_wn", "stride_om", "stride_os", "K_PER_SPLIT")
+    types.update({n: "i32" for n in ints})
+    types.update(eps="fp32", offset="fp32")
+    for config in skinny_gemm.MEASURED:
+        for norm, residual in ((False, False), (True, False), (True, True)):
+            if config.split_k > 1:
+                types["out_ptr"] = "*fp32"
+            constexprs = dict(
+                BLOCK_M=skinny_gemm.MAX_ROWS, BLOCK_N=config.block_n,
+                BLOCK_K=config.block_k, NUM_STAGES=config.num_stages, NORM=norm, HAS_RESIDUAL=residual,
+                UPCAST=False,
+            )  # fmt: skip
+            _compile(skinny_gemm._skinny_gemm_kernel, types, constexprs, config.num_warps)
+    sums = dict(
+        part_ptr="*fp32", bias_ptr="*bf16", out_ptr="*bf16", N="i32", stride_pm="i32", stride_ps="i32"
+    )
+    sums.update(stride_om="i32")
+    for has_bias in (False, True):
+        _compile(skinny_gemm._sum_splits_kernel, sums, dict(SPLIT_K=4, HAS_BIAS=has_bias, BLOCK=1024))
 
 
 def test_the_kernels_are_taken_only_on_cuda_in_the_dtypes_they_know(monkeypatch):

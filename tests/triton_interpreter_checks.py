@@ -119,7 +119,71 @@ def run_checks() -> dict:
         results[f"rotary_kv_write-{tag}-other-slots"] = (
             None if not pool[:, untouched].any() else "wrote elsewhere"
         )
+    skinny_checks(results)
+    row_summary_checks(results)
     return results
+
+
+def skinny_checks(results: dict) -> None:
+    """The skinny GEMM (every config shape it can take: tails of N and K, splits, bias, 1-16 rows) against
+    F.linear in float64 of the same inputs, and its fused norm against add_rms_norm then F.linear."""
+    from specexec.executor.layers.triton_kernels import fused_ops
+    from specexec.executor.layers.triton_kernels.skinny_gemm import SkinnyConfig, skinny_gemm
+
+    gen = torch.Generator().manual_seed(2)
+    cases = [  # rows, N, K, config, bias
+        (1, 100, 300, SkinnyConfig(32, 64, 1), False),
+        (3, 70, 520, SkinnyConfig(64, 128, 2), True),
+        (16, 33, 64, SkinnyConfig(32, 64, 4), False),
+        (5, 64, 1000, SkinnyConfig(32, 256, 4), True),
+    ]
+    for dtype in (torch.bfloat16, torch.float16):
+        tag = str(dtype)[6:]
+        for rows, n, k, config, has_bias in cases:
+            x = torch.randn(rows, k, generator=gen).to(dtype)
+            w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+            bias = torch.randn(n, generator=gen).to(dtype) if has_bias else None
+            got, total = skinny_gemm(x, w, bias, config)
+            want = F.linear(x.double(), w.double(), None if bias is None else bias.double())
+            name = f"skinny-{tag}-{rows}x{n}x{k}-{config.describe()}"
+            check(name, got, want, torch.bfloat16, results)
+            results[f"{name}-total-is-x"] = None if total is x else "total is not x"
+            for residual, unit_offset in (
+                (None, False),
+                (torch.randn(rows, k, generator=gen).to(dtype), True),
+            ):
+                norm_w = torch.randn(k, generator=gen).to(dtype)
+                got, total = skinny_gemm(x, w, bias, config, (residual, norm_w, 1e-6, unit_offset))
+                h, want_total = fused_ops.add_rms_norm(x, residual, norm_w, 1e-6, unit_offset)
+                want = F.linear(h.double(), w.double(), None if bias is None else bias.double())
+                fused = f"{name}-norm{'-residual' if residual is not None else ''}"
+                check(fused, got, want, torch.bfloat16, results)
+                results[f"{fused}-sum"] = None if torch.equal(total, want_total) else "x + residual differs"
+
+
+def row_summary_checks(results: dict) -> None:
+    """row_status_argmax against torch's max: ties (first index), NaN, +inf, all -inf, -0/0, a view."""
+    from specexec.executor.layers.triton_kernels.row_summary import row_status_argmax
+    from specexec.sampling.rejection import row_summary
+
+    gen = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = torch.randn(9, 5000, generator=gen).to(dtype)
+        x[1, 4321] = float("nan")
+        x[2, 17] = float("inf")
+        x[3] = float("-inf")
+        x[4, 7] = x[4, 4999] = 50  # a tie in one lane's reach and beyond it
+        x[5] = 0.0
+        x[5, 3] = -0.0
+        x[6, 2049] = x[6, 4097] = 100  # a tie across lanes
+        x[7] = float("-inf")
+        x[7, 4500] = -3
+        x[8] = torch.round(x[8])  # many ties
+        for view, tag in ((x, "rows"), (x[:, 1:4000], "view")):
+            got, want = row_status_argmax(view), row_summary(view)
+            readable = want[:, 0] == 0  # (an unreadable row's argmax is never read)
+            ok = torch.equal(got[:, 0], want[:, 0]) and torch.equal(got[readable, 1], want[readable, 1])
+            results[f"row_status_argmax-{str(dtype)[6:]}-{tag}"] = None if ok else f"{got} != {want}"
 
 
 if __name__ == "__main__":

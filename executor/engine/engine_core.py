@@ -76,6 +76,7 @@ class EngineCore:
         self.linear_backend = None  #: LinearBackendChoice: which kernels run the dense linear layers
         self.quantized_kernel = None  #: QuantizedKernelChoice: which kernels run the quantized ones
         self.model_impl = None  #: ModelImplChoice: which forward runs the target (set up by engine_setup)
+        self.skinny_kernels = None  #: SkinnyChoice: which projections run the skinny-GEMM kernel (CUDA)
         self.verifier = VerifyStage(RejectionSampler(row_summary), vocab_size)
         self.resources = StepResources(runner, outputs.tokenizer, vocab_size)
         self._submitted: collections.deque[RequestState] = collections.deque()  # from any thread

@@ -9,7 +9,8 @@ Two orders of norms:
 Attention: one QKV projection, optional per-head q/k norms (Qwen3, Gemma3), RoPE from the table rows of
 the step's positions, K/V written into the paged cache (without q/k norms, RoPE and the write are one
 pass: a C++ op on the CPU, a Triton kernel on CUDA) and attended there (`paged_attention`), one output
-projection. MLP: one gate/up projection, act(gate) * up (one fused op), one down projection.
+projection. MLP: one gate/up projection, act(gate) * up (one fused op), one down projection. On CUDA
+a norm and the projection after it may be one kernel (`skinny_linear.project_normed`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ...layers.activation import act_mul, fused_activation_code
 from ...layers.fused_ops import fused_ops_for
 from ...layers.norm import RMSNorm
 from ...layers.rotary import apply_rotary
+from ...layers.skinny_linear import project_normed
 from ..attention_metadata import AttentionMetadata
 from ..paged_attention import paged_attention
 
@@ -78,9 +80,12 @@ class DecoderLayer(nn.Module):
 
     def attention(self, x: torch.Tensor, rows: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]; rows: the rotary table's rows of the T positions."""
+        return self.attend(self.qkv_proj(x), rows, meta)
+
+    def attend(self, qkv: torch.Tensor, rows: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The attention after the QKV projection: qkv [T, q_size + 2 * kv_size] -> [T, hidden]."""
         spec, (q_size, kv_size) = self.spec, self._split
-        num_tokens = x.shape[0]
-        qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
+        num_tokens = qkv.shape[0]
         ops = fused_ops_for(qkv) if self.q_norm is None else None
         if ops is not None:  # RoPE and the cache write in one pass
             kv = meta.kv_cache.kv[spec.layer_idx]
@@ -110,7 +115,11 @@ class DecoderLayer(nn.Module):
         return self.o_proj(out.reshape(num_tokens, q_size))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
-        return self.down_proj(act_mul(self.gate_up_proj(x), self.act, self._act_code))
+        return self.mlp_after(self.gate_up_proj(x))
+
+    def mlp_after(self, gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2 * intermediate] -> [T, hidden]
+        """The MLP after its gate/up projection."""
+        return self.down_proj(act_mul(gate_up, self.act, self._act_code))
 
 
 class PreNormLayer(DecoderLayer):
@@ -120,9 +129,12 @@ class PreNormLayer(DecoderLayer):
     post_attention_layernorm: RMSNorm
 
     def forward(self, hidden, residual, rows, meta):
-        h, x = self.input_layernorm.add_forward(hidden, residual)  # x [T, hidden]: the layer's input
-        h, x = self.post_attention_layernorm.add_forward(self.attention(h, rows, meta), x)
-        return self.mlp(h), x
+        # each norm and the projection after it: one kernel where `project_normed` can fuse them
+        qkv, x = project_normed(self.input_layernorm, self.qkv_proj, hidden, residual)  # x: the layer's input
+        gate_up, x = project_normed(
+            self.post_attention_layernorm, self.gate_up_proj, self.attend(qkv, rows, meta), x
+        )
+        return self.mlp_after(gate_up), x
 
 
 class SandwichNormLayer(DecoderLayer):
@@ -134,7 +146,7 @@ class SandwichNormLayer(DecoderLayer):
     post_feedforward_layernorm: RMSNorm
 
     def forward(self, hidden, residual, rows, meta):
-        h, x = self.input_layernorm.add_forward(hidden, residual)  # x [T, hidden]: the layer's input
-        attended = self.post_attention_layernorm(self.attention(h, rows, meta))
-        h, x = self.pre_feedforward_layernorm.add_forward(attended, x)
-        return self.post_feedforward_layernorm(self.mlp(h)), x
+        qkv, x = project_normed(self.input_layernorm, self.qkv_proj, hidden, residual)  # x: the layer's input
+        attended = self.post_attention_layernorm(self.attend(qkv, rows, meta))
+        gate_up, x = project_normed(self.pre_feedforward_layernorm, self.gate_up_proj, attended, x)
+        return self.post_feedforward_layernorm(self.mlp_after(gate_up)), x
