@@ -1,6 +1,6 @@
 """CUDA graphs on against off, side by side in one process.
 
-    python -m specexec.bench.graph_bench [--models smollm2,tiny,llama8b] [--drafters none,ngram,eagle3]
+    python -m specexec.bench.graph_bench [--models smollm2,smollm2-random,tiny,llama8b] [--drafters none,ngram,eagle3]
         [--batches 1,8] [--graphs on,off] [--model-impls auto] [--max-tokens 64] [--num-prompts 8]
         [--device cuda] [--output graphs.json]
 
@@ -13,7 +13,9 @@ than every captured shape run eagerly); acceptance length; the capture time and 
 graphs; the mask wait per guided step; and the share of requests whose tokens are the same with graphs
 as without (on real weights in bfloat16, padded shapes may round differently near a tie).
 
-``smollm2`` is the embedded SmolLM2-135M-Instruct (EAGLE-3 uses its shipped head); ``tiny`` is a random
+``smollm2`` is the embedded SmolLM2-135M-Instruct (EAGLE-3 uses its shipped head); ``smollm2-random``
+its shapes with random weights (the same step time without drafts, where the GGUF is not on the
+machine: ``--tokenizer-dir`` then gives the tokenizer and config); ``tiny`` is a random
 2-layer Llama with SmolLM2's vocabulary, where launches are nearly all of a step's time; ``llama8b`` has
 Llama-3-8B's shape (32 layers, hidden 4096, 32/8 heads, MLP 14336) with random weights built on the
 device and SmolLM2's vocabulary (49152 instead of 128256), where reading the weights is the floor of a
@@ -114,6 +116,15 @@ def llama8b_model(vocab_size: int, dtype: torch.dtype, device: str):
     return model.eval().requires_grad_(False)
 
 
+def smollm2_shaped_model(config, dtype: torch.dtype, device: str):
+    """SmolLM2-135M's own config (``config``: its transformers config) with random weights: the same
+    shapes, so the same step time without drafts, where the GGUF is not on the machine."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(copy.deepcopy(config)).to(dtype).to(device).eval().requires_grad_(False)
+
+
 def weight_bytes(model: torch.nn.Module) -> int:
     """The bytes a decode step reads: every parameter but the embedding tables (one row a token)."""
     embedded = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
@@ -137,8 +148,10 @@ def copy_bandwidth(device: str, mib: int = 1024, repeats: int = 20) -> float:
     return 2 * src.numel() / best
 
 
-def build_target(model_name: str, vocab: int, dtype: torch.dtype, device: str):
+def build_target(model_name: str, vocab: int, dtype: torch.dtype, device: str, config=None):
     """The module a bench model runs (None: the executor loads the embedded SmolLM2)."""
+    if model_name == "smollm2-random":
+        return smollm2_shaped_model(config, dtype, device)
     if model_name == "tiny":
         return tiny_model(vocab, dtype).to(device)
     if model_name == "llama8b":
@@ -146,7 +159,7 @@ def build_target(model_name: str, vocab: int, dtype: torch.dtype, device: str):
             raise SystemExit("llama8b needs a GPU (its weights are 15 GB)")
         return llama8b_model(vocab, dtype, device)
     if model_name != "smollm2":
-        raise SystemExit(f"unknown model {model_name!r}: smollm2, tiny, llama8b")
+        raise SystemExit(f"unknown model {model_name!r}: smollm2, smollm2-random, tiny, llama8b")
     return None
 
 
@@ -298,6 +311,18 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def smollm2_tokenizer_and_config(directory: str | None):
+    """SmolLM2's tokenizer and transformers config: from the embedded GGUF, or from ``directory``."""
+    if directory is not None:
+        from transformers import AutoConfig, AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(directory), AutoConfig.from_pretrained(directory)
+    from ..executor.model.model_loader import load_model
+
+    loaded = load_model(None, dtype="float32", device="cpu", progress=False)
+    return loaded.tokenizer, loaded.model.config
+
+
 def describe_device(device: str) -> str:
     if device != "cpu" and torch.cuda.is_available():
         return f"{torch.cuda.get_device_name()} (torch {torch.__version__}, CUDA {torch.version.cuda})"
@@ -321,6 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--no-guided", action="store_true", help="skip the guided NGram rows")
     parser.add_argument("--output", default=None, help="write the rows as JSON here")
+    parser.add_argument(
+        "--tokenizer-dir",
+        default=None,
+        help="SmolLM2's tokenizer and config saved here (save_pretrained) instead of the embedded GGUF: "
+        "for a machine without the GGUF (smollm2-random, tiny and llama8b need only these)",
+    )
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
     graph_settings = {"on": True, "off": False}
@@ -332,20 +363,20 @@ def main(argv: list[str] | None = None) -> int:
             "no CUDA device: run with --device cpu (eager replay stands in for the graphs)", file=sys.stderr
         )
         return 2
-    from ..executor.model.model_loader import load_model
-
-    loaded = load_model(None, dtype="float32", device="cpu", progress=False)
-    tokenizer = loaded.tokenizer
-    vocab = loaded.model.config.vocab_size
-    del loaded
+    tokenizer, smollm2_config = smollm2_tokenizer_and_config(args.tokenizer_dir)
+    vocab = smollm2_config.vocab_size
     dtype = torch.bfloat16 if args.device != "cpu" else torch.float32
     rows: list[Row] = []
     print(f"device: {describe_device(args.device)}", file=sys.stderr)
     bandwidth, notes = None, []
     for model_name in args.models.split(","):
         drafters = [d for d in args.drafters.split(",") if not (d == "eagle3" and model_name != "smollm2")]
+        if model_name == "smollm2" and args.tokenizer_dir is not None:
+            raise SystemExit("smollm2 loads the embedded GGUF: with --tokenizer-dir, run smollm2-random")
         for impl in args.model_impls.split(","):
-            module = build_target(model_name, vocab, dtype, args.device)  # fresh: an executor converts it
+            module = build_target(
+                model_name, vocab, dtype, args.device, smollm2_config
+            )  # fresh: an executor converts it
             floor_ms = None
             if model_name == "llama8b":
                 bandwidth = bandwidth or copy_bandwidth(args.device)
