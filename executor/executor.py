@@ -15,7 +15,7 @@ from ..plugins import get_plugin_manager
 from ..sampling import SamplingParams
 from .caller_loop import Caller, CallerLoop
 from .config import ExecutorConfig
-from .engine.inputs import InvalidRequestError, as_request, check_length, tokenize_prompt
+from .engine.inputs import InvalidRequestError, as_request, check_length, check_token_ids, tokenize_prompt
 from .engine.request import FinishReason, Prompt, Request, RequestOutput, RequestState, TokenEvent
 from .engine.scratch_forward import scratch_forward
 from .engine_setup import build_engine_core, check_before_loading, resolve_dtype
@@ -141,6 +141,7 @@ class Executor:
                 )
             params.validate()
             state.token_ids = tokenize_prompt(request.prompt, self.tokenizer, self.core.vocab_size)
+            check_token_ids(params.logit_bias, self.core.vocab_size, "logit_bias")
             state.num_prompt_tokens = state.metrics.num_prompt_tokens = len(state.token_ids)
             check_length(state.num_prompt_tokens, self.core.max_model_len)
             state.generator = params.make_generator(self.core.runner.device)

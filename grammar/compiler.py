@@ -25,6 +25,8 @@ _LABELS = {
 _LOG_PREFIX = re.compile(r"\[[\d:.]+\]\s+\S+:\d+:\s*")  # "[06:33:38] /project/cpp/x.cc:83: "
 _CHECK_FAILED = re.compile(r"Check failed: \(.*?\) is false:\s*")
 
+JSON_OBJECT_SCHEMA = '{"type": "object"}'  #: what json_object compiles to: any JSON object
+
 
 def hf_tokenizer_info(tokenizer, vocab_size: int, stop_token_ids: Sequence[int]) -> xgr.TokenizerInfo:
     """xgrammar's view of the vocabulary. A model without EOS gives no stop tokens: xgrammar then looks
@@ -213,12 +215,13 @@ class GrammarCompilerPool:
 
     def _dispatch(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         c = self._compiler
-        if spec.kind == "json_schema":
+        if spec.kind in ("json_schema", "json_object"):
+            # json_object is OpenAI's JSON mode: an object, not any JSON value (xgrammar's builtin JSON
+            # grammar also allows arrays, strings and numbers at the top)
+            schema = spec.text if spec.kind == "json_schema" else JSON_OBJECT_SCHEMA
             if self.max_json_whitespace == 0:
-                return c.compile_json_schema(spec.text, any_whitespace=False)
-            return c.compile_json_schema(spec.text, max_whitespace_cnt=self.max_json_whitespace)
-        if spec.kind == "json_object":
-            return c.compile_builtin_json_grammar()
+                return c.compile_json_schema(schema, any_whitespace=False)
+            return c.compile_json_schema(schema, max_whitespace_cnt=self.max_json_whitespace)
         if spec.kind == "regex":
             return c.compile_regex(spec.text)
         if spec.kind == "ebnf":

@@ -46,6 +46,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     #: OpenAI's: minus this once the token is in the output so far (-2..2; 0 = off)
     presence_penalty: float = 0.0
+    #: OpenAI's: token id -> a number in -100..100 added to that token's logit at every step (before
+    #: temperature and the filters; -100 all but bans it, 100 all but forces it)
+    logit_bias: dict[int, float] = field(default_factory=dict)
     #: the log-probability of each output token plus this many likeliest alternatives (0..20); None = off
     #: (which log-probabilities: `sampling/logprobs.py`)
     logprobs: int | None = None
@@ -99,6 +102,12 @@ class SamplingParams:
             raise ValueError(f"n must be an int in 1..64, got {self.n!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
             raise ValueError(f"logprobs must be None or an int in 0..20, got {self.logprobs!r}")
+        if not isinstance(self.logit_bias, dict) or not all(
+            _is_int(t) and t >= 0 and _is_real(b) and -100 <= b <= 100 for t, b in self.logit_bias.items()
+        ):
+            raise ValueError(
+                f"logit_bias must map token ids (ints >= 0) to numbers in -100..100, got {self.logit_bias!r:.200}"
+            )
         rep = self.repetition_penalty
         if not _is_real(rep) or not math.isfinite(rep) or rep <= 0:
             raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off), got {rep!r}")

@@ -23,7 +23,7 @@ from ..executor.async_executor import AsyncExecutor, ExecutorClosedError
 from ..executor.engine.request import FinishReason, RequestOutput, TokenEvent
 from . import responses
 from .metrics import ServerMetrics
-from .protocol import BadRequest, ParsedRequest, parse_chat, parse_completion
+from .protocol import BadRequest, ParsedRequest, parse_chat, parse_completion, template_reads_name
 
 
 @dataclass(slots=True)
@@ -34,9 +34,11 @@ class ServerLimits:
 
 
 class HTTPError(Exception):
-    def __init__(self, status: int, message: str, kind: str, param: str | None = None, headers=None) -> None:
+    def __init__(
+        self, status: int, message: str, kind: str, param: str | None = None, headers=None, code: str | None = None
+    ) -> None:
         super().__init__(message)
-        self.status, self.kind, self.param, self.headers = status, kind, param, headers
+        self.status, self.kind, self.param, self.headers, self.code = status, kind, param, headers, code
 
 
 def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None, limits=None) -> FastAPI:
@@ -45,6 +47,7 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
     metrics = ServerMetrics(engine.executor)
     max_model_len = engine.executor.core.max_model_len
     tokenizer = engine.executor.tokenizer
+    reads_name = template_reads_name(tokenizer)
     created = int(time.time())
 
     async def lifespan(app: FastAPI):
@@ -57,13 +60,16 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
     @app.exception_handler(HTTPError)
     async def http_error(request: Request, exc: HTTPError) -> JSONResponse:
         return JSONResponse(
-            responses.error_body(str(exc), exc.kind, exc.status, exc.param), exc.status, headers=exc.headers
+            responses.error_body(str(exc), exc.kind, exc.param, exc.code), exc.status, headers=exc.headers
         )
 
     def check_key(request: Request) -> None:
         if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
             raise HTTPError(
-                401, "missing or wrong API key (Authorization: Bearer ...)", "authentication_error"
+                401,
+                "missing or wrong API key (Authorization: Bearer ...)",
+                "authentication_error",
+                code="invalid_api_key",
             )
 
     @app.get("/health")
@@ -90,7 +96,7 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise HTTPError(400, f"the body is not JSON: {exc}", "invalid_request_error") from exc
         try:
-            parsed = parse(body, max_model_len)
+            parsed = parse(body, max_model_len, reads_name)
         except BadRequest as exc:
             raise HTTPError(400, str(exc), "invalid_request_error", exc.param) from exc
         if body.get("model") not in (None, model_name):
@@ -99,6 +105,7 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
                 f"model {body['model']!r} is not served here; this server serves {model_name!r}",
                 "not_found_error",
                 "model",
+                code="model_not_found",
             )
         if engine.num_unfinished >= limits.max_queued_requests:
             raise HTTPError(
@@ -151,17 +158,30 @@ _END = object()  #: the request's events are over (every sample finished)
 
 async def _next_or_none(events: AsyncIterator[TokenEvent], request: Request, deadline: float):
     """The next event; ``_END`` after the last; None when the client disconnects or the deadline
-    passes first (the pending read is cancelled, which aborts what is unfinished)."""
+    passes first (the pending read is cancelled, which aborts what is unfinished).
+
+    If this coroutine is itself cancelled (the server cancels a stream whose client went away), the
+    pending read is cancelled and awaited first: until it ends, the generator is still running, and
+    the caller's ``aclose()`` would raise "asynchronous generator is already running"."""
     step = asyncio.ensure_future(anext(events, _END))
-    while True:
-        done, _ = await asyncio.wait({step}, timeout=min(0.5, max(0.0, deadline - time.monotonic())))
-        if done:
-            return step.result()
-        if time.monotonic() >= deadline or await request.is_disconnected():
-            step.cancel()  # the generator's own clean-up aborts the request; wait for it to run
-            with contextlib.suppress(asyncio.CancelledError):
-                await step
-            return None
+    try:
+        while True:
+            done, _ = await asyncio.wait({step}, timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+            if done:
+                return step.result()
+            if time.monotonic() >= deadline or await request.is_disconnected():
+                await _cancel(step)  # the generator's own clean-up aborts the request
+                return None
+    except asyncio.CancelledError:
+        await _cancel(step)
+        raise
+
+
+async def _cancel(step: asyncio.Future) -> None:
+    """Cancel a pending read and wait until it has ended."""
+    step.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await step
 
 
 async def _collect(
@@ -197,6 +217,7 @@ async def _stream(
     asked; ``[DONE]`` once every sample finished, or an error event when ``deadline`` passes first."""
     event = first
     finished: list[RequestOutput] = []
+    num_prompt = num_output = 0  # for stream_options.continuous_usage_stats
     try:
         if parsed.is_chat:
             yield responses.sse(responses.first_chunk(parsed, ids))
@@ -204,7 +225,7 @@ async def _stream(
             if event is None:
                 if time.monotonic() >= deadline:
                     yield responses.sse(
-                        responses.error_body(f"the request ran past {timeout_s} s", "timeout_error", 504)
+                        responses.error_body(f"the request ran past {timeout_s} s", "timeout_error")
                     )
                 return
             output = event.output if event.finished else None
@@ -213,10 +234,16 @@ async def _stream(
                 if output.finish_reason is FinishReason.ABORT:
                     return  # an aborted request's stream simply ends
                 if output.finish_reason is FinishReason.ERROR:
-                    yield responses.sse(responses.error_body(output.error or "error", *_kind_of(output)))
+                    yield responses.sse(responses.error_body(output.error or "error", _kind_of(output)[0]))
                     return
                 finished.append(output)
-            yield responses.sse(responses.chunk(event, parsed, ids))
+            so_far = None
+            if parsed.continuous_usage:
+                num_output += len(event.token_ids)
+                num_prompt = event.num_prompt_tokens
+                so_far = {"prompt_tokens": num_prompt, "completion_tokens": num_output}
+                so_far["total_tokens"] = num_prompt + num_output
+            yield responses.sse(responses.chunk(event, parsed, ids, so_far))
             event = await _next_or_none(events, request, deadline)
         if parsed.include_usage:
             yield responses.sse(responses.usage_chunk(finished, ids))

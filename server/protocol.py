@@ -1,5 +1,6 @@
 """OpenAI request bodies -> what the executor takes. Every field is either mapped or refused: a field the
-server does not support is a 400 naming it, never silently ignored.
+server does not support is a 400 naming it, never silently ignored. ``user`` and ``metadata`` are
+checked and accepted (nothing is stored: there is no stored-completions API here).
 
 Defaults follow OpenAI's API, not `SamplingParams`: ``temperature`` 1, ``max_tokens`` the rest of the
 context.
@@ -7,6 +8,7 @@ context.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -35,7 +37,15 @@ _COMMON_FIELDS = _SAMPLING_FIELDS | {
     "stream",
     "stream_options",
     "response_format",
+    "logit_bias",
+    "user",
+    "metadata",
 }
+#: what ``stream_options`` takes: OpenAI's include_usage and include_obfuscation, vLLM's
+#: continuous_usage_stats (the usage so far in every chunk; guidellm sends it)
+STREAM_OPTIONS = ("include_usage", "include_obfuscation", "continuous_usage_stats")
+#: roles a chat message may have; OpenAI's ``developer`` is its newer name for ``system``
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 CHAT_FIELDS = _COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "logprobs"}
 MAX_LOGPROBS = 20  #: top alternatives per token at most (OpenAI's limit)
@@ -59,15 +69,20 @@ class ParsedRequest:
     stream: bool
     include_usage: bool  #: stream_options.include_usage: a last chunk with the usage
     num_top_logprobs: int | None  #: top alternatives per token in the response; None = no logprobs
+    continuous_usage: bool = False  #: stream_options.continuous_usage_stats: the usage in every chunk
+    obfuscation: bool = False  #: stream_options.include_obfuscation: random padding in every chunk
+    user: str | None = None  #: the caller's end-user id (checked, logged; nothing is stored)
 
 
-def parse_chat(body: Any, max_model_len: int) -> ParsedRequest:
+def parse_chat(body: Any, max_model_len: int, template_reads_name: bool = False) -> ParsedRequest:
+    """``template_reads_name``: the chat template renders a message's ``name`` (else a name is refused:
+    it would be dropped)."""
     body = _object(body)
     _refuse_unknown(body, CHAT_FIELDS)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list of {role, content} objects", "messages")
-    prompt = [_message(m, i) for i, m in enumerate(messages)]
+    prompt = [_message(m, i, template_reads_name) for i, m in enumerate(messages)]
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     top = None
     if body.get("logprobs") is not None:
@@ -80,7 +95,7 @@ def parse_chat(body: Any, max_model_len: int) -> ParsedRequest:
     return _parsed(body, prompt, max_tokens, max_model_len, top, is_chat=True)
 
 
-def parse_completion(body: Any, max_model_len: int) -> ParsedRequest:
+def parse_completion(body: Any, max_model_len: int, template_reads_name: bool = False) -> ParsedRequest:
     body = _object(body)
     _refuse_unknown(body, COMPLETION_FIELDS)
     prompt = body.get("prompt")
@@ -117,6 +132,8 @@ def _parsed(
         options["n"] = n
     if top is not None:
         options["logprobs"] = top
+    if body.get("logit_bias") is not None:
+        options["logit_bias"] = _logit_bias(body["logit_bias"])
     unknown = {k for k in options if k not in {f.name for f in fields(SamplingParams)}}
     if unknown:  # (a field this version's SamplingParams does not have yet)
         raise BadRequest(f"not supported by this server: {', '.join(sorted(unknown))}", sorted(unknown)[0])
@@ -129,15 +146,64 @@ def _parsed(
     if not isinstance(stream, bool):
         raise BadRequest("stream must be true or false", "stream")
     stream_options = body.get("stream_options") or {}
-    if not isinstance(stream_options, dict) or set(stream_options) - {"include_usage"}:
-        raise BadRequest("stream_options takes include_usage only", "stream_options")
+    if not isinstance(stream_options, dict) or set(stream_options) - set(STREAM_OPTIONS):
+        raise BadRequest(f"stream_options takes {', '.join(STREAM_OPTIONS)}", "stream_options")
+    for name, value in stream_options.items():
+        if not isinstance(value, bool):
+            raise BadRequest(f"stream_options.{name} must be true or false", "stream_options")
     if stream_options and not stream:
         raise BadRequest("stream_options needs stream: true", "stream_options")
     response_format = body.get("response_format")
     if isinstance(response_format, dict) and response_format.get("type") == "text":
         response_format = None
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise BadRequest("user must be a string", "user")
+    _check_metadata(body.get("metadata"))
     request = Request(prompt, params, response_format=response_format)
-    return ParsedRequest(request, is_chat, stream, bool(stream_options.get("include_usage")), top)
+    return ParsedRequest(
+        request,
+        is_chat,
+        stream,
+        bool(stream_options.get("include_usage")),
+        top,
+        continuous_usage=bool(stream_options.get("continuous_usage_stats")),
+        obfuscation=bool(stream_options.get("include_obfuscation")),
+        user=user,
+    )
+
+
+def _logit_bias(value: Any) -> dict[int, float]:
+    """OpenAI's ``{"token id": bias}`` (JSON keys are strings) -> {id: bias}; ranges are checked by
+    SamplingParams, the ids against the vocabulary by the executor."""
+    if not isinstance(value, dict):
+        raise BadRequest('logit_bias must be an object {"token id": bias in -100..100}', "logit_bias")
+    bias = {}
+    for key, add in value.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise BadRequest(f"logit_bias: {key!r} is not a token id", "logit_bias") from None
+        if isinstance(add, bool) or not isinstance(add, (int, float)):
+            raise BadRequest(f"logit_bias: the bias of {key} must be a number in -100..100", "logit_bias")
+        bias[token] = float(add)
+    return bias
+
+
+def _check_metadata(metadata: Any) -> None:
+    """OpenAI's limits: at most 16 pairs of strings, keys up to 64 characters, values up to 512."""
+    if metadata is None:
+        return
+    if (
+        not isinstance(metadata, dict)
+        or len(metadata) > 16
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+        or any(len(k) > 64 or len(v) > 512 for k, v in metadata.items())
+    ):
+        raise BadRequest(
+            "metadata must be an object of at most 16 string pairs (keys up to 64 characters, values up to 512)",
+            "metadata",
+        )
 
 
 def _object(body: Any) -> dict:
@@ -152,7 +218,7 @@ def _refuse_unknown(body: dict, allowed: frozenset[str]) -> None:
         raise BadRequest(f"not supported by this server: {', '.join(unknown)}", unknown[0])
 
 
-def _message(message: Any, i: int) -> dict:
+def _message(message: Any, i: int, template_reads_name: bool) -> dict:
     if not isinstance(message, dict) or "role" not in message:
         raise BadRequest(f"messages[{i}] must be an object with role and content", "messages")
     extra = set(message) - {"role", "content", "name"}
@@ -160,6 +226,19 @@ def _message(message: Any, i: int) -> dict:
         raise BadRequest(
             f"messages[{i}]: not supported by this server: {', '.join(sorted(extra))}", "messages"
         )
+    role = ROLES.get(message["role"]) if isinstance(message["role"], str) else None
+    if role is None:
+        raise BadRequest(
+            f"messages[{i}].role must be one of {', '.join(ROLES)}, got {message['role']!r}", "messages"
+        )
+    name = message.get("name")
+    if name is not None and not (isinstance(name, str) and template_reads_name):
+        why = (
+            "must be a string"
+            if not isinstance(name, str)
+            else "is not rendered by this model's chat template"
+        )
+        raise BadRequest(f"messages[{i}].name {why}", "messages")
     content = message.get("content")
     if isinstance(content, list):  # content parts: text only
         if not all(
@@ -170,7 +249,18 @@ def _message(message: Any, i: int) -> dict:
         content = "".join(p["text"] for p in content)
     if not isinstance(content, str):
         raise BadRequest(f"messages[{i}].content must be a string or a list of text parts", "messages")
-    return {"role": message["role"], "content": content}
+    return {"role": role, "content": content} | ({"name": name} if name is not None else {})
+
+
+def template_reads_name(tokenizer) -> bool:
+    """Whether the tokenizer's chat template renders a message's ``name`` (``message.name`` or
+    ``message['name']``)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # several named templates
+        template = " ".join(t for t in template.values() if isinstance(t, str))
+    if not isinstance(template, str):
+        return False
+    return re.search(r"message(\.name\b|\[\s*['\"]name['\"]\s*\])", template) is not None
 
 
 def _int_in(value: Any, name: str, low: int, high: int) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -40,7 +41,9 @@ class ResponseIds:
         }
 
 
-def error_body(message: str, kind: str, code: int, param: str | None = None) -> dict:
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
+    """OpenAI's error object: ``code`` a short string where there is one (``model_not_found``,
+    ``invalid_api_key``), else null; the HTTP status is the response's own."""
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
@@ -76,7 +79,8 @@ def first_chunk(parsed: ParsedRequest, ids: ResponseIds) -> dict:
     return {**ids.head(chunk=True), "choices": choices}
 
 
-def chunk(event: TokenEvent, parsed: ParsedRequest, ids: ResponseIds) -> dict:
+def chunk(event: TokenEvent, parsed: ParsedRequest, ids: ResponseIds, usage_so_far: dict | None = None) -> dict:
+    """One stream chunk; ``usage_so_far`` (stream_options.continuous_usage_stats) rides along."""
     finish = str(event.output.finish_reason) if event.finished and event.output is not None else None
     choice: dict = {"index": event.sample_index, "finish_reason": finish}
     if parsed.is_chat:
@@ -84,7 +88,12 @@ def chunk(event: TokenEvent, parsed: ParsedRequest, ids: ResponseIds) -> dict:
     else:
         choice["text"] = event.text
     choice["logprobs"] = _logprobs(event.logprobs, parsed, ids)
-    return {**ids.head(chunk=True), "choices": [choice]}
+    body = {**ids.head(chunk=True), "choices": [choice]}
+    if usage_so_far is not None:
+        body["usage"] = usage_so_far
+    if parsed.obfuscation:  # OpenAI's: random padding so a chunk's size does not give its text away
+        body["obfuscation"] = secrets.token_urlsafe(secrets.randbelow(12) + 4)
+    return body
 
 
 def usage_chunk(samples: list[RequestOutput], ids: ResponseIds) -> dict:

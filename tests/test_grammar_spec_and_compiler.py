@@ -150,6 +150,14 @@ def test_other_kinds_compile(pool):
             assert m.accept_token(t), (rf["type"], t)
 
 
+@pytest.mark.parametrize("text", ["[1]", '"x"', "7", "null"])
+def test_json_object_is_held_to_an_object(pool, text):
+    """OpenAI's JSON mode promises an object: no other JSON value may start the output (xgrammar's
+    builtin JSON grammar once let a top-level array through)."""
+    m = xgr.GrammarMatcher(pool.get(GrammarSpec.from_response_format({"type": "json_object"}), timeout=60))
+    assert not all(m.accept_token(t) for t in encode(text))
+
+
 def test_submit_after_shutdown_raises():
     p = GrammarCompilerPool(None, VOCAB, [EOS], max_workers=1, tokenizer_info=tokenizer_info())
     p.shutdown()

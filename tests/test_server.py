@@ -388,3 +388,86 @@ def test_a_request_past_its_timeout_is_aborted_with_504_and_its_pages_freed():
         assert "timeout_error" in lines[-1] and "[DONE]" not in lines[-1]
         wait_until_idle(engine, 2.0)
         assert_all_pages_free(engine.executor)
+
+
+@pytest.mark.parametrize("spec", [None, NGRAM], ids=["no-drafts", "ngram"])
+def test_a_client_closing_its_stream_after_the_first_chunk_leaves_no_traceback(spec, capfd):
+    """The `openai` client reads one chunk and closes the stream: the request is aborted, every page is
+    freed, and the server logs nothing (it once logged "aclose(): asynchronous generator is already
+    running" from the stream's clean-up)."""
+    with served(spec) as (base, engine, stack):
+        api = stack.enter_context(client(base))
+        for endpoint in ("chat", "completions"):
+            args = dict(model="tiny", max_tokens=300, temperature=0, stream=True)
+            if endpoint == "chat":
+                stream = api.chat.completions.create(messages=MESSAGES, **args)
+            else:
+                stream = api.completions.create(prompt="The cat sat on the", **args)
+            next(iter(stream))
+            stream.close()
+            wait_until_idle(engine, 5.0)
+            assert_all_pages_free(engine.executor)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "already running" not in err, err[-3000:]
+
+
+def test_fields_real_clients_send_are_honoured():
+    """role developer (= system), logit_bias, user, metadata, stream_options' continuous_usage_stats and
+    include_obfuscation; a name the chat template does not render, bad metadata and a bias outside the
+    vocabulary are 400s naming the field; error codes are strings or null."""
+    system = [{"role": "system", "content": "Answer briefly."}, *MESSAGES]
+    developer = [{"role": "developer", "content": "Answer briefly."}, *MESSAGES]
+    with served(NGRAM) as (base, engine, stack):
+        api = stack.enter_context(client(base))
+        args = dict(model="tiny", max_tokens=10, temperature=0)
+        want = api.chat.completions.create(messages=system, **args).choices[0].message.content
+        got = api.chat.completions.create(messages=developer, user="u-1", metadata={"k": "v"}, **args)
+        assert got.choices[0].message.content == want
+        # logit_bias: ban the greedy first token, then force one token everywhere
+        first = api.completions.create(prompt="The cat sat on the", logprobs=0, **args).choices[0]
+        banned = engine.executor.tokenizer.convert_tokens_to_ids(first.logprobs.tokens[0])
+        if banned is None or banned == engine.executor.tokenizer.unk_token_id:
+            banned = engine.executor.tokenizer.encode(first.logprobs.tokens[0])[0]
+        biased = api.completions.create(prompt="The cat sat on the", logit_bias={str(banned): -100}, **args)
+        ids = engine.executor.tokenizer.encode(biased.choices[0].text)
+        assert biased.choices[0].text != first.text and banned not in ids[:1]
+        forced = api.completions.create(prompt="The cat sat on the", logit_bias={"42": 100}, **args)
+        assert forced.choices[0].text == engine.executor.tokenizer.decode([42] * 10)
+        chunks = list(
+            api.chat.completions.create(
+                messages=MESSAGES,
+                stream=True,
+                stream_options={"include_usage": True, "include_obfuscation": True},
+                extra_body={"stream_options": {"continuous_usage_stats": True, "include_obfuscation": True}},
+                **args,
+            )
+        )
+        with_usage = [c for c in chunks if c.choices and c.usage is not None]
+        assert with_usage and with_usage[-1].usage.completion_tokens == 10
+        counts = [c.usage.completion_tokens for c in with_usage]
+        assert counts == sorted(counts) and with_usage[0].usage.prompt_tokens > 0
+        assert all(getattr(c, "obfuscation", None) for c in with_usage)
+        cases = [
+            ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages"),
+            ({"messages": [{"role": "robot", "content": "hi"}]}, "messages"),
+            ({"messages": MESSAGES, "metadata": {"k": 1}}, "metadata"),
+            ({"messages": MESSAGES, "logit_bias": {"x": 1}}, "logit_bias"),
+            ({"messages": MESSAGES, "logit_bias": {"1": 101}}, "logit_bias"),
+            ({"messages": MESSAGES, "user": 7}, "user"),
+            ({"messages": MESSAGES, "stream_options": {"nope": True}, "stream": True}, "stream_options"),
+        ]
+        with httpx.Client() as http:
+            for body, param in cases:
+                answer = http.post(f"{base}/v1/chat/completions", json={"model": "tiny", **body})
+                assert answer.status_code == 400, body
+                error = answer.json()["error"]
+                assert error["param"] == param and error["code"] is None, (body, error)
+            outside = http.post(
+                f"{base}/v1/chat/completions",
+                json={"model": "tiny", "messages": MESSAGES, "logit_bias": {"999999": 5}},
+            )
+            assert outside.status_code == 400 and "logit_bias" in outside.json()["error"]["message"]
+            missing = http.post(f"{base}/v1/chat/completions", json={"model": "other", "messages": MESSAGES})
+            assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+        wait_until_idle(engine)
+        assert_all_pages_free(engine.executor)

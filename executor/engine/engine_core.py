@@ -24,6 +24,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from ...sampling.logit_bias import BiasedRows, apply_logit_bias_inplace
 from ...sampling.logprobs import LogprobRows, TokenLogprob, token_logprobs
 from ...sampling.penalties import PenalizedRows, PenaltyMetadata, apply_penalties_inplace
 from ...sampling.rejection import RejectionSampler, Verification
@@ -209,7 +210,8 @@ class EngineCore:
 
     def _apply_penalties(self, batch: list[ScheduledRequest], output: ForwardOutput) -> None:
         """Repetition, frequency and presence penalties, each verify row with the tokens before it
-        (`sampling/penalties.py`); requests without penalties pay nothing."""
+        (`sampling/penalties.py`), then ``logit_bias`` (`sampling/logit_bias.py`); requests without
+        them pay nothing."""
         rows = [
             PenalizedRows(
                 output.cu_logit_rows[i],
@@ -226,6 +228,15 @@ class EngineCore:
         if rows:
             meta = PenaltyMetadata.build(rows, output.logits.shape[-1], output.logits.device)
             apply_penalties_inplace(output.logits, meta)
+        biased = [
+            BiasedRows(
+                output.cu_logit_rows[i], 1 + len(s.draft_token_ids), s.request.sampling_params.logit_bias
+            )
+            for i, s in enumerate(batch)
+            if s.request.sampling_params.logit_bias and self._has_rows(output, i, s)
+        ]
+        if biased:
+            apply_logit_bias_inplace(output.logits, biased)
 
     @staticmethod
     def _has_rows(output: ForwardOutput, i: int, s: ScheduledRequest) -> bool:

@@ -75,6 +75,13 @@ def _tokenize(prompt: Prompt, tokenizer) -> list[int]:
     return list(prompt)
 
 
+def check_token_ids(ids, vocab_size: int, what: str) -> None:
+    """Refuse token ids (a field of the request, ``what``) outside the vocabulary."""
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequestError(f"{what}: token ids outside the vocabulary 0..{vocab_size - 1}: {bad[:5]}")
+
+
 def check_length(num_prompt_tokens: int, max_model_len: int) -> None:
     if num_prompt_tokens >= max_model_len:
         raise InvalidRequestError(

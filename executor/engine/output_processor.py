@@ -121,7 +121,14 @@ class OutputProcessor:
         if _asks_logprobs(request):
             logprobs = request.logprobs[len(request.logprobs) - len(new_tokens) :] if new_tokens else []
         return TokenEvent(
-            request.request_id, new_tokens, text, finished, output, logprobs, request.sample_index
+            request.request_id,
+            new_tokens,
+            text,
+            finished,
+            output,
+            logprobs,
+            request.sample_index,
+            request.num_prompt_tokens,
         )
 
 

@@ -145,6 +145,7 @@ class TokenEvent:
     output: RequestOutput | None = None  #: the full output, on the event that finishes the request
     logprobs: list[TokenLogprob] | None = None  #: the new tokens' entries, when the request asked
     sample_index: int = 0  #: with n > 1: which sample (its request_id is ``<id>#<sample_index>``)
+    num_prompt_tokens: int = 0  #: the request's prompt tokens (0 for one refused before tokenizing)
 
 
 class RequestStatus(enum.Enum):
