@@ -143,6 +143,8 @@ class Executor:
             state.token_ids = tokenize_prompt(request.prompt, self.tokenizer, self.core.vocab_size)
             check_token_ids(params.logit_bias, self.core.vocab_size, "logit_bias")
             state.num_prompt_tokens = state.metrics.num_prompt_tokens = len(state.token_ids)
+            if params.prompt_logprobs is not None:
+                state.prompt_logprobs = [None]  # the first prompt token: nothing scores it
             check_length(state.num_prompt_tokens, self.core.max_model_len)
             state.generator = params.make_generator(self.core.runner.device)
             if request.response_format is not None:

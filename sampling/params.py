@@ -30,7 +30,9 @@ class SamplingParams:
     Construction never raises for bad values; call `validate()` (the executor does, per request).
     """
 
-    max_tokens: int = 128  #: maximum number of output tokens (> 0)
+    max_tokens: int = (
+        128  #: maximum number of output tokens (> 0; 0 only with prompt_logprobs: score the prompt)
+    )
     temperature: float = 0.0  #: 0 means greedy (argmax); > 0 samples
     top_k: int = 0  #: keep the k most likely tokens; 0 = off
     top_p: float = 1.0  #: nucleus: keep the smallest set with cumulative prob >= top_p; 1.0 = off
@@ -52,6 +54,9 @@ class SamplingParams:
     #: the log-probability of each output token plus this many likeliest alternatives (0..20); None = off
     #: (which log-probabilities: `sampling/logprobs.py`)
     logprobs: int | None = None
+    #: the log-probability of each prompt token (after the first) plus this many likeliest alternatives
+    #: (0..20; `sampling/prompt_logprobs.py`); None = off
+    prompt_logprobs: int | None = None
     #: samples of the prompt (1..64): each its own request ``<id>#<i>`` with seed + i (when seeded); the
     #: request's output is sample 0's and lists all in ``samples``
     n: int = 1
@@ -76,8 +81,11 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field and its allowed values."""
-        if not _is_int(self.max_tokens) or self.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be an int > 0, got {self.max_tokens!r}")
+        scores_prompt = self.prompt_logprobs is not None
+        if not _is_int(self.max_tokens) or self.max_tokens < (0 if scores_prompt else 1):
+            raise ValueError(
+                f"max_tokens must be an int > 0 (0 only with prompt_logprobs), got {self.max_tokens!r}"
+            )
         if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(
                 f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}"
@@ -102,6 +110,8 @@ class SamplingParams:
             raise ValueError(f"n must be an int in 1..64, got {self.n!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
             raise ValueError(f"logprobs must be None or an int in 0..20, got {self.logprobs!r}")
+        if scores_prompt and (not _is_int(self.prompt_logprobs) or not 0 <= self.prompt_logprobs <= 20):
+            raise ValueError(f"prompt_logprobs must be None or an int in 0..20, got {self.prompt_logprobs!r}")
         if not isinstance(self.logit_bias, dict) or not all(
             _is_int(t) and t >= 0 and _is_real(b) and -100 <= b <= 100 for t, b in self.logit_bias.items()
         ):

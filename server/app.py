@@ -35,7 +35,13 @@ class ServerLimits:
 
 class HTTPError(Exception):
     def __init__(
-        self, status: int, message: str, kind: str, param: str | None = None, headers=None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        kind: str,
+        param: str | None = None,
+        headers=None,
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.kind, self.param, self.headers, self.code = status, kind, param, headers, code
@@ -107,15 +113,32 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
                 "model",
                 code="model_not_found",
             )
-        if engine.num_unfinished >= limits.max_queued_requests:
+        if engine.num_unfinished + len(parsed.requests) > limits.max_queued_requests:
             raise HTTPError(
                 503,
                 f"{engine.num_unfinished} requests queued: try again later",
                 "server_error",
                 headers={"Retry-After": str(limits.retry_after_s)},
             )
+        ids = responses.ResponseIds(parsed.is_chat, model_name, tokenizer)
+        if parsed.stream:
+            events, first = await start(parsed.request, request, deadline)
+            chunks = _stream(events, first, parsed, ids, metrics, request, deadline, limits.request_timeout_s)
+            return StreamingResponse(chunks, media_type="text/event-stream")
+        # every prompt's request runs at once (in the same batches); the first error is the answer
+        results = await asyncio.gather(
+            *(run(one, request, deadline) for one in parsed.requests), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return JSONResponse(responses.full_response(results, parsed, ids))
+
+    async def start(one, request: Request, deadline: float):
+        """Submit one request; (its events, its first event). A request refused at once or one that
+        gets no token in time is an HTTPError."""
         try:
-            events = engine.generate(parsed.request)
+            events = engine.generate(one)
             first = await _next_or_none(events, request, deadline)
         except ExecutorClosedError as exc:
             raise HTTPError(
@@ -128,10 +151,11 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
             metrics.record(first.output)
             await events.aclose()
             raise _error_of(first.output)
-        ids = responses.ResponseIds(parsed.is_chat, model_name, tokenizer)
-        if parsed.stream:
-            chunks = _stream(events, first, parsed, ids, metrics, request, deadline, limits.request_timeout_s)
-            return StreamingResponse(chunks, media_type="text/event-stream")
+        return events, first
+
+    async def run(one, request: Request, deadline: float) -> list[RequestOutput]:
+        """One prompt's request to its end: every sample's output, in sample order."""
+        events, first = await start(one, request, deadline)
         outputs = await _collect(events, first, request, deadline, limits.request_timeout_s)
         for output in outputs:
             metrics.record(output)
@@ -140,7 +164,7 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
                 raise _error_of(output)
             if output.finish_reason is FinishReason.ABORT:
                 raise HTTPError(503, "the request was aborted (the server is shutting down)", "server_error")
-        return JSONResponse(responses.full_response(outputs, parsed, ids))
+        return outputs
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:

@@ -9,7 +9,7 @@ context.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from ..executor.engine.request import Prompt, Request
@@ -47,7 +47,10 @@ STREAM_OPTIONS = ("include_usage", "include_obfuscation", "continuous_usage_stat
 #: roles a chat message may have; OpenAI's ``developer`` is its newer name for ``system``
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 CHAT_FIELDS = _COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
-COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "logprobs"}
+#: ``echo`` (the prompt before the completion, with its log-probabilities when ``logprobs`` is set) and
+#: vLLM's ``prompt_logprobs``: what lm-evaluation-harness's log-likelihood tasks read
+COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "logprobs", "echo", "prompt_logprobs"}
+MAX_PROMPTS = 64  #: prompts in one /v1/completions request at most
 MAX_LOGPROBS = 20  #: top alternatives per token at most (OpenAI's limit)
 MAX_N = 16  #: samples per request at most
 
@@ -64,7 +67,7 @@ class BadRequest(ValueError):
 class ParsedRequest:
     """One OpenAI request, as the executor will run it."""
 
-    request: Request  #: prompt, sampling params (n, logprobs included) and response_format
+    requests: list[Request]  #: one per prompt: prompt, sampling params (n, logprobs...), response_format
     is_chat: bool
     stream: bool
     include_usage: bool  #: stream_options.include_usage: a last chunk with the usage
@@ -72,6 +75,14 @@ class ParsedRequest:
     continuous_usage: bool = False  #: stream_options.continuous_usage_stats: the usage in every chunk
     obfuscation: bool = False  #: stream_options.include_obfuscation: random padding in every chunk
     user: str | None = None  #: the caller's end-user id (checked, logged; nothing is stored)
+    echo: bool = False  #: completions: the prompt's text (and log-probabilities) before the completion
+    #: each prompt as given, when it was text (echo returns it as sent); None for token ids
+    prompt_texts: list[str | None] | None = None
+
+    @property
+    def request(self) -> Request:
+        """The first (with one prompt, the only) request."""
+        return self.requests[0]
 
 
 def parse_chat(body: Any, max_model_len: int, template_reads_name: bool = False) -> ParsedRequest:
@@ -99,26 +110,63 @@ def parse_completion(body: Any, max_model_len: int, template_reads_name: bool = 
     body = _object(body)
     _refuse_unknown(body, COMPLETION_FIELDS)
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    is_text = isinstance(prompt, str) and prompt
-    is_ids = (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    prompts = (
+        prompt
+        if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt)
+        else [prompt]
     )
-    if not (is_text or is_ids):
-        raise BadRequest(
-            "prompt must be non-empty text or a list of token ids (one prompt per request)", "prompt"
+    if len(prompts) > MAX_PROMPTS:
+        raise BadRequest(f"at most {MAX_PROMPTS} prompts in one request, got {len(prompts)}", "prompt")
+    for one in prompts:
+        is_text = isinstance(one, str) and one
+        is_ids = (
+            isinstance(one, list) and one and all(isinstance(t, int) and not isinstance(t, bool) for t in one)
         )
+        if not (is_text or is_ids):
+            raise BadRequest(
+                "prompt must be non-empty text, a list of token ids, or a list of those (one choice each)",
+                "prompt",
+            )
     top = None
     if body.get("logprobs") is not None:
         top = _int_in(body["logprobs"], "logprobs", 0, MAX_LOGPROBS)
-    return _parsed(body, prompt, body.get("max_tokens"), max_model_len, top, is_chat=False)
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise BadRequest("echo must be true or false", "echo")
+    prompt_top = None
+    if body.get("prompt_logprobs") is not None:
+        prompt_top = _int_in(body["prompt_logprobs"], "prompt_logprobs", 0, MAX_LOGPROBS)
+    if echo and top is not None:  # the prompt's tokens are listed with their log-probabilities
+        prompt_top = max(top, prompt_top or 0)
+    max_tokens = body.get("max_tokens")
+    if max_tokens == 0 and not echo and prompt_top is None:
+        raise BadRequest(
+            "max_tokens: 0 needs echo or prompt_logprobs (nothing would be returned)", "max_tokens"
+        )
+    if max_tokens == 0 and prompt_top is None:  # echo alone: the prompt's text is what comes back
+        prompt_top = 0
+    parsed = _parsed(body, prompts[0], max_tokens, max_model_len, top, is_chat=False, prompt_top=prompt_top)
+    params = parsed.request.sampling_params
+    parsed.requests = [
+        replace(parsed.request, prompt=one, sampling_params=replace(params)) for one in prompts
+    ]
+    parsed.echo = echo
+    parsed.prompt_texts = [one if isinstance(one, str) else None for one in prompts]
+    if len(prompts) > 1 and parsed.stream:
+        raise BadRequest("stream: true takes one prompt", "prompt")
+    if echo and parsed.stream:
+        raise BadRequest("echo is not streamed by this server: send stream: false", "echo")
+    return parsed
 
 
 def _parsed(
-    body: dict, prompt: Prompt, max_tokens, max_model_len: int, top: int | None, is_chat: bool
+    body: dict,
+    prompt: Prompt,
+    max_tokens,
+    max_model_len: int,
+    top: int | None,
+    is_chat: bool,
+    prompt_top: int | None = None,
 ) -> ParsedRequest:
     options: dict[str, Any] = {"temperature": 1.0}
     options.update({k: body[k] for k in _SAMPLING_FIELDS if body.get(k) is not None})
@@ -132,6 +180,8 @@ def _parsed(
         options["n"] = n
     if top is not None:
         options["logprobs"] = top
+    if prompt_top is not None:
+        options["prompt_logprobs"] = prompt_top
     if body.get("logit_bias") is not None:
         options["logit_bias"] = _logit_bias(body["logit_bias"])
     unknown = {k for k in options if k not in {f.name for f in fields(SamplingParams)}}
@@ -162,7 +212,7 @@ def _parsed(
     _check_metadata(body.get("metadata"))
     request = Request(prompt, params, response_format=response_format)
     return ParsedRequest(
-        request,
+        [request],
         is_chat,
         stream,
         bool(stream_options.get("include_usage")),

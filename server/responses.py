@@ -31,6 +31,14 @@ class ResponseIds:
     def __post_init__(self) -> None:
         self.id = f"{'chatcmpl' if self.is_chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
 
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else str(token_id)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return (
+            self.tokenizer.decode(token_ids) if self.tokenizer is not None else " ".join(map(str, token_ids))
+        )
+
     def head(self, chunk: bool) -> dict:
         kind = "chat.completion" if self.is_chat else "text_completion"
         return {
@@ -52,22 +60,55 @@ def sse(payload: dict) -> bytes:
 
 
 def usage(samples: list[RequestOutput]) -> dict:
-    prompt = samples[0].metrics.num_prompt_tokens if samples else 0
+    """Every sample's tokens; each prompt's once (sample 0 of each prompt counts it)."""
+    prompt = sum(o.metrics.num_prompt_tokens for o in samples if o.sample_index == 0)
     completion = sum(o.metrics.num_output_tokens for o in samples)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def full_response(samples: list[RequestOutput], parsed: ParsedRequest, ids: ResponseIds) -> dict:
+def full_response(per_prompt: list[list[RequestOutput]], parsed: ParsedRequest, ids: ResponseIds) -> dict:
+    """``per_prompt``: each prompt's samples, in order; choice ``index`` = prompt * n + sample."""
+    n = parsed.request.sampling_params.n
     choices = []
-    for sample in samples:
-        choice: dict = {"index": sample.sample_index, "finish_reason": str(sample.finish_reason)}
-        if parsed.is_chat:
-            choice["message"] = {"role": "assistant", "content": sample.text}
-        else:
-            choice["text"] = sample.text
-        choice["logprobs"] = _logprobs(sample.logprobs, parsed, ids)
-        choices.append(choice)
+    for p, samples in enumerate(per_prompt):
+        for sample in samples:
+            choice: dict = {"index": p * n + sample.sample_index, "finish_reason": str(sample.finish_reason)}
+            if parsed.is_chat:
+                choice["message"] = {"role": "assistant", "content": sample.text}
+                choice["logprobs"] = _logprobs(sample.logprobs, parsed, ids)
+            else:
+                echoed = _echoed(sample, parsed, ids, p)
+                choice["text"] = (echoed[0] if echoed else "") + sample.text
+                choice["logprobs"] = _logprobs(sample.logprobs, parsed, ids, echoed)
+            if sample.prompt_logprobs is not None:  # vLLM's field
+                choice["prompt_logprobs"] = _prompt_logprobs(sample, ids)
+            choices.append(choice)
+    samples = [s for group in per_prompt for s in group]
     return {**ids.head(chunk=False), "choices": choices, "usage": usage(samples)}
+
+
+def _echoed(sample: RequestOutput, parsed: ParsedRequest, ids: ResponseIds, prompt_index: int):
+    """With ``echo``: (the prompt's text, its token ids, their entries or None); else None."""
+    if not parsed.echo:
+        return None
+    given = parsed.prompt_texts[prompt_index] if parsed.prompt_texts else None
+    text = given if given is not None else ids.decode(sample.prompt_token_ids)
+    return text, sample.prompt_token_ids, sample.prompt_logprobs
+
+
+def _prompt_logprobs(sample: RequestOutput, ids: ResponseIds) -> list:
+    """vLLM's shape: per prompt token None (the first) or {token id: {logprob, decoded_token}} for the
+    token itself and its likeliest alternatives."""
+    out: list = []
+    for entry in sample.prompt_logprobs or []:
+        if entry is None:
+            out.append(None)
+            continue
+        ranked = {entry.token_id: entry.logprob, **dict(entry.top)}
+        out.append(
+            {str(t): {"logprob": _value(v), "decoded_token": ids.token_text(t)} for t, v in ranked.items()}
+        )
+    return out
 
 
 def first_chunk(parsed: ParsedRequest, ids: ResponseIds) -> dict:
@@ -79,7 +120,9 @@ def first_chunk(parsed: ParsedRequest, ids: ResponseIds) -> dict:
     return {**ids.head(chunk=True), "choices": choices}
 
 
-def chunk(event: TokenEvent, parsed: ParsedRequest, ids: ResponseIds, usage_so_far: dict | None = None) -> dict:
+def chunk(
+    event: TokenEvent, parsed: ParsedRequest, ids: ResponseIds, usage_so_far: dict | None = None
+) -> dict:
     """One stream chunk; ``usage_so_far`` (stream_options.continuous_usage_stats) rides along."""
     finish = str(event.output.finish_reason) if event.finished and event.output is not None else None
     choice: dict = {"index": event.sample_index, "finish_reason": finish}
@@ -100,40 +143,50 @@ def usage_chunk(samples: list[RequestOutput], ids: ResponseIds) -> dict:
     return {**ids.head(chunk=True), "choices": [], "usage": usage(samples)}
 
 
-def _logprobs(entries: list[TokenLogprob] | None, parsed: ParsedRequest, ids: ResponseIds):
+def _value(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else MIN_LOGPROB
+
+
+def _logprobs(entries: list[TokenLogprob] | None, parsed: ParsedRequest, ids: ResponseIds, echoed=None):
     """OpenAI's shapes: chat ``{"content": [{token, logprob, bytes, top_logprobs}]}``; completions
-    ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``."""
+    ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, the prompt's tokens first with
+    ``echo`` (the first with null: nothing scores it)."""
     if parsed.num_top_logprobs is None or entries is None:
         return None
-
-    def text(token_id: int) -> str:
-        return ids.tokenizer.decode([token_id]) if ids.tokenizer is not None else str(token_id)
-
-    def value(logprob: float) -> float:
-        return logprob if math.isfinite(logprob) else MIN_LOGPROB
-
+    text = ids.token_text
     if parsed.is_chat:
         content = []
         for e in entries:
             token = text(e.token_id)
-            top = [{"token": text(t), "logprob": value(v), "bytes": list(text(t).encode())} for t, v in e.top]
+            top = [
+                {"token": text(t), "logprob": _value(v), "bytes": list(text(t).encode())} for t, v in e.top
+            ]
             content.append(
                 {
                     "token": token,
-                    "logprob": value(e.logprob),
+                    "logprob": _value(e.logprob),
                     "bytes": list(token.encode()),
                     "top_logprobs": top,
                 }
             )
         return {"content": content}
-    tokens = [text(e.token_id) for e in entries]
+    tokens, values, tops = [], [], []
+    if echoed is not None:
+        _, prompt_ids, prompt_entries = echoed
+        for token_id, e in zip(prompt_ids, prompt_entries or [None] * len(prompt_ids)):
+            tokens.append(text(token_id))
+            values.append(None if e is None else _value(e.logprob))
+            tops.append(None if e is None else _top(e, parsed.num_top_logprobs, text))
+    for e in entries:
+        tokens.append(text(e.token_id))
+        values.append(_value(e.logprob))
+        tops.append(_top(e, parsed.num_top_logprobs, text))
     offsets, at = [], 0
     for token in tokens:
         offsets.append(at)
         at += len(token)
-    return {
-        "tokens": tokens,
-        "token_logprobs": [value(e.logprob) for e in entries],
-        "top_logprobs": [{text(t): value(v) for t, v in e.top} for e in entries],
-        "text_offset": offsets,
-    }
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _top(entry: TokenLogprob, k: int, text) -> dict:
+    return {text(t): _value(v) for t, v in entry.top[:k]}

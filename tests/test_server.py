@@ -15,6 +15,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+import torch
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 from specexec import Request, SamplingParams
@@ -469,5 +470,58 @@ def test_fields_real_clients_send_are_honoured():
             assert outside.status_code == 400 and "logit_bias" in outside.json()["error"]["message"]
             missing = http.post(f"{base}/v1/chat/completions", json={"model": "other", "messages": MESSAGES})
             assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+        wait_until_idle(engine)
+        assert_all_pages_free(engine.executor)
+
+
+@pytest.mark.parametrize("max_tokens", [0, 1])
+def test_echo_with_logprobs_scores_the_prompt_as_an_hf_forward(max_tokens):
+    """lm-evaluation-harness's log-likelihood request (`local-completions`): several token-id prompts in
+    one request, ``echo``, ``logprobs: 1``, ``max_tokens`` 0 or 1: each choice lists the prompt's tokens
+    with the model's log-probabilities (the first null) before what it generated, as an HF forward's
+    log-softmax gives them (float32)."""
+    from test_guided_decoding import VOCAB
+    from tiny_models import make_tiny_model
+
+    reference, _ = make_tiny_model("llama", vocab_size=VOCAB)
+    reference = reference.float()
+    prompts = [[101, 202, 303, 404, 505, 606], [7, 8, 9, 7, 8, 9, 7, 8], [1500, 40]]
+    with served(NGRAM) as (base, engine, stack):
+        api = stack.enter_context(client(base))
+        answer = api.completions.create(
+            model="tiny", prompt=prompts, echo=True, logprobs=1, max_tokens=max_tokens, temperature=0
+        )
+        tokenizer = engine.executor.tokenizer
+        assert [c.index for c in answer.choices] == [0, 1, 2]
+        for prompt, choice in zip(prompts, answer.choices):
+            logprobs = choice.logprobs
+            assert len(logprobs.tokens) == len(prompt) + max_tokens
+            assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+            with torch.no_grad():
+                want = torch.log_softmax(reference(torch.tensor([prompt])).logits[0].double(), dim=-1)
+            for p in range(len(prompt) - 1):
+                assert logprobs.token_logprobs[p + 1] == pytest.approx(
+                    want[p, prompt[p + 1]].item(), abs=1e-4
+                )
+                best = int(want[p].argmax())
+                assert list(logprobs.top_logprobs[p + 1]) == [tokenizer.decode([best])]
+            assert choice.text.startswith(tokenizer.decode(prompt))
+        assert answer.usage.prompt_tokens == sum(map(len, prompts))
+        assert answer.usage.completion_tokens == max_tokens * len(prompts)
+        # vLLM's prompt_logprobs on a text prompt, and the refusals
+        text = api.completions.create(
+            model="tiny", prompt="The cat sat", max_tokens=2, temperature=0, extra_body={"prompt_logprobs": 2}
+        )
+        entries = text.choices[0].model_extra["prompt_logprobs"]
+        assert entries[0] is None and all(1 <= len(e) <= 3 for e in entries[1:])
+        with httpx.Client() as http:
+            for body, param in [
+                ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+                ({"prompt": "x", "echo": True, "stream": True}, "echo"),
+                ({"prompt": ["a", "b"], "stream": True}, "prompt"),
+                ({"prompt": "x", "echo": "yes"}, "echo"),
+            ]:
+                refused = http.post(f"{base}/v1/completions", json={"model": "tiny", **body})
+                assert refused.status_code == 400 and refused.json()["error"]["param"] == param, body
         wait_until_idle(engine)
         assert_all_pages_free(engine.executor)

@@ -24,9 +24,12 @@ import logging
 import time
 from dataclasses import dataclass
 
+import torch
+
 from ...sampling.logit_bias import BiasedRows, apply_logit_bias_inplace
 from ...sampling.logprobs import LogprobRows, TokenLogprob, token_logprobs
 from ...sampling.penalties import PenalizedRows, PenaltyMetadata, apply_penalties_inplace
+from ...sampling.prompt_logprobs import PromptRows, prompt_logprobs
 from ...sampling.rejection import RejectionSampler, Verification
 from ...sampling.spec_decode_metadata import SpecDecodeMetadata
 from ..layers.row_summary import row_summary
@@ -179,7 +182,8 @@ class EngineCore:
         return flatten_drafts(batch, self.vocab_size, self.runner.device)
 
     def _forward(self, batch: list[ScheduledRequest], faults: Faults) -> ForwardOutput | None:
-        seqs = [self._sequence_input(s) for s in batch]
+        prompt_rows = [self._prompt_rows(s) for s in batch]
+        seqs = [self._sequence_input(s, rows) for s, (_, rows) in zip(batch, prompt_rows)]
         start = time.perf_counter()
         try:
             output: ForwardOutput | None = self.runner.forward(seqs)
@@ -187,15 +191,64 @@ class EngineCore:
             output = merge_outputs([self._forward_alone(s, seq, faults) for s, seq in zip(batch, seqs)], seqs)
         self.speculation.stats.target_time += time.perf_counter() - start
         self.speculation.stats.num_target_forwards += 1
+        if output is not None and any(rows for _, rows in prompt_rows):
+            output = self._take_prompt_logprobs(batch, output, prompt_rows, faults)
         return output
 
-    def _sequence_input(self, s: ScheduledRequest) -> SequenceInput:
+    def _sequence_input(self, s: ScheduledRequest, num_prompt_rows: int = 0) -> SequenceInput:
         r = s.request
         start = r.num_computed_tokens
         tokens = r.token_ids[start : start + s.num_new_tokens] + s.draft_token_ids
-        num_rows = 1 + len(s.draft_token_ids) if s.completes_sequence else 0
+        num_rows = num_prompt_rows + (1 + len(s.draft_token_ids) if s.completes_sequence else 0)
         r.metrics.num_forwards += 1
         return SequenceInput(tokens, start, self.block_manager.block_tables[r.request_id], num_rows)
+
+    @staticmethod
+    def _prompt_rows(s: ScheduledRequest) -> tuple[int, int]:
+        """(first position, count) of the rows scoring prompt tokens this chunk computes for a request
+        that asks ``prompt_logprobs``: position p scores prompt token p + 1. They end where the chunk's
+        own rows begin, so a request's rows stay the last of its tokens. A recompute after preemption
+        scores only what was not scored yet."""
+        r = s.request
+        if not r.prompt_logprobs:  # (not asked: empty; asked: [None, ...])
+            return 0, 0
+        start = r.num_computed_tokens
+        first = max(start, len(r.prompt_logprobs) - 1)
+        end = min(start + s.num_new_tokens, r.num_prompt_tokens - 1)
+        return first, max(0, end - first)
+
+    def _take_prompt_logprobs(
+        self,
+        batch: list[ScheduledRequest],
+        output: ForwardOutput,
+        prompt_rows: list[tuple[int, int]],
+        faults: Faults,
+    ) -> ForwardOutput:
+        """Score the prompt rows (`sampling/prompt_logprobs.py`), append the entries to their requests,
+        and return the output without those rows (each request's own rows, as every later stage
+        expects). If scoring raises, the asking requests fail alone."""
+        asking = {}
+        for i, (s, (first, count)) in enumerate(zip(batch, prompt_rows)):
+            if count and output.cu_logit_rows[i + 1] - output.cu_logit_rows[i] >= count:  # (its forward ran)
+                r = s.request
+                top = r.sampling_params.prompt_logprobs
+                asking[i] = PromptRows(
+                    output.cu_logit_rows[i], r.token_ids[first + 1 : first + 1 + count], top
+                )
+        try:
+            for i, entries in zip(asking, prompt_logprobs(output.logits, list(asking.values()))):
+                batch[i].request.prompt_logprobs.extend(entries)
+        except Exception as exc:
+            for i in asking:
+                faults[batch[i].request] = f"prompt log-probabilities failed: {type(exc).__name__}: {exc}"
+        keep, cu_rows = [], [0]
+        for i, (_, count) in enumerate(prompt_rows):
+            lo, hi = output.cu_logit_rows[i], output.cu_logit_rows[i + 1]
+            lo = min(hi, lo + count)
+            keep.extend(range(lo, hi))
+            cu_rows.append(cu_rows[-1] + hi - lo)
+        logits = output.logits.index_select(0, torch.tensor(keep, dtype=torch.long).to(output.logits.device))
+        return ForwardOutput(logits, cu_rows, output.hidden_states, output.cu_tokens)
 
     def _forward_alone(self, s: ScheduledRequest, seq: SequenceInput, faults: Faults) -> ForwardOutput | None:
         try:
@@ -310,6 +363,9 @@ class EngineCore:
             if v is None:  # a mid-prompt chunk
                 continue
             num_drafts = len(s.draft_token_ids)
+            if r.sampling_params.max_tokens == 0:  # the prompt scored (prompt_logprobs): no output
+                r.finish_reason = FinishReason.LENGTH
+                continue
             try:
                 kept[r] = self._append_verified(s, v, entries)
             except Exception as exc:  # its grammar (or its stop strings) broke on these tokens

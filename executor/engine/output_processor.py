@@ -110,6 +110,7 @@ class OutputProcessor:
             if request.captured_hidden
             else None,
             logprobs=list(request.logprobs) if _asks_logprobs(request) else None,
+            prompt_logprobs=list(request.prompt_logprobs) if request.prompt_logprobs else None,
             sample_index=request.sample_index,
         )
 

@@ -128,6 +128,9 @@ class RequestOutput:
     #: with ``SamplingParams.logprobs``: one entry per output token (`sampling/logprobs.py` says which
     #: log-probabilities); None when not asked for
     logprobs: list[TokenLogprob] | None = None
+    #: with ``SamplingParams.prompt_logprobs``: one entry per prompt token, None for the first (nothing
+    #: scores it); None when not asked for
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     #: with ``SamplingParams.n`` > 1: every sample's output, in order (this output is sample 0's, with the
     #: request's own id); empty otherwise
     samples: list[RequestOutput] = field(default_factory=list)
@@ -191,6 +194,9 @@ class RequestState:
     sample_index: int = 0  #: with n > 1: which sample of its request it is
     #: with ``logprobs``: one entry per output token so far (`sampling/logprobs.py`)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    #: with ``prompt_logprobs``: one entry per prompt token scored so far, None for the first
+    #: (`sampling/prompt_logprobs.py`); empty otherwise
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
     def __post_init__(self) -> None:
