@@ -1,28 +1,23 @@
 """CUDA graphs on against off, side by side in one process.
 
-    python -m specexec.bench.graph_bench [--models smollm2,smollm2-random,tiny,llama8b] [--drafters none,ngram,eagle3]
-        [--batches 1,8] [--graphs on,off] [--model-impls auto] [--max-tokens 64] [--num-prompts 8]
-        [--device cuda] [--output graphs.json]
+    python -m specexec.bench.graph_bench [--models smollm2,smollm2-random,tiny,llama8b]
+        [--drafters none,ngram,eagle3] [--batches 1,8] [--graphs on,off] [--model-impls auto]
+        [--max-tokens 64] [--num-prompts 8] [--device cuda] [--output graphs.json] [--tokenizer-dir DIR]
 
 For each model, forward (``model_impl``), drafter and batch size one executor per ``--graphs`` setting
-(``cuda_graphs: true`` and ``false``) serves the same Spec-Bench prompts (at least as many as the batch) (greedy, ``ignore_eos``, the same token budget), in alternation: one warm-up
-pass each, then ``--repeats`` timed passes each, the faster kept. A guided row per model and batch (NGram
-on the extraction prompts with their schemas) adds the mask wait. Columns: output tokens/s; the mean wall
-time of a step; how the target's forwards ran (graph replays / eager: prefill chunks and anything larger
-than every captured shape run eagerly); acceptance length; the capture time and memory of every model's
-graphs; the mask wait per guided step; and the share of requests whose tokens are the same with graphs
-as without (on real weights in bfloat16, padded shapes may round differently near a tie).
+serves the same Spec-Bench prompts (greedy, ``ignore_eos``), in alternation: one warm-up pass each,
+then ``--repeats`` timed passes each, the faster kept. A guided row per model and batch (NGram on the
+extraction prompts) adds the mask wait. Columns: output tokens/s; the mean wall time of a step; graph
+replays / eager forwards; acceptance length; the capture time and memory of every model's graphs; the
+mask wait per guided step; the share of requests with the same tokens with graphs as without.
 
 ``smollm2`` is the embedded SmolLM2-135M-Instruct (EAGLE-3 uses its shipped head); ``smollm2-random``
-its shapes with random weights (the same step time without drafts, where the GGUF is not on the
-machine: ``--tokenizer-dir`` then gives the tokenizer and config); ``tiny`` is a random
-2-layer Llama with SmolLM2's vocabulary, where launches are nearly all of a step's time; ``llama8b`` has
-Llama-3-8B's shape (32 layers, hidden 4096, 32/8 heads, MLP 14336) with random weights built on the
-device and SmolLM2's vocabulary (49152 instead of 128256), where reading the weights is the floor of a
-step: its rows also give the weight bytes over the card's measured copy bandwidth (bytes read and written
-per second, `copy_bandwidth`) and the step's ratio to that floor. With ``--device
-cpu`` the eager-replay backend stands in for the graphs (the captured path launched eagerly): that checks
-the script and the path, it is not a speed figure.
+its config with random weights (its step without drafts where the GGUF is not on the machine:
+``--tokenizer-dir`` gives the tokenizer and config); ``tiny`` a random 2-layer Llama with SmolLM2's
+vocabulary (launches are nearly all of a step); ``llama8b`` Llama-3-8B's shape (32 layers, hidden 4096,
+32/8 heads, MLP 14336) with random weights built on the device and SmolLM2's vocabulary, whose rows
+also give the weight bytes over the card's measured copy bandwidth (`copy_bandwidth`) and the step's
+ratio to that floor. ``--device cpu``: eager replay stands in for the graphs (a check, not a speed).
 """
 
 from __future__ import annotations
@@ -42,6 +37,7 @@ from ..executor.engine_setup import capture_cuda_graphs
 from ..executor.executor import Executor
 from ..executor.layers.cpu_info import describe_cpu
 from ..executor.model.cuda_graphs import EagerReplay
+from ..executor.model.model_loader import load_model
 from ..prompt_sets.datasets import load_dataset
 from ..sampling import SamplingParams
 
@@ -116,15 +112,6 @@ def llama8b_model(vocab_size: int, dtype: torch.dtype, device: str):
     return model.eval().requires_grad_(False)
 
 
-def smollm2_shaped_model(config, dtype: torch.dtype, device: str):
-    """SmolLM2-135M's own config (``config``: its transformers config) with random weights: the same
-    shapes, so the same step time without drafts, where the GGUF is not on the machine."""
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(0)
-    return LlamaForCausalLM(copy.deepcopy(config)).to(dtype).to(device).eval().requires_grad_(False)
-
-
 def weight_bytes(model: torch.nn.Module) -> int:
     """The bytes a decode step reads: every parameter but the embedding tables (one row a token)."""
     embedded = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
@@ -150,8 +137,11 @@ def copy_bandwidth(device: str, mib: int = 1024, repeats: int = 20) -> float:
 
 def build_target(model_name: str, vocab: int, dtype: torch.dtype, device: str, config=None):
     """The module a bench model runs (None: the executor loads the embedded SmolLM2)."""
-    if model_name == "smollm2-random":
-        return smollm2_shaped_model(config, dtype, device)
+    if model_name == "smollm2-random":  # SmolLM2's own config, random weights: its step without drafts
+        from transformers import LlamaForCausalLM
+
+        torch.manual_seed(0)
+        return LlamaForCausalLM(copy.deepcopy(config)).to(dtype).to(device).eval().requires_grad_(False)
     if model_name == "tiny":
         return tiny_model(vocab, dtype).to(device)
     if model_name == "llama8b":
@@ -313,12 +303,12 @@ def format_table(rows: list[Row]) -> str:
 
 def smollm2_tokenizer_and_config(directory: str | None):
     """SmolLM2's tokenizer and transformers config: from the embedded GGUF, or from ``directory``."""
-    if directory is not None:
-        from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
+    if (
+        directory is not None
+    ):  # (a machine without the GGUF: smollm2-random, tiny and llama8b need only these)
         return AutoTokenizer.from_pretrained(directory), AutoConfig.from_pretrained(directory)
-    from ..executor.model.model_loader import load_model
-
     loaded = load_model(None, dtype="float32", device="cpu", progress=False)
     return loaded.tokenizer, loaded.model.config
 
@@ -347,10 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-guided", action="store_true", help="skip the guided NGram rows")
     parser.add_argument("--output", default=None, help="write the rows as JSON here")
     parser.add_argument(
-        "--tokenizer-dir",
-        default=None,
-        help="SmolLM2's tokenizer and config saved here (save_pretrained) instead of the embedded GGUF: "
-        "for a machine without the GGUF (smollm2-random, tiny and llama8b need only these)",
+        "--tokenizer-dir", help="SmolLM2's tokenizer and config (save_pretrained), not the GGUF"
     )
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]

@@ -24,19 +24,16 @@ import logging
 import time
 from dataclasses import dataclass
 
-import torch
-
-from ...sampling.logit_bias import BiasedRows, apply_logit_bias_inplace
-from ...sampling.logprobs import LogprobRows, TokenLogprob, token_logprobs
-from ...sampling.penalties import PenalizedRows, PenaltyMetadata, apply_penalties_inplace
-from ...sampling.prompt_logprobs import PromptRows, prompt_logprobs
+from ...sampling.logprobs import TokenLogprob
 from ...sampling.rejection import RejectionSampler, Verification
 from ...sampling.spec_decode_metadata import SpecDecodeMetadata
 from ..layers.row_summary import row_summary
 from ..model.forward_io import ForwardOutput, SequenceInput, merge_outputs
 from ..model.model_runner import ModelRunner
 from .guided import GuidedDecodingStage
+from .logit_stages import apply_penalties_and_bias, emitted_logprobs
 from .output_processor import OutputProcessor
+from .prompt_scoring import prompt_rows_of, take_prompt_logprobs
 from .request import FinishReason, RequestState, TokenEvent
 from .scheduler import ScheduledRequest, Scheduler
 from .speculation.speculation_stage import SpeculationStage, keep_verified_rows
@@ -182,7 +179,7 @@ class EngineCore:
         return flatten_drafts(batch, self.vocab_size, self.runner.device)
 
     def _forward(self, batch: list[ScheduledRequest], faults: Faults) -> ForwardOutput | None:
-        prompt_rows = [self._prompt_rows(s) for s in batch]
+        prompt_rows = [prompt_rows_of(s) for s in batch]
         seqs = [self._sequence_input(s, rows) for s, (_, rows) in zip(batch, prompt_rows)]
         start = time.perf_counter()
         try:
@@ -192,7 +189,7 @@ class EngineCore:
         self.speculation.stats.target_time += time.perf_counter() - start
         self.speculation.stats.num_target_forwards += 1
         if output is not None and any(rows for _, rows in prompt_rows):
-            output = self._take_prompt_logprobs(batch, output, prompt_rows, faults)
+            output = take_prompt_logprobs(batch, output, prompt_rows, faults)
         return output
 
     def _sequence_input(self, s: ScheduledRequest, num_prompt_rows: int = 0) -> SequenceInput:
@@ -202,53 +199,6 @@ class EngineCore:
         num_rows = num_prompt_rows + (1 + len(s.draft_token_ids) if s.completes_sequence else 0)
         r.metrics.num_forwards += 1
         return SequenceInput(tokens, start, self.block_manager.block_tables[r.request_id], num_rows)
-
-    @staticmethod
-    def _prompt_rows(s: ScheduledRequest) -> tuple[int, int]:
-        """(first position, count) of the rows scoring prompt tokens this chunk computes for a request
-        that asks ``prompt_logprobs``: position p scores prompt token p + 1. They end where the chunk's
-        own rows begin, so a request's rows stay the last of its tokens. A recompute after preemption
-        scores only what was not scored yet."""
-        r = s.request
-        if not r.prompt_logprobs:  # (not asked: empty; asked: [None, ...])
-            return 0, 0
-        start = r.num_computed_tokens
-        first = max(start, len(r.prompt_logprobs) - 1)
-        end = min(start + s.num_new_tokens, r.num_prompt_tokens - 1)
-        return first, max(0, end - first)
-
-    def _take_prompt_logprobs(
-        self,
-        batch: list[ScheduledRequest],
-        output: ForwardOutput,
-        prompt_rows: list[tuple[int, int]],
-        faults: Faults,
-    ) -> ForwardOutput:
-        """Score the prompt rows (`sampling/prompt_logprobs.py`), append the entries to their requests,
-        and return the output without those rows (each request's own rows, as every later stage
-        expects). If scoring raises, the asking requests fail alone."""
-        asking = {}
-        for i, (s, (first, count)) in enumerate(zip(batch, prompt_rows)):
-            if count and output.cu_logit_rows[i + 1] - output.cu_logit_rows[i] >= count:  # (its forward ran)
-                r = s.request
-                top = r.sampling_params.prompt_logprobs
-                asking[i] = PromptRows(
-                    output.cu_logit_rows[i], r.token_ids[first + 1 : first + 1 + count], top
-                )
-        try:
-            for i, entries in zip(asking, prompt_logprobs(output.logits, list(asking.values()))):
-                batch[i].request.prompt_logprobs.extend(entries)
-        except Exception as exc:
-            for i in asking:
-                faults[batch[i].request] = f"prompt log-probabilities failed: {type(exc).__name__}: {exc}"
-        keep, cu_rows = [], [0]
-        for i, (_, count) in enumerate(prompt_rows):
-            lo, hi = output.cu_logit_rows[i], output.cu_logit_rows[i + 1]
-            lo = min(hi, lo + count)
-            keep.extend(range(lo, hi))
-            cu_rows.append(cu_rows[-1] + hi - lo)
-        logits = output.logits.index_select(0, torch.tensor(keep, dtype=torch.long).to(output.logits.device))
-        return ForwardOutput(logits, cu_rows, output.hidden_states, output.cu_tokens)
 
     def _forward_alone(self, s: ScheduledRequest, seq: SequenceInput, faults: Faults) -> ForwardOutput | None:
         try:
@@ -262,40 +212,8 @@ class EngineCore:
         return self.guided.wait_masks(faults)
 
     def _apply_penalties(self, batch: list[ScheduledRequest], output: ForwardOutput) -> None:
-        """Repetition, frequency and presence penalties, each verify row with the tokens before it
-        (`sampling/penalties.py`), then ``logit_bias`` (`sampling/logit_bias.py`); requests without
-        them pay nothing."""
-        rows = [
-            PenalizedRows(
-                output.cu_logit_rows[i],
-                s.request.token_ids[: s.request.num_prompt_tokens],
-                s.request.token_ids[s.request.num_prompt_tokens :],
-                s.draft_token_ids,
-                p.repetition_penalty,
-                p.frequency_penalty,
-                p.presence_penalty,
-            )
-            for i, s in enumerate(batch)
-            if (p := s.request.sampling_params).has_penalties and self._has_rows(output, i, s)
-        ]
-        if rows:
-            meta = PenaltyMetadata.build(rows, output.logits.shape[-1], output.logits.device)
-            apply_penalties_inplace(output.logits, meta)
-        biased = [
-            BiasedRows(
-                output.cu_logit_rows[i], 1 + len(s.draft_token_ids), s.request.sampling_params.logit_bias
-            )
-            for i, s in enumerate(batch)
-            if s.request.sampling_params.logit_bias and self._has_rows(output, i, s)
-        ]
-        if biased:
-            apply_logit_bias_inplace(output.logits, biased)
-
-    @staticmethod
-    def _has_rows(output: ForwardOutput, i: int, s: ScheduledRequest) -> bool:
-        """Whether request i got its 1 + k rows (not a mid-prompt chunk, not a failed forward)."""
-        num_rows = output.cu_logit_rows[i + 1] - output.cu_logit_rows[i]
-        return s.completes_sequence and num_rows == 1 + len(s.draft_token_ids)
+        """Penalties, then ``logit_bias``, on the rows of the requests that ask (`logit_stages.py`)."""
+        apply_penalties_and_bias(batch, output)
 
     def _apply_masks(self, output: ForwardOutput, masks) -> None:
         self.guided.apply_masks(output.logits, masks)
@@ -313,26 +231,8 @@ class EngineCore:
     def _compute_logprobs(
         self, batch, output: ForwardOutput, verifications, faults: Faults
     ) -> list[list[TokenLogprob] | None]:
-        """Log-probabilities of the emitted tokens of the requests that ask (`sampling/logprobs.py`), all
-        in one batch; if that raises, one request at a time, and a request whose own fails fails alone."""
-        asking = {
-            i: LogprobRows(output.cu_logit_rows[i], list(v.token_ids), s.request.sampling_params)
-            for i, (s, v) in enumerate(zip(batch, verifications))
-            if v is not None and s.request not in faults and s.request.sampling_params.logprobs is not None
-        }
-        logprobs: list[list[TokenLogprob] | None] = [None] * len(batch)
-        if not asking:
-            return logprobs
-        try:
-            for i, entries in zip(asking, token_logprobs(output.logits, list(asking.values()))):
-                logprobs[i] = entries
-        except Exception:
-            for i, rows in asking.items():
-                try:
-                    logprobs[i] = token_logprobs(output.logits, [rows])[0]
-                except Exception as exc:
-                    faults[batch[i].request] = f"log-probabilities failed: {type(exc).__name__}: {exc}"
-        return logprobs
+        """Log-probabilities of the emitted tokens of the requests that ask (`logit_stages.py`)."""
+        return emitted_logprobs(batch, output, verifications, faults)
 
     def _keep_hidden_states(
         self, batch: list[ScheduledRequest], output: ForwardOutput, verifications, faults: Faults
