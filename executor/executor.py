@@ -98,7 +98,11 @@ class Executor:
         for i in range(n):
             seed = None if params.seed is None else params.seed + i
             sample = Request(
-                request.prompt, replace(params, n=1, seed=seed), f"{base_id}#{i}", request.response_format
+                request.prompt,
+                replace(params, n=1, seed=seed),
+                f"{base_id}#{i}",
+                request.response_format,
+                request.tools,
             )
             state = self._submit(sample, None, caller, streaming)
             state.sample_index = i
@@ -140,7 +144,9 @@ class Executor:
                     f"sampling_params must be SamplingParams, got {type(params).__name__}"
                 )
             params.validate()
-            state.token_ids = tokenize_prompt(request.prompt, self.tokenizer, self.core.vocab_size)
+            state.token_ids = tokenize_prompt(
+                request.prompt, self.tokenizer, self.core.vocab_size, request.tools
+            )
             check_token_ids(params.logit_bias, self.core.vocab_size, "logit_bias")
             state.num_prompt_tokens = state.metrics.num_prompt_tokens = len(state.token_ids)
             if params.prompt_logprobs is not None:

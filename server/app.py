@@ -261,6 +261,11 @@ async def _stream(
                     yield responses.sse(responses.error_body(output.error or "error", _kind_of(output)[0]))
                     return
                 finished.append(output)
+            if parsed.tool_plan is not None and parsed.tool_plan.reads_calls:  # whole, at its end
+                if output is not None:
+                    yield responses.sse(responses.tool_chunk(event, parsed, ids))
+                event = await _next_or_none(events, request, deadline)
+                continue
             so_far = None
             if parsed.continuous_usage:
                 num_output += len(event.token_ids)

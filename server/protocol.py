@@ -14,6 +14,8 @@ from typing import Any
 
 from ..executor.engine.request import Prompt, Request
 from ..sampling import SamplingParams
+from .bad_request import BadRequest
+from .tools import ToolPlan, guided_format, parse_tools
 
 #: fields both endpoints map onto SamplingParams (same name, same meaning); ignore_eos is vLLM's extension
 _SAMPLING_FIELDS = frozenset(
@@ -45,22 +47,22 @@ _COMMON_FIELDS = _SAMPLING_FIELDS | {
 #: continuous_usage_stats (the usage so far in every chunk; guidellm sends it)
 STREAM_OPTIONS = ("include_usage", "include_obfuscation", "continuous_usage_stats")
 #: roles a chat message may have; OpenAI's ``developer`` is its newer name for ``system``
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-CHAT_FIELDS = _COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+CHAT_FIELDS = _COMMON_FIELDS | {
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+}
 #: ``echo`` (the prompt before the completion, with its log-probabilities when ``logprobs`` is set) and
 #: vLLM's ``prompt_logprobs``: what lm-evaluation-harness's log-likelihood tasks read
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "logprobs", "echo", "prompt_logprobs"}
 MAX_PROMPTS = 64  #: prompts in one /v1/completions request at most
 MAX_LOGPROBS = 20  #: top alternatives per token at most (OpenAI's limit)
 MAX_N = 16  #: samples per request at most
-
-
-class BadRequest(ValueError):
-    """A request body the server refuses (HTTP 400); ``param`` names the field."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass(slots=True)
@@ -78,6 +80,7 @@ class ParsedRequest:
     echo: bool = False  #: completions: the prompt's text (and log-probabilities) before the completion
     #: each prompt as given, when it was text (echo returns it as sent); None for token ids
     prompt_texts: list[str | None] | None = None
+    tool_plan: ToolPlan | None = None  #: chat with tools: how calls are made and read (`tools.py`)
 
     @property
     def request(self) -> Request:
@@ -103,7 +106,20 @@ def parse_chat(body: Any, max_model_len: int, template_reads_name: bool = False)
             top = _int_in(body.get("top_logprobs", 0), "top_logprobs", 0, MAX_LOGPROBS)
     elif body.get("top_logprobs") is not None:
         raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
-    return _parsed(body, prompt, max_tokens, max_model_len, top, is_chat=True)
+    plan = parse_tools(body)
+    guided = guided_format(plan) if plan is not None else None
+    if guided is not None:
+        given = body.get("response_format")
+        if isinstance(given, dict) and given.get("type") not in (None, "text"):
+            raise BadRequest(
+                "tool_choice required or a named function takes no response_format", "tool_choice"
+            )
+        body = {**body, "response_format": guided}
+    parsed = _parsed(body, prompt, max_tokens, max_model_len, top, is_chat=True)
+    if plan is not None:
+        parsed.tool_plan = plan
+        parsed.requests = [replace(parsed.request, tools=plan.tools)]
+    return parsed
 
 
 def parse_completion(body: Any, max_model_len: int, template_reads_name: bool = False) -> ParsedRequest:
@@ -271,7 +287,7 @@ def _refuse_unknown(body: dict, allowed: frozenset[str]) -> None:
 def _message(message: Any, i: int, template_reads_name: bool) -> dict:
     if not isinstance(message, dict) or "role" not in message:
         raise BadRequest(f"messages[{i}] must be an object with role and content", "messages")
-    extra = set(message) - {"role", "content", "name"}
+    extra = set(message) - {"role", "content", "name", "tool_calls", "tool_call_id"}
     if extra:
         raise BadRequest(
             f"messages[{i}]: not supported by this server: {', '.join(sorted(extra))}", "messages"
@@ -289,7 +305,20 @@ def _message(message: Any, i: int, template_reads_name: bool) -> dict:
             else "is not rendered by this model's chat template"
         )
         raise BadRequest(f"messages[{i}].name {why}", "messages")
+    calls, call_id = message.get("tool_calls"), message.get("tool_call_id")
+    if calls is not None and (role != "assistant" or not _calls_ok(calls)):
+        raise BadRequest(
+            f"messages[{i}].tool_calls: an assistant's list of "
+            '{"id", "type": "function", "function": {"name", "arguments": a JSON string}}',
+            "messages",
+        )
+    if (role == "tool") != isinstance(call_id, str):
+        raise BadRequest(
+            f"messages[{i}]: a tool message, and only one, has a tool_call_id string", "messages"
+        )
     content = message.get("content")
+    if content is None and calls:  # an assistant's turn that only called tools
+        content = ""
     if isinstance(content, list):  # content parts: text only
         if not all(
             isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
@@ -299,7 +328,23 @@ def _message(message: Any, i: int, template_reads_name: bool) -> dict:
         content = "".join(p["text"] for p in content)
     if not isinstance(content, str):
         raise BadRequest(f"messages[{i}].content must be a string or a list of text parts", "messages")
-    return {"role": role, "content": content} | ({"name": name} if name is not None else {})
+    out = {"role": role, "content": content} | ({"name": name} if name is not None else {})
+    if calls:
+        out["tool_calls"] = calls
+    if role == "tool":
+        out["tool_call_id"] = call_id
+    return out
+
+
+def _calls_ok(calls: Any) -> bool:
+    return isinstance(calls, list) and all(
+        isinstance(c, dict)
+        and c.get("type", "function") == "function"
+        and isinstance(c.get("function"), dict)
+        and isinstance(c["function"].get("name"), str)
+        and isinstance(c["function"].get("arguments"), str)
+        for c in calls
+    )
 
 
 def template_reads_name(tokenizer) -> bool:

@@ -10,9 +10,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..executor.engine.request import RequestOutput, TokenEvent
+from ..executor.engine.request import FinishReason, RequestOutput, TokenEvent
 from ..sampling.logprobs import TokenLogprob
 from .protocol import ParsedRequest
+from .tools import read_calls, tool_calls_json
 
 #: JSON has no -inf: a token the request's processing excluded gets this (vLLM's choice too)
 MIN_LOGPROB = -9999.0
@@ -74,7 +75,8 @@ def full_response(per_prompt: list[list[RequestOutput]], parsed: ParsedRequest, 
         for sample in samples:
             choice: dict = {"index": p * n + sample.sample_index, "finish_reason": str(sample.finish_reason)}
             if parsed.is_chat:
-                choice["message"] = {"role": "assistant", "content": sample.text}
+                choice["message"], finish = _message(sample, parsed)
+                choice["finish_reason"] = finish
                 choice["logprobs"] = _logprobs(sample.logprobs, parsed, ids)
             else:
                 echoed = _echoed(sample, parsed, ids, p)
@@ -85,6 +87,30 @@ def full_response(per_prompt: list[list[RequestOutput]], parsed: ParsedRequest, 
             choices.append(choice)
     samples = [s for group in per_prompt for s in group]
     return {**ids.head(chunk=False), "choices": choices, "usage": usage(samples)}
+
+
+def _message(sample: RequestOutput, parsed: ParsedRequest, with_index: bool = False) -> tuple[dict, str]:
+    """The assistant message of a chat sample (its tool calls read when it has tools) and the finish
+    reason (``tool_calls`` when it called any and stopped by itself)."""
+    finish = str(sample.finish_reason)
+    plan = parsed.tool_plan
+    if plan is None or not plan.reads_calls:
+        return {"role": "assistant", "content": sample.text}, finish
+    content, calls = read_calls(plan, sample.text)
+    message: dict = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = tool_calls_json(calls, with_index)
+        if sample.finish_reason is FinishReason.STOP:
+            finish = "tool_calls"
+    return message, finish
+
+
+def tool_chunk(event: TokenEvent, parsed: ParsedRequest, ids: ResponseIds) -> dict:
+    """A streamed chat sample with tools, whole, when it finishes: its content and calls in one delta."""
+    message, finish = _message(event.output, parsed, with_index=True)
+    delta = {k: v for k, v in message.items() if k != "role" and v is not None}
+    choice = {"index": event.sample_index, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return {**ids.head(chunk=True), "choices": [choice]}
 
 
 def _echoed(sample: RequestOutput, parsed: ParsedRequest, ids: ResponseIds, prompt_index: int):

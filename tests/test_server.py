@@ -135,7 +135,7 @@ def test_bad_requests_get_400_naming_the_field_and_a_wrong_key_401():
     with served(api_key="secret") as (base, engine, stack):
         api = stack.enter_context(client(base, "secret"))
         cases = [
-            ({"messages": MESSAGES, "tools": []}, "tools"),
+            ({"messages": MESSAGES, "tools": [{"type": "retrieval"}]}, "tools"),
             ({"messages": MESSAGES, "temperature": -1}, "temperature"),
             ({"messages": MESSAGES, "n": 0}, "n"),
             ({"messages": []}, "messages"),
@@ -525,3 +525,136 @@ def test_echo_with_logprobs_scores_the_prompt_as_an_hf_forward(max_tokens):
                 assert refused.status_code == 400 and refused.json()["error"]["param"] == param, body
         wait_until_idle(engine)
         assert_all_pages_free(engine.executor)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "days": {"type": "integer", "maximum": 7},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def long_context_executor(spec):
+    """`served`'s tiny model with room for a prompt that lists tools (1,024 positions)."""
+    from specexec import Executor, ExecutorConfig
+    from test_grammar_support import smollm2_tokenizer
+    from test_guided_decoding import VOCAB
+    from tiny_models import make_tiny_model
+
+    _, model = make_tiny_model("llama", vocab_size=VOCAB, max_position_embeddings=1024)
+    config = ExecutorConfig(
+        speculative_config=spec,
+        num_kv_blocks=512,
+        block_size=8,
+        guided_json_max_whitespace=0,
+        dtype="float32",
+    )
+    return Executor(model, config, tokenizer=smollm2_tokenizer())
+
+
+def calls_of(choice) -> list[tuple[str, dict]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or []]
+
+
+def test_tool_calls_required_and_named_parse_validate_and_equal_with_drafts():
+    """The openai client's function calling: with tool_choice required (parallel or not) and a named
+    function every returned call names a tool and its arguments validate; greedy calls are the same
+    with NGram drafts as without; streamed, the calls come in one delta; the history's calls and tool
+    results go through the template; bad tools are 400s naming the field."""
+    assert tool_call_answers(NGRAM) == tool_call_answers(None)
+
+
+def tool_call_answers(spec) -> dict:
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, CLOCK)}
+    ask = [{"role": "user", "content": "What is the weather in Paris for 3 days, and the time in UTC?"}]
+    answers = {}
+    with served_engine(long_context_executor(spec)) as (base, engine, stack):
+        api = stack.enter_context(client(base))
+        args = dict(model="tiny", messages=ask, tools=[WEATHER, CLOCK], temperature=0, max_tokens=600)
+        for name, choice, parallel in [
+            ("required", "required", True),
+            ("required-one", "required", False),
+            ("named", {"type": "function", "function": {"name": "get_time"}}, True),
+        ]:
+            answer = api.chat.completions.create(tool_choice=choice, parallel_tool_calls=parallel, **args)
+            (only,) = answer.choices
+            assert only.finish_reason == "tool_calls", (name, only)
+            calls = calls_of(only)
+            assert calls and (parallel or len(calls) == 1)
+            for function, arguments in calls:
+                jsonschema.validate(arguments, schemas[function])
+            if name == "named":
+                assert {f for f, _ in calls} == {"get_time"}
+            answers[name] = calls
+        chunks = list(api.chat.completions.create(tool_choice="required", stream=True, **args))
+        streamed = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+        assert [(tc.function.name, json.loads(tc.function.arguments)) for tc in streamed] == answers[
+            "required"
+        ]
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        # a second turn: the assistant's calls and the tools' results in the history
+        first = api.chat.completions.create(tool_choice="required", **args).choices[0].message
+        history = ask + [
+            {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in first.tool_calls]},
+            *({"role": "tool", "tool_call_id": c.id, "content": '{"ok": true}'} for c in first.tool_calls),
+        ]
+        again = api.chat.completions.create(
+            model="tiny",
+            messages=history,
+            tools=[WEATHER, CLOCK],
+            tool_choice="none",
+            temperature=0,
+            max_tokens=8,
+        )
+        assert again.choices[0].message.tool_calls is None and again.choices[0].message.content is not None
+        with httpx.Client() as http:
+            for body, param in [
+                ({"tool_choice": "required"}, "tool_choice"),
+                (
+                    {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+                    "tool_choice",
+                ),
+                ({"tools": [WEATHER, WEATHER]}, "tools"),
+                ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools"),
+                ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+                (
+                    {
+                        "tools": [WEATHER],
+                        "tool_choice": "required",
+                        "response_format": {"type": "json_object"},
+                    },
+                    "tool_choice",
+                ),
+            ]:
+                refused = http.post(
+                    f"{base}/v1/chat/completions", json={"model": "tiny", "messages": ask, **body}
+                )
+                assert refused.status_code == 400 and refused.json()["error"]["param"] == param, body
+        wait_until_idle(engine)
+        assert_all_pages_free(engine.executor)
+        if spec is not None:  # speculation stayed on: the forced and NGram drafts were verified
+            assert engine.executor.speculation.stats.num_draft_tokens > 0
+    return answers

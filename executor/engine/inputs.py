@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .request import Prompt, Request
+from .tool_prompt import hermes_messages, native_messages, template_renders_tools
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
@@ -22,7 +23,12 @@ def as_request(item: Request | Prompt, default_params) -> Request:
 
 def _check_messages(messages: Sequence[Any]) -> None:
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+        has_calls = isinstance(message, dict) and bool(message.get("tool_calls"))
+        if (
+            not isinstance(message, dict)
+            or "role" not in message
+            or ("content" not in message and not has_calls)
+        ):
             raise InvalidRequestError(f"chat message {i} must be a dict with 'role' and 'content'")
         if message["role"] not in CHAT_ROLES:
             raise InvalidRequestError(
@@ -30,14 +36,20 @@ def _check_messages(messages: Sequence[Any]) -> None:
             )
 
 
-def _render_chat(tokenizer, messages: list[dict[str, Any]]) -> list[int]:
+def _render_chat(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise InvalidRequestError("chat messages need a tokenizer with a chat template; this model has none")
     _check_messages(messages)
     from jinja2 import TemplateError
 
+    extra = {}
+    if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+        if template_renders_tools(tokenizer):
+            messages, extra = native_messages(messages), ({"tools": tools} if tools else {})
+        else:  # the Hermes format as text (`tool_prompt.py`)
+            messages = hermes_messages(messages, tools)
     try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
     except TemplateError as exc:  # a template's raise_exception(...), e.g. roles out of order
         raise InvalidRequestError(f"the chat template rejected the messages: {exc}") from exc
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
@@ -45,9 +57,14 @@ def _render_chat(tokenizer, messages: list[dict[str, Any]]) -> list[int]:
     return list(ids)
 
 
-def tokenize_prompt(prompt: Prompt, tokenizer, vocab_size: int) -> list[int]:
-    """Token ids of a prompt given as text, token ids or chat messages."""
-    ids = _tokenize(prompt, tokenizer)
+def tokenize_prompt(prompt: Prompt, tokenizer, vocab_size: int, tools: list[dict] | None = None) -> list[int]:
+    """Token ids of a prompt given as text, token ids or chat messages (with ``tools``: see
+    `tool_prompt.py`)."""
+    if tools is not None and not (
+        isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt)
+    ):
+        raise InvalidRequestError("tools need a chat prompt (a list of messages)")
+    ids = _tokenize(prompt, tokenizer, tools)
     if not ids:
         raise InvalidRequestError("prompt is empty after tokenization")
     bad = [t for t in ids if not 0 <= t < vocab_size]
@@ -56,7 +73,7 @@ def tokenize_prompt(prompt: Prompt, tokenizer, vocab_size: int) -> list[int]:
     return ids
 
 
-def _tokenize(prompt: Prompt, tokenizer) -> list[int]:
+def _tokenize(prompt: Prompt, tokenizer, tools: list[dict] | None = None) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidRequestError("empty prompt")
@@ -69,7 +86,7 @@ def _tokenize(prompt: Prompt, tokenizer) -> list[int]:
             f"got {type(prompt).__name__} {prompt!r:.60}"
         )
     if all(isinstance(t, dict) for t in prompt):
-        return _render_chat(tokenizer, list(prompt))
+        return _render_chat(tokenizer, list(prompt), tools)
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         raise InvalidRequestError("a list prompt must hold only token ids (int) or only chat messages (dict)")
     return list(prompt)

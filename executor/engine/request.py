@@ -27,6 +27,9 @@ class Request:
     #: guided decoding, OpenAI shape: {"type": "json_schema", "json_schema": {"schema": {...}}},
     #: {"type": "json_object"}; also {"type": "regex", "regex": ...}, {"type": "grammar", "grammar": EBNF}
     response_format: dict | None = None
+    #: OpenAI's tool objects ({"type": "function", "function": {name, description, parameters}}),
+    #: rendered into a chat prompt by its template, or in the Hermes format (`tool_prompt.py`)
+    tools: list[dict] | None = None
 
 
 class FinishReason(str, enum.Enum):
