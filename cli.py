@@ -93,6 +93,11 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--request-timeout", type=float, default=600.0, help="seconds before a request is aborted"
     )
+    serve.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="compute every prompt in full (default: share the K/V pages of common prefixes)",
+    )
     sub.add_parser("drafters", help="list the installed drafters (built-in and plugins) and their options")
     bench = sub.add_parser("bench", help="measure configurations and baselines side by side")
     from .bench.command import add_arguments
@@ -201,7 +206,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     limits = ServerLimits(
         max_queued_requests=args.max_queued_requests, request_timeout_s=args.request_timeout
     )
-    serve(_load_config(args), args.host, args.port, args.api_key, limits, args.served_model_name)
+    config = _load_config(args)
+    config.enable_prefix_caching = not args.no_prefix_caching  # (on by default in serve, as vLLM's)
+    serve(config, args.host, args.port, args.api_key, limits, args.served_model_name)
     return 0
 
 

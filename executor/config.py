@@ -97,6 +97,10 @@ class ExecutorConfig:
     #: on CUDA: capture the decode/verify forward of the target and of the drafter's models as CUDA
     #: graphs at start-up and replay them (prefill chunks and larger batches run eagerly); no effect on CPU
     cuda_graphs: bool = True
+    #: share the K/V pages of a common prompt prefix between requests (vLLM's automatic prefix caching;
+    #: `engine/block_manager.py`); `specexec serve` turns it on. Off for requests scoring their prompt and
+    #: with EAGLE-3 or capture_hidden_layers (they need every position's hidden states)
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.speculative_config, dict):
@@ -170,6 +174,12 @@ class ExecutorConfig:
             "null or a number of seconds > 0",
         )
         _check(isinstance(self.cuda_graphs, bool), "cuda_graphs", self.cuda_graphs, "true or false")
+        _check(
+            isinstance(self.enable_prefix_caching, bool),
+            "enable_prefix_caching",
+            self.enable_prefix_caching,
+            "true or false",
+        )
         _check(isinstance(self.progress, bool), "progress", self.progress, "true or false")
         _check(isinstance(self.warmup, bool), "warmup", self.warmup, "true or false")
         _check(

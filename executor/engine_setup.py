@@ -96,7 +96,7 @@ def build_engine_core(
     num_blocks = config.num_kv_blocks or num_blocks_for_budget(
         spec, config.block_size, int(config.kv_cache_memory_gb * 2**30)
     )
-    block_manager = BlockManager(num_blocks, config.block_size)
+    block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
     runner = ModelRunner(
         model,
         KVCache(spec, num_blocks, config.block_size, param.device),
@@ -134,6 +134,9 @@ def build_engine_core(
     )
     outputs = OutputProcessor(tokenizer, max_model_len, eos_token_ids)
     scheduler = Scheduler(block_manager, config.max_batch_size, config.max_num_tokens)
+    if config.enable_prefix_caching and runner.capture_layers:
+        scheduler.reuses_prefixes = False
+        logger.info("prefix caching: pages are not reused (every position's hidden states are captured)")
     capture = tuple(config.capture_hidden_layers)
     core = EngineCore(runner, scheduler, speculation, guided, outputs, max_model_len, vocab_size, capture)
     core.graph_reports = graph_reports

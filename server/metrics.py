@@ -31,6 +31,10 @@ class ServerMetrics:
         self.requests = counter("request_success", "Finished requests by finish reason", ("finished_reason",))
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests")
         self.generation_tokens = counter("generation_tokens", "Output tokens of finished requests")
+        self.prefix_cache_queries = counter(
+            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache"
+        )
+        self.prefix_cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache")
         self.num_drafts = counter("spec_decode_num_drafts", "Verify steps that carried drafts")
         self.num_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified")
         self.num_accepted = counter("spec_decode_num_accepted_tokens", "Draft tokens the target accepted")
@@ -75,6 +79,8 @@ class ServerMetrics:
         self.requests.labels(finished_reason=str(output.finish_reason)).inc()
         self.prompt_tokens.inc(m.num_prompt_tokens)
         self.generation_tokens.inc(m.num_output_tokens)
+        self.prefix_cache_queries.inc(m.num_prompt_tokens)
+        self.prefix_cache_hits.inc(m.num_cached_tokens)
         if m.proposed_per_position:
             self.num_drafts.inc(m.proposed_per_position[0])
         self.num_draft_tokens.inc(m.num_draft_tokens)

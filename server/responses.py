@@ -63,8 +63,14 @@ def sse(payload: dict) -> bytes:
 def usage(samples: list[RequestOutput]) -> dict:
     """Every sample's tokens; each prompt's once (sample 0 of each prompt counts it)."""
     prompt = sum(o.metrics.num_prompt_tokens for o in samples if o.sample_index == 0)
+    cached = sum(o.metrics.num_cached_tokens for o in samples if o.sample_index == 0)
     completion = sum(o.metrics.num_output_tokens for o in samples)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},  # (from the prefix cache)
+    }
 
 
 def full_response(per_prompt: list[list[RequestOutput]], parsed: ParsedRequest, ids: ResponseIds) -> dict:

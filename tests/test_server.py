@@ -31,8 +31,11 @@ MESSAGES = [{"role": "user", "content": "Say something about cats and dogs."}]
 @contextlib.contextmanager
 def served(spec=None, limits=None, api_key=None):
     """(base URL, the AsyncExecutor, an ExitStack for the test's clients) of a server running until the
-    block ends, over the tiny model with the SmolLM2 tokenizer."""
-    with served_engine(make_executor(spec, dtype="float32"), limits, api_key) as running:
+    block ends, over the tiny model with the SmolLM2 tokenizer; prefix caching on, as `specexec serve`
+    has it (the references each test compares with run without it)."""
+    with served_engine(
+        make_executor(spec, dtype="float32", enable_prefix_caching=True), limits, api_key
+    ) as running:
         yield running
 
 
@@ -658,3 +661,30 @@ def tool_call_answers(spec) -> dict:
         if spec is not None:  # speculation stayed on: the forced and NGram drafts were verified
             assert engine.executor.speculation.stats.num_draft_tokens > 0
     return answers
+
+
+@pytest.mark.parametrize("spec", [None, NGRAM], ids=["no-drafts", "ngram"])
+def test_a_second_turn_reuses_the_first_turns_pages(spec):
+    """Multi-turn chat: the second turn's prompt starts with the first turn and its answer, whose pages
+    are cached: usage says how many prompt tokens came from the cache (OpenAI's cached_tokens), /metrics
+    counts them (vLLM's prefix_cache_queries/_hits), and the answer is the one computed in full."""
+    turn = [{"role": "user", "content": "Tell me about the history of cats and dogs living together."}]
+    with served(spec) as (base, engine, stack):
+        api = stack.enter_context(client(base))
+        args = dict(model="tiny", temperature=0, max_tokens=16)
+        first = api.chat.completions.create(messages=turn, **args)
+        second_turn = turn + [
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And then?"},
+        ]
+        second = api.chat.completions.create(messages=second_turn, **args)
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        cached = second.usage.prompt_tokens_details.cached_tokens
+        assert 0 < cached < second.usage.prompt_tokens and cached % 8 == 0
+        assert second.choices[0].message.content == reference_text(second_turn, 16, spec)
+        families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{base}/metrics").text)}
+        hits = families["specexec:prefix_cache_hits"].samples[0].value
+        queries = families["specexec:prefix_cache_queries"].samples[0].value
+        assert hits == cached and queries == first.usage.prompt_tokens + second.usage.prompt_tokens
+        wait_until_idle(engine)
+        assert_all_pages_free(engine.executor)

@@ -82,8 +82,9 @@ def reference(arch: str, prompts: list[list[int]], max_tokens=MAX_TOKENS) -> lis
 
 def assert_all_pages_free(executor: Executor) -> None:
     bm = executor.block_manager
-    assert bm.num_free_blocks == bm.num_blocks, "target pages leaked"
+    assert bm.num_free_blocks == bm.num_blocks, "target pages leaked"  # (cached pages no one holds count)
     assert not bm.block_tables and not bm.num_slots
+    bm.check_references()
     assert not executor.core.scheduler.has_unfinished()
     draft_bm = getattr(executor.speculation.drafter, "block_manager", None)
     if draft_bm is not None:

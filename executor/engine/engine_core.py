@@ -297,9 +297,12 @@ class EngineCore:
         faults: Faults,
         kept: dict[RequestState, list[int]],
     ) -> None:
-        """Rewind the slots of rejected drafts; finish (and free) finished and failed requests."""
+        """Register the pages now full of verified tokens (prefix caching), rewind the slots of rejected
+        drafts; finish (and free) finished and failed requests."""
         for s, v in zip(batch, verifications):
             r = s.request
+            if r not in faults:
+                self.block_manager.register(r.request_id, r.token_ids, r.num_computed_tokens)
             if r in faults:
                 self._finish_with_error(r, faults[r], kept.get(r, []))
             elif r.finish_reason is not None:

@@ -52,6 +52,8 @@ class RequestMetrics:
     first_token_time: float | None = None  #: when its first output token was sampled
     finish_time: float | None = None  #: when it finished
     num_forwards: int = 0  #: target forwards it took part in
+    #: prompt tokens whose K/V came from the prefix cache at its admission (OpenAI's cached_tokens)
+    num_cached_tokens: int = 0
     num_preemptions: int = 0  #: times its pages were taken back and its tokens recomputed
     num_decode_steps: int = 0  #: forwards that verified drafts or decoded one token
     num_draft_tokens: int = 0  #: draft tokens proposed and verified

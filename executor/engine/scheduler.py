@@ -5,6 +5,7 @@ slots; a chunk of its prompt when prefilling), in admission order, under the tok
 ``max_num_tokens``; then waiting requests are admitted while the budget, ``max_batch_size`` and the
 KV pool allow. A long prompt is prefilled in chunks across steps. When pages run out, draft slots go
 first, then the newest running request is preempted: its pages are freed and it waits to be recomputed.
+With prefix caching a request is admitted after the cached pages of its prefix (`block_manager.py`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class Scheduler:
         self.watermark_blocks = max(1, block_manager.num_blocks // 100)
         self._has_preempted = False
         self._draft_slots: Mapping[RequestState, int] = {}
+        #: with the block manager's prefix caching: new requests start from the cached pages of their
+        #: prefix (off where every position's hidden states are needed: EAGLE-3, capture_hidden_layers)
+        self.reuses_prefixes = block_manager.enable_prefix_caching
 
     def add(self, request: RequestState) -> None:
         self.waiting.append(request)
@@ -107,19 +111,31 @@ class Scheduler:
                 break
             if not request.is_ready:
                 continue
-            num_new = min(request.num_uncomputed_tokens, budget)
+            cached = self._cached_prefix(request)
+            num_cached = len(cached[0]) * bm.block_size
+            num_new = min(request.num_uncomputed_tokens - num_cached, budget)
             blocks = -(-num_new // bm.block_size)
             if blocks + self.watermark_blocks > bm.num_free_blocks and self.running:
                 break
-            if not bm.can_allocate(num_new):
+            if not bm.can_allocate(num_new, cached):
                 break
             self.waiting.remove(request)
-            bm.allocate(request.request_id, num_new)
+            bm.allocate(request.request_id, num_new, cached)
+            request.num_computed_tokens = num_cached
+            if request.metrics.num_preemptions == 0:
+                request.metrics.num_cached_tokens = num_cached
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             admitted.append(ScheduledRequest(request, num_new, 0))
             budget -= num_new
         return admitted
+
+    def _cached_prefix(self, request: RequestState) -> tuple[list[int], list[int]]:
+        """The cached pages a waiting request starts from (none when it scores its prompt: every
+        prompt row is needed)."""
+        if not self.reuses_prefixes or request.num_computed_tokens or request.prompt_logprobs:
+            return [], []
+        return self.block_manager.cached_prefix(request.token_ids, request.num_tokens - 1)
 
     def preempt(self, request: RequestState) -> None:
         """Take a running request's pages back; it waits at the front to be recomputed."""

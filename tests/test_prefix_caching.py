@@ -1,0 +1,154 @@
+"""Prefix caching (`executor/engine/block_manager.py`, ``enable_prefix_caching``): pages shared by
+reference count, evicted least recently released first, never written by a request that shares them;
+greedy outputs identical with and without it for every drafter (with drafts accepted, preemption and
+chunked prefill), and a soak over shared prefixes with aborts that leaks and double-owns nothing."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from specexec import Executor, Request, SamplingParams
+from specexec.executor.engine.block_manager import BlockManager
+from test_eagle3 import eagle_spec, make_head_dir
+from test_speculative_identity import SELF_DRAFT_SPEC, assert_all_pages_free, make_config
+from tiny_models import make_prompts, make_tiny_model
+
+NGRAM = {"decoding_type": "NGram", "max_draft_len": 3}
+BASE = make_prompts(1, [40], seed=3)[0]
+#: five prompts over one 40-token prefix, one that is the prefix's first 20 tokens, one repetitive
+PROMPTS = [BASE + make_prompts(1, [k], seed=10 + k)[0] for k in (3, 9, 1, 17, 6)] + [
+    BASE[:20],
+    [5, 6, 7] * 12,
+]
+
+
+def test_pages_are_shared_by_reference_and_evicted_oldest_first():
+    bm = BlockManager(6, 4, enable_prefix_caching=True)
+    tokens = list(range(100, 112))
+    bm.allocate("a", 12)
+    bm.register("a", tokens, 11)  # two pages full of verified tokens
+    assert bm.num_cached_blocks == 2
+    pages, hashes = bm.cached_prefix(tokens + [7], 12)
+    assert pages == bm.block_tables["a"][:2] and len(hashes) == 2
+    assert bm.cached_prefix([100, 101, 102, 999] + tokens[4:], 12) == ([], [])  # a different first page
+    bm.allocate("b", 3, (pages, hashes))  # shares both, one page of its own
+    assert [bm.ref_counts[p] for p in pages] == [2, 2]
+    bm.rewind("b", 3)  # its own slots only: the shared pages stay
+    assert [bm.ref_counts[p] for p in pages] == [2, 2]
+    bm.free("a")
+    assert [bm.ref_counts[p] for p in pages] == [1, 1] and bm.num_free_blocks == 4
+    bm.free("b")
+    assert bm.num_free_blocks == 6 and bm.num_cached_blocks == 2  # cached, held by no one, counted free
+    bm.check_references()
+    bm.allocate("c", 24)  # needs every page: the cached ones are evicted, the least recent first
+    assert bm.num_cached_blocks == 0 and bm.cached_prefix(tokens, 12) == ([], [])
+    bm.check_references()
+
+
+def test_a_hash_collision_is_a_miss_and_a_duplicate_page_is_not_registered():
+    bm = BlockManager(8, 2, enable_prefix_caching=True)
+    bm.allocate("a", 4)
+    bm.register("a", [1, 2, 3, 4], 4)
+    ((h, page),) = [(h, p) for h, p in bm._cached.items() if bm._page_key[p][0] == 0]
+    bm._page_key[page] = (0, (9, 9))  # as if another prefix had the same hash
+    bm._cached = {hash(bm._page_key[p]): p for p in bm._page_key}
+    assert bm.cached_prefix([1, 2, 3, 4], 4) == ([], [])
+    bm2 = BlockManager(8, 2, enable_prefix_caching=True)
+    bm2.allocate("a", 2)
+    bm2.allocate("b", 2)  # the same tokens computed twice before either registered
+    bm2.register("a", [1, 2], 2)
+    bm2.register("b", [1, 2], 2)
+    assert bm2.num_cached_blocks == 1
+    bm2.free("a")
+    bm2.free("b")
+    bm2.check_references()
+
+
+def run(spec=None, cache=False, rounds=2, **overrides) -> tuple[list, Executor]:
+    _, model = make_tiny_model("llama")
+    settings = dict(max_num_tokens=32, max_batch_size=4, enable_prefix_caching=cache)
+    executor = Executor(model, make_config(speculative_config=spec, **{**settings, **overrides}))
+    outputs = []
+    for _ in range(rounds):  # the second round finds the first's prompts and outputs cached
+        outputs.append(
+            executor.run([Request(p, SamplingParams(max_tokens=12, ignore_eos=True)) for p in PROMPTS])
+        )
+    assert all(o.error is None for round_ in outputs for o in round_)
+    assert_all_pages_free(executor)
+    return outputs, executor
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram", "self-draft"])
+@pytest.mark.parametrize("setting", ["plain", "preemption"])
+def test_greedy_outputs_are_the_same_with_and_without_the_cache(drafter, setting):
+    spec = {"none": None, "ngram": NGRAM, "self-draft": SELF_DRAFT_SPEC}[drafter]
+    overrides = {"num_kv_blocks": 22} if setting == "preemption" else {}
+    want, _ = run(spec, False, **overrides)
+    got, executor = run(spec, True, **overrides)
+    assert [[o.token_ids for o in r] for r in got] == [[o.token_ids for o in r] for r in want]
+    cached = [o.metrics.num_cached_tokens for r in got for o in r]
+    assert sum(cached) > 0 and all(c % 4 == 0 for c in cached)
+    assert max(o.metrics.num_cached_tokens for o in got[1]) >= 40  # the second round reuses whole prompts
+    if spec is not None:
+        assert sum(o.metrics.num_accepted_tokens for r in got for o in r) > 0
+    if setting == "preemption":
+        assert sum(o.metrics.num_preemptions for r in got for o in r) > 0
+
+
+def test_eagle3_and_prompt_scoring_reuse_nothing_and_keep_their_outputs(tmp_path):
+    make_head_dir(tmp_path)
+    want, _ = run(eagle_spec(tmp_path), False)
+    got, _ = run(eagle_spec(tmp_path), True)
+    assert [[o.token_ids for o in r] for r in got] == [[o.token_ids for o in r] for r in want]
+    assert all(o.metrics.num_cached_tokens == 0 for r in got for o in r)
+    _, model = make_tiny_model("llama")
+    executor = Executor(model, make_config(enable_prefix_caching=True))
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    executor.run([Request(BASE, params)])
+    (scored,) = executor.run(
+        [Request(BASE, SamplingParams(max_tokens=4, ignore_eos=True, prompt_logprobs=0))]
+    )
+    assert scored.metrics.num_cached_tokens == 0 and len(scored.prompt_logprobs) == len(BASE)
+    assert_all_pages_free(executor)
+
+
+def test_a_soak_over_shared_prefixes_with_aborts_and_preemption_leaks_nothing():
+    """300 requests over a few shared prefixes, NGram drafts, a small pool (preemption), a random abort
+    every few steps: after every step each page's reference count equals its holders, and at the end
+    every page is free or cached."""
+    _, model = make_tiny_model("llama")
+    config = make_config(
+        speculative_config=NGRAM,
+        enable_prefix_caching=True,
+        num_kv_blocks=16,
+        max_num_tokens=48,
+        max_batch_size=6,
+    )
+    executor = Executor(model, config)
+    rng = random.Random(0)
+    prefixes = [make_prompts(1, [n], seed=50 + n)[0] for n in (8, 13, 24)]
+    submitted, done, step, aborted, preempted, reused = 0, set(), 0, 0, 0, 0
+    while submitted < 300 or executor.core.has_unfinished():
+        while submitted < 300 and submitted - len(done) < 10:
+            prompt = rng.choice(prefixes)[: rng.randint(4, 24)] + [
+                rng.randrange(256) for _ in range(rng.randint(0, 6))
+            ]
+            params = SamplingParams(max_tokens=rng.randint(1, 24), ignore_eos=True)
+            executor.add_request(Request(prompt, params, request_id=f"s{submitted}"))
+            submitted += 1
+        for e in executor.step():
+            if e.finished:
+                done.add(e.request_id)
+                preempted += e.output.metrics.num_preemptions
+                reused += e.output.metrics.num_cached_tokens
+        step += 1
+        running = executor.core.scheduler.running
+        if step % 7 == 0 and running:
+            victim = rng.choice(running).request_id
+            aborted += executor.abort_request(victim)
+            done.add(victim)
+        executor.block_manager.check_references()
+    assert len(done) == 300 and aborted > 10 and preempted > 0 and reused > 0
+    assert_all_pages_free(executor)
+    assert executor.block_manager.num_cached_blocks > 0
