@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from specexec.executor.engine import engine_core
+from specexec.executor.engine import logit_stages
 from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
 from specexec.sampling import SamplingParams
@@ -147,7 +147,7 @@ def test_a_request_whose_logprobs_fail_fails_alone(monkeypatch):
             raise RuntimeError("boom")
         return token_logprobs(logits, requests)
 
-    monkeypatch.setattr(engine_core, "token_logprobs", failing_for_top_k_7)
+    monkeypatch.setattr(logit_stages, "token_logprobs", failing_for_top_k_7)
     _, model = make_tiny_model("llama")
     executor = Executor(model, make_config(speculative_config=NGRAM))
     bad, good = executor.run(
