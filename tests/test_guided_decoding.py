@@ -59,8 +59,8 @@ class RandomDrafter(Drafter):
         return DraftProposal(torch.randint(0, VOCAB, (num_slots,), generator=self.gen).tolist())
 
 
-def make_executor(spec=None, drafter=None, seed=0, **config):
-    _, model = make_tiny_model("llama", seed=seed, vocab_size=VOCAB)
+def make_executor(spec=None, drafter=None, seed=0, model_overrides=None, **config):
+    _, model = make_tiny_model("llama", seed=seed, vocab_size=VOCAB, **(model_overrides or {}))
     settings = {"num_kv_blocks": 256, "block_size": 8, "guided_json_max_whitespace": 0, **config}
     # (compact JSON: a random model would otherwise pad its output with whitespace)
     cfg = ExecutorConfig(speculative_config=spec, **settings)

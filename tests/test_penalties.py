@@ -5,8 +5,6 @@ sampled distribution at temperature 1 by a chi-square test)."""
 from __future__ import annotations
 
 import functools
-import itertools
-import math
 from collections import Counter
 
 import pytest
@@ -21,7 +19,7 @@ from test_speculative_distribution import (
     MAX_TOKENS,
     NUM_SAMPLES,
     PROMPT,
-    VOCAB,
+    adjusted_distribution,
     chi_square_p_value,
     make_target,
 )
@@ -197,23 +195,15 @@ def test_bad_penalties_are_refused_naming_the_field(bad):
 
 def penalized_distribution(rep: float, freq: float, pres: float) -> dict[tuple[int, ...], float]:
     """P(x_1..x_T | PROMPT) under the penalties: each conditional penalized with the tokens before it."""
-    reference, _ = make_target()
-    dist = {}
-    for seq in itertools.product(range(VOCAB), repeat=MAX_TOKENS):
-        ids = list(PROMPT) + list(seq)
-        with torch.no_grad():
-            logits = reference(torch.tensor([ids[:-1]])).logits[0]  # [len - 1, V]
-        logp = 0.0
-        for t in range(MAX_TOKENS):
-            row = logits[len(PROMPT) - 1 + t].clone()
-            seen_all = set(ids[: len(PROMPT) + t])
-            for token in seen_all:
-                row[token] = row[token] / rep if row[token] > 0 else row[token] * rep
-            for token, count in Counter(seq[:t]).items():
-                row[token] -= freq * count + pres
-            logp += torch.log_softmax(row, dim=-1)[seq[t]].item()
-        dist[seq] = math.exp(logp)
-    return dist
+
+    def penalize(row, seen, out):
+        for token in set(seen):
+            row[token] = row[token] / rep if row[token] > 0 else row[token] * rep
+        for token, count in Counter(out).items():
+            row[token] -= freq * count + pres
+        return row
+
+    return adjusted_distribution(penalize)
 
 
 def test_sampled_distribution_with_penalties_and_drafts_is_the_targets():

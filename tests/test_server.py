@@ -562,20 +562,8 @@ CLOCK = {
 
 def long_context_executor(spec):
     """`served`'s tiny model with room for a prompt that lists tools (1,024 positions)."""
-    from specexec import Executor, ExecutorConfig
-    from test_grammar_support import smollm2_tokenizer
-    from test_guided_decoding import VOCAB
-    from tiny_models import make_tiny_model
-
-    _, model = make_tiny_model("llama", vocab_size=VOCAB, max_position_embeddings=1024)
-    config = ExecutorConfig(
-        speculative_config=spec,
-        num_kv_blocks=512,
-        block_size=8,
-        guided_json_max_whitespace=0,
-        dtype="float32",
-    )
-    return Executor(model, config, tokenizer=smollm2_tokenizer())
+    overrides = {"max_position_embeddings": 1024}
+    return make_executor(spec, dtype="float32", num_kv_blocks=512, model_overrides=overrides)
 
 
 def calls_of(choice) -> list[tuple[str, dict]]:

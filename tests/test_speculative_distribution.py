@@ -95,6 +95,23 @@ def exact_distribution(
     return dist
 
 
+def adjusted_distribution(adjust) -> dict[tuple[int, ...], float]:
+    """P(x_1..x_T | PROMPT) when each conditional's logits [V] are first changed by ``adjust(row, seen,
+    out)``: ``seen`` every token before the position (the prompt included), ``out`` the generated ones."""
+    reference, _ = make_target()
+    dist = {}
+    for seq in itertools.product(range(VOCAB), repeat=MAX_TOKENS):
+        ids = list(PROMPT) + list(seq)
+        with torch.no_grad():
+            logits = reference(torch.tensor([ids[:-1]])).logits[0]  # [len - 1, V]
+        logp = 0.0
+        for t in range(MAX_TOKENS):
+            row = adjust(logits[len(PROMPT) - 1 + t].clone(), ids[: len(PROMPT) + t], seq[:t])
+            logp += torch.log_softmax(row, dim=-1)[seq[t]].item()
+        dist[seq] = math.exp(logp)
+    return dist
+
+
 def chi_square_p_value(counts: Counter, probs: dict[tuple[int, ...], float]) -> tuple[float, int]:
     """p-value of the counts under ``probs`` (cells expected below MIN_EXPECTED merged into one)."""
     n = sum(counts.values())
