@@ -2,7 +2,10 @@
 # The second device run of this part (2026-11-28): the GPU tests of the new kernels, then the code
 # before this part (commit 9d5185f with this part's graph_bench.py: .stage/before) and after it,
 # taking turns on one warm H200: SmolLM2's shapes (random weights) and Llama-3-8B's.
-# Carries .whl (the wheels the image lacks), .stage/tok (SmolLM2's tokenizer and config) and .stage/before.
+# Carries .whl (the wheels the image lacks), .stage/tok (SmolLM2's tokenizer and config) and .stage/before,
+# made here by: mkdir -p .stage/before/specexec && git archive 9d5185f | tar -x -C .stage/before/specexec
+#   --exclude=bench/reports --exclude=tests --exclude=drafters/eagle3/heads (and the large prompt-set data)
+#   && cp bench/graph_bench.py .stage/before/specexec/bench/   (this part's graph_bench: smollm2-random)
 T0=$SECONDS
 exec > >(tee $OUT/job.log) 2>&1
 export PYTHONUNBUFFERED=1
