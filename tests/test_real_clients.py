@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import langchain_openai  # (the dev extra installs it)
 import pytest
 from pydantic import BaseModel, Field
 from test_server import NGRAM, assert_all_pages_free, long_context_executor, served_engine, wait_until_idle
 
-langchain_openai = pytest.importorskip("langchain_openai")  # (the dev extra installs it)
 
 
 class Weather(BaseModel):
