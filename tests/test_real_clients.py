@@ -14,7 +14,6 @@ from pydantic import BaseModel, Field
 from test_server import NGRAM, assert_all_pages_free, long_context_executor, served_engine, wait_until_idle
 
 
-
 class Weather(BaseModel):
     """The weather in a city."""
 
