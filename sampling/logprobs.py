@@ -49,10 +49,8 @@ def token_logprobs(logits: Tensor, requests: Sequence[LogprobRows]) -> list[list
     """One entry per emitted token of each request, from ``logits`` [num_logit_rows, vocab], the step's
     processed logits (penalties and masks applied): every request's rows in one batch, read back once."""
     rows = [r.first_row + j for r in requests for j in range(len(r.token_ids))]
-    tokens = [t for r in requests for t in r.token_ids]
     device = logits.device
-    x = logits.index_select(0, device_tensor(rows, torch.long, device))  # [num_tokens, vocab]
-    x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    x = rows_to_score(logits, rows)  # [num_tokens, vocab]
     row_params = [r.params for r in requests for _ in r.token_ids]
     index = [i for i, p in enumerate(row_params) if not p.is_greedy]
     if index:  # greedy rows keep their logits: temperature 0 has no distribution of its own
@@ -68,18 +66,32 @@ def token_logprobs(logits: Tensor, requests: Sequence[LogprobRows]) -> list[list
         )  # [num_sampled, vocab] float32
         x = x.index_copy(0, at, filtered.to(x.dtype))
     logp = torch.log_softmax(x, dim=-1)  # [num_tokens, vocab]
-    chosen = logp.gather(1, device_tensor(tokens, torch.long, device)[:, None])[:, 0]  # [num_tokens]
-    num_top = max(r.params.logprobs or 0 for r in requests)
-    values, ids = logp.topk(num_top, dim=-1)  # [num_tokens, num_top] each
+    return read_entries(logp, [r.token_ids for r in requests], [r.params.logprobs or 0 for r in requests])
+
+
+def rows_to_score(logits: Tensor, rows: list[int]) -> Tensor:
+    """logits [num_logit_rows, vocab] -> the ``rows`` [len(rows), vocab], 16-bit rows in float32."""
+    x = logits.index_select(0, device_tensor(rows, torch.long, logits.device))
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def read_entries(
+    logp: Tensor,  # [num_tokens, vocab] log-probabilities, request after request
+    token_ids: Sequence[Sequence[int]],  # each request's tokens, one per row
+    num_top: Sequence[int],  # each request's likeliest alternatives per token
+) -> list[list[TokenLogprob]]:
+    """Each request's entries: its tokens' log-probabilities and top alternatives, read back once."""
+    tokens = [t for ids in token_ids for t in ids]
+    chosen = logp.gather(1, device_tensor(tokens, torch.long, logp.device)[:, None])[:, 0]  # [num_tokens]
+    values, ids = logp.topk(max(num_top, default=0), dim=-1)  # [num_tokens, max top] each
     chosen_list, values_list, ids_list = chosen.tolist(), values.tolist(), ids.tolist()  # read back once
     entries, i = [], 0
-    for r in requests:
-        k = r.params.logprobs or 0
+    for request_ids, k in zip(token_ids, num_top):
         entries.append(
             [
                 TokenLogprob(t, chosen_list[i + j], list(zip(ids_list[i + j][:k], values_list[i + j][:k])))
-                for j, t in enumerate(r.token_ids)
+                for j, t in enumerate(request_ids)
             ]
         )
-        i += len(r.token_ids)
+        i += len(request_ids)
     return entries

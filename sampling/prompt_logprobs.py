@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .host_values import device_tensor
-from .logprobs import TokenLogprob
+from .logprobs import TokenLogprob, read_entries, rows_to_score
 
 
 @dataclass(slots=True)
@@ -35,21 +34,5 @@ def prompt_logprobs(logits: Tensor, requests: Sequence[PromptRows]) -> list[list
     rows = [r.first_row + j for r in requests for j in range(len(r.next_token_ids))]
     if not rows:
         return [[] for _ in requests]
-    tokens = [t for r in requests for t in r.next_token_ids]
-    device = logits.device
-    x = logits.index_select(0, device_tensor(rows, torch.long, device))  # [num_rows, vocab]
-    x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    logp = torch.log_softmax(x, dim=-1)  # [num_rows, vocab]
-    chosen = logp.gather(1, device_tensor(tokens, torch.long, device)[:, None])[:, 0]  # [num_rows]
-    k = max(r.num_top for r in requests)
-    top_values, top_ids = logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long())  # [num_rows, k]
-    chosen, top_values, top_ids = chosen.tolist(), top_values.tolist(), top_ids.tolist()
-    out, at = [], 0
-    for r in requests:
-        entries = []
-        for j, token in enumerate(r.next_token_ids):
-            top = list(zip(top_ids[at + j][: r.num_top], top_values[at + j][: r.num_top]))
-            entries.append(TokenLogprob(token, chosen[at + j], top))
-        out.append(entries)
-        at += len(r.next_token_ids)
-    return out
+    logp = torch.log_softmax(rows_to_score(logits, rows), dim=-1)  # [num_rows, vocab]
+    return read_entries(logp, [r.next_token_ids for r in requests], [r.num_top for r in requests])

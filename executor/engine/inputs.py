@@ -67,9 +67,7 @@ def tokenize_prompt(prompt: Prompt, tokenizer, vocab_size: int, tools: list[dict
     ids = _tokenize(prompt, tokenizer, tools)
     if not ids:
         raise InvalidRequestError("prompt is empty after tokenization")
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise InvalidRequestError(f"token ids outside the vocabulary 0..{vocab_size - 1}: {bad[:5]}")
+    check_token_ids(ids, vocab_size)
     return ids
 
 
@@ -92,11 +90,13 @@ def _tokenize(prompt: Prompt, tokenizer, tools: list[dict] | None = None) -> lis
     return list(prompt)
 
 
-def check_token_ids(ids, vocab_size: int, what: str) -> None:
-    """Refuse token ids (a field of the request, ``what``) outside the vocabulary."""
+def check_token_ids(ids, vocab_size: int, what: str | None = None) -> None:
+    """Refuse token ids outside the vocabulary (``what``: the request's field naming them, if not the
+    prompt)."""
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
-        raise InvalidRequestError(f"{what}: token ids outside the vocabulary 0..{vocab_size - 1}: {bad[:5]}")
+        field = f"{what}: " if what else ""
+        raise InvalidRequestError(f"{field}token ids outside the vocabulary 0..{vocab_size - 1}: {bad[:5]}")
 
 
 def check_length(num_prompt_tokens: int, max_model_len: int) -> None:
