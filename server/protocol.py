@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from ..executor.engine.request import Prompt, Request
+from ..executor.engine.tool_prompt import chat_template_text
 from ..sampling import SamplingParams
 from .bad_request import BadRequest
 from .tools import ToolPlan, guided_format, parse_tools
@@ -350,11 +351,7 @@ def _calls_ok(calls: Any) -> bool:
 def template_reads_name(tokenizer) -> bool:
     """Whether the tokenizer's chat template renders a message's ``name`` (``message.name`` or
     ``message['name']``)."""
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, dict):  # several named templates
-        template = " ".join(t for t in template.values() if isinstance(t, str))
-    if not isinstance(template, str):
-        return False
+    template = chat_template_text(tokenizer)
     return re.search(r"message(\.name\b|\[\s*['\"]name['\"]\s*\])", template) is not None
 
 

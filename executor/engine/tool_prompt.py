@@ -25,21 +25,32 @@ HERMES_SYSTEM = (
 )
 
 
-def template_renders_tools(tokenizer) -> bool:
-    """Whether the tokenizer's chat template renders ``tools`` itself."""
+def chat_template_text(tokenizer) -> str:
+    """The tokenizer's chat template source ("" without one; several named templates joined)."""
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):
         template = " ".join(t for t in template.values() if isinstance(t, str))
-    return isinstance(template, str) and "tools" in template
+    return template if isinstance(template, str) else ""
+
+
+def template_renders_tools(tokenizer) -> bool:
+    """Whether the tokenizer's chat template renders ``tools`` itself."""
+    return "tools" in chat_template_text(tokenizer)
+
+
+def arguments_object(arguments: Any) -> Any:
+    """A call's ``arguments`` as an object when given as a JSON string (else as given: the history is
+    the caller's)."""
+    if isinstance(arguments, str):
+        with contextlib.suppress(ValueError):
+            return json.loads(arguments)
+    return arguments
 
 
 def call_text(call: dict) -> str:
     """One call in the Hermes format (``arguments`` given as a JSON string or an object)."""
     function = call.get("function", {})
-    arguments = function.get("arguments", {})
-    if isinstance(arguments, str):
-        with contextlib.suppress(ValueError):  # (else written as given: the history is the caller's)
-            arguments = json.loads(arguments)
+    arguments = arguments_object(function.get("arguments", {}))
     payload = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
     return f"<tool_call>\n{payload}\n</tool_call>"
 
@@ -75,9 +86,8 @@ def native_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             calls = []
             for c in m["tool_calls"]:
                 function = dict(c.get("function", {}))
-                if isinstance(function.get("arguments"), str):
-                    with contextlib.suppress(ValueError):
-                        function["arguments"] = json.loads(function["arguments"])
+                if "arguments" in function:
+                    function["arguments"] = arguments_object(function["arguments"])
                 calls.append({**c, "function": function})
             m = {**m, "tool_calls": calls, "content": m.get("content") or ""}
         out.append(m)
