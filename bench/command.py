@@ -67,7 +67,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dataset",
         default="extraction",
-        help="extraction, specbench[:cat], jsonschemabench:<split>, bfcl, humaneval or a .jsonl file",
+        help="extraction, specbench[:cat], jsonschemabench:<split>, bfcl, humaneval, multiturn "
+        "(--num-requests 5-turn conversations, each turn sent after the answer to the one before) or a "
+        ".jsonl file (with 'prompt', or 'turns' for conversations)",
+    )
+    parser.add_argument(
+        "--prefix-caching",
+        choices=["off", "on", "both"],
+        help="overrides every config's enable_prefix_caching; both: each config twice, the second "
+        "named <name>+cache (each run starts with an empty cache)",
     )
     parser.add_argument("--num-requests", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -161,10 +169,25 @@ def load_configs(args) -> list[NamedConfig]:
             c.config.model_impl = args.model_impl
         if args.quantized_kernel:
             c.config.quantized_kernel = args.quantized_kernel
+    if args.prefix_caching:
+        configs = _with_prefix_caching(configs, args.prefix_caching)
     names = [c.name for c in configs]
     if len(set(names)) != len(names):
         raise ValueError(f"configuration names must differ: {names}")
     return configs
+
+
+def _with_prefix_caching(configs: list[NamedConfig], choice: str) -> list[NamedConfig]:
+    """Every config with prefix caching as chosen; ``both``: each followed by its ``+cache`` twin."""
+    out = []
+    for c in configs:
+        c.config.enable_prefix_caching = choice == "on"
+        out.append(c)
+        if choice == "both":
+            twin = copy.deepcopy(c.config)
+            twin.enable_prefix_caching = True
+            out.append(NamedConfig(f"{c.name}+cache", twin))
+    return out
 
 
 def chosen_baselines(args) -> list[str]:
@@ -202,6 +225,13 @@ def run(args) -> int:
     from ..prompt_sets.datasets import load_dataset
 
     prompts = load_dataset(args.dataset, args.num_requests)
+    if any(p.follow_ups for p in prompts):
+        others = [b for b in chosen_baselines(args) if b != "none"] + (["--server"] if args.server else [])
+        if others:
+            raise ValueError(
+                f"--dataset {args.dataset} holds conversations, which only specexec's configurations "
+                f"run; drop {', '.join(others)}"
+            )
     from .runner import BenchRunner
 
     runner = BenchRunner(args, configs, prompts, concurrencies, chosen_baselines(args))
@@ -213,10 +243,12 @@ def run(args) -> int:
         interrupted = True
         print("\ninterrupted: reporting what was measured", file=sys.stderr)
     rows = runner.finish()
-    from .report import LEGEND, format_table, write_json
+    from .report import LEGEND, caching_ratios, format_table, write_json
 
     print(format_table(rows, guided=args.guided))
     print(LEGEND)
+    for line in caching_ratios(rows):
+        print(line)
     print(f"threads: {torch_threads()} for every engine (one process); CPU: {describe_machine()['cpu']}")
     for asked, ran in runner.dtypes.items():
         print(f"dtype {asked}: {ran}")

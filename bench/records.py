@@ -28,6 +28,8 @@ class RequestRecord:
     accepted_per_position: list[int] = field(default_factory=list)
     schema_valid: bool | None = None  #: None when the prompt has no schema
     text: str = ""
+    turn: int = 1  #: the conversation's turn (multi-turn sets; 1 otherwise)
+    num_cached_tokens: int = 0  #: prompt tokens taken from the prefix cache instead of computed
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -58,6 +60,7 @@ def summarize(
     drafted = sum(r.num_draft_tokens for r in records)
     per_user = [1000.0 / r.tpot_ms for r in records if r.tpot_ms]
     valid = [r.schema_valid for r in records if r.schema_valid is not None]
+    prompt_tokens = sum(r.num_prompt_tokens for r in records)
     row: dict[str, Any] = {
         "name": name,
         "concurrency": concurrency,
@@ -70,6 +73,7 @@ def summarize(
         "acceptance_rate": accepted / drafted if drafted else None,
         "acceptance_per_position": _position_rates(records),
         "schema_valid_rate": sum(valid) / len(valid) if valid else None,
+        "cached_share": sum(r.num_cached_tokens for r in records) / prompt_tokens if prompt_tokens else None,
         "speedup": {},
     }
     for key, values in (
@@ -79,6 +83,8 @@ def summarize(
     ):
         for q in (50, 90, 99):
             row[f"{key}_p{q}"] = percentile(values, q)
+    if any(r.turn > 1 for r in records):  # the turns that can reuse the conversation's earlier ones
+        row["ttft_later_turns_ms_p50"] = percentile([r.ttft_ms for r in records if r.turn > 1], 50)
     row.update(extra or {})
     row["requests"] = [asdict(r) for r in records]
     return row

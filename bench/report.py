@@ -11,24 +11,28 @@ def _fmt(value, spec: str = ".1f") -> str:
 
 
 COLUMNS = (
-    ("name", "{}"),
-    ("c", "{}"),
-    ("n", "{}"),
-    ("tok/s", ".1f"),
-    ("tok/s/user", ".1f"),
-    ("ttft p50 ms", ".0f"),
-    ("tpot p50 ms", ".1f"),
-    ("acc.len", ".2f"),
-    ("draft%", ".0%"),
-    ("valid", ".0%"),
-    ("vs none", ".2f"),
-    ("vs hf", ".2f"),
+    "name",
+    "c",
+    "n",
+    "tok/s",
+    "tok/s/user",
+    "ttft p50 ms",
+    "ttft 2+ ms",
+    "tpot p50 ms",
+    "acc.len",
+    "draft%",
+    "valid",
+    "cached%",
+    "vs none",
+    "vs hf",
 )
 
 
 def format_table(rows: list[dict], guided: bool = False) -> str:
     """One line per row; ``valid`` (the schema-valid share) only for a ``--guided`` run, where it means
-    something (unguided outputs are not asked to follow the prompts' schemas)."""
+    something (unguided outputs are not asked to follow the prompts' schemas); ``ttft 2+`` only for
+    conversations."""
+    later = any(row.get("ttft_later_turns_ms_p50") is not None for row in rows)
     cells = [
         [
             row["name"],
@@ -37,16 +41,18 @@ def format_table(rows: list[dict], guided: bool = False) -> str:
             _fmt(row["output_tokens_per_s"]),
             _fmt(row["per_user_tokens_per_s"]),
             _fmt(row["ttft_ms_p50"], ".0f"),
+            *([_fmt(row.get("ttft_later_turns_ms_p50"), ".0f")] if later else []),
             _fmt(row["tpot_ms_p50"]),
             _fmt(row["mean_acceptance_length"], ".2f"),
             _fmt(row.get("drafting_share") if row.get("mean_acceptance_length") else None, ".0%"),
             _fmt(row["schema_valid_rate"] if guided else None, ".0%"),
+            _fmt(row.get("cached_share"), ".0%"),
             _fmt(row["speedup"].get("none"), ".2f") + ("x" if row["speedup"].get("none") else ""),
             _fmt(row["speedup"].get("hf"), ".2f") + ("x" if row["speedup"].get("hf") else ""),
         ]
         for row in rows
     ]
-    header = [c for c, _ in COLUMNS]
+    header = [c for c in COLUMNS if later or c != "ttft 2+ ms"]
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(header)]
     lines = ["  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths)))]
     lines.append("  ".join("-" * w for w in widths))
@@ -59,15 +65,39 @@ LEGEND = (
     "tok/s       all requests' output tokens / wall time, first sent to last done (prefill and gaps included)\n"
     "tok/s/user  mean over requests of 1 / TPOT: decoding only, no prefill, so at c=1 it is above tok/s\n"
     "ttft p50    median time from a request's submission to its first output token (queueing, prefill)\n"
+    "ttft 2+     (conversations) the same over turns 2 and later, whose prompts hold the earlier turns\n"
     "tpot p50    median over requests of (finish - first token) / (output tokens - 1)\n"
     "acc.len     (decode steps + accepted drafts) / decode steps: tokens per target forward\n"
     "draft%      drafting time / (drafting + target-forward time)\n"
     "valid       share of outputs valid against their prompt's schema (--guided only, else -)\n"
+    "cached%     share of prompt tokens taken from the prefix cache instead of computed\n"
     "vs none     tok/s over specexec's without drafts at the same concurrency\n"
     "vs hf       tok/s over HF generate's (c=1; hf-guided with --guided) or generate_batch's (c>1)\n"
     "timing: hf c=1 rows with a generate streamer (hf-assisted's first chunk brings its first accepted\n"
     "        drafts along); hf-batch from generate_batch's timestamps; server rows at the client"
 )
+
+
+def caching_ratios(rows: list[dict]) -> list[str]:
+    """One line per ``<name>+cache`` row with its ``<name>`` twin at the same concurrency: prefix
+    caching's TTFT (of later turns, in conversations) and tok/s against none."""
+    by_key = {(r["name"], r["concurrency"]): r for r in rows}
+    lines = []
+    for row in rows:
+        base = by_key.get((row["name"].removesuffix("+cache"), row["concurrency"]))
+        if not row["name"].endswith("+cache") or base is None:
+            continue
+        key = "ttft_later_turns_ms_p50" if row.get("ttft_later_turns_ms_p50") is not None else "ttft_ms_p50"
+        ttft = row[key] / base[key] if row.get(key) and base.get(key) else None
+        rate = (
+            row["output_tokens_per_s"] / base["output_tokens_per_s"] if base["output_tokens_per_s"] else None
+        )
+        turns = "TTFT of turns 2+" if key == "ttft_later_turns_ms_p50" else "TTFT"
+        lines.append(
+            f"prefix caching, {base['name']} c={row['concurrency']}: {turns} {_fmt(ttft, '.2f')}x, "
+            f"tok/s {_fmt(rate, '.2f')}x, cached {_fmt(row.get('cached_share'), '.0%')} of prompt tokens"
+        )
+    return lines
 
 
 def add_speedups(rows: list[dict], baselines: dict[int, dict[str, str]]) -> None:

@@ -8,6 +8,7 @@ import logging
 import torch
 from tqdm import tqdm
 
+from .engines.conversations import num_turns, run_conversations
 from .engines.specexec_hf import (
     Workload,
     chat_token_ids,
@@ -36,6 +37,8 @@ class BenchRunner:
         self._models: dict[tuple, object] = {}
         self.dtypes: dict[str, str] = {}  #: each dtype asked for -> what ran, and why ("auto" resolved)
         self._tokenizer = None
+        #: conversations (each prompt's later turns sent after its answers) instead of single prompts
+        self.multiturn = any(p.follow_ups for p in prompts)
 
     # ---- models ---------------------------------------------------------------------------------
     def _load(self, model: str | None, dtype: str, *, fresh: bool = False):
@@ -70,6 +73,8 @@ class BenchRunner:
             hf = (single if 1 in self.concurrencies else 0) + sum(c > 1 for c in self.concurrencies)
         llamacpp = int("llamacpp" in self.baselines and 1 in self.concurrencies)
         server = len(self.concurrencies) if self.args.server else 0
+        if self.multiturn:  # (specexec configurations only)
+            return len(self.configs) * len(self.concurrencies) * num_turns(self.prompts)
         return (len(self.configs) * len(self.concurrencies) + hf + llamacpp + server) * len(self.prompts)
 
     def _resolve(self, model: str | None, dtype: str, quantization: str | None = None) -> str:
@@ -119,19 +124,22 @@ class BenchRunner:
                 f"{executor.dtype_choice.dtype} ({executor.dtype_choice.reason})"
             )
         work = self._workload()
-        self._warm_up(lambda w: run_specexec(executor, w, 1))
+        run = run_conversations if self.multiturn else run_specexec
+        self._warm_up(lambda w: run(executor, w, 1))
         if self.forward_cost is None:
             self._measure_forward_cost(executor)
         for c in self.concurrencies:
             bar.set_postfix_str(f"{named.name} c={c}")
+            executor.reset_prefix_cache()  # every run starts cold: nothing reused from the one before
             stats = executor.speculation.stats
             draft0, target0 = stats.drafting_time, stats.target_time
-            records, wall = run_specexec(executor, work, c, bar.update)
+            records, wall = run(executor, work, c, bar.update)
             drafting, target = stats.drafting_time - draft0, stats.target_time - target0
             extra = {
                 "drafting_share": drafting / (drafting + target) if drafting + target else None,
                 "engine": "specexec",
                 "quantization": cfg.quantization,
+                "prefix_caching": cfg.enable_prefix_caching,
                 "guided": self.args.guided,
                 "mask_wait_ms_total": sum(r.mask_wait_ms for r in records),
                 "grammar_compile_ms": executor.guided.pool.compile_time_percentiles()

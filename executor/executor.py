@@ -231,6 +231,12 @@ class Executor:
         samples = [rid for rid in self._loop.unfinished_ids() if rid.rpartition("#")[0] == request_id]
         return any([self._loop.abort(rid) for rid in samples])
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the cached prefix pages no request holds (benchmarks start each run cold); the number
+        of pages dropped."""
+        with self._loop.exclusive():
+            return self.core.block_manager.drop_cached()
+
     def time_forward(self, num_tokens: int, context_len: int = 128) -> None:
         """One target forward over ``num_tokens`` new tokens after ``context_len`` cached ones."""
         with self._loop.exclusive():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,9 @@ DATASETS = (
     "jsonschemabench:<split>",
     "bfcl",
     "humaneval",
+    "multiturn",
 )
+MULTITURN_TURNS = 5  #: user turns in each conversation of the multiturn set
 
 
 @dataclass(slots=True)
@@ -25,6 +27,8 @@ class BenchPrompt:
     id: str
     messages: list[dict[str, str]]  #: chat messages, rendered with the model's chat template
     schema: dict[str, Any] | None = None  #: JSON schema the output should follow, if any
+    #: a conversation's later user turns: each is sent after the model's answer to the turn before
+    follow_ups: list[str] = field(default_factory=list)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -58,6 +62,21 @@ def _specbench(category: str | None) -> list[BenchPrompt]:
         BenchPrompt(f"specbench/{r['id']}", [{"role": "user", "content": r["turns"][0]}])
         for r in records
         if category is None or r["category"] == category
+    ]
+
+
+def _multiturn() -> list[BenchPrompt]:
+    """Conversations of `MULTITURN_TURNS` user turns, Spec-Bench's first turns taken in order (its own
+    second turns are few): conversation c asks questions 5c .. 5c + 4."""
+    questions = [r["turns"][0] for r in _read_jsonl(DATA_DIR / "specbench_questions.jsonl")]
+    n = MULTITURN_TURNS
+    return [
+        BenchPrompt(
+            f"multiturn/{c}",
+            [{"role": "user", "content": questions[c * n]}],
+            follow_ups=questions[c * n + 1 : c * n + n],
+        )
+        for c in range(len(questions) // n)
     ]
 
 
@@ -109,20 +128,27 @@ def _humaneval() -> list[BenchPrompt]:
 def _user_file(path: Path) -> list[BenchPrompt]:
     prompts = []
     for i, r in enumerate(_read_jsonl(path)):
-        if "prompt" not in r:
-            raise ValueError(f"{path}: line {i + 1} has no 'prompt'")
-        prompt = r["prompt"]
+        turns = r.get("turns")
+        if turns is not None and (
+            not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns)
+        ):
+            raise ValueError(f"{path}: line {i + 1}: 'turns' must be a list of user messages")
+        if "prompt" not in r and turns is None:
+            raise ValueError(f"{path}: line {i + 1} has no 'prompt' (or 'turns')")
+        prompt = r["prompt"] if turns is None else turns[0]
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         schema = r.get("schema")
         fmt = r.get("response_format")
         if schema is None and isinstance(fmt, dict) and fmt.get("type") == "json_schema":
             schema = fmt.get("json_schema", {}).get("schema")
-        prompts.append(BenchPrompt(str(r.get("id", f"{path.stem}/{i}")), messages, schema))
+        follow_ups = list(turns[1:]) if turns else []
+        prompts.append(BenchPrompt(str(r.get("id", f"{path.stem}/{i}")), messages, schema, follow_ups))
     return prompts
 
 
 def load_dataset(name: str, num_requests: int | None = None) -> list[BenchPrompt]:
-    """Prompts of a named dataset (see `DATASETS`) or of a JSONL file with `prompt` per line."""
+    """Prompts of a named dataset (see `DATASETS`) or of a JSONL file with `prompt` (a user message or a
+    list of messages) or `turns` (a conversation's user messages) per line."""
     base, _, arg = name.partition(":")
     if base in ("extraction", "deepjsoneval") and not arg:
         prompts = _extraction()
@@ -134,6 +160,8 @@ def load_dataset(name: str, num_requests: int | None = None) -> list[BenchPrompt
         prompts = _bfcl()
     elif base == "humaneval" and not arg:
         prompts = _humaneval()
+    elif base == "multiturn" and not arg:
+        prompts = _multiturn()
     elif name.endswith(".jsonl") and Path(name).is_file():
         prompts = _user_file(Path(name))
     else:

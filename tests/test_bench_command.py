@@ -229,3 +229,46 @@ def test_graph_bench_rows_per_forward_with_graphs_on_only(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         graph_bench([*args.split(), "--graphs", "sideways"])
     assert exit_info.value.code == 2 and "--graphs: on, off or on,off" in capsys.readouterr().err
+
+
+def write_conversations(path, n: int = 2) -> str:
+    lines = [
+        {"id": f"c{i}", "turns": [" ".join(f"w{(i + t + j) % 5}" for j in range(12)) for t in range(3)]}
+        for i in range(n)
+    ]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return str(path)
+
+
+def test_conversations_with_and_without_prefix_caching(tiny_dir, tmp_path, capsys):
+    config = tmp_path / "pages.yaml"
+    config.write_text("name: small-pages\nblock_size: 4\n")
+    argv = bench_argv(tiny_dir, tmp_path, "--config", str(config), "--prefix-caching", "both")
+    argv[argv.index("--dataset") + 1] = write_conversations(tmp_path / "conversations.jsonl")
+    argv[argv.index("--num-requests") + 1] = "2"
+    argv += ["--concurrency", "1,2", "--baseline", "none"]
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    rows = {(r["name"], r["concurrency"]): r for r in report["results"]}
+    assert set(rows) == {
+        (n, c) for n in ("none", "none+cache", "small-pages", "small-pages+cache") for c in (1, 2)
+    }
+    for (name, c), row in rows.items():
+        assert [r["turn"] for r in row["requests"]] == [1, 2, 3, 1, 2, 3], "each conversation's 3 turns"
+        assert row["requests"][1]["num_prompt_tokens"] > row["requests"][0]["num_prompt_tokens"] + 6
+        assert row["ttft_later_turns_ms_p50"] is not None and row["prefix_caching"] == name.endswith("+cache")
+        if name.endswith("+cache"):  # later turns reuse their history (every run starts cold)
+            assert row["cached_share"] > 0 and row["requests"][0]["num_cached_tokens"] == 0
+            assert all(r["num_cached_tokens"] > 0 for r in row["requests"] if r["turn"] > 1)
+        else:
+            assert row["cached_share"] == 0
+    out = capsys.readouterr().out
+    assert "ttft 2+ ms" in out and "cached%" in out
+    assert "prefix caching, small-pages c=2: TTFT of turns 2+" in out
+
+
+def test_conversations_refuse_the_single_prompt_baselines(tiny_dir, tmp_path, capsys):
+    argv = bench_argv(tiny_dir, tmp_path, "--baseline", "none,hf")
+    argv[argv.index("--dataset") + 1] = write_conversations(tmp_path / "conversations.jsonl")
+    assert main(argv) == 2
+    assert "only specexec's configurations" in capsys.readouterr().err

@@ -14,8 +14,8 @@ def table_row(guided: bool) -> list[str]:
 
 
 def test_valid_is_a_dash_without_guided_and_a_share_with_it():
-    unguided, guided = table_row(False), table_row(True)  # ..., valid, vs none, vs hf
-    assert unguided[-3] == "-" and guided[-3] == "0%"
+    unguided, guided = table_row(False), table_row(True)  # ..., valid, cached%, vs none, vs hf
+    assert unguided[-4] == "-" and guided[-4] == "0%"
 
 
 def test_an_empty_run_still_prints_the_header():
@@ -26,7 +26,7 @@ def test_the_legend_explains_every_column():
     from specexec.bench.report import COLUMNS, LEGEND
 
     explained = {line.split()[0] for line in LEGEND.splitlines() if line and not line.startswith(" ")}
-    for header, _ in COLUMNS:
+    for header in COLUMNS:
         if header in ("name", "c", "n"):
             continue
         assert header.split()[0] in explained or header in LEGEND, header
@@ -43,3 +43,24 @@ def test_the_readme_shows_the_legend_as_printed():
     for line in LEGEND.splitlines():
         if not line.startswith("timing:") and not line.startswith(" "):
             assert line in readme, line
+
+
+def test_conversations_get_a_later_turns_ttft_column_and_caching_its_ratio_line():
+    from specexec.bench.report import caching_ratios
+
+    def turns(cached: int, ttft_later: float) -> list[RequestRecord]:
+        first = RequestRecord("c/turn1", 10, 5, 100.0, 50.0, 10.0)
+        second = RequestRecord("c/turn2", 30, 5, 100.0, ttft_later, 10.0, turn=2, num_cached_tokens=cached)
+        return [first, second]
+
+    off = summarize("none", 1, turns(0, 40.0), 1.0)
+    on = summarize("none+cache", 1, turns(20, 10.0), 0.5)
+    assert on["cached_share"] == 0.5 and off["cached_share"] == 0.0
+    assert on["ttft_later_turns_ms_p50"] == 10.0
+    lines = format_table([off, on]).splitlines()
+    assert "ttft 2+ ms" in lines[0] and "cached%" in lines[0]
+    assert lines[3].split()[6] == "10" and "50%" in lines[3].split()
+    (ratio,) = caching_ratios([off, on])
+    assert "TTFT of turns 2+ 0.25x" in ratio and "tok/s 2.00x" in ratio and "cached 50%" in ratio
+    single = summarize("none", 1, turns(0, 40.0)[:1], 1.0)
+    assert "ttft 2+ ms" not in format_table([single]).splitlines()[0], "only conversations get it"

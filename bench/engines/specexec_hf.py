@@ -55,7 +55,7 @@ def _guided_verdict(out: RequestOutput) -> bool | None:
     return out.guided_valid
 
 
-def _record(prompt: BenchPrompt, out: RequestOutput, guided: bool = False) -> RequestRecord:
+def record_of(prompt: BenchPrompt, out: RequestOutput, guided: bool = False) -> RequestRecord:
     m = out.metrics
     return RequestRecord(
         id=prompt.id,
@@ -78,6 +78,7 @@ def _record(prompt: BenchPrompt, out: RequestOutput, guided: bool = False) -> Re
         if guided and prompt.schema
         else schema_valid(out.text, prompt.schema),
         text=out.text,
+        num_cached_tokens=m.num_cached_tokens,
     )
 
 
@@ -100,7 +101,7 @@ def run_specexec(
         for event in executor.step():
             if event.finished and event.output is not None and event.request_id in in_flight:
                 i = in_flight.pop(event.request_id)
-                records[i] = _record(work.prompts[i], event.output, work.guided)
+                records[i] = record_of(work.prompts[i], event.output, work.guided)
                 on_done()
     return [records[i] for i in sorted(records)], time.perf_counter() - start
 

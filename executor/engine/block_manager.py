@@ -182,6 +182,17 @@ class BlockManager:
                 self._cached[hashes[-1]] = page
                 self._page_key[page] = key
 
+    def drop_cached(self) -> int:
+        """Forget every cached page no request holds (they become free); the number dropped. Pages a
+        request holds stay registered."""
+        dropped = list(self._evictable)
+        for page in dropped:
+            del self._cached[self._page_hash(page)]
+            del self._page_key[page]
+        self._evictable.clear()
+        self._give_back(dropped)
+        return len(dropped)
+
     def _give_back(self, pages) -> None:
         for page in pages:
             self._free.add(page)
