@@ -1,47 +1,207 @@
 """Clients people put in front of an OpenAI-compatible server, unchanged, against a real `specexec serve`
 on loopback (the tiny model with SmolLM2's tokenizer, 1,024 positions, prefix caching on as `serve` has
-it): langchain-openai's ``bind_tools`` and ``with_structured_output`` (function calling and JSON mode).
-The `openai` client's own calls are in `test_server.py`."""
+it): langchain-openai's ``bind_tools`` and ``with_structured_output`` (function calling, JSON mode and
+JSON schema), instructor in its TOOLS and JSON_SCHEMA modes, litellm's chat and tool calls, and
+lm-evaluation-harness's ``local-completions`` on a bundled log-likelihood task and a generate_until task
+(local JSONL; nothing from the hub). Each runs with NGram drafts and without; greedy, the answers are the
+same. The `openai` client's own calls are in `test_server.py`.
+
+The dev extra installs every client; a missing one fails here (no skip).
+"""
 
 from __future__ import annotations
 
 import json
+import os
 
-import jsonschema
-import langchain_openai  # (the dev extra installs it)
-import pytest
-from pydantic import BaseModel, Field
-from test_server import NGRAM, assert_all_pages_free, long_context_executor, served_engine, wait_until_idle
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm: no price list from the network
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # lm-eval's `datasets`: local files only
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import instructor  # noqa: E402
+import jsonschema  # noqa: E402
+import langchain_openai  # noqa: E402
+import litellm  # noqa: E402
+import openai  # noqa: E402
+import pytest  # noqa: E402
+from pydantic import BaseModel, Field  # noqa: E402
+from test_server import (  # noqa: E402
+    CLOCK,
+    NGRAM,
+    WEATHER,
+    assert_all_pages_free,
+    long_context_executor,
+    served_engine,
+    wait_until_idle,
+)
+
+QUESTION = "What is the weather in Paris for the next 3 days?"
 
 
 class Weather(BaseModel):
     """The weather in a city."""
 
-    city: str = Field(max_length=12)
+    city: str = Field(max_length=12)  # (bounded strings: the random model stops in time)
     days: int = Field(ge=1, le=7)
 
 
-@pytest.mark.parametrize("spec", [None, NGRAM], ids=["no-drafts", "ngram"])
-def test_langchain_bind_tools_and_structured_output(spec):
+def client_answers(spec) -> dict:
+    """Every client's greedy answers from one server, with what each returned checked on the way."""
     with served_engine(long_context_executor(spec)) as (base, engine, stack):
-        llm = langchain_openai.ChatOpenAI(
-            base_url=f"{base}/v1", api_key="none", model="tiny", temperature=0, max_tokens=200, max_retries=0
-        )
-        question = "What is the weather in Paris for the next 3 days?"
-        schema = Weather.model_json_schema()  # (bounded strings: the random model stops in time)
-        message = llm.bind_tools([Weather], tool_choice="Weather").invoke(question)
-        (call,) = message.tool_calls
-        assert call["name"] == "Weather"
-        jsonschema.validate(call["args"], schema)
-        required = llm.bind_tools([Weather], tool_choice="any").invoke(question)
-        assert required.tool_calls and all(c["name"] == "Weather" for c in required.tool_calls)
-        for c in required.tool_calls:
-            jsonschema.validate(c["args"], schema)
-        weather = llm.with_structured_output(Weather, method="function_calling").invoke(question)
-        assert isinstance(weather, Weather)
-        as_json = llm.with_structured_output(method="json_mode").invoke(question + " Answer in JSON.")
-        assert isinstance(as_json, dict)
-        parsed = llm.with_structured_output(Weather, method="json_schema").invoke(question)
-        assert isinstance(parsed, Weather) and json.loads(parsed.model_dump_json())["days"] <= 7
+        answers = {
+            "langchain": langchain_answers(base),
+            "instructor": instructor_answers(base, stack),
+            "litellm": litellm_answers(base),
+        }
         wait_until_idle(engine)
         assert_all_pages_free(engine.executor)
+    return answers
+
+
+def test_langchain_instructor_and_litellm_give_valid_answers_the_same_with_drafts():
+    assert client_answers(NGRAM) == client_answers(None)
+
+
+def langchain_answers(base: str) -> list:
+    llm = langchain_openai.ChatOpenAI(
+        base_url=f"{base}/v1", api_key="none", model="tiny", temperature=0, max_tokens=200, max_retries=0
+    )
+    schema = Weather.model_json_schema()
+    message = llm.bind_tools([Weather], tool_choice="Weather").invoke(QUESTION)
+    (call,) = message.tool_calls
+    assert call["name"] == "Weather"
+    jsonschema.validate(call["args"], schema)
+    required = llm.bind_tools([Weather], tool_choice="any").invoke(QUESTION)
+    assert required.tool_calls and all(c["name"] == "Weather" for c in required.tool_calls)
+    for c in required.tool_calls:
+        jsonschema.validate(c["args"], schema)
+    weather = llm.with_structured_output(Weather, method="function_calling").invoke(QUESTION)
+    assert isinstance(weather, Weather)
+    as_json = llm.with_structured_output(method="json_mode").invoke(QUESTION + " Answer in JSON.")
+    assert isinstance(as_json, dict)
+    parsed = llm.with_structured_output(Weather, method="json_schema").invoke(QUESTION)
+    assert isinstance(parsed, Weather) and json.loads(parsed.model_dump_json())["days"] <= 7
+    calls = [[(c["name"], c["args"]) for c in m.tool_calls] for m in (message, required)]
+    return [calls, weather.model_dump(), as_json, parsed.model_dump()]
+
+
+def instructor_answers(base: str, stack) -> list:
+    """instructor's default TOOLS mode (a named tool choice) and its JSON_SCHEMA mode (response_format)."""
+    api = stack.enter_context(openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0))
+    answers = []
+    for mode in (instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA):
+        patched = instructor.from_openai(api, mode=mode)
+        weather = patched.chat.completions.create(
+            model="tiny",
+            response_model=Weather,
+            messages=[{"role": "user", "content": QUESTION}],
+            temperature=0,
+            max_tokens=200,
+            max_retries=1,  # one try: a retry would hide an invalid first answer
+        )
+        assert isinstance(weather, Weather)
+        answers.append(weather.model_dump())
+    return answers
+
+
+def litellm_answers(base: str) -> list:
+    """litellm's OpenAI-compatible provider: plain chat and required tool calls."""
+    common = dict(model="openai/tiny", api_base=f"{base}/v1", api_key="none", temperature=0, num_retries=0)
+    chat = litellm.completion(messages=[{"role": "user", "content": "Say hello."}], max_tokens=12, **common)
+    text = chat.choices[0].message.content
+    assert isinstance(text, str) and chat.usage.completion_tokens <= 12
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, CLOCK)}
+    called = litellm.completion(
+        messages=[{"role": "user", "content": "What is the weather in Paris, and the time in UTC?"}],
+        tools=[WEATHER, CLOCK],
+        tool_choice="required",
+        max_tokens=300,
+        **common,
+    )
+    choice = called.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    calls = []
+    for c in choice.message.tool_calls:
+        arguments = json.loads(c.function.arguments)
+        jsonschema.validate(arguments, schemas[c.function.name])
+        calls.append((c.function.name, arguments))
+    return [text, calls]
+
+
+# ---- lm-evaluation-harness ----------------------------------------------------------------------------
+LOGLIKELIHOOD_DOCS = [
+    {"question": "The capital of France is", "choices": [" Paris", " Rome", " a cat"], "answer": 0},
+    {"question": "Two plus two is", "choices": [" four", " five"], "answer": 0},
+    {"question": "The sky is", "choices": [" blue", " green", " loud"], "answer": 0},
+]
+GENERATE_DOCS = [
+    {"question": "Question: name a colour.\nAnswer:", "answer": "red"},
+    {"question": "Question: name an animal.\nAnswer:", "answer": "cat"},
+]
+
+
+def write_tasks(folder) -> None:
+    """Two lm-eval tasks over local JSONL files: multiple choice (log-likelihoods) and generate_until."""
+    for name, docs in (("ll", LOGLIKELIHOOD_DOCS), ("gen", GENERATE_DOCS)):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    common = (
+        "dataset_path: json\n"
+        "dataset_kwargs:\n  data_files:\n    test: {path}\n"
+        "test_split: test\n"
+        'doc_to_text: "{{{{question}}}}"\n'
+    )
+    (folder / "specexec_ll.yaml").write_text(
+        "task: specexec_ll\n" + common.format(path=folder / "ll.jsonl") + "output_type: multiple_choice\n"
+        'doc_to_choice: "{{choices}}"\n'
+        'doc_to_target: "{{answer}}"\n'
+        "metric_list:\n  - metric: acc\n"
+    )
+    (folder / "specexec_gen.yaml").write_text(
+        "task: specexec_gen\n" + common.format(path=folder / "gen.jsonl") + "output_type: generate_until\n"
+        'doc_to_target: "{{answer}}"\n'
+        'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: 8\n  do_sample: false\n  temperature: 0\n'
+        "metric_list:\n  - metric: exact_match\n"
+    )
+
+
+def lm_eval_answers(spec, tmp_path) -> dict:
+    """lm-eval's ``local-completions`` over a served executor: each request's log-likelihoods (echo,
+    ``max_tokens`` 1, lists of token-id prompts at batch size 2) and generations."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    with served_engine(long_context_executor(spec)) as (base, engine, stack):
+        tokenizer_dir = tmp_path / "tokenizer"
+        engine.executor.tokenizer.save_pretrained(tokenizer_dir)
+        model_args = (
+            f"model=tiny,base_url={base}/v1/completions,tokenizer_backend=huggingface,"
+            f"tokenizer={tokenizer_dir},tokenized_requests=True,num_concurrent=1,max_retries=1,"
+            "max_length=1024"
+        )
+        results = lm_eval.simple_evaluate(
+            model="local-completions",
+            model_args=model_args,
+            tasks=["specexec_ll", "specexec_gen"],
+            task_manager=TaskManager(include_path=str(tmp_path)),
+            batch_size=2,
+            log_samples=True,
+        )
+        wait_until_idle(engine)
+        assert_all_pages_free(engine.executor)
+    samples = results["samples"]
+    loglikelihoods = [[r[0] for r in s["filtered_resps"]] for s in samples["specexec_ll"]]
+    assert len(loglikelihoods) == len(LOGLIKELIHOOD_DOCS)
+    for values, doc in zip(loglikelihoods, LOGLIKELIHOOD_DOCS):
+        assert len(values) == len(doc["choices"]) and all(v < 0 for v in values)
+    generations = [s["filtered_resps"][0] for s in samples["specexec_gen"]]
+    assert len(generations) == len(GENERATE_DOCS) and all(isinstance(g, str) for g in generations)
+    return {"loglikelihoods": loglikelihoods, "generations": generations}
+
+
+def test_lm_eval_local_completions_loglikelihood_and_generate_until_the_same_with_drafts(tmp_path):
+    write_tasks(tmp_path)
+    with_drafts, without = lm_eval_answers(NGRAM, tmp_path), lm_eval_answers(None, tmp_path)
+    assert with_drafts["generations"] == without["generations"]
+    # scoring a prompt drafts nothing: the same forward, so the same values up to float32 rounding
+    for a, b in zip(with_drafts["loglikelihoods"], without["loglikelihoods"]):
+        assert a == pytest.approx(b, abs=1e-4)
