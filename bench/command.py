@@ -87,6 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="constrain each output to its prompt's JSON schema (the hf baseline becomes hf-guided: "
         "generate with xgrammar's transformers logits processor; prompt lookup cannot be guided)",
     )
+    parser.add_argument(
+        "--tool-choice",
+        choices=["required"],
+        help="send each prompt with its tools (bfcl) and tool_choice required, as the server would: "
+        "the output is held to the calls' schema and valid is the share of answers whose calls all "
+        "validate (implies --guided; specexec's configurations only)",
+    )
     parser.add_argument("--concurrency", default="1", help="comma-separated, e.g. 1,2,4,8")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up requests per engine (not timed)")
     parser.add_argument(
@@ -225,13 +232,19 @@ def run(args) -> int:
     from ..prompt_sets.datasets import load_dataset
 
     prompts = load_dataset(args.dataset, args.num_requests)
-    if any(p.follow_ups for p in prompts):
-        others = [b for b in chosen_baselines(args) if b != "none"] + (["--server"] if args.server else [])
+    others = [b for b in chosen_baselines(args) if b != "none"] + (["--server"] if args.server else [])
+    if any(p.follow_ups for p in prompts) and others:
+        raise ValueError(
+            f"--dataset {args.dataset} holds conversations, which only specexec's configurations "
+            f"run; drop {', '.join(others)}"
+        )
+    if args.tool_choice:
         if others:
-            raise ValueError(
-                f"--dataset {args.dataset} holds conversations, which only specexec's configurations "
-                f"run; drop {', '.join(others)}"
-            )
+            raise ValueError(f"--tool-choice runs specexec's configurations only; drop {', '.join(others)}")
+        from .engines.tool_calls import tool_call_prompts
+
+        prompts = tool_call_prompts(prompts, args.dataset)
+        args.guided = True
     from .runner import BenchRunner
 
     runner = BenchRunner(args, configs, prompts, concurrencies, chosen_baselines(args))

@@ -59,7 +59,8 @@ class BenchRunner:
         tok = self._tokenizer
         ids = chat_token_ids(tok, self.prompts)
         a = self.args
-        return Workload(self.prompts, ids, a.max_tokens, a.temperature, a.ignore_eos, a.guided)
+        tools = bool(getattr(a, "tool_choice", None))
+        return Workload(self.prompts, ids, a.max_tokens, a.temperature, a.ignore_eos, a.guided, tools)
 
     def _prompt_lookup_lengths(self) -> list[int]:
         return [int(n) for n in str(self.args.hf_prompt_lookup_tokens).split(",") if n]

@@ -29,6 +29,11 @@ class BenchPrompt:
     schema: dict[str, Any] | None = None  #: JSON schema the output should follow, if any
     #: a conversation's later user turns: each is sent after the model's answer to the turn before
     follow_ups: list[str] = field(default_factory=list)
+    #: tools the prompt may call (OpenAI's tool objects), and whether it expects several calls at once
+    tools: list[dict[str, Any]] | None = None
+    parallel_calls: bool = False
+    #: the prompt without the instructions that stand in for tools (sent when tools go in the request)
+    tool_messages: list[dict[str, str]] | None = None
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -97,22 +102,60 @@ def _jsonschemabench(split: str) -> list[BenchPrompt]:
 
 
 def _bfcl() -> list[BenchPrompt]:
+    """BFCL's prompts. As text: the functions listed in the system prompt and the call's JSON schema as
+    the prompt's schema. With tools (`tool_messages`, `tools`): the functions as OpenAI tools, their
+    dotted names (``math.factorial``) spelled with ``_`` as OpenAI's names must be."""
     prompts = []
     for r in _read_jsonl(DATA_DIR / "bfcl_v4_subset.jsonl"):
         functions = r["functions"] if isinstance(r["functions"], str) else json.dumps(r["functions"])
-        system = (r["system"] if r["system"] not in (None, "None") else "You are a helpful assistant.") + (
+        given = r["system"] if r["system"] not in (None, "None") else None
+        system = (given or "You are a helpful assistant.") + (
             '\nYou can call these functions; answer with one JSON object {"name": ..., "arguments": {...}}:\n'
             + functions
         )
         schema = r["schema"] if isinstance(r["schema"], dict) else ast.literal_eval(r["schema"])
-        prompts.append(
-            BenchPrompt(
-                r["id"],
-                [{"role": "system", "content": system}, {"role": "user", "content": r["user"]}],
-                schema,
-            )
+        prompt = BenchPrompt(
+            r["id"], [{"role": "system", "content": system}, {"role": "user", "content": r["user"]}], schema
         )
+        prompt.tools = _bfcl_tools(r["functions"], schema)
+        prompt.parallel_calls = r["category"] == "parallel"
+        prompt.tool_messages = ([{"role": "system", "content": given}] if given else []) + [
+            {"role": "user", "content": r["user"]}
+        ]
+        prompts.append(prompt)
     return prompts
+
+
+def _bfcl_tools(functions, call_schema: dict) -> list[dict[str, Any]]:
+    """OpenAI tools of a BFCL record: each function's description, and its parameters as the record's
+    call schema has them in JSON Schema (BFCL's own use ``dict``, ``float``, ``tuple``)."""
+    if isinstance(functions, str):
+        functions = json.loads(functions)
+    parameters: dict[str, dict] = {}
+
+    def collect(node) -> None:
+        if isinstance(node, dict):
+            name = node.get("properties", {}).get("name", {})
+            if isinstance(name, dict) and "const" in name and "arguments" in node["properties"]:
+                parameters[name["const"]] = node["properties"]["arguments"]
+            for value in node.values():
+                collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                collect(value)
+
+    collect(call_schema)
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": f["name"].replace(".", "_"),
+                "description": f.get("description", ""),
+                "parameters": parameters[f["name"]],
+            },
+        }
+        for f in functions
+    ]
 
 
 def _humaneval() -> list[BenchPrompt]:

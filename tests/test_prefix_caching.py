@@ -152,3 +152,27 @@ def test_a_soak_over_shared_prefixes_with_aborts_and_preemption_leaks_nothing():
     assert len(done) == 300 and aborted > 10 and preempted > 0 and reused > 0
     assert_all_pages_free(executor)
     assert executor.block_manager.num_cached_blocks > 0
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram"])
+def test_n_samples_and_concurrent_requests_share_their_prompt_pages(drafter):
+    """Requests submitted together over one prompt: the first computes its pages and the others wait
+    a step to share them (n samples, and separate requests alike); greedy tokens as without the cache,
+    and a prompt that is computed by no one ahead is admitted at once."""
+    spec = NGRAM if drafter == "ngram" else None
+    _, model = make_tiny_model("llama")
+    outputs = {}
+    for cache in (False, True):
+        executor = Executor(model, make_config(speculative_config=spec, enable_prefix_caching=cache))
+        params = SamplingParams(max_tokens=8, ignore_eos=True, n=4)
+        (sampled,) = executor.run([Request(PROMPTS[0], params)])
+        separate = executor.run([Request(PROMPTS[1], SamplingParams(max_tokens=8, ignore_eos=True))] * 3)
+        outputs[cache] = [[s.token_ids for s in sampled.samples], [o.token_ids for o in separate]]
+        assert_all_pages_free(executor)
+        if cache:
+            full = len(PROMPTS[0]) // 4 * 4
+            assert [s.metrics.num_cached_tokens for s in sampled.samples] == [0] + [full] * 3
+            # the first of the separate requests finds BASE's pages registered by the samples
+            assert all(o.metrics.num_cached_tokens >= 40 for o in separate)
+            assert separate[0].metrics.time_to_first_token <= separate[1].metrics.time_to_first_token
+    assert outputs[True] == outputs[False]

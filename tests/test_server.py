@@ -233,12 +233,22 @@ def test_a_client_that_disconnects_mid_stream_frees_its_pages_at_once():
 
 
 def test_the_queue_limit_answers_503_with_retry_after():
+    """The first request is held unfinished (the loop paused), so the second finds the queue full
+    whatever the machine's speed."""
     with served(limits=ServerLimits(max_queued_requests=1)) as (base, engine, stack):
-        body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 200, "temperature": 0, "stream": True}
-        with httpx.Client() as http, http.stream("POST", f"{base}/v1/chat/completions", json=body) as running:
-            next(running.iter_lines())
-            refused = http.post(f"{base}/v1/chat/completions", json={**body, "stream": False})
-            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 20, "temperature": 0}
+        with httpx.Client(timeout=30) as http:
+            with engine.executor._loop.exclusive():  # no step runs: the first request stays queued
+                first = threading.Thread(
+                    target=http.post, args=(f"{base}/v1/chat/completions",), kwargs={"json": body}
+                )
+                first.start()
+                deadline = time.monotonic() + 10
+                while engine.num_unfinished == 0 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                refused = http.post(f"{base}/v1/chat/completions", json=body)
+            first.join(30)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         wait_until_idle(engine, 2.0)
 
 

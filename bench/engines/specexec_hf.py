@@ -28,6 +28,7 @@ class Workload:
     temperature: float
     ignore_eos: bool = False  #: exactly max_tokens per request (throughput runs)
     guided: bool = False  #: constrain outputs to each prompt's schema (prompts without one run free)
+    tools: bool = False  #: send each prompt's messages with its tools (rendered by the executor)
 
     def sampling_params(self, i: int) -> SamplingParams:
         return SamplingParams(
@@ -95,7 +96,14 @@ def run_specexec(
             i = pending.popleft()
             schema = work.prompts[i].schema if work.guided else None
             response_format = {"type": "json_schema", "json_schema": {"schema": schema}} if schema else None
-            request = Request(work.token_ids[i], work.sampling_params(i), f"bench-{i}", response_format)
+            prompt = work.prompts[i]
+            request = Request(
+                prompt.messages if work.tools else work.token_ids[i],
+                work.sampling_params(i),
+                f"bench-{i}",
+                response_format,
+                prompt.tools if work.tools else None,
+            )
             state = executor.add_request(request)
             in_flight[state.request_id] = i
         for event in executor.step():

@@ -112,6 +112,8 @@ class Scheduler:
             if not request.is_ready:
                 continue
             cached = self._cached_prefix(request)
+            if self._next_page_in_flight(request, len(cached[0])):
+                continue  # a request ahead computes it: share it next step (n samples of one prompt)
             num_cached = len(cached[0]) * bm.block_size
             num_new = min(request.num_uncomputed_tokens - num_cached, budget)
             blocks = -(-num_new // bm.block_size)
@@ -136,6 +138,20 @@ class Scheduler:
         if not self.reuses_prefixes or request.num_computed_tokens or request.prompt_logprobs:
             return [], []
         return self.block_manager.cached_prefix(request.token_ids, request.num_tokens - 1)
+
+    def _next_page_in_flight(self, request: RequestState, num_cached_pages: int) -> bool:
+        """Whether a running request (admitted earlier, this step included) is computing the waiting
+        request's next full page of prompt, so that waiting a step lets it share that page instead of
+        computing it again."""
+        if not self.reuses_prefixes or request.num_computed_tokens or request.prompt_logprobs:
+            return False
+        end = (num_cached_pages + 1) * self.block_manager.block_size
+        if end > request.num_tokens - 1:  # no full page left to share (its last token is computed)
+            return False
+        prefix = request.token_ids[:end]
+        return any(
+            other.num_computed_tokens < end and other.token_ids[:end] == prefix for other in self.running
+        )
 
     def preempt(self, request: RequestState) -> None:
         """Take a running request's pages back; it waits at the front to be recomputed."""
