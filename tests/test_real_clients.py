@@ -3,8 +3,9 @@ on loopback (the tiny model with SmolLM2's tokenizer, 1,024 positions, prefix ca
 it): langchain-openai's ``bind_tools`` and ``with_structured_output`` (function calling, JSON mode and
 JSON schema), instructor in its TOOLS and JSON_SCHEMA modes, litellm's chat and tool calls, and
 lm-evaluation-harness's ``local-completions`` on a bundled log-likelihood task and a generate_until task
-(local JSONL; nothing from the hub). Each runs with NGram drafts and without; greedy, the answers are the
-same. The `openai` client's own calls are in `test_server.py`.
+(local JSONL; nothing from the hub), and guidellm's default streamed load. Each runs with NGram drafts
+and without (guidellm samples: with drafts only); greedy, the answers are the same. The `openai`
+client's own calls are in `test_server.py`.
 
 The dev extra installs every client; a missing one fails here (no skip).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm: no price list from the network
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # lm-eval's `datasets`: local files only
@@ -205,3 +207,46 @@ def test_lm_eval_local_completions_loglikelihood_and_generate_until_the_same_wit
     # scoring a prompt drafts nothing: the same forward, so the same values up to float32 rounding
     for a, b in zip(with_drafts["loglikelihoods"], without["loglikelihoods"]):
         assert a == pytest.approx(b, abs=1e-4)
+
+
+# ---- guidellm -------------------------------------------------------------------------------------------
+def test_guidellm_streams_its_default_requests_without_an_error(tmp_path):
+    """guidellm's default chat requests (streamed, with vLLM's ``continuous_usage_stats``, ``ignore_eos``
+    and ``max_completion_tokens``) over synthetic prompts, NGram drafts on: every request succeeds with
+    the token count asked for (its samples are not greedy, so not compared across drafters)."""
+    import shutil
+    import subprocess
+    import sys
+
+    guidellm = shutil.which("guidellm") or str(Path(sys.executable).parent / "guidellm")
+    with served_engine(long_context_executor(NGRAM)) as (base, engine, stack):
+        engine.executor.tokenizer.save_pretrained(tmp_path / "tokenizer")
+        report = tmp_path / "guidellm.json"
+        command = [
+            guidellm,
+            "run",
+            "--backend",
+            f"kind=openai_http,target={base}",
+            "--profile",
+            "kind=synchronous",
+            "--constraint",
+            "kind=max_requests,count=5",
+            "--data",
+            "kind=synthetic_text,prompt_tokens=16,output_tokens=8",
+            "--tokenizer",
+            f"kind=huggingface_auto,model={tmp_path / 'tokenizer'}",
+            "--output",
+            f"kind=json,path={report}",
+            "--disable-console-interactive",
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        wait_until_idle(engine)
+        assert_all_pages_free(engine.executor)
+    (benchmark,) = json.loads(report.read_text())["benchmarks"]
+    requests = benchmark["requests"]
+    assert len(requests["successful"]) == 5 and not requests["errored"] and not requests["incomplete"]
+    for r in requests["successful"]:
+        body = json.loads(r["request_args"])["body"]
+        assert body["stream"] and body["stream_options"]["continuous_usage_stats"]
+        assert r["output_tokens"] == 8, "ignore_eos and max_completion_tokens honoured"
