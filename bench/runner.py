@@ -148,6 +148,7 @@ class BenchRunner:
                 else None,
             }
             self.rows.append(summarize(named.name, c, records, wall, extra))
+        executor.close()  # (its threads, and under tensor parallelism its worker processes)
         gc.collect()
 
     def _measure_forward_cost(self, executor) -> None:

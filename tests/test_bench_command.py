@@ -253,7 +253,7 @@ def test_conversations_with_and_without_prefix_caching(tiny_dir, tmp_path, capsy
     assert set(rows) == {
         (n, c) for n in ("none", "none+cache", "small-pages", "small-pages+cache") for c in (1, 2)
     }
-    for (name, c), row in rows.items():
+    for (name, _c), row in rows.items():
         assert [r["turn"] for r in row["requests"]] == [1, 2, 3, 1, 2, 3], "each conversation's 3 turns"
         assert row["requests"][1]["num_prompt_tokens"] > row["requests"][0]["num_prompt_tokens"] + 6
         assert row["ttft_later_turns_ms_p50"] is not None and row["prefix_caching"] == name.endswith("+cache")
@@ -272,3 +272,21 @@ def test_conversations_refuse_the_single_prompt_baselines(tiny_dir, tmp_path, ca
     argv[argv.index("--dataset") + 1] = write_conversations(tmp_path / "conversations.jsonl")
     assert main(argv) == 2
     assert "only specexec's configurations" in capsys.readouterr().err
+
+
+def test_tool_calls_are_sent_with_their_tools_and_held_to_the_calls_schema(tiny_dir, tmp_path):
+    argv = bench_argv(tiny_dir, tmp_path, "--tool-choice", "required", "--decoding-type", "NGram")
+    argv[argv.index("--dataset") + 1] = "bfcl"
+    argv[argv.index("--num-requests") + 1] = "2"
+    argv[argv.index("--max-tokens") + 1] = "24"
+    argv.remove("--ignore-eos")
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    rows = {r["name"]: r for r in report["results"]}
+    assert set(rows) == {"none", "ngram-k3"}
+    for row in rows.values():
+        assert row["guided"] and row["schema_valid_rate"] is not None
+        for r in row["requests"]:  # the tools are in the prompt (the Hermes system message)
+            assert r["num_prompt_tokens"] > 40 and r["schema_valid"] is (r["finish_reason"] == "stop")
+    argv = bench_argv(tiny_dir, tmp_path, "--tool-choice", "required")
+    assert main(argv) == 2, "a dataset without tools is refused"
