@@ -35,6 +35,11 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         help="a CPU model's quantized layers at decode/verify rows: torch's kernels or int8_dot (integer "
         "dot products over int8 activations, llama.cpp's way); overrides the config (default auto: measured)",
     )
+    parser.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        help="run the target over N worker processes, sharded (CPU, gloo; default 1: one process)",
+    )
 
 
 def _add_drafter_args(parser: argparse.ArgumentParser) -> None:
@@ -126,6 +131,9 @@ def _load_config(args: argparse.Namespace):
         config.model_impl = args.model_impl
     if args.quantized_kernel:
         config.quantized_kernel = args.quantized_kernel
+    if args.tensor_parallel_size is not None:
+        config.tensor_parallel_size = args.tensor_parallel_size
+        config.validate()
     if getattr(args, "decoding_type", None):
         from .executor.engine.speculation.speculative_config import SpeculativeConfig
 

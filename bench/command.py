@@ -88,6 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "generate with xgrammar's transformers logits processor; prompt lookup cannot be guided)",
     )
     parser.add_argument(
+        "--tensor-parallel-size",
+        help="comma-separated, e.g. 1,3: each config at each size (named <name>-tpN above 1; CPU, gloo)",
+    )
+    parser.add_argument(
         "--tool-choice",
         choices=["required"],
         help="send each prompt with its tools (bfcl) and tool_choice required, as the server would: "
@@ -178,6 +182,8 @@ def load_configs(args) -> list[NamedConfig]:
             c.config.quantized_kernel = args.quantized_kernel
     if args.prefix_caching:
         configs = _with_prefix_caching(configs, args.prefix_caching)
+    if args.tensor_parallel_size:
+        configs = _at_sizes(configs, _parse_int_list(args.tensor_parallel_size, "--tensor-parallel-size"))
     names = [c.name for c in configs]
     if len(set(names)) != len(names):
         raise ValueError(f"configuration names must differ: {names}")
@@ -194,6 +200,17 @@ def _with_prefix_caching(configs: list[NamedConfig], choice: str) -> list[NamedC
             twin = copy.deepcopy(c.config)
             twin.enable_prefix_caching = True
             out.append(NamedConfig(f"{c.name}+cache", twin))
+    return out
+
+
+def _at_sizes(configs: list[NamedConfig], sizes: list[int]) -> list[NamedConfig]:
+    """Every config at every tensor-parallel size (``<name>-tpN`` above 1)."""
+    out = []
+    for c in configs:
+        for size in sizes:
+            config = copy.deepcopy(c.config)
+            config.tensor_parallel_size = size
+            out.append(NamedConfig(c.name if size == 1 else f"{c.name}-tp{size}", config))
     return out
 
 
@@ -262,6 +279,12 @@ def run(args) -> int:
     print(LEGEND)
     for line in caching_ratios(rows):
         print(line)
+    for row in rows:
+        if row.get("tp_broadcast_share") is not None:
+            print(
+                f"tensor parallelism, {row['name']} c={row['concurrency']}: the step broadcast (post to "
+                f"rank 0's read) took {row['tp_broadcast_share']:.1%} of the forwards' time"
+            )
     print(f"threads: {torch_threads()} for every engine (one process); CPU: {describe_machine()['cpu']}")
     for asked, ran in runner.dtypes.items():
         print(f"dtype {asked}: {ran}")

@@ -134,13 +134,18 @@ class BenchRunner:
             executor.reset_prefix_cache()  # every run starts cold: nothing reused from the one before
             stats = executor.speculation.stats
             draft0, target0 = stats.drafting_time, stats.target_time
+            broadcast0 = getattr(executor.core.runner, "broadcast_seconds", 0.0)
             records, wall = run(executor, work, c, bar.update)
             drafting, target = stats.drafting_time - draft0, stats.target_time - target0
+            broadcast = getattr(executor.core.runner, "broadcast_seconds", 0.0) - broadcast0
             extra = {
                 "drafting_share": drafting / (drafting + target) if drafting + target else None,
                 "engine": "specexec",
                 "quantization": cfg.quantization,
                 "prefix_caching": cfg.enable_prefix_caching,
+                "tensor_parallel_size": cfg.tensor_parallel_size,
+                # tensor parallelism: the steps' broadcast (post to rank 0's read) over the forwards' time
+                "tp_broadcast_share": broadcast / target if cfg.tensor_parallel_size > 1 and target else None,
                 "guided": self.args.guided,
                 "mask_wait_ms_total": sum(r.mask_wait_ms for r in records),
                 "grammar_compile_ms": executor.guided.pool.compile_time_percentiles()

@@ -101,6 +101,12 @@ class ExecutorConfig:
     #: `engine/block_manager.py`); `specexec serve` turns it on. Off for requests scoring their prompt and
     #: with EAGLE-3 or capture_hidden_layers (they need every position's hidden states)
     enable_prefix_caching: bool = False
+    #: run the target over this many worker processes, sharded Megatron-style (`executor/parallel/`;
+    #: CPU and gloo; the own decoder's dense layers); 1 = the single-process path
+    tensor_parallel_size: int = 1
+    #: seconds a tensor-parallel step (or the workers' start-up) may take before its rank is declared
+    #: hung and every worker is stopped
+    tensor_parallel_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         if isinstance(self.speculative_config, dict):
@@ -179,6 +185,18 @@ class ExecutorConfig:
             "enable_prefix_caching",
             self.enable_prefix_caching,
             "true or false",
+        )
+        _check(
+            _is_int(self.tensor_parallel_size) and self.tensor_parallel_size >= 1,
+            "tensor_parallel_size",
+            self.tensor_parallel_size,
+            "an integer >= 1",
+        )
+        _check(
+            _is_positive_number(self.tensor_parallel_timeout_s),
+            "tensor_parallel_timeout_s",
+            self.tensor_parallel_timeout_s,
+            "a number of seconds > 0",
         )
         _check(isinstance(self.progress, bool), "progress", self.progress, "true or false")
         _check(isinstance(self.warmup, bool), "warmup", self.warmup, "true or false")

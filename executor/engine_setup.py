@@ -38,6 +38,7 @@ from .model.decoder.convert import resolve_model_impl
 from .model.graph_shapes import GraphShapes
 from .model.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from .model.model_runner import ModelRunner
+from .parallel.tp_runner import TensorParallelRunner
 
 logger = logging.getLogger("specexec")
 
@@ -49,6 +50,8 @@ def check_before_loading(model, config: ExecutorConfig, drafter, plugins) -> Non
         raise ValueError(f"drafter must be a specexec Drafter, got {type(drafter).__name__}")
     if config.speculative_config is not None and drafter is None:
         check_drafter_options(config.speculative_config, plugins)
+    if config.tensor_parallel_size > 1:
+        _check_tensor_parallel_options(config)
     if config.max_model_len is not None:
         limit = _model_position_limit(model, config)
         if limit is not None and config.max_model_len > limit:
@@ -56,6 +59,27 @@ def check_before_loading(model, config: ExecutorConfig, drafter, plugins) -> Non
                 f"config key 'max_model_len': got {config.max_model_len}; allowed: at most {limit}, "
                 "the model's max_position_embeddings"
             )
+
+
+def _check_tensor_parallel_options(config: ExecutorConfig) -> None:
+    """What tensor parallelism does not run yet, refused before anything loads."""
+    size = config.tensor_parallel_size
+    spec = config.speculative_config
+    if spec is not None and spec.decoding_type.lower() in ("eagle", "eagle3"):
+        raise ValueError(
+            f"tensor_parallel_size {size}: EAGLE-3 needs the target's hidden states, which the ranks do "
+            "not gather yet; use NGram, DraftTarget or a drafter of your own"
+        )
+    if config.capture_hidden_layers:
+        raise ValueError(
+            f"tensor_parallel_size {size}: capture_hidden_layers is not gathered from the ranks yet"
+        )
+    if config.quantization:
+        raise ValueError(f"tensor_parallel_size {size}: quantized weights are not sharded yet (dense only)")
+    if config.device not in ("auto", "cpu") or (config.device == "auto" and torch.cuda.is_available()):
+        raise ValueError(
+            f"tensor_parallel_size {size} runs on CPU (gloo) only; set device: cpu (NCCL is not built yet)"
+        )
 
 
 def _model_position_limit(model, config: ExecutorConfig) -> int | None:
@@ -91,19 +115,36 @@ def build_engine_core(
 ) -> EngineCore:
     """Load (in ``dtype``, see `resolve_dtype`), size the KV pool, build the stages."""
     model, tokenizer, target_path, quantization, model_impl = _load(model, tokenizer, config, dtype)
+    extra = (target_path, quantization, model_impl)
     param = next(model.parameters())
     spec = KVCacheSpec.from_model_config(model.config, param.dtype)
     num_blocks = config.num_kv_blocks or num_blocks_for_budget(
         spec, config.block_size, int(config.kv_cache_memory_gb * 2**30)
     )
     block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+    text_config = model.config.get_text_config()
+    if config.tensor_parallel_size > 1:
+        runner = TensorParallelRunner(
+            model,
+            spec,
+            num_blocks,
+            config.block_size,
+            config.max_num_tokens,
+            config.max_batch_size,
+            config.tensor_parallel_size,
+            config.tensor_parallel_timeout_s,
+        )
+        try:
+            return _assemble(model, tokenizer, config, drafter, plugins, runner, block_manager, extra)
+        except BaseException:
+            runner.close()  # no worker outlives a failed set-up
+            raise
     runner = ModelRunner(
         model,
         KVCache(spec, num_blocks, config.block_size, param.device),
         config.max_num_tokens,
         tuple(config.capture_hidden_layers),
     )
-    text_config = model.config.get_text_config()
     runner.attention_paths = choose_attention_paths(
         text_config.num_attention_heads,
         spec.num_kv_heads,
@@ -112,11 +153,22 @@ def build_engine_core(
         param.device,
         resolve_cache_dir(config.cache_dir),
     )
+    return _assemble(model, tokenizer, config, drafter, plugins, runner, block_manager, extra)
+
+
+def _assemble(model, tokenizer, config, drafter, plugins, runner, block_manager, extra) -> EngineCore:
+    """The stages around the runner: drafter, kernels chosen, graphs, speculation, grammar, scheduler."""
+    target_path, quantization, model_impl = extra
+    param = next(model.parameters())
+    text_config = model.config.get_text_config()
     vocab_size = text_config.vocab_size
     max_model_len = _max_model_len(model, config, block_manager)
     context = DrafterContext(model, tokenizer, vocab_size, config, target_path)
     drafter = _setup_drafter(context, drafter, plugins, runner)
-    linear_backend = _apply_linear_backend(config, model, drafter)
+    if config.tensor_parallel_size > 1:  # each rank runs its shard on torch's ops
+        linear_backend = LinearBackendChoice("blas", "tensor parallelism: the ranks' shards run torch's ops")
+    else:
+        linear_backend = _apply_linear_backend(config, model, drafter)
     quantized_kernel = _apply_quantized_kernel(config, model, drafter)
     skinny_kernels = _apply_skinny_kernels(config, runner, drafter)
     graph_reports = capture_cuda_graphs(config, runner, drafter, max_model_len)

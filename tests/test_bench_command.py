@@ -290,3 +290,15 @@ def test_tool_calls_are_sent_with_their_tools_and_held_to_the_calls_schema(tiny_
             assert r["num_prompt_tokens"] > 40 and r["schema_valid"] is (r["finish_reason"] == "stop")
     argv = bench_argv(tiny_dir, tmp_path, "--tool-choice", "required")
     assert main(argv) == 2, "a dataset without tools is refused"
+
+
+def test_tensor_parallel_sizes_run_side_by_side_with_the_broadcast_share(tiny_dir, tmp_path, capsys):
+    argv = bench_argv(tiny_dir, tmp_path, "--tensor-parallel-size", "1,2", "--dtype", "float32")
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    rows = {r["name"]: r for r in report["results"]}
+    assert set(rows) == {"none", "none-tp2"}
+    assert rows["none-tp2"]["tensor_parallel_size"] == 2 and 0 < rows["none-tp2"]["tp_broadcast_share"] < 1
+    assert rows["none"]["tp_broadcast_share"] is None
+    assert [r["text"] for r in rows["none-tp2"]["requests"]] == [r["text"] for r in rows["none"]["requests"]]
+    assert "the step broadcast" in capsys.readouterr().out

@@ -111,6 +111,9 @@ class EngineCore:
     def close(self) -> None:
         self.speculation.close()
         self.guided.close()
+        close_runner = getattr(self.runner, "close", None)  # (tensor parallelism: stops its workers)
+        if close_runner is not None:
+            close_runner()
 
     def step(self) -> list[TokenEvent]:
         """One iteration of the loop; returns the token events it produced."""

@@ -1,0 +1,85 @@
+"""The front's step broadcast to the tensor-parallel workers, and rank 0's answer, in shared memory.
+
+One writer (the front), N readers (the ranks): each step's sequences are flattened into one int64
+buffer (no pickling per step), then every rank's ``go`` semaphore is released. Rank 0 writes the
+step's logits into a shared buffer; every rank then releases ``done`` once (an error message first,
+into ``errors``, when its forward raised).
+
+Payload layout (int64): ``[command, num_seqs, num_tokens, num_table_entries]``, then per sequence
+``[num_tokens, start_pos, num_logit_rows, table_len]``, then every sequence's tokens, then every
+block table.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..model.forward_io import SequenceInput
+
+FORWARD, STOP = 1, 2
+HEADER = 4  #: ints before the per-sequence records
+PER_SEQUENCE = 4
+
+
+class StepChannel:
+    """Shared buffers and semaphores, made by the front and handed to each worker at spawn."""
+
+    def __init__(self, ctx, world: int, capacity: int, logit_rows: int, vocab: int, dtype: torch.dtype):
+        self.world = world
+        self.payload = torch.zeros(capacity, dtype=torch.long).share_memory_()  # [capacity]
+        # [logit_rows, vocab]: rank 0's logits (pages are touched only as rows are written)
+        self.logits = torch.empty(logit_rows, vocab, dtype=dtype).share_memory_()
+        self.go = [ctx.Semaphore(0) for _ in range(world)]
+        self.done = ctx.Semaphore(0)
+        self.errors = ctx.Queue()  #: (rank, message) of a forward that raised or a worker that failed
+        #: [when the last step was posted, the broadcast's total seconds so far (post to rank 0's read,
+        #: wake-up included; perf_counter is one clock across processes on Linux), steps posted]
+        self.clock = torch.zeros(3, dtype=torch.float64).share_memory_()
+
+    # ---- front -------------------------------------------------------------------------------------
+    def post(self, seqs: list[SequenceInput]) -> None:
+        """Write one forward's sequences and wake every rank."""
+        self.clock[0] = time.perf_counter()
+        self.clock[2] += 1
+        records, tokens, tables = [], [], []
+        for s in seqs:
+            records += [len(s.token_ids), s.start_pos, s.num_logit_rows, len(s.block_table)]
+            tokens += s.token_ids
+            tables += s.block_table
+        size = HEADER + len(records) + len(tokens) + len(tables)
+        if size > self.payload.numel():
+            raise ValueError(f"a step of {size} ints exceeds the broadcast buffer ({self.payload.numel()})")
+        flat = torch.tensor([FORWARD, len(seqs), len(tokens), len(tables), *records, *tokens, *tables])
+        self.payload[:size].copy_(flat)
+        self._wake()
+
+    def post_stop(self) -> None:
+        self.payload[0] = STOP
+        self._wake()
+
+    def _wake(self) -> None:
+        for go in self.go:
+            go.release()
+
+    # ---- ranks -------------------------------------------------------------------------------------
+    def read(self) -> list[SequenceInput] | None:
+        """The posted forward's sequences (None: stop)."""
+        head = self.payload[:HEADER].tolist()
+        if head[0] == STOP:
+            return None
+        num_seqs, num_tokens, num_table = head[1:]
+        end = HEADER + PER_SEQUENCE * num_seqs
+        records = self.payload[HEADER:end].view(num_seqs, PER_SEQUENCE).tolist()
+        tokens = self.payload[end : end + num_tokens].tolist()
+        tables = self.payload[end + num_tokens : end + num_tokens + num_table].tolist()
+        seqs, t, b = [], 0, 0
+        for n, start_pos, rows, table_len in records:
+            seqs.append(SequenceInput(tokens[t : t + n], start_pos, tables[b : b + table_len], rows))
+            t, b = t + n, b + table_len
+        return seqs
+
+    def note_read(self) -> None:
+        """(rank 0) the step's sequences are read: the broadcast is over."""
+        self.clock[1] += time.perf_counter() - float(self.clock[0])

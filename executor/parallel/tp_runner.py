@@ -1,0 +1,190 @@
+"""The front's runner under tensor parallelism: the target's forward runs on N worker processes.
+
+`TensorParallelRunner` takes `ModelRunner`'s place in the engine: the scheduler, the block manager, the
+drafters, the grammar masks, sampling and verification stay in the front process, unchanged. Each
+forward posts the step's sequences to every rank through shared memory (`step_channel.py`); the ranks
+run their shards (`sharding.py`) over their own KV caches (same pages, their heads only), all-reducing
+after ``o_proj`` and ``down_proj`` and gathering the logits; rank 0 writes the logits back.
+
+On CPU the group is gloo. A rank that exits, or a step no rank answers within ``timeout_s``, fails
+the forward with an error naming the rank; the runner then stops every worker and refuses every later
+forward with that message (the executor must be rebuilt). `close()` stops and joins the workers; they
+also exit by themselves when the front process is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import sys
+import time
+
+import torch
+import torch.multiprocessing as mp
+
+from ..model.attention_paths import AttentionPaths
+from ..model.forward_io import ForwardOutput, SequenceInput
+from ..model.kv_cache import KVCacheSpec
+from .sharding import check_shardable, shard_model
+from .step_channel import HEADER, PER_SEQUENCE, StepChannel
+from .worker import worker_main
+
+logger = logging.getLogger("specexec")
+POLL_S = 0.05  #: how often the front checks its workers while it waits for a step
+
+
+class TensorParallelError(RuntimeError):
+    """The tensor-parallel workers stopped; the message names the rank."""
+
+
+class TensorParallelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        kv_spec: KVCacheSpec,
+        num_blocks: int,
+        block_size: int,
+        max_num_tokens: int,
+        max_batch_size: int,
+        world: int,
+        timeout_s: float = 300.0,
+    ) -> None:
+        check_shardable(model, world)
+        device = next(model.parameters()).device
+        if device.type != "cpu":
+            raise ValueError(
+                "tensor_parallel_size > 1 runs on CPU (gloo) only; NCCL on CUDA is not built yet"
+            )
+        self.model = model  #: the whole model, as the front's drafters and reports see it
+        self.decoder = None  #: (the front runs no decoder)
+        self.device = device
+        self.world = world
+        self.max_num_tokens = max_num_tokens
+        self.block_size = block_size
+        self.capture_layers: tuple[int, ...] = ()
+        self.graphs = None
+        self.attention_paths = (
+            AttentionPaths()
+        )  #: (each rank measures nothing: its kernels are chosen as it runs)
+        self.timeout_s = timeout_s
+        self.failure: str | None = None
+        vocab = model.config.get_text_config().vocab_size
+        max_pages = num_blocks + 1
+        capacity = HEADER + max_batch_size * (PER_SEQUENCE + max_pages) + max_num_tokens
+        ctx = mp.get_context("spawn")
+        dtype = next(model.parameters()).dtype
+        self.channel = StepChannel(ctx, world, capacity, max_num_tokens, vocab, dtype)
+        rank_spec = KVCacheSpec(
+            kv_spec.num_layers, kv_spec.num_kv_heads // world, kv_spec.head_dim, kv_spec.dtype
+        )
+        threads = max(1, torch.get_num_threads() // world)
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        self._procs = []
+        for rank in range(world):
+            args = (rank, world, init_method, shard_model(model, rank, world), rank_spec, num_blocks,
+                    block_size, max_num_tokens, self.channel, threads, timeout_s)  # fmt: skip
+            proc = ctx.Process(target=worker_main, args=args, daemon=True, name=f"specexec-tp{rank}")
+            with _main_module_hidden():
+                proc.start()  # (the shard's tensors go to the child through shared memory)
+            self._procs.append(proc)
+        self._wait("start-up", timeout_s)
+        logger.info("tensor parallelism: %d ranks (gloo), %d threads each", world, threads)
+
+    # ---- the runner's interface ----------------------------------------------------------------------
+    def capture(self, layers: tuple[int, ...]) -> None:
+        if layers:
+            raise ValueError(
+                "tensor_parallel_size > 1 does not gather hidden states yet (EAGLE-3, capture_hidden_layers)"
+            )
+
+    def forward(self, seqs: list[SequenceInput]) -> ForwardOutput:
+        if self.failure is not None:
+            raise TensorParallelError(self.failure)
+        cu_rows, cu_tokens = [0], [0]
+        for s in seqs:
+            cu_rows.append(cu_rows[-1] + s.num_logit_rows)
+            cu_tokens.append(cu_tokens[-1] + len(s.token_ids))
+        if cu_tokens[-1] > self.max_num_tokens:
+            raise ValueError(f"batch of {cu_tokens[-1]} tokens exceeds max_num_tokens={self.max_num_tokens}")
+        self.channel.post(seqs)
+        self._wait("a forward", self.timeout_s)
+        logits = self.channel.logits[: cu_rows[-1]].clone()  # [rows, vocab]
+        return ForwardOutput(logits, cu_rows, {}, cu_tokens)
+
+    def _wait(self, what: str, timeout_s: float) -> None:
+        """Every rank's ``done``; a rank gone or a deadline passed stops them all."""
+        deadline, remaining = time.monotonic() + timeout_s, self.world
+        while remaining:
+            if self.channel.done.acquire(timeout=POLL_S):
+                remaining -= 1
+                continue
+            dead = [(rank, p.exitcode) for rank, p in enumerate(self._procs) if p.exitcode is not None]
+            if dead:
+                rank, code = dead[0]
+                self._fail(f"tensor-parallel rank {rank} exited (exit code {code}) during {what}")
+            if time.monotonic() > deadline:
+                self._fail(f"tensor-parallel ranks did not answer within {timeout_s:.0f} s during {what}")
+        errors = {}
+        while not self.channel.errors.empty():
+            rank, message = self.channel.errors.get()
+            errors.setdefault(rank, message)
+        if len(errors) == self.world:  # every rank refused the same inputs: they are still in step
+            raise RuntimeError(f"tensor-parallel forward failed: {errors[0]}")
+        if errors:
+            rank = min(errors)
+            self._fail(f"tensor-parallel rank {rank} failed during {what}: {errors[rank]}")
+
+    def _fail(self, message: str) -> None:
+        self.failure = message
+        self._stop(graceful=False)
+        raise TensorParallelError(message)
+
+    # ---- stopping ------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop and join every worker (idempotent)."""
+        self._stop(graceful=self.failure is None)
+
+    def _stop(self, graceful: bool) -> None:
+        if graceful and any(p.is_alive() for p in self._procs):
+            self.channel.post_stop()
+            for p in self._procs:
+                p.join(5)
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+            p.join(5)
+
+    @property
+    def broadcast_seconds(self) -> float:
+        """Seconds the steps so far spent between the front's post and rank 0's read of them."""
+        return float(self.channel.clock[1])
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.channel.clock[2])
+
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+
+@contextlib.contextmanager
+def _main_module_hidden():
+    """Spawn runs the parent's ``__main__`` again in the child (its file or module) before the target,
+    so a script without an ``if __name__ == "__main__"`` guard would build an executor in every worker.
+    The workers need nothing from it: while they start, ``__main__`` names no file and no module."""
+    main = sys.modules["__main__"]
+    saved = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,69 @@
+"""A tensor-parallel worker: joins the process group, holds its shard and its KV cache, and runs one
+forward per posted step, in a tight loop, until told to stop or its parent is gone."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from ..model.kv_cache import KVCache, KVCacheSpec
+from ..model.model_runner import ModelRunner
+from .step_channel import StepChannel
+
+PARENT_CHECK_S = 1.0  #: how often a waiting worker checks that the front is still there
+
+
+def worker_main(
+    rank: int,
+    world: int,
+    init_method: str,
+    shard: torch.nn.Module,
+    kv_spec: KVCacheSpec,
+    num_blocks: int,
+    block_size: int,
+    max_num_tokens: int,
+    channel: StepChannel,
+    threads: int,
+    timeout_s: float,
+) -> None:
+    parent = os.getppid()
+    try:
+        torch.set_num_threads(threads)
+        dist.init_process_group(
+            "gloo",
+            init_method=init_method,
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        runner = ModelRunner(
+            shard, KVCache(kv_spec, num_blocks, block_size, torch.device("cpu")), max_num_tokens
+        )
+    except Exception:
+        channel.errors.put((rank, "start-up failed: " + traceback.format_exc(limit=3)))
+        channel.done.release()
+        return
+    channel.done.release()  # ready
+    go = channel.go[rank]
+    while True:
+        if not go.acquire(timeout=PARENT_CHECK_S):
+            if os.getppid() != parent:  # the front died: nothing will come
+                break
+            continue
+        seqs = channel.read()
+        if seqs is None:
+            break
+        if rank == 0:
+            channel.note_read()
+        try:
+            logits = runner.forward(seqs).logits  # [rows, vocab]
+            if rank == 0:
+                channel.logits[: logits.shape[0]].copy_(logits)
+        except Exception as exc:
+            channel.errors.put((rank, f"{type(exc).__name__}: {exc}"))
+        channel.done.release()
+    dist.destroy_process_group()

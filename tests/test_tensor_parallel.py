@@ -1,0 +1,168 @@
+"""Tensor parallelism on CPU (gloo): the target sharded over worker processes gives the single-process
+tokens (float64 tiny models: Llama, Qwen2 with q/k/v biases, Gemma2's sandwich norms and soft caps),
+without drafts, with NGram, with the draft model and guided; samples at temperature 1 follow the
+target's distribution; a size that does not divide the heads is refused naming them; a killed worker
+fails the requests in flight naming its rank, and no worker outlives the executor."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from specexec import Executor, Request, SamplingParams
+from specexec.executor.parallel.tp_runner import TensorParallelError
+from test_speculative_identity import SELF_DRAFT_SPEC, assert_all_pages_free, make_config
+from tiny_models import make_prompts, make_tiny_model
+
+NGRAM = {"decoding_type": "NGram", "max_draft_len": 3}
+PROMPTS = make_prompts(4, [9, 23, 5, 40], seed=7) + [[5, 6, 7] * 8]
+
+
+def generate(arch: str, tp: int, spec=None, **overrides) -> list[list[int]]:
+    _, model = make_tiny_model(arch)
+    config = make_config(speculative_config=spec, tensor_parallel_size=tp, max_num_tokens=32, **overrides)
+    with Executor(model, config) as executor:
+        outputs = executor.run([Request(p, SamplingParams(max_tokens=10, ignore_eos=True)) for p in PROMPTS])
+        assert all(o.error is None for o in outputs), [o.error for o in outputs]
+        assert_all_pages_free(executor)
+        if spec is not None:
+            assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
+    return [o.token_ids for o in outputs]
+
+
+def no_workers_left(pids: list[int]) -> bool:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2", "gemma3"])
+def test_two_ranks_give_the_single_process_tokens(arch):
+    assert generate(arch, 2) == generate(arch, 1)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "self-draft"])
+def test_drafters_in_the_front_give_the_same_tokens_under_two_ranks(drafter):
+    spec = {"ngram": NGRAM, "self-draft": SELF_DRAFT_SPEC}[drafter]
+    assert generate("llama", 2, spec) == generate("llama", 1, spec)
+
+
+def test_guided_requests_under_two_ranks_equal_one():
+    from test_guided_decoding import make_executor, make_requests
+
+    texts = {}
+    for tp in (1, 2):
+        with make_executor(NGRAM, tensor_parallel_size=tp, device="cpu") as executor:
+            outputs = executor.run(make_requests(3, max_tokens=40))
+            assert all(o.error is None for o in outputs)
+            texts[tp] = [o.text for o in outputs]
+    assert texts[2] == texts[1]
+
+
+def test_samples_at_temperature_one_follow_the_targets_distribution_under_two_ranks():
+    from collections import Counter
+
+    from test_speculative_distribution import (
+        MAX_TOKENS,
+        NUM_SAMPLES,
+        PROMPT,
+        adjusted_distribution,
+        chi_square_p_value,
+        make_target,
+    )
+    from test_speculative_distribution import make_config as make_distribution_config
+
+    _, model = make_target()
+    spec = {"decoding_type": "NGram", "max_draft_len": 2}
+    config = make_distribution_config(speculative_config=spec, tensor_parallel_size=2)
+    with Executor(model, config) as executor:
+        params = [SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=i) for i in range(NUM_SAMPLES)]
+        outputs = executor.run([Request(PROMPT, p) for p in params])
+        assert executor.speculation.stats.num_draft_tokens > 0
+    counts = Counter(tuple(o.token_ids) for o in outputs)
+    p_value, cells = chi_square_p_value(counts, adjusted_distribution(lambda row, seen, out: row))
+    assert cells > 10 and p_value > 1e-3, (p_value, cells)
+
+
+def test_a_size_that_does_not_divide_the_heads_is_refused_naming_them():
+    _, model = make_tiny_model("llama")  # 4 heads, 2 KV heads
+    with pytest.raises(ValueError, match="does not divide this model .*4 attention heads, 2 KV heads"):
+        Executor(model, make_config(tensor_parallel_size=3))
+
+
+def test_options_not_built_under_tensor_parallelism_are_refused_before_loading():
+    for overrides, words in (
+        ({"capture_hidden_layers": [1]}, "capture_hidden_layers"),
+        ({"quantization": "int8"}, "quantized"),
+        ({"speculative_config": {"decoding_type": "Eagle", "max_draft_len": 2}}, "EAGLE-3"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            Executor(None, make_config(tensor_parallel_size=2, **overrides))
+
+
+def test_a_killed_worker_fails_the_requests_in_flight_naming_its_rank_and_leaves_no_process():
+    _, model = make_tiny_model("llama")
+    executor = Executor(model, make_config(tensor_parallel_size=2, tensor_parallel_timeout_s=20))
+    pids = executor.core.runner.worker_pids()
+    for i, p in enumerate(PROMPTS):
+        executor.add_request(Request(p, SamplingParams(max_tokens=30, ignore_eos=True), request_id=f"r{i}"))
+    executor.step()
+    os.kill(pids[1], signal.SIGKILL)
+    start, finished = time.monotonic(), {}
+    while executor.core.has_unfinished():
+        for event in executor.step():
+            if event.finished:
+                finished[event.request_id] = event.output
+    assert time.monotonic() - start < 20
+    assert len(finished) == len(PROMPTS)
+    for output in finished.values():
+        assert output.error is not None and "rank 1" in output.error, output.error
+    assert_all_pages_free(executor)
+    (later,) = executor.run([Request([1, 2, 3], SamplingParams(max_tokens=2))])
+    assert later.error is not None and "rank 1" in later.error, "a later request is refused with the cause"
+    executor.close()
+    assert no_workers_left(pids)
+    with pytest.raises(TensorParallelError, match="rank 1"):
+        executor.core.runner.forward([])
+
+
+def test_close_stops_every_worker():
+    _, model = make_tiny_model("llama")
+    executor = Executor(model, make_config(tensor_parallel_size=2))
+    pids = executor.core.runner.worker_pids()
+    executor.run([Request([1, 2, 3], SamplingParams(max_tokens=2))])
+    executor.close()
+    assert no_workers_left(pids)
+
+
+@pytest.mark.slow
+def test_smollm2_in_float32_at_three_ranks_gives_the_single_process_tokens():
+    """SmolLM2-135M (9 heads, 3 KV heads: 3 ranks divide it, 2 do not) on real prompts, greedy."""
+    from specexec.executor.model.model_loader import load_model
+    from specexec.prompt_sets.datasets import load_dataset
+
+    loaded = load_model(None, dtype="float32", progress=False)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    prompts = [p.messages for p in load_dataset("specbench", 4)]
+    tokens = {}
+    for tp in (1, 3):
+        config = make_config(tensor_parallel_size=tp, dtype="float32", max_num_tokens=256, num_kv_blocks=64)
+        with Executor(model, config, tokenizer=tokenizer) as executor:
+            outputs = executor.run([Request(m, SamplingParams(max_tokens=24)) for m in prompts])
+            assert all(o.error is None for o in outputs), [o.error for o in outputs]
+            tokens[tp] = [o.token_ids for o in outputs]
+    assert tokens[3] == tokens[1]
+    with pytest.raises(ValueError, match="9 attention heads, 3 KV heads"):
+        Executor(model, make_config(tensor_parallel_size=2, dtype="float32"))
