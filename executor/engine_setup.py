@@ -64,16 +64,6 @@ def check_before_loading(model, config: ExecutorConfig, drafter, plugins) -> Non
 def _check_tensor_parallel_options(config: ExecutorConfig) -> None:
     """What tensor parallelism does not run yet, refused before anything loads."""
     size = config.tensor_parallel_size
-    spec = config.speculative_config
-    if spec is not None and spec.decoding_type.lower() in ("eagle", "eagle3"):
-        raise ValueError(
-            f"tensor_parallel_size {size}: EAGLE-3 needs the target's hidden states, which the ranks do "
-            "not gather yet; use NGram, DraftTarget or a drafter of your own"
-        )
-    if config.capture_hidden_layers:
-        raise ValueError(
-            f"tensor_parallel_size {size}: capture_hidden_layers is not gathered from the ranks yet"
-        )
     if config.quantization:
         raise ValueError(f"tensor_parallel_size {size}: quantized weights are not sharded yet (dense only)")
     if config.device not in ("auto", "cpu") or (config.device == "auto" and torch.cuda.is_available()):
@@ -135,6 +125,7 @@ def build_engine_core(
             config.tensor_parallel_timeout_s,
         )
         try:
+            runner.capture(tuple(config.capture_hidden_layers))
             return _assemble(model, tokenizer, config, drafter, plugins, runner, block_manager, extra)
         except BaseException:
             runner.close()  # no worker outlives a failed set-up

@@ -11,7 +11,9 @@ import signal
 import time
 
 import pytest
+import torch
 from specexec import Executor, Request, SamplingParams
+from specexec.executor.model.forward_io import SequenceInput
 from specexec.executor.parallel.tp_runner import TensorParallelError
 from test_speculative_identity import SELF_DRAFT_SPEC, assert_all_pages_free, make_config
 from tiny_models import make_prompts, make_tiny_model
@@ -32,20 +34,22 @@ def generate(arch: str, tp: int, spec=None, **overrides) -> list[list[int]]:
     return [o.token_ids for o in outputs]
 
 
+def running(pid: int) -> bool:
+    """Whether the process exists and has not exited (a zombie waiting to be reaped has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def no_workers_left(pids: list[int]) -> bool:
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        alive = []
-        for pid in pids:
-            try:
-                os.kill(pid, 0)
-                alive.append(pid)
-            except ProcessLookupError:
-                pass
-        if not alive:
-            return True
+    while any(running(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.05)
-    return False
+    return True
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2", "gemma3"])
@@ -74,25 +78,21 @@ def test_guided_requests_under_two_ranks_equal_one():
 def test_samples_at_temperature_one_follow_the_targets_distribution_under_two_ranks():
     from collections import Counter
 
-    from test_speculative_distribution import (
-        MAX_TOKENS,
-        NUM_SAMPLES,
-        PROMPT,
-        adjusted_distribution,
-        chi_square_p_value,
-        make_target,
-    )
-    from test_speculative_distribution import make_config as make_distribution_config
+    import test_speculative_distribution as distribution
 
-    _, model = make_target()
+    _, model = distribution.make_target()
     spec = {"decoding_type": "NGram", "max_draft_len": 2}
-    config = make_distribution_config(speculative_config=spec, tensor_parallel_size=2)
+    config = distribution.make_config(speculative_config=spec, tensor_parallel_size=2)
     with Executor(model, config) as executor:
-        params = [SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=i) for i in range(NUM_SAMPLES)]
-        outputs = executor.run([Request(PROMPT, p) for p in params])
+        params = [
+            SamplingParams(max_tokens=distribution.MAX_TOKENS, temperature=1.0, seed=i)
+            for i in range(distribution.NUM_SAMPLES)
+        ]
+        outputs = executor.run([Request(distribution.PROMPT, p) for p in params])
         assert executor.speculation.stats.num_draft_tokens > 0
     counts = Counter(tuple(o.token_ids) for o in outputs)
-    p_value, cells = chi_square_p_value(counts, adjusted_distribution(lambda row, seen, out: row))
+    target = distribution.adjusted_distribution(lambda row, seen, out: row)
+    p_value, cells = distribution.chi_square_p_value(counts, target)
     assert cells > 10 and p_value > 1e-3, (p_value, cells)
 
 
@@ -103,13 +103,29 @@ def test_a_size_that_does_not_divide_the_heads_is_refused_naming_them():
 
 
 def test_options_not_built_under_tensor_parallelism_are_refused_before_loading():
-    for overrides, words in (
-        ({"capture_hidden_layers": [1]}, "capture_hidden_layers"),
-        ({"quantization": "int8"}, "quantized"),
-        ({"speculative_config": {"decoding_type": "Eagle", "max_draft_len": 2}}, "EAGLE-3"),
-    ):
-        with pytest.raises(ValueError, match=words):
-            Executor(None, make_config(tensor_parallel_size=2, **overrides))
+    with pytest.raises(ValueError, match="quantized weights are not sharded"):
+        Executor(None, make_config(tensor_parallel_size=2, quantization="int8"))
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        make_config(tensor_parallel_size=0)
+
+
+def test_eagle3_and_captured_hidden_states_come_back_from_rank_0(tmp_path):
+    """The residual stream is whole on every rank after each layer's all-reduce: rank 0 sends the
+    captured layers back, so EAGLE-3 drafts in the front as in one process."""
+    from test_eagle3 import eagle_spec, make_head_dir
+
+    make_head_dir(tmp_path)
+    assert generate("llama", 2, eagle_spec(tmp_path)) == generate("llama", 1, eagle_spec(tmp_path))
+    hidden = {}
+    for tp in (1, 2):
+        _, model = make_tiny_model("llama")
+        config = make_config(tensor_parallel_size=tp, capture_hidden_layers=[0, 1, 2])
+        with Executor(model, config) as executor:
+            seq = SequenceInput(PROMPTS[1], 0, list(range(6)), 1)
+            hidden[tp] = executor.core.runner.forward([seq]).hidden_states
+    assert set(hidden[2]) == {0, 1, 2}
+    for layer in (0, 1, 2):
+        torch.testing.assert_close(hidden[2][layer], hidden[1][layer])
 
 
 def test_a_killed_worker_fails_the_requests_in_flight_naming_its_rank_and_leaves_no_process():
@@ -166,3 +182,33 @@ def test_smollm2_in_float32_at_three_ranks_gives_the_single_process_tokens():
     assert tokens[3] == tokens[1]
     with pytest.raises(ValueError, match="9 attention heads, 3 KV heads"):
         Executor(model, make_config(tensor_parallel_size=2, dtype="float32"))
+
+
+def test_workers_exit_when_the_front_process_is_killed(tmp_path):
+    """A front killed with SIGKILL (no close, no atexit) leaves no worker behind: each notices its
+    parent is gone within a second."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "front.py"
+    script.write_text(
+        "import sys, time\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from specexec import Executor\n"
+        "from test_speculative_identity import make_config\n"
+        "from tiny_models import make_tiny_model\n"
+        "_, model = make_tiny_model('llama')\n"
+        "executor = Executor(model, make_config(tensor_parallel_size=2))\n"
+        "print(*executor.core.runner.worker_pids(), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    front = subprocess.Popen([sys.executable, str(script), tests_dir], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in front.stdout.readline().split()]
+        assert len(pids) == 2
+    finally:
+        front.kill()
+        front.wait()
+        front.stdout.close()
+    assert no_workers_left(pids)

@@ -6,6 +6,8 @@
 - gate/up (one fused ``gate_up_proj``): column-parallel over the intermediate size; ``down_proj``:
   row-parallel, one all-reduce.
 - The LM head: vocabulary-parallel, the logits all-gathered (`VocabParallelHead`).
+- The collectives go through shared memory on one machine (`shm_collectives.py`: 59 us against gloo's
+  2.9 ms for a hidden vector among 3 ranks on 2 cores).
 - The embedding, the norms and the rotary tables are replicated; each rank's KV cache holds its heads.
 
 A size that does not divide the heads, the KV heads and the intermediate size is refused, naming them
@@ -54,15 +56,19 @@ def check_shardable(model: nn.Module, world: int) -> None:
 
 
 class RowParallelLinear(nn.Module):
-    """``x [T, in/N] -> [T, out]``: this rank's columns of the weight, summed over the ranks."""
+    """``x [T, in/N] -> [T, out]``: this rank's columns of the weight, summed over the ranks (through
+    ``comm``, `shm_collectives.ShmCollectives`, or torch.distributed's group when it is None)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, comm=None) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)  # [out, in / N]
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)  # [out] (rank 0)
+        self.comm = comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(x, self.weight, self.bias)  # [T, out], this rank's part
+        if self.comm is not None:
+            return self.comm.all_reduce(out)
         dist.all_reduce(out)
         return out
 
@@ -70,14 +76,17 @@ class RowParallelLinear(nn.Module):
 class VocabParallelHead(nn.Module):
     """``x [R, hidden] -> [R, vocab]``: this rank's rows of the LM head, the ranks' logits gathered."""
 
-    def __init__(self, weight: torch.Tensor, vocab_size: int, world: int) -> None:
+    def __init__(self, weight: torch.Tensor, vocab_size: int, world: int, comm=None) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)  # [vocab / N (padded), hidden]
         self.vocab_size = vocab_size
         self.world = world
+        self.comm = comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         local = F.linear(x, self.weight).contiguous()  # [R, vocab / N]
+        if self.comm is not None:
+            return self.comm.all_gather(local)[:, : self.vocab_size]  # [R, vocab]
         parts = [torch.empty_like(local) for _ in range(self.world)]
         dist.all_gather(parts, local)
         return torch.cat(parts, dim=-1)[:, : self.vocab_size]  # [R, vocab]
@@ -88,9 +97,9 @@ def _rows(weight: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def shard_model(model: nn.Module, rank: int, world: int) -> nn.Module:
-    """A copy of ``model`` holding rank ``rank``'s slices of every sharded layer (see the module doc);
-    ``check_shardable`` first."""
+def shard_model(model: nn.Module, rank: int, world: int, comm=None) -> nn.Module:
+    """A copy of ``model`` holding rank ``rank``'s slices of every sharded layer (see the module doc),
+    its collectives through ``comm`` (None: torch.distributed's group); ``check_shardable`` first."""
     shard = copy.deepcopy(model)
     for layer in shard.model.layers:
         spec = layer.spec
@@ -102,12 +111,12 @@ def shard_model(model: nn.Module, rank: int, world: int) -> nn.Module:
             (q_size + kv_size + rank * kv * d, q_size + kv_size + (rank + 1) * kv * d),
         ]
         layer.qkv_proj = _column_linear(layer.qkv_proj, qkv)
-        layer.o_proj = _row_linear(layer.o_proj, rank * heads * d, (rank + 1) * heads * d, rank)
+        layer.o_proj = _row_linear(layer.o_proj, rank * heads * d, (rank + 1) * heads * d, rank, comm)
         inter = layer.down_proj.in_features
         part = inter // world
         gate_up = [(rank * part, (rank + 1) * part), (inter + rank * part, inter + (rank + 1) * part)]
         layer.gate_up_proj = _column_linear(layer.gate_up_proj, gate_up)
-        layer.down_proj = _row_linear(layer.down_proj, rank * part, (rank + 1) * part, rank)
+        layer.down_proj = _row_linear(layer.down_proj, rank * part, (rank + 1) * part, rank, comm)
         layer.spec = replace(spec, num_heads=heads, num_kv_heads=kv)
         layer._split = (heads * d, kv * d)
     head = shard.lm_head.weight  # [vocab, hidden]
@@ -116,7 +125,7 @@ def shard_model(model: nn.Module, rank: int, world: int) -> nn.Module:
     rows = head[rank * per_rank : (rank + 1) * per_rank]
     if rows.shape[0] < per_rank:  # the last rank's rows padded with zeros (their logits are cut off)
         rows = torch.cat([rows, rows.new_zeros(per_rank - rows.shape[0], rows.shape[1])])
-    shard.lm_head = VocabParallelHead(rows.contiguous(), vocab, world)
+    shard.lm_head = VocabParallelHead(rows.contiguous(), vocab, world, comm)
     return shard
 
 
@@ -129,6 +138,6 @@ def _column_linear(linear: nn.Linear, ranges: list[tuple[int, int]]) -> nn.Linea
     return out
 
 
-def _row_linear(linear: nn.Linear, start: int, stop: int, rank: int) -> RowParallelLinear:
+def _row_linear(linear: nn.Linear, start: int, stop: int, rank: int, comm) -> RowParallelLinear:
     bias = linear.bias.clone() if linear.bias is not None and rank == 0 else None
-    return RowParallelLinear(linear.weight[:, start:stop].contiguous(), bias)
+    return RowParallelLinear(linear.weight[:, start:stop].contiguous(), bias, comm)

