@@ -284,7 +284,9 @@ def test_metrics_parse_and_count_the_requests_sent():
     assert samples[("specexec:num_requests_running", ())] == 0
 
 
-def test_sigterm_stops_taking_requests_finishes_the_running_one_and_exits(tmp_path):
+@pytest.mark.parametrize("ranks", [1, 2], ids=["one-process", "tensor-parallel-2"])
+def test_sigterm_stops_taking_requests_finishes_the_running_one_and_exits(tmp_path, ranks):
+    """... and with tensor parallelism, leaves none of its worker processes behind."""
     import signal
     import subprocess
     import sys
@@ -306,6 +308,8 @@ def test_sigterm_stops_taking_requests_finishes_the_running_one_and_exits(tmp_pa
         "float32",
         "--port",
         str(port),
+        "--tensor-parallel-size",
+        str(ranks),
     ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
@@ -318,6 +322,10 @@ def test_sigterm_stops_taking_requests_finishes_the_running_one_and_exits(tmp_pa
                     break
             assert time.monotonic() < deadline, "the server did not come up"
             time.sleep(0.2)
+        with open(f"/proc/{process.pid}/task/{process.pid}/children") as f:
+            children = [int(pid) for pid in f.read().split()]
+        if ranks > 1:
+            assert len(children) >= ranks, children  # its workers (and multiprocessing's tracker)
         body = {"model": "tiny", "prompt": "w1 w2 w3", "max_tokens": 60, "temperature": 0, "stream": True}
         with (
             httpx.Client(timeout=60) as http,
@@ -332,6 +340,9 @@ def test_sigterm_stops_taking_requests_finishes_the_running_one_and_exits(tmp_pa
         assert process.wait(60) == 0
         with pytest.raises(httpx.TransportError):
             httpx.get(f"{base}/health")
+        from test_tensor_parallel import no_workers_left
+
+        assert no_workers_left(children), "a worker outlived the server"
     finally:
         if process.poll() is None:
             process.kill()
