@@ -38,7 +38,7 @@ from .model.decoder.convert import resolve_model_impl
 from .model.graph_shapes import GraphShapes
 from .model.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from .model.model_runner import ModelRunner
-from .parallel.tp_runner import TensorParallelRunner
+from .parallel.tp_runner import TensorParallelRunner, refuse_unbuilt_options
 
 logger = logging.getLogger("specexec")
 
@@ -51,7 +51,7 @@ def check_before_loading(model, config: ExecutorConfig, drafter, plugins) -> Non
     if config.speculative_config is not None and drafter is None:
         check_drafter_options(config.speculative_config, plugins)
     if config.tensor_parallel_size > 1:
-        _check_tensor_parallel_options(config)
+        refuse_unbuilt_options(config)
     if config.max_model_len is not None:
         limit = _model_position_limit(model, config)
         if limit is not None and config.max_model_len > limit:
@@ -59,17 +59,6 @@ def check_before_loading(model, config: ExecutorConfig, drafter, plugins) -> Non
                 f"config key 'max_model_len': got {config.max_model_len}; allowed: at most {limit}, "
                 "the model's max_position_embeddings"
             )
-
-
-def _check_tensor_parallel_options(config: ExecutorConfig) -> None:
-    """What tensor parallelism does not run yet, refused before anything loads."""
-    size = config.tensor_parallel_size
-    if config.quantization:
-        raise ValueError(f"tensor_parallel_size {size}: quantized weights are not sharded yet (dense only)")
-    if config.device not in ("auto", "cpu") or (config.device == "auto" and torch.cuda.is_available()):
-        raise ValueError(
-            f"tensor_parallel_size {size} runs on CPU (gloo) only; set device: cpu (NCCL is not built yet)"
-        )
 
 
 def _model_position_limit(model, config: ExecutorConfig) -> int | None:
@@ -114,16 +103,7 @@ def build_engine_core(
     block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
     text_config = model.config.get_text_config()
     if config.tensor_parallel_size > 1:
-        runner = TensorParallelRunner(
-            model,
-            spec,
-            num_blocks,
-            config.block_size,
-            config.max_num_tokens,
-            config.max_batch_size,
-            config.tensor_parallel_size,
-            config.tensor_parallel_timeout_s,
-        )
+        runner = TensorParallelRunner.for_config(model, spec, num_blocks, config)
         try:
             runner.capture(tuple(config.capture_hidden_layers))
             return _assemble(model, tokenizer, config, drafter, plugins, runner, block_manager, extra)

@@ -152,7 +152,7 @@ def test_ctrl_c_keeps_what_was_measured(tiny_dir, tmp_path, monkeypatch):
 
 
 def test_guided_schema_validity_is_the_executors_verdict_and_a_refused_request_counts_invalid():
-    from specexec.bench.engines.specexec_hf import _record
+    from specexec.bench.engines.specexec_hf import record_of
     from specexec.executor.engine.request import FinishReason, RequestOutput
     from specexec.prompt_sets.datasets import BenchPrompt
 
@@ -163,11 +163,11 @@ def test_guided_schema_validity_is_the_executors_verdict_and_a_refused_request_c
             "r", text, [1], reason, guided_valid=valid, error="no" if valid is None else None
         )
 
-    assert _record(prompt, output(FinishReason.STOP, True), guided=True).schema_valid is True
-    assert _record(prompt, output(FinishReason.LENGTH, False, '{"a'), guided=True).schema_valid is False
+    assert record_of(prompt, output(FinishReason.STOP, True), guided=True).schema_valid is True
+    assert record_of(prompt, output(FinishReason.LENGTH, False, '{"a'), guided=True).schema_valid is False
     refused = output(FinishReason.ERROR, None, "")  # e.g. a keyword guided decoding cannot enforce
-    assert _record(prompt, refused, guided=True).schema_valid is False
-    assert _record(prompt, output(FinishReason.STOP, None), guided=False).schema_valid is True  # its text
+    assert record_of(prompt, refused, guided=True).schema_valid is False
+    assert record_of(prompt, output(FinishReason.STOP, None), guided=False).schema_valid is True  # its text
 
 
 def test_a_bad_drafter_option_in_a_bench_config_fails_before_any_model_loads(

@@ -57,6 +57,22 @@ def test_two_ranks_give_the_single_process_tokens(arch):
     assert generate(arch, 2) == generate(arch, 1)
 
 
+def test_prefix_caching_under_two_ranks_reuses_pages_and_keeps_the_tokens():
+    """The front's block manager shares pages by number; every rank's cache holds its heads of them."""
+    shared = PROMPTS[3] + [9, 8, 7]
+    tokens = {}
+    for tp in (1, 2):
+        _, model = make_tiny_model("llama")
+        config = make_config(tensor_parallel_size=tp, enable_prefix_caching=True, max_num_tokens=32)
+        with Executor(model, config) as executor:
+            first = executor.run([Request(PROMPTS[3], SamplingParams(max_tokens=6, ignore_eos=True))])
+            second = executor.run([Request(shared, SamplingParams(max_tokens=6, ignore_eos=True))])
+            assert second[0].metrics.num_cached_tokens >= 36
+            assert_all_pages_free(executor)
+            tokens[tp] = [first[0].token_ids, second[0].token_ids]
+    assert tokens[2] == tokens[1]
+
+
 @pytest.mark.parametrize("drafter", ["ngram", "self-draft"])
 def test_drafters_in_the_front_give_the_same_tokens_under_two_ranks(drafter):
     spec = {"ngram": NGRAM, "self-draft": SELF_DRAFT_SPEC}[drafter]

@@ -49,8 +49,8 @@ class ShmCollectives:
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """``x [R, C]`` of every rank side by side: ``[R, world * C]``."""
         slots = self._exchange(x)  # [world, R * C]
-        rows = x.shape[0]
-        return slots.view(self.world, rows, -1).permute(1, 0, 2).reshape(rows, -1)
+        rows, cols = x.shape
+        return slots.view(self.world, rows, cols).permute(1, 0, 2).reshape(rows, self.world * cols)
 
     def _exchange(self, x: torch.Tensor) -> torch.Tensor:
         if self.rank < 0:

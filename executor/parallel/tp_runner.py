@@ -103,6 +103,20 @@ class TensorParallelRunner:
             self.comm.unlink()
         logger.info("tensor parallelism: %d ranks (gloo), %d threads each", world, threads)
 
+    @classmethod
+    def for_config(cls, model, kv_spec: KVCacheSpec, num_blocks: int, config) -> TensorParallelRunner:
+        """The runner of an `ExecutorConfig` with ``tensor_parallel_size`` > 1."""
+        return cls(
+            model,
+            kv_spec,
+            num_blocks,
+            config.block_size,
+            config.max_num_tokens,
+            config.max_batch_size,
+            config.tensor_parallel_size,
+            config.tensor_parallel_timeout_s,
+        )
+
     # ---- the runner's interface ----------------------------------------------------------------------
     def capture(self, layers: tuple[int, ...]) -> None:
         """Record these hidden-state indices in every forward from now on (rank 0 sends them back)."""
@@ -187,6 +201,17 @@ class TensorParallelRunner:
 
     def worker_pids(self) -> list[int]:
         return [p.pid for p in self._procs]
+
+
+def refuse_unbuilt_options(config) -> None:
+    """What tensor parallelism does not run yet, refused (ValueError) before anything loads."""
+    size = config.tensor_parallel_size
+    if config.quantization:
+        raise ValueError(f"tensor_parallel_size {size}: quantized weights are not sharded yet (dense only)")
+    if config.device not in ("auto", "cpu") or (config.device == "auto" and torch.cuda.is_available()):
+        raise ValueError(
+            f"tensor_parallel_size {size} runs on CPU (gloo) only; set device: cpu (NCCL is not built yet)"
+        )
 
 
 def _stop_workers(procs: list, channel: StepChannel, graceful: bool) -> None:
