@@ -4,9 +4,10 @@
 drafters, the grammar masks, sampling and verification stay in the front process, unchanged. Each
 forward posts the step's sequences to every rank through shared memory (`step_channel.py`); the ranks
 run their shards (`sharding.py`) over their own KV caches (same pages, their heads only), all-reducing
-after ``o_proj`` and ``down_proj`` and gathering the logits; rank 0 writes the logits back.
+after ``o_proj`` and ``down_proj`` and gathering the logits through shared memory
+(`shm_collectives.py`); rank 0 writes the logits (and any captured hidden states) back.
 
-On CPU the group is gloo. A rank that exits, or a step no rank answers within ``timeout_s``, fails
+The ranks also join a gloo group (torch.distributed). A rank that exits, or a step no rank answers within ``timeout_s``, fails
 the forward with an error naming the rank; the runner then stops every worker and refuses every later
 forward with that message (the executor must be rebuilt). `close()` stops and joins the workers; they
 also exit by themselves when the front process is gone.
@@ -67,9 +68,8 @@ class TensorParallelRunner:
         self.block_size = block_size
         self.capture_layers: tuple[int, ...] = ()
         self.graphs = None
-        self.attention_paths = (
-            AttentionPaths()
-        )  #: (each rank measures nothing: its kernels are chosen as it runs)
+        #: (the ranks measure nothing at start-up: each group's kernel is chosen as it runs)
+        self.attention_paths = AttentionPaths()
         self.timeout_s = timeout_s
         self.failure: str | None = None
         text_config = model.config.get_text_config()
@@ -85,15 +85,10 @@ class TensorParallelRunner:
             kv_spec.num_layers, kv_spec.num_kv_heads // world, kv_spec.head_dim, kv_spec.dtype
         )
         threads = max(1, torch.get_num_threads() // world)
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
-        self._procs = []
-        for rank in range(world):
-            args = (rank, world, init_method, shard_model(model, rank, world, self.comm), rank_spec,
-                    num_blocks, block_size, max_num_tokens, self.channel, self.comm, threads, timeout_s)  # fmt: skip
-            proc = ctx.Process(target=worker_main, args=args, daemon=True, name=f"specexec-tp{rank}")
-            with _main_module_hidden():
-                proc.start()  # (the shard's tensors go to the child through shared memory)
-            self._procs.append(proc)
+        self._procs = [
+            self._start_rank(ctx, rank, model, (rank_spec, num_blocks, block_size, max_num_tokens), threads)
+            for rank in range(world)
+        ]
         # an executor dropped without close(): its workers stop when it is collected
         self._finalizer = weakref.finalize(self, _stop_workers, self._procs, self.channel, True)
         try:
@@ -101,7 +96,28 @@ class TensorParallelRunner:
         finally:  # every rank has mapped the shared files (or failed): none is left behind on disk
             self.channel.unlink()
             self.comm.unlink()
-        logger.info("tensor parallelism: %d ranks (gloo), %d threads each", world, threads)
+        logger.info("tensor parallelism: %d ranks, %d threads each", world, threads)
+
+    def _start_rank(self, ctx, rank: int, model, cache: tuple, threads: int):
+        """Spawn rank ``rank`` with its shard (its tensors go through shared memory, not a copy)."""
+        if rank == 0:
+            self._init_method = f"tcp://127.0.0.1:{_free_port()}"
+        shard = shard_model(model, rank, self.world, self.comm)
+        args = (
+            rank,
+            self.world,
+            self._init_method,
+            shard,
+            *cache,
+            self.channel,
+            self.comm,
+            threads,
+            self.timeout_s,
+        )
+        proc = ctx.Process(target=worker_main, args=args, daemon=True, name=f"specexec-tp{rank}")
+        with _main_module_hidden():
+            proc.start()
+        return proc
 
     @classmethod
     def for_config(cls, model, kv_spec: KVCacheSpec, num_blocks: int, config) -> TensorParallelRunner:
@@ -158,7 +174,7 @@ class TensorParallelRunner:
                 flagged_at = time.monotonic()
             if flagged_at is not None and time.monotonic() - flagged_at > FAILED_GRACE_S:
                 # a rank failed and another still waits for it in a collective: it would wait out
-                # gloo's timeout
+                # the collectives' timeout
                 said = self.channel.take_errors()
                 rank = min(said) if said else 0
                 self._fail(f"tensor-parallel rank {rank} failed during {what}: {said.get(rank, '?')}")
