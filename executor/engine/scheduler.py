@@ -145,12 +145,17 @@ class Scheduler:
         computing it again."""
         if not self.reuses_prefixes or request.num_computed_tokens or request.prompt_logprobs:
             return False
-        end = (num_cached_pages + 1) * self.block_manager.block_size
+        bs = self.block_manager.block_size
+        end = (num_cached_pages + 1) * bs
         if end > request.num_tokens - 1:  # no full page left to share (its last token is computed)
             return False
-        prefix = request.token_ids[:end]
+        tokens = request.token_ids
+        page = tokens[end - bs : end]
         return any(
-            other.num_computed_tokens < end and other.token_ids[:end] == prefix for other in self.running
+            other.num_computed_tokens < end
+            and other.token_ids[end - bs : end] == page  # (cheap first: most differ here)
+            and other.token_ids[: end - bs] == tokens[: end - bs]
+            for other in self.running
         )
 
     def preempt(self, request: RequestState) -> None:
