@@ -1,11 +1,11 @@
 """Clients people put in front of an OpenAI-compatible server, unchanged, against a real `specexec serve`
 on loopback (the tiny model with SmolLM2's tokenizer, 1,024 positions, prefix caching on as `serve` has
-it): langchain-openai's ``bind_tools`` and ``with_structured_output`` (function calling, JSON mode and
+it): the `openai` client's ``chat.completions.parse``, langchain-openai's ``bind_tools`` and ``with_structured_output`` (function calling, JSON mode and
 JSON schema), instructor in its TOOLS and JSON_SCHEMA modes, litellm's chat and tool calls, and
 lm-evaluation-harness's ``local-completions`` on a bundled log-likelihood task and a generate_until task
 (local JSONL; nothing from the hub), and guidellm's default streamed load. Each runs with NGram drafts
 and without (guidellm samples: with drafts only); greedy, the answers are the same. The `openai`
-client's own calls are in `test_server.py`.
+client's other calls are in `test_server.py`.
 
 The dev extra installs every client; a missing one fails here (no skip).
 """
@@ -51,6 +51,7 @@ def client_answers(spec) -> dict:
     """Every client's greedy answers from one server, with what each returned checked on the way."""
     with served_engine(long_context_executor(spec)) as (base, engine, stack):
         answers = {
+            "openai": openai_parse_answer(base, stack),
             "langchain": langchain_answers(base),
             "instructor": instructor_answers(base, stack),
             "litellm": litellm_answers(base),
@@ -60,8 +61,23 @@ def client_answers(spec) -> dict:
     return answers
 
 
-def test_langchain_instructor_and_litellm_give_valid_answers_the_same_with_drafts():
+def test_openai_parse_langchain_instructor_and_litellm_give_valid_answers_the_same_with_drafts():
     assert client_answers(NGRAM) == client_answers(None)
+
+
+def openai_parse_answer(base: str, stack) -> dict:
+    """The `openai` client's ``chat.completions.parse`` with a Pydantic model (a strict json_schema)."""
+    api = stack.enter_context(openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0))
+    completion = api.chat.completions.parse(
+        model="tiny",
+        messages=[{"role": "user", "content": QUESTION}],
+        response_format=Weather,
+        temperature=0,
+        max_tokens=200,
+    )
+    parsed = completion.choices[0].message.parsed
+    assert isinstance(parsed, Weather)
+    return parsed.model_dump()
 
 
 def langchain_answers(base: str) -> list:
