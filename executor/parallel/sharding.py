@@ -20,7 +20,6 @@ import copy
 from dataclasses import replace
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -56,40 +55,31 @@ def check_shardable(model: nn.Module, world: int) -> None:
 
 
 class RowParallelLinear(nn.Module):
-    """``x [T, in/N] -> [T, out]``: this rank's columns of the weight, summed over the ranks (through
-    ``comm``, `shm_collectives.ShmCollectives`, or torch.distributed's group when it is None)."""
+    """``x [T, in/N] -> [T, out]``: this rank's columns of the weight, summed over the ranks through
+    ``comm`` (`shm_collectives.ShmCollectives`)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, comm=None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, comm) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)  # [out, in / N]
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)  # [out] (rank 0)
         self.comm = comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight, self.bias)  # [T, out], this rank's part
-        if self.comm is not None:
-            return self.comm.all_reduce(out)
-        dist.all_reduce(out)
-        return out
+        return self.comm.all_reduce(F.linear(x, self.weight, self.bias))  # [T, out]
 
 
 class VocabParallelHead(nn.Module):
     """``x [R, hidden] -> [R, vocab]``: this rank's rows of the LM head, the ranks' logits gathered."""
 
-    def __init__(self, weight: torch.Tensor, vocab_size: int, world: int, comm=None) -> None:
+    def __init__(self, weight: torch.Tensor, vocab_size: int, comm) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)  # [vocab / N (padded), hidden]
         self.vocab_size = vocab_size
-        self.world = world
         self.comm = comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         local = F.linear(x, self.weight).contiguous()  # [R, vocab / N]
-        if self.comm is not None:
-            return self.comm.all_gather(local)[:, : self.vocab_size]  # [R, vocab]
-        parts = [torch.empty_like(local) for _ in range(self.world)]
-        dist.all_gather(parts, local)
-        return torch.cat(parts, dim=-1)[:, : self.vocab_size]  # [R, vocab]
+        return self.comm.all_gather(local)[:, : self.vocab_size]  # [R, vocab]
 
 
 def _rows(weight: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:
@@ -97,9 +87,9 @@ def _rows(weight: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def shard_model(model: nn.Module, rank: int, world: int, comm=None) -> nn.Module:
+def shard_model(model: nn.Module, rank: int, world: int, comm) -> nn.Module:
     """A copy of ``model`` holding rank ``rank``'s slices of every sharded layer (see the module doc),
-    its collectives through ``comm`` (None: torch.distributed's group); ``check_shardable`` first."""
+    its collectives through ``comm``; ``check_shardable`` first."""
     shard = copy.deepcopy(model)
     for layer in shard.model.layers:
         spec = layer.spec
@@ -125,7 +115,7 @@ def shard_model(model: nn.Module, rank: int, world: int, comm=None) -> nn.Module
     rows = head[rank * per_rank : (rank + 1) * per_rank]
     if rows.shape[0] < per_rank:  # the last rank's rows padded with zeros (their logits are cut off)
         rows = torch.cat([rows, rows.new_zeros(per_rank - rows.shape[0], rows.shape[1])])
-    shard.lm_head = VocabParallelHead(rows.contiguous(), vocab, world, comm)
+    shard.lm_head = VocabParallelHead(rows.contiguous(), vocab, comm)
     return shard
 
 

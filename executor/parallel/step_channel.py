@@ -46,8 +46,8 @@ class StepChannel:
         #: front never takes a failed step for a good one while the message is still in the pipe)
         self.failed = torch.zeros(world, dtype=torch.long).share_memory_()
         #: [when the last step was posted, the broadcast's total seconds so far (post to rank 0's read,
-        #: wake-up included; perf_counter is one clock across processes on Linux), steps posted]
-        self.clock = torch.zeros(3, dtype=torch.float64).share_memory_()
+        #: wake-up included; perf_counter is one clock across processes on Linux)]
+        self.clock = torch.zeros(2, dtype=torch.float64).share_memory_()
 
     @property
     def logits(self) -> torch.Tensor:
@@ -71,7 +71,6 @@ class StepChannel:
     def post(self, seqs: list[SequenceInput]) -> None:
         """Write one forward's sequences and wake every rank."""
         self.clock[0] = time.perf_counter()
-        self.clock[2] += 1
         records, tokens, tables = [], [], []
         for s in seqs:
             records += [len(s.token_ids), s.start_pos, s.num_logit_rows, len(s.block_table)]

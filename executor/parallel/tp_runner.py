@@ -65,7 +65,6 @@ class TensorParallelRunner:
         self.device = device
         self.world = world
         self.max_num_tokens = max_num_tokens
-        self.block_size = block_size
         self.capture_layers: tuple[int, ...] = ()
         self.graphs = None
         #: (the ranks measure nothing at start-up: each group's kernel is chosen as it runs)
@@ -210,10 +209,6 @@ class TensorParallelRunner:
     def broadcast_seconds(self) -> float:
         """Seconds the steps so far spent between the front's post and rank 0's read of them."""
         return float(self.channel.clock[1])
-
-    @property
-    def num_steps(self) -> int:
-        return int(self.channel.clock[2])
 
     def worker_pids(self) -> list[int]:
         return [p.pid for p in self._procs]
