@@ -180,37 +180,29 @@ def load_configs(args) -> list[NamedConfig]:
             c.config.model_impl = args.model_impl
         if args.quantized_kernel:
             c.config.quantized_kernel = args.quantized_kernel
-    if args.prefix_caching:
-        configs = _with_prefix_caching(configs, args.prefix_caching)
+    if args.prefix_caching:  # both: each config, then its ``+cache`` twin
+        both = args.prefix_caching == "both"
+        caching = [False, True] if both else [args.prefix_caching == "on"]
+        configs = _variants(
+            configs, "enable_prefix_caching", caching, lambda on: "+cache" if on and both else ""
+        )
     if args.tensor_parallel_size:
-        configs = _at_sizes(configs, _parse_int_list(args.tensor_parallel_size, "--tensor-parallel-size"))
+        sizes = _parse_int_list(args.tensor_parallel_size, "--tensor-parallel-size")
+        configs = _variants(configs, "tensor_parallel_size", sizes, lambda n: f"-tp{n}" if n > 1 else "")
     names = [c.name for c in configs]
     if len(set(names)) != len(names):
         raise ValueError(f"configuration names must differ: {names}")
     return configs
 
 
-def _with_prefix_caching(configs: list[NamedConfig], choice: str) -> list[NamedConfig]:
-    """Every config with prefix caching as chosen; ``both``: each followed by its ``+cache`` twin."""
+def _variants(configs: list[NamedConfig], key: str, values: list, suffix) -> list[NamedConfig]:
+    """Every config once per value of ``key``, named ``<name><suffix(value)>``, in order."""
     out = []
     for c in configs:
-        c.config.enable_prefix_caching = choice == "on"
-        out.append(c)
-        if choice == "both":
-            twin = copy.deepcopy(c.config)
-            twin.enable_prefix_caching = True
-            out.append(NamedConfig(f"{c.name}+cache", twin))
-    return out
-
-
-def _at_sizes(configs: list[NamedConfig], sizes: list[int]) -> list[NamedConfig]:
-    """Every config at every tensor-parallel size (``<name>-tpN`` above 1)."""
-    out = []
-    for c in configs:
-        for size in sizes:
+        for value in values:
             config = copy.deepcopy(c.config)
-            config.tensor_parallel_size = size
-            out.append(NamedConfig(c.name if size == 1 else f"{c.name}-tp{size}", config))
+            setattr(config, key, value)
+            out.append(NamedConfig(c.name + suffix(value), config))
     return out
 
 
