@@ -13,11 +13,9 @@ import gguf
 import pytest
 import torch
 from specexec.executor.layers.quantized.gguf_weights import GGUFFile
+from specexec.executor.layers.quantized.int4_layout import unpack_int4
 from specexec.executor.layers.quantized.q8_block_linear import Int8BlockLinear
-from specexec.executor.layers.quantized.quantized_linear import (
-    Int4WeightOnlyLinear,
-    _unpack_int4,
-)
+from specexec.executor.layers.quantized.quantized_linear import Int4WeightOnlyLinear
 from specexec.executor.model.model_loader import default_model_path, load_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("all_threads")]
@@ -75,7 +73,7 @@ def test_every_int4_layer_holds_exactly_the_converted_weights():
         want = dense_modules[name].weight  # [out, in]
         assert torch.equal(layer.dequantized(torch.float32), want), name
         # the kernel's own form, (q - 8) * scale + zero with zero = offset + 8 * scale, loses nothing
-        codes = _unpack_int4(layer.packed, layer.out_features, layer.in_features).float()
+        codes = unpack_int4(layer.packed, layer.out_features, layer.in_features).float()
         table = layer.scales_and_zeros(torch.float32)  # [groups, out, 2]
         scale, zero = (table[..., i].t().repeat_interleave(32, dim=1) for i in (0, 1))  # [out, in] each
         assert torch.equal((codes - 8) * scale + zero, want), name

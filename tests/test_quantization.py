@@ -10,6 +10,7 @@ from specexec.executor.config import ExecutorConfig
 from specexec.executor.engine.speculation.speculative_config import SpeculativeConfig
 from specexec.executor.executor import Executor
 from specexec.executor.layers.quantized.gguf_weights import match_rows
+from specexec.executor.layers.quantized.int4_layout import cpu_layout_matches, cuda_inner_k_tiles, unpack_int4
 from specexec.executor.layers.quantized.quantization import quantize_model
 from specexec.executor.layers.quantized.quantized_linear import (
     DENSE_FROM_ROWS,
@@ -17,10 +18,7 @@ from specexec.executor.layers.quantized.quantized_linear import (
     Int4Weights,
     Int8WeightOnlyLinear,
     QuantizationError,
-    _cpu_layout_matches,
-    _unpack_int4,
     check_kernel,
-    cuda_inner_k_tiles,
 )
 from test_speculative_identity import BATCHES, assert_all_pages_free, make_config, make_requests, num_accepted
 from tiny_models import make_tiny_model
@@ -53,8 +51,8 @@ def test_int4_packing_keeps_the_codes(out_features):
     quantized = Int4WeightOnlyLinear(layer, weights)
     # the CPU layout's row blocks, where this CPU's int4 packing is the layout the fast path reads
     # (it differs by instruction set: on an AVX2-only CPU the dequantization always takes the kernel)
-    assert quantized.can_dequantize_fast == (out_features % 64 == 0 and _cpu_layout_matches())
-    assert torch.equal(_unpack_int4(quantized.packed, out_features, 64), weights.q)
+    assert quantized.can_dequantize_fast == (out_features % 64 == 0 and cpu_layout_matches())
+    assert torch.equal(unpack_int4(quantized.packed, out_features, 64), weights.q)
     # equal up to one rounding (the kernel-free path fuses q * scale + offset)
     torch.testing.assert_close(
         quantized.dequantized(torch.float32), weights.dequantize(), rtol=1e-6, atol=1e-7

@@ -43,3 +43,7 @@ class Int8BlockLinear(WeightOnlyLinear):
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in]
         scale = untile_block_scales(self.tiled_scale).repeat_interleave(BLOCK, dim=1)  # [out, in]
         return (unpack_q8(self.tiles).float() * scale).to(dtype)  # exact in float32: 7 bits times 11
+
+    def codes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the constructor takes: the int8 codes [out, in] and block scales [out, in / 32]."""
+        return unpack_q8(self.tiles), untile_block_scales(self.tiled_scale)

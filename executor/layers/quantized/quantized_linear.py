@@ -18,22 +18,18 @@ whose kernel fails its start-up self-test, `check_kernel` refuses with the reaso
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .int4_layout import GROUP_SIZE, cpu_layout_is_known, pack_int4, unpack_cpu_layout, unpack_int4
 from .quantized_dot import BLOCK, TILE, pack_q4, pack_q8, q4_linear, q8_linear
 
-GROUP_SIZE = 32  #: input features per int4 scale (GGUF's block size; the kernels take 32..256)
 INT4_ROWS_MULTIPLE = 16  #: the CPU int4 packing needs the output features in multiples of this
 CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 CUDA_KERNEL_DTYPES = {"int8": (torch.float32, torch.bfloat16, torch.float16), "int4": (torch.bfloat16,)}
-#: tinygemm's packing parameter, the largest of these that divides the layer (8 is torchao's default):
-#: its packing needs the input features in multiples of 16 x tiles, and SmolLM2's 576 is not one of 128
-CUDA_INT4_INNER_K_TILES = (8, 4, 2)
 #: rows (tokens) from which a layer dequantizes its weights for one dense matmul instead of calling the
 #: weight-only kernel: the kernels are built for few rows. One 1536x576 layer in bfloat16 on a 2-core
 #: AVX512-BF16 EPYC, at 64 / 128 / 256 / 1300 rows: int4 kernel 0.69 / 1.37 / 3.07 / 14.0 ms, dequantize
@@ -76,6 +72,19 @@ class Int4Weights:
         out_features, in_features = self.q.shape
         groups = self.q.reshape(out_features, -1, self.group_size).float()
         return (groups * self.scale[..., None] + self.offset[..., None]).reshape(out_features, in_features)
+
+
+def linear_shape(
+    in_features: int, out_features: int, bias: torch.Tensor | None, device: torch.device, dtype: torch.dtype
+) -> nn.Linear:
+    """A dense layer's shape, bias, device and dtype without its weights (one zero, viewed at every
+    position): what a quantized layer's constructor reads of the layer it replaces, for building one from
+    codes it is given (a tensor-parallel shard's slices)."""
+    linear = nn.Linear(in_features, out_features, bias=False, device="meta")
+    nothing = torch.zeros((), dtype=dtype, device=device).expand(out_features, in_features)
+    linear.weight = nn.Parameter(nothing, requires_grad=False)
+    linear.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+    return linear
 
 
 def fits_int4(linear: nn.Linear, group_size: int = GROUP_SIZE) -> bool:
@@ -180,14 +189,16 @@ class Int8WeightOnlyLinear(WeightOnlyLinear):
 
     scheme = "int8"
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, codes: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """``codes``: the int8 weights [out, in] and their scales [out] as given (else ``linear``'s
+        weights quantized)."""
         super().__init__(linear)
-        weight = linear.weight.detach().float()  # [out, in]
-        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [out]
-        self.register_buffer(
-            "weight_int8", torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
-        )
-        self.register_buffer("scale", scale)  # [out] float32
+        if codes is None:
+            weight = linear.weight.detach().float()  # [out, in]
+            scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [out]
+            codes = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
+        self.register_buffer("weight_int8", codes[0])  # [out, in] int8
+        self.register_buffer("scale", codes[1])  # [out] float32
         self._scales: dict[torch.dtype, torch.Tensor] = {}
         self._q8_tiles: torch.Tensor | None = (
             None  #: [out / 8, in / 32 * 256] `pack_q8`'s tiles, for int8_dot
@@ -220,6 +231,10 @@ class Int8WeightOnlyLinear(WeightOnlyLinear):
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in]
         return self.weight_int8.to(dtype) * self.scale.to(dtype)[:, None]
 
+    def codes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the constructor's ``codes`` takes: the int8 weights [out, in] and scales [out]."""
+        return self.weight_int8, self.scale
+
 
 class Int4WeightOnlyLinear(WeightOnlyLinear):
     """4-bit codes in groups along the input features, packed in the device kernel's layout."""
@@ -238,7 +253,7 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
             )
         device = linear.weight.device
         self.group_size = weights.group_size
-        self.register_buffer("packed", _pack_int4(weights.q.to(device)))
+        self.register_buffer("packed", pack_int4(weights.q.to(device)))
         self.can_dequantize_fast = device.type == "cpu" and cpu_layout_is_known(self.out_features)
         self.register_buffer("scale", weights.scale.to(device))  # [out, groups] float32
         self.register_buffer("offset", weights.offset.to(device))  # [out, groups] float32
@@ -255,14 +270,19 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
         if self.int8_dot_rows == 0:
             self._q4_codes = None
         elif self._q4_codes is None:
-            if self.can_dequantize_fast:
-                q = _unpack_cpu_layout(self.packed, self.out_features, self.in_features)
-            else:
-                q = _unpack_int4(self.packed, self.out_features, self.in_features)
-            self._q4_codes = pack_q4(q, self.scale, self.offset)
+            self._q4_codes = pack_q4(self._unpacked_codes(), self.scale, self.offset)
 
     def _int8_dot(self, flat: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
         return q4_linear(flat, self._q4_codes)
+
+    def codes(self) -> Int4Weights:
+        """The 4-bit codes, scales and offsets as held (what the constructor's ``weights`` takes)."""
+        return Int4Weights(self._unpacked_codes(), self.scale, self.offset, self.group_size)
+
+    def _unpacked_codes(self) -> torch.Tensor:  # [out, in] uint8
+        if self.can_dequantize_fast:
+            return unpack_cpu_layout(self.packed, self.out_features, self.in_features)
+        return unpack_int4(self.packed, self.out_features, self.in_features)
 
     def _int8_dot_call(self):
         return Q4_INT8_DOT, [self._q4_codes]
@@ -291,66 +311,10 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in]
         """q * scale + offset computed in ``dtype`` (float32: exactly the stored values, as the q * scale
         product is exact; bfloat16: scale and offset rounded first, as the kernel rounds them)."""
-        if self.can_dequantize_fast:
-            q = _unpack_cpu_layout(self.packed, self.out_features, self.in_features)
-        else:
-            q = _unpack_int4(self.packed, self.out_features, self.in_features)
+        q = self._unpacked_codes()
         scale = self.scale.to(dtype).repeat_interleave(self.group_size, dim=1)  # [out, in]
         offset = self.offset.to(dtype).repeat_interleave(self.group_size, dim=1)  # [out, in]
         return torch.addcmul(offset, q.to(dtype), scale)
-
-
-def _pack_int4(q: torch.Tensor) -> torch.Tensor:
-    """q [out, in] in 0..15 -> the device kernel's packed layout."""
-    if q.device.type == "cpu":
-        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
-    pairs = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)  # [out, in / 2]
-    return torch.ops.aten._convert_weight_to_int4pack(pairs, cuda_inner_k_tiles(q.shape[1]))
-
-
-def cuda_inner_k_tiles(in_features: int) -> int:
-    """The CUDA packing's inner K tiles for a layer of ``in_features`` (a multiple of `GROUP_SIZE`)."""
-    return next(t for t in CUDA_INT4_INNER_K_TILES if in_features % (16 * t) == 0)
-
-
-#: the CPU packing's layout, as read off torch 2.13: rows in blocks of 64; byte j of column k of a block
-#: holds row j's code in its low nibble and row 32 + j's in its high one. Checked at run time
-#: (`cpu_layout_is_known`): another torch falls back to the slower identity unpacking.
-CPU_PACK_ROWS = 64
-
-
-def _unpack_cpu_layout(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
-    half = CPU_PACK_ROWS // 2
-    blocks = packed.reshape(out_features // CPU_PACK_ROWS, in_features, half).transpose(1, 2)  # [b, 32, in]
-    codes = torch.empty(out_features // CPU_PACK_ROWS, CPU_PACK_ROWS, in_features, dtype=torch.uint8)
-    torch.bitwise_and(blocks, 0x0F, out=codes[:, :half])
-    torch.bitwise_right_shift(blocks, 4, out=codes[:, half:])
-    return codes.view(out_features, in_features)  # [out, in] uint8
-
-
-@functools.cache
-def _cpu_layout_matches() -> bool:
-    q = torch.randint(0, 16, (2 * CPU_PACK_ROWS, 2 * GROUP_SIZE), generator=torch.Generator().manual_seed(0))
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
-    return torch.equal(_unpack_cpu_layout(packed, *q.shape).long(), q)
-
-
-def cpu_layout_is_known(out_features: int) -> bool:
-    return out_features % CPU_PACK_ROWS == 0 and _cpu_layout_matches()
-
-
-def _unpack_int4(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
-    """The codes back, by running the kernel on the identity with scale 1 and zero 8 (exact in bfloat16:
-    every output is one code, an integer below 16, times 1.0 plus zeros)."""
-    groups = in_features // GROUP_SIZE
-    table = torch.zeros(groups, out_features, 2, dtype=torch.bfloat16, device=packed.device)
-    table[..., 0], table[..., 1] = 1.0, 8.0
-    eye = torch.eye(in_features, dtype=torch.bfloat16, device=packed.device)
-    if packed.device.type == "cpu":
-        codes = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, packed, GROUP_SIZE, table)
-    else:
-        codes = torch.ops.aten._weight_int4pack_mm(eye, packed, GROUP_SIZE, table)
-    return codes.t().round().to(torch.uint8)  # [out, in]
 
 
 def kernel_scheme(quantization: str | None) -> str | None:
