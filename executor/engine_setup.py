@@ -102,7 +102,8 @@ def build_engine_core(
     )
     block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
     text_config = model.config.get_text_config()
-    if config.tensor_parallel_size > 1:
+    if config.tensor_parallel_size > 1:  # the shards keep the quantized layers' int8_dot routing
+        _apply_quantized_kernel(config, model, None)
         runner = TensorParallelRunner.for_config(model, spec, num_blocks, config)
         try:
             runner.capture(tuple(config.capture_hidden_layers))

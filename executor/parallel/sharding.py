@@ -10,20 +10,27 @@
   2.9 ms for a hidden vector among 3 ranks on 2 cores).
 - The embedding, the norms and the rotary tables are replicated; each rank's KV cache holds its heads.
 
-A size that does not divide the heads, the KV heads and the intermediate size is refused, naming them
-(uneven splits are not built). A bias of a row-parallel layer is added once, on rank 0.
+Every layer form shards (`weight_slices.py`): dense, int8, int4 and a GGUF's Q4 / Q8_0 codes are sliced
+as stored; a slice a quantized kernel cannot hold is held dense (logged). A size that does not divide
+the heads, the KV heads and the intermediate size is refused, naming them (uneven splits are not
+built). A bias of a row-parallel layer is added once, on rank 0.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..model.decoder.convert import is_own_decoder
+from .weight_slices import SLICEABLE, is_held_dense, take_columns, take_rows
+
+logger = logging.getLogger("specexec")
+SHARDED_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+ROW_PARALLEL = ("o_proj", "down_proj")
 
 
 def check_shardable(model: nn.Module, world: int) -> None:
@@ -34,11 +41,10 @@ def check_shardable(model: nn.Module, world: int) -> None:
             f"Llama-family model); {type(model).__name__} runs on transformers' modules"
         )
     for i, layer in enumerate(model.model.layers):
-        if type(layer.qkv_proj) is not nn.Linear or type(layer.down_proj) is not nn.Linear:
-            raise ValueError(
-                f"tensor_parallel_size > 1 shards dense layers only; layer {i}'s are "
-                f"{type(layer.qkv_proj).__name__} (quantized weights are not sharded yet)"
-            )
+        for name in SHARDED_LINEARS:
+            if not isinstance(getattr(layer, name), SLICEABLE):
+                kind = type(getattr(layer, name)).__name__
+                raise ValueError(f"tensor parallelism cannot slice layer {i}'s {name} (a {kind})")
         spec = layer.spec
         sizes = {
             "attention heads": spec.num_heads,
@@ -52,47 +58,47 @@ def check_shardable(model: nn.Module, world: int) -> None:
                 f"tensor_parallel_size {world} does not divide this model ({counts}); choose a size "
                 "that divides each (uneven splits are not built)"
             )
+    if not isinstance(model.lm_head, SLICEABLE):
+        raise ValueError(f"tensor parallelism cannot slice the LM head (a {type(model.lm_head).__name__})")
 
 
 class RowParallelLinear(nn.Module):
-    """``x [T, in/N] -> [T, out]``: this rank's columns of the weight, summed over the ranks through
-    ``comm`` (`shm_collectives.ShmCollectives`)."""
+    """``x [T, in/N] -> [T, out]``: this rank's input columns of a layer (any form `weight_slices`
+    makes), summed over the ranks through ``comm`` (`shm_collectives.ShmCollectives`)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, comm) -> None:
+    def __init__(self, local: nn.Module, comm) -> None:
         super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)  # [out, in / N]
-        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)  # [out] (rank 0)
+        self.local = local  # [in / N] -> [out]; its bias on rank 0 only
         self.comm = comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.comm.all_reduce(F.linear(x, self.weight, self.bias))  # [T, out]
+        return self.comm.all_reduce(self.local(x).contiguous())  # [T, out]
 
 
 class VocabParallelHead(nn.Module):
     """``x [R, hidden] -> [R, vocab]``: this rank's rows of the LM head, the ranks' logits gathered."""
 
-    def __init__(self, weight: torch.Tensor, vocab_size: int, comm) -> None:
+    def __init__(self, local: nn.Module, vocab_size: int, comm) -> None:
         super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)  # [vocab / N (padded), hidden]
+        self.local = local  # [hidden] -> [vocab / N (padded)]
         self.vocab_size = vocab_size
         self.comm = comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        local = F.linear(x, self.weight).contiguous()  # [R, vocab / N]
+        local = self.local(x).contiguous()  # [R, vocab / N]
         return self.comm.all_gather(local)[:, : self.vocab_size]  # [R, vocab]
-
-
-def _rows(weight: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:
-    return torch.cat([weight[a:b] for a, b in ranges]).contiguous()
 
 
 @torch.no_grad()
 def shard_model(model: nn.Module, rank: int, world: int, comm) -> nn.Module:
     """A copy of ``model`` holding rank ``rank``'s slices of every sharded layer (see the module doc),
-    its collectives through ``comm``; ``check_shardable`` first."""
-    shard = copy.deepcopy(model)
-    for layer in shard.model.layers:
-        spec = layer.spec
+    its collectives through ``comm``; ``check_shardable`` first. The sharded layers are not copied whole
+    on the way: only their slices are made."""
+    sharded = [getattr(layer, name) for layer in model.model.layers for name in SHARDED_LINEARS]
+    shard = copy.deepcopy(model, memo={id(m): None for m in [*sharded, model.lm_head]})
+    held_dense = []
+    for source, layer in zip(model.model.layers, shard.model.layers, strict=True):
+        spec = source.spec
         d, heads, kv = spec.head_dim, spec.num_heads // world, spec.num_kv_heads // world
         q_size, kv_size = spec.num_heads * d, spec.num_kv_heads * d
         qkv = [
@@ -100,34 +106,33 @@ def shard_model(model: nn.Module, rank: int, world: int, comm) -> nn.Module:
             (q_size + rank * kv * d, q_size + (rank + 1) * kv * d),
             (q_size + kv_size + rank * kv * d, q_size + kv_size + (rank + 1) * kv * d),
         ]
-        layer.qkv_proj = _column_linear(layer.qkv_proj, qkv)
-        layer.o_proj = _row_linear(layer.o_proj, rank * heads * d, (rank + 1) * heads * d, rank, comm)
-        inter = layer.down_proj.in_features
+        inter = source.down_proj.in_features
         part = inter // world
         gate_up = [(rank * part, (rank + 1) * part), (inter + rank * part, inter + (rank + 1) * part)]
-        layer.gate_up_proj = _column_linear(layer.gate_up_proj, gate_up)
-        layer.down_proj = _row_linear(layer.down_proj, rank * part, (rank + 1) * part, rank, comm)
+        slices = {
+            "qkv_proj": take_rows(source.qkv_proj, qkv),
+            "o_proj": take_columns(source.o_proj, rank * heads * d, (rank + 1) * heads * d, rank == 0),
+            "gate_up_proj": take_rows(source.gate_up_proj, gate_up),
+            "down_proj": take_columns(source.down_proj, rank * part, (rank + 1) * part, rank == 0),
+        }
+        for name, sliced in slices.items():
+            if is_held_dense(getattr(source, name), sliced):
+                held_dense.append(name)
+            setattr(layer, name, RowParallelLinear(sliced, comm) if name in ROW_PARALLEL else sliced)
         layer.spec = replace(spec, num_heads=heads, num_kv_heads=kv)
         layer._split = (heads * d, kv * d)
-    head = shard.lm_head.weight  # [vocab, hidden]
-    vocab = head.shape[0]
+    vocab = model.lm_head.out_features
     per_rank = -(-vocab // world)
-    rows = head[rank * per_rank : (rank + 1) * per_rank]
-    if rows.shape[0] < per_rank:  # the last rank's rows padded with zeros (their logits are cut off)
-        rows = torch.cat([rows, rows.new_zeros(per_rank - rows.shape[0], rows.shape[1])])
-    shard.lm_head = VocabParallelHead(rows.contiguous(), vocab, comm)
+    rows = [(rank * per_rank, min(vocab, (rank + 1) * per_rank))]
+    head = take_rows(model.lm_head, rows, pad_to=per_rank)  # the last rank's padding: zero rows
+    if is_held_dense(model.lm_head, head):
+        held_dense.append("lm_head")
+    shard.lm_head = VocabParallelHead(head, vocab, comm)
+    if held_dense and rank == 0:
+        logger.info(
+            "tensor parallelism: %d slices of quantized layers held dense (%s): their kernels cannot "
+            "hold the slice's shape",
+            len(held_dense),
+            ", ".join(sorted(set(held_dense))),
+        )
     return shard
-
-
-def _column_linear(linear: nn.Linear, ranges: list[tuple[int, int]]) -> nn.Linear:
-    weight = _rows(linear.weight, ranges)  # [sum of the ranges, in]
-    out = nn.Linear(weight.shape[1], weight.shape[0], bias=linear.bias is not None, device="meta")
-    out.weight = nn.Parameter(weight, requires_grad=False)
-    if linear.bias is not None:
-        out.bias = nn.Parameter(_rows(linear.bias, ranges), requires_grad=False)
-    return out
-
-
-def _row_linear(linear: nn.Linear, start: int, stop: int, rank: int, comm) -> RowParallelLinear:
-    bias = linear.bias.clone() if linear.bias is not None and rank == 0 else None
-    return RowParallelLinear(linear.weight[:, start:stop].contiguous(), bias, comm)

@@ -217,8 +217,6 @@ class TensorParallelRunner:
 def refuse_unbuilt_options(config) -> None:
     """What tensor parallelism does not run yet, refused (ValueError) before anything loads."""
     size = config.tensor_parallel_size
-    if config.quantization:
-        raise ValueError(f"tensor_parallel_size {size}: quantized weights are not sharded yet (dense only)")
     if config.device not in ("auto", "cpu") or (config.device == "auto" and torch.cuda.is_available()):
         raise ValueError(
             f"tensor_parallel_size {size} runs on CPU (gloo) only; set device: cpu (NCCL is not built yet)"
