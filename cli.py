@@ -40,6 +40,12 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="run the target over N worker processes, sharded (CPU, gloo; default 1: one process)",
     )
+    parser.add_argument(
+        "--tensor-parallel-launch",
+        choices=["spawn", "torchrun"],
+        help="how the ranks start: spawn (worker processes on this machine, the default) or torchrun "
+        "(start this same command on every rank with torchrun; rank 0 serves, the others hold shards)",
+    )
 
 
 def _add_drafter_args(parser: argparse.ArgumentParser) -> None:
@@ -133,7 +139,9 @@ def _load_config(args: argparse.Namespace):
         config.quantized_kernel = args.quantized_kernel
     if args.tensor_parallel_size is not None:
         config.tensor_parallel_size = args.tensor_parallel_size
-        config.validate()
+    if args.tensor_parallel_launch:
+        config.tensor_parallel_launch = args.tensor_parallel_launch
+    config.validate()
     if getattr(args, "decoding_type", None):
         from .executor.engine.speculation.speculative_config import SpeculativeConfig
 
@@ -163,6 +171,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     params.validate()
     config = _load_config(args)
+    if (code := _serve_as_worker_rank(config)) is not None:
+        return code
     config.warmup = not args.no_warmup  # the first request then pays no cold start: ttft= is its own
     from .executor.executor import Executor
 
@@ -215,8 +225,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_queued_requests=args.max_queued_requests, request_timeout_s=args.request_timeout
     )
     config = _load_config(args)
+    if (code := _serve_as_worker_rank(config)) is not None:
+        return code
     config.enable_prefix_caching = not args.no_prefix_caching  # (on by default in serve, as vLLM's)
     serve(config, args.host, args.port, args.api_key, limits, args.served_model_name)
+    return 0
+
+
+def _serve_as_worker_rank(config) -> int | None:
+    """Under torchrun (``--tensor-parallel-launch torchrun``), every rank but 0 holds its shard and runs
+    rank 0's steps until rank 0 stops (exit code 0) or is gone (1); None on rank 0 and elsewhere."""
+    from .executor.torchrun_worker import is_worker_rank, run_worker
+
+    if not is_worker_rank(config):
+        return None
+    try:
+        run_worker(config)
+    except RuntimeError as exc:  # rank 0's connection closed, or a step failed here
+        print(f"error: tensor-parallel rank lost its group: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -102,8 +102,11 @@ class ExecutorConfig:
     #: with EAGLE-3 or capture_hidden_layers (they need every position's hidden states)
     enable_prefix_caching: bool = False
     #: run the target over this many worker processes, sharded Megatron-style (`executor/parallel/`;
-    #: CPU and gloo; the own decoder's dense layers); 1 = the single-process path
+    #: CPU and gloo; the own decoder, dense or quantized); 1 = the single-process path
     tensor_parallel_size: int = 1
+    #: how the ranks start: ``spawn`` (the executor's own worker processes, on this machine) or
+    #: ``torchrun`` (the processes torchrun started, on this host or others; rank 0 is the executor)
+    tensor_parallel_launch: str = "spawn"
     #: seconds a tensor-parallel step (or the workers' start-up) may take before its rank is declared
     #: hung and every worker is stopped
     tensor_parallel_timeout_s: float = 300.0
@@ -191,6 +194,12 @@ class ExecutorConfig:
             "tensor_parallel_size",
             self.tensor_parallel_size,
             "an integer >= 1",
+        )
+        _check(
+            self.tensor_parallel_launch in ("spawn", "torchrun"),
+            "tensor_parallel_launch",
+            self.tensor_parallel_launch,
+            "spawn or torchrun",
         )
         _check(
             _is_positive_number(self.tensor_parallel_timeout_s),

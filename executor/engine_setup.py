@@ -38,7 +38,7 @@ from .model.decoder.convert import resolve_model_impl
 from .model.graph_shapes import GraphShapes
 from .model.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from .model.model_runner import ModelRunner
-from .parallel.tp_runner import TensorParallelRunner, refuse_unbuilt_options
+from .parallel.launch import refuse_unbuilt_options, start_ranks
 
 logger = logging.getLogger("specexec")
 
@@ -51,7 +51,7 @@ def check_before_loading(model, config: ExecutorConfig, drafter, plugins) -> Non
     if config.speculative_config is not None and drafter is None:
         check_drafter_options(config.speculative_config, plugins)
     if config.tensor_parallel_size > 1:
-        refuse_unbuilt_options(config)
+        refuse_unbuilt_options(model, config)
     if config.max_model_len is not None:
         limit = _model_position_limit(model, config)
         if limit is not None and config.max_model_len > limit:
@@ -93,7 +93,7 @@ def build_engine_core(
     model, config: ExecutorConfig, tokenizer, drafter: Drafter | None, plugins, dtype: str
 ) -> EngineCore:
     """Load (in ``dtype``, see `resolve_dtype`), size the KV pool, build the stages."""
-    model, tokenizer, target_path, quantization, model_impl = _load(model, tokenizer, config, dtype)
+    model, tokenizer, target_path, quantization, model_impl = load_target(model, tokenizer, config, dtype)
     extra = (target_path, quantization, model_impl)
     param = next(model.parameters())
     spec = KVCacheSpec.from_model_config(model.config, param.dtype)
@@ -103,8 +103,8 @@ def build_engine_core(
     block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
     text_config = model.config.get_text_config()
     if config.tensor_parallel_size > 1:  # the shards keep the quantized layers' int8_dot routing
-        _apply_quantized_kernel(config, model, None)
-        runner = TensorParallelRunner.for_config(model, spec, num_blocks, config)
+        apply_quantized_kernel(config, model, None)
+        runner = start_ranks(model, spec, num_blocks, config)
         try:
             runner.capture(tuple(config.capture_hidden_layers))
             return _assemble(model, tokenizer, config, drafter, plugins, runner, block_manager, extra)
@@ -141,7 +141,7 @@ def _assemble(model, tokenizer, config, drafter, plugins, runner, block_manager,
         linear_backend = LinearBackendChoice("blas", "tensor parallelism: the ranks' shards run torch's ops")
     else:
         linear_backend = _apply_linear_backend(config, model, drafter)
-    quantized_kernel = _apply_quantized_kernel(config, model, drafter)
+    quantized_kernel = apply_quantized_kernel(config, model, drafter)
     skinny_kernels = _apply_skinny_kernels(config, runner, drafter)
     graph_reports = capture_cuda_graphs(config, runner, drafter, max_model_len)
     speculation = _speculation_stage(model, vocab_size, config, drafter, plugins, runner, block_manager)
@@ -197,7 +197,7 @@ def _drafter_modules(drafter: Drafter | None, what: str) -> list:
         return []
 
 
-def _apply_quantized_kernel(config: ExecutorConfig, model, drafter: Drafter | None) -> QuantizedKernelChoice:
+def apply_quantized_kernel(config: ExecutorConfig, model, drafter: Drafter | None) -> QuantizedKernelChoice:
     """Choose ``quantized_kernel``'s kernel for the target's quantized layers and, apart, for each of the
     drafter's models (a self-draft's int8 layers in the dtype its own measurement picked), and route
     their layers to it (a model an earlier executor set up is set again); returns the target's choice."""
@@ -286,7 +286,7 @@ def _resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def _load(model, tokenizer, config: ExecutorConfig, dtype: str):
+def load_target(model, tokenizer, config: ExecutorConfig, dtype: str):
     """(model, tokenizer, the path it was loaded from or None, its QuantizationReport or None, which
     forward runs and why). ``model_impl`` converts a supported model to the own decoder before
     quantization, so the quantized layers are the fused ones."""

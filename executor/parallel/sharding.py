@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..model.decoder.convert import is_own_decoder
+from ..model.kv_cache import KVCacheSpec
 from .weight_slices import SLICEABLE, is_held_dense, take_columns, take_rows
 
 logger = logging.getLogger("specexec")
@@ -60,6 +61,11 @@ def check_shardable(model: nn.Module, world: int) -> None:
             )
     if not isinstance(model.lm_head, SLICEABLE):
         raise ValueError(f"tensor parallelism cannot slice the LM head (a {type(model.lm_head).__name__})")
+
+
+def rank_kv_spec(spec: KVCacheSpec, world: int) -> KVCacheSpec:
+    """One rank's KV cache: its KV heads only, on the same pages."""
+    return KVCacheSpec(spec.num_layers, spec.num_kv_heads // world, spec.head_dim, spec.dtype)
 
 
 class RowParallelLinear(nn.Module):

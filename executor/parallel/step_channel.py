@@ -5,9 +5,7 @@ buffer (no pickling per step), then every rank's ``go`` semaphore is released. R
 step's logits into a shared buffer; every rank then releases ``done`` once (an error message first,
 into ``errors``, when its forward raised).
 
-Payload layout (int64): ``[command, num_seqs, num_tokens, num_table_entries]``, then per sequence
-``[num_tokens, start_pos, num_logit_rows, table_len]``, then every sequence's tokens, then every
-block table.
+The payload is `step_codec.py`'s int64 layout.
 """
 
 from __future__ import annotations
@@ -19,11 +17,9 @@ import torch
 
 from ..model.forward_io import SequenceInput
 from .shared_buffer import SharedBuffer
+from .step_codec import decode, encode_capture, encode_forward, encode_stop
 
-FORWARD, STOP, CAPTURE = 1, 2, 3
 MAX_CAPTURED = 8  #: hidden-state layers rank 0 can send back per forward (EAGLE-3 asks for 3)
-HEADER = 4  #: ints before the per-sequence records
-PER_SEQUENCE = 4
 
 
 class StepChannel:
@@ -71,30 +67,24 @@ class StepChannel:
     def post(self, seqs: list[SequenceInput]) -> None:
         """Write one forward's sequences and wake every rank."""
         self.clock[0] = time.perf_counter()
-        records, tokens, tables = [], [], []
-        for s in seqs:
-            records += [len(s.token_ids), s.start_pos, s.num_logit_rows, len(s.block_table)]
-            tokens += s.token_ids
-            tables += s.block_table
-        size = HEADER + len(records) + len(tokens) + len(tables)
-        if size > self.payload.numel():
-            raise ValueError(f"a step of {size} ints exceeds the broadcast buffer ({self.payload.numel()})")
-        flat = torch.tensor([FORWARD, len(seqs), len(tokens), len(tables), *records, *tokens, *tables])
-        self.payload[:size].copy_(flat)
-        self._wake()
+        self._write(encode_forward(seqs))
 
     def post_stop(self) -> None:
-        self.payload[0] = STOP
-        self._wake()
+        self._write(encode_stop())
 
     def post_capture(self, layers: tuple[int, ...]) -> None:
         """From now on every forward records these hidden-state indices (`ModelRunner.capture`)."""
         if len(layers) > MAX_CAPTURED:
             raise ValueError(f"at most {MAX_CAPTURED} hidden-state layers under tensor parallelism")
-        self.payload[: 2 + len(layers)].copy_(torch.tensor([CAPTURE, len(layers), *layers]))
-        self._wake()
+        self._write(encode_capture(layers))
 
-    def _wake(self) -> None:
+    def _write(self, flat: torch.Tensor) -> None:
+        """The step into the payload, then every rank woken."""
+        if flat.numel() > self.payload.numel():
+            raise ValueError(
+                f"a step of {flat.numel()} ints exceeds the broadcast buffer ({self.payload.numel()})"
+            )
+        self.payload[: flat.numel()].copy_(flat)
         for go in self.go:
             go.release()
 
@@ -119,21 +109,7 @@ class StepChannel:
 
     def read(self) -> list[SequenceInput] | tuple[int, ...] | None:
         """The posted forward's sequences, or the hidden-state layers to capture (a tuple), or None: stop."""
-        head = self.payload[:HEADER].tolist()
-        if head[0] == STOP:
-            return None
-        if head[0] == CAPTURE:
-            return tuple(self.payload[2 : 2 + head[1]].tolist())
-        num_seqs, num_tokens, num_table = head[1:]
-        end = HEADER + PER_SEQUENCE * num_seqs
-        records = self.payload[HEADER:end].view(num_seqs, PER_SEQUENCE).tolist()
-        tokens = self.payload[end : end + num_tokens].tolist()
-        tables = self.payload[end + num_tokens : end + num_tokens + num_table].tolist()
-        seqs, t, b = [], 0, 0
-        for n, start_pos, rows, table_len in records:
-            seqs.append(SequenceInput(tokens[t : t + n], start_pos, tables[b : b + table_len], rows))
-            t, b = t + n, b + table_len
-        return seqs
+        return decode(self.payload)
 
     def note_read(self) -> None:
         """(rank 0) the step's sequences are read: the broadcast is over."""

@@ -28,9 +28,10 @@ import torch.multiprocessing as mp
 from ..model.attention_paths import AttentionPaths
 from ..model.forward_io import ForwardOutput, SequenceInput
 from ..model.kv_cache import KVCacheSpec
-from .sharding import check_shardable, shard_model
+from .sharding import check_shardable, rank_kv_spec, shard_model
 from .shm_collectives import ShmCollectives
-from .step_channel import HEADER, PER_SEQUENCE, StepChannel
+from .step_channel import StepChannel
+from .step_codec import HEADER, PER_SEQUENCE
 from .worker import worker_main
 
 logger = logging.getLogger("specexec")
@@ -80,9 +81,7 @@ class TensorParallelRunner:
         self.channel = StepChannel(ctx, world, capacity, max_num_tokens, vocab, hidden, dtype)
         per_rank_vocab = -(-vocab // world)
         self.comm = ShmCollectives(world, max_num_tokens * max(hidden, per_rank_vocab), dtype, timeout_s)
-        rank_spec = KVCacheSpec(
-            kv_spec.num_layers, kv_spec.num_kv_heads // world, kv_spec.head_dim, kv_spec.dtype
-        )
+        rank_spec = rank_kv_spec(kv_spec, world)
         threads = max(1, torch.get_num_threads() // world)
         self._procs = [
             self._start_rank(ctx, rank, model, (rank_spec, num_blocks, block_size, max_num_tokens), threads)
@@ -212,15 +211,6 @@ class TensorParallelRunner:
 
     def worker_pids(self) -> list[int]:
         return [p.pid for p in self._procs]
-
-
-def refuse_unbuilt_options(config) -> None:
-    """What tensor parallelism does not run yet, refused (ValueError) before anything loads."""
-    size = config.tensor_parallel_size
-    if config.device not in ("auto", "cpu") or (config.device == "auto" and torch.cuda.is_available()):
-        raise ValueError(
-            f"tensor_parallel_size {size} runs on CPU (gloo) only; set device: cpu (NCCL is not built yet)"
-        )
 
 
 def _stop_workers(procs: list, channel: StepChannel, graceful: bool) -> None:
