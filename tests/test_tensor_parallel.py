@@ -154,6 +154,17 @@ def test_a_quantized_models_shard_keeps_its_layers_quantized():
     assert isinstance(model.model.layers[0].o_proj, Int4WeightOnlyLinear), "the front's model is untouched"
 
 
+def test_a_layer_of_a_form_tensor_parallelism_cannot_slice_is_refused_naming_it():
+    from specexec.executor.model.decoder.convert import convert_to_own_decoder
+    from specexec.executor.parallel.sharding import check_shardable
+
+    _, model = make_tiny_model("llama")
+    convert_to_own_decoder(model)
+    model.model.layers[1].o_proj = torch.nn.Identity()
+    with pytest.raises(ValueError, match="cannot slice layer 1's o_proj .a Identity."):
+        check_shardable(model, 2)
+
+
 def test_eagle3_and_captured_hidden_states_come_back_from_rank_0(tmp_path):
     """The residual stream is whole on every rank after each layer's all-reduce: rank 0 sends the
     captured layers back, so EAGLE-3 drafts in the front as in one process."""

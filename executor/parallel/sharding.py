@@ -27,7 +27,7 @@ from torch import nn
 
 from ..model.decoder.convert import is_own_decoder
 from ..model.kv_cache import KVCacheSpec
-from .weight_slices import SLICEABLE, is_held_dense, take_columns, take_rows
+from .weight_slices import is_held_dense, is_sliceable, take_columns, take_rows
 
 logger = logging.getLogger("specexec")
 SHARDED_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -43,7 +43,7 @@ def check_shardable(model: nn.Module, world: int) -> None:
         )
     for i, layer in enumerate(model.model.layers):
         for name in SHARDED_LINEARS:
-            if not isinstance(getattr(layer, name), SLICEABLE):
+            if not is_sliceable(getattr(layer, name)):
                 kind = type(getattr(layer, name)).__name__
                 raise ValueError(f"tensor parallelism cannot slice layer {i}'s {name} (a {kind})")
         spec = layer.spec
@@ -59,7 +59,7 @@ def check_shardable(model: nn.Module, world: int) -> None:
                 f"tensor_parallel_size {world} does not divide this model ({counts}); choose a size "
                 "that divides each (uneven splits are not built)"
             )
-    if not isinstance(model.lm_head, SLICEABLE):
+    if not is_sliceable(model.lm_head):
         raise ValueError(f"tensor parallelism cannot slice the LM head (a {type(model.lm_head).__name__})")
 
 

@@ -113,8 +113,13 @@ def _rebuilt(layer: nn.Module, cut: Cut, out_features: int, in_features: int, bi
     return Int8BlockLinear(shape, cut.of(q), cut.of(scale, BLOCK))
 
 
+def is_sliceable(layer: nn.Module) -> bool:
+    """Whether ``layer`` is one of the forms above (exactly: a subclass may hold more than they do)."""
+    return type(layer) in SLICEABLE
+
+
 def _check_sliceable(layer: nn.Module) -> None:
-    if not isinstance(layer, SLICEABLE):
+    if not is_sliceable(layer):
         raise ValueError(f"tensor parallelism cannot slice a {type(layer).__name__}")
 
 
