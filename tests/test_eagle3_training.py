@@ -324,7 +324,7 @@ def test_training_continues_from_its_checkpoint_with_the_same_vocabulary_and_spl
         split_records,
     )
 
-    argv, out = tiny_training_argv(tmp_path, "0.6")
+    argv, out = tiny_training_argv(tmp_path, "0.3")
     argv += ["--eval-every", "5", "--patience", "1000"]
     assert main(argv) == 0
     first = load_checkpoint(out / CHECKPOINT_NAME)
@@ -357,7 +357,7 @@ def test_a_changed_validation_split_scores_the_best_head_again(tmp_path):
     )
     from specexec.drafters.eagle3.training.corpus import read_corpus
 
-    argv, out = tiny_training_argv(tmp_path, "0.5")
+    argv, out = tiny_training_argv(tmp_path, "0.3")
     argv += ["--eval-every", "5", "--patience", "1000"]
     assert main(argv) == 0
     first = load_checkpoint(out / CHECKPOINT_NAME)
