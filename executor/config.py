@@ -110,6 +110,9 @@ class ExecutorConfig:
     #: seconds a tensor-parallel step (or the workers' start-up) may take before its rank is declared
     #: hung and every worker is stopped
     tensor_parallel_timeout_s: float = 300.0
+    #: (spawn) times the ranks are started again after a fault (the requests holding K/V fail, later
+    #: ones run); past it every later request fails with the cause
+    tensor_parallel_max_restarts: int = 3
 
     def __post_init__(self) -> None:
         if isinstance(self.speculative_config, dict):
@@ -200,6 +203,12 @@ class ExecutorConfig:
             "tensor_parallel_launch",
             self.tensor_parallel_launch,
             "spawn or torchrun",
+        )
+        _check(
+            _is_int(self.tensor_parallel_max_restarts) and self.tensor_parallel_max_restarts >= 0,
+            "tensor_parallel_max_restarts",
+            self.tensor_parallel_max_restarts,
+            "an integer >= 0",
         )
         _check(
             _is_positive_number(self.tensor_parallel_timeout_s),

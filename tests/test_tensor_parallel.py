@@ -184,26 +184,53 @@ def test_eagle3_and_captured_hidden_states_come_back_from_rank_0(tmp_path):
         torch.testing.assert_close(hidden[2][layer], hidden[1][layer])
 
 
-def test_a_killed_worker_fails_the_requests_in_flight_naming_its_rank_and_leaves_no_process():
-    _, model = make_tiny_model("llama")
-    executor = Executor(model, make_config(tensor_parallel_size=2, tensor_parallel_timeout_s=20))
+def kill_rank_mid_run(executor, rank: int) -> dict:
+    """Start every prompt, kill ``rank`` after one step, run to the end: {request_id: output}."""
     pids = executor.core.runner.worker_pids()
     for i, p in enumerate(PROMPTS):
         executor.add_request(Request(p, SamplingParams(max_tokens=30, ignore_eos=True), request_id=f"r{i}"))
     executor.step()
-    os.kill(pids[1], signal.SIGKILL)
+    os.kill(pids[rank], signal.SIGKILL)
     start, finished = time.monotonic(), {}
     while executor.core.has_unfinished():
         for event in executor.step():
             if event.finished:
                 finished[event.request_id] = event.output
     assert time.monotonic() - start < 20
-    assert len(finished) == len(PROMPTS)
-    for output in finished.values():
-        assert output.error is not None and "rank 1" in output.error, output.error
-    assert_all_pages_free(executor)
-    (later,) = executor.run([Request([1, 2, 3], SamplingParams(max_tokens=2))])
-    assert later.error is not None and "rank 1" in later.error, "a later request is refused with the cause"
+    assert no_workers_left([pids[rank]])
+    return finished
+
+
+def test_a_killed_worker_fails_the_requests_in_flight_naming_its_rank_then_the_ranks_restart():
+    """The requests holding pages fail naming the rank; the ranks start again (their caches empty, the
+    cached pages dropped) and a later request gets one process's tokens; past tensor_parallel_max_restarts
+    later requests are refused with the cause; no process is left."""
+    _, model = make_tiny_model("llama")
+    config = make_config(
+        tensor_parallel_size=2,
+        tensor_parallel_timeout_s=20,
+        tensor_parallel_max_restarts=1,
+        enable_prefix_caching=True,
+    )
+    executor = Executor(model, config)
+    later = Request(PROMPTS[1], SamplingParams(max_tokens=8, ignore_eos=True))
+    for attempt in (1, 2):
+        finished = kill_rank_mid_run(executor, rank=1)
+        assert len(finished) == len(PROMPTS)
+        for output in finished.values():
+            assert output.error is not None and "rank 1" in output.error, output.error
+        assert_all_pages_free(executor)
+        (after,) = executor.run([later])
+        if attempt == 1:
+            assert after.error is None and executor.core.runner.restarts == 1
+            assert after.token_ids == generate("llama", 1)[1][:8], (
+                "the restarted ranks give one process's tokens"
+            )
+        else:
+            assert after.error is not None and "rank 1" in after.error, (
+                "past the restarts: refused with the cause"
+            )
+    pids = executor.core.runner.worker_pids()
     executor.close()
     assert no_workers_left(pids)
     with pytest.raises(TensorParallelError, match="rank 1"):

@@ -28,7 +28,7 @@ from ...sampling.logprobs import TokenLogprob
 from ...sampling.rejection import RejectionSampler, Verification
 from ...sampling.spec_decode_metadata import SpecDecodeMetadata
 from ..layers.row_summary import row_summary
-from ..model.forward_io import ForwardOutput, SequenceInput, merge_outputs
+from ..model.forward_io import ForwardOutput, KVCacheLost, SequenceInput, merge_outputs
 from ..model.model_runner import ModelRunner
 from .guided import GuidedDecodingStage
 from .logit_stages import apply_penalties_and_bias, emitted_logprobs
@@ -125,6 +125,8 @@ class EngineCore:
         else:
             try:
                 self._run_batch(batch)
+            except KVCacheLost as exc:  # every page's K/V is gone (tensor-parallel ranks restarted)
+                self._fail_holders_of_pages(exc)
             except Exception as exc:  # no stage could pin it on a request: the batch's requests fail
                 self._fail_batch(batch, exc)
             except BaseException:  # an interrupt: give the step up, nothing of it is lost
@@ -187,6 +189,8 @@ class EngineCore:
         start = time.perf_counter()
         try:
             output: ForwardOutput | None = self.runner.forward(seqs)
+        except KVCacheLost:  # not one request's: no request alone can run on the pages it had
+            raise
         except Exception:  # find the request(s) that break it: each alone (their K/V slots are their own)
             output = merge_outputs([self._forward_alone(s, seq, faults) for s, seq in zip(batch, seqs)], seqs)
         self.speculation.stats.target_time += time.perf_counter() - start
@@ -206,6 +210,8 @@ class EngineCore:
     def _forward_alone(self, s: ScheduledRequest, seq: SequenceInput, faults: Faults) -> ForwardOutput | None:
         try:
             return self.runner.forward([seq])
+        except KVCacheLost:
+            raise
         except Exception as exc:
             faults[s.request] = f"the model's forward failed on this request: {type(exc).__name__}: {exc}"
             return None
@@ -351,6 +357,16 @@ class EngineCore:
                 self._finish_with_error(
                     s.request, f"internal error in this step: {type(exc).__name__}: {exc}"
                 )
+
+    def _fail_holders_of_pages(self, exc: KVCacheLost) -> None:
+        """The runner lost every page's K/V: each running request (all hold pages) fails with the cause,
+        and no cached page is reused; waiting requests hold none and run later."""
+        logger.error("the model runner lost its KV cache: %s", exc)
+        self.guided.drain()
+        for r in list(self.scheduler.running):
+            if not r.is_finished:
+                self._finish_with_error(r, f"the model's forward failed: {type(exc).__name__}: {exc}")
+        self.block_manager.drop_cached()
 
     def _requeue_batch(self, batch: list[ScheduledRequest]) -> None:
         """An interrupted step: its requests go back to be recomputed from their tokens (preempted), their

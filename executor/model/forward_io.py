@@ -1,5 +1,6 @@
 """What a forward takes and gives: one request's share of a flat batch (`SequenceInput`) and the
-forward's logits and captured hidden states (`ForwardOutput`). Its own module because the runner, its
+forward's logits and captured hidden states (`ForwardOutput`), and the one failure a runner reports
+beyond an exception of the forward itself (`KVCacheLost`). Its own module because the runner, its
 static buffers and its CUDA graphs all use these types."""
 
 from __future__ import annotations
@@ -52,3 +53,8 @@ def merge_outputs(outputs: list[ForwardOutput | None], seqs: list[SequenceInput]
         cu_tokens.append(cu_tokens[-1] + num_tokens)
     merged_hidden = {layer: torch.cat(parts) for layer, parts in hidden.items()}
     return ForwardOutput(torch.cat(logits), cu_rows, merged_hidden, cu_tokens)
+
+
+class KVCacheLost(RuntimeError):
+    """A runner's forward failed and the K/V its earlier forwards wrote is gone (tensor-parallel ranks
+    started again): every request holding pages must stop, and no cached page may be reused."""

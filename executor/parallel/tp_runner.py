@@ -7,10 +7,12 @@ run their shards (`sharding.py`) over their own KV caches (same pages, their hea
 after ``o_proj`` and ``down_proj`` and gathering the logits through shared memory
 (`shm_collectives.py`); rank 0 writes the logits (and any captured hidden states) back.
 
-The ranks also join a gloo group (torch.distributed). A rank that exits, or a step no rank answers within ``timeout_s``, fails
-the forward with an error naming the rank; the runner then stops every worker and refuses every later
-forward with that message (the executor must be rebuilt). `close()` stops and joins the workers; they
-also exit by themselves when the front process is gone.
+The ranks also join a gloo group (torch.distributed). A rank that exits, or a step no rank answers
+within ``timeout_s``, fails the forward with an error naming the rank, and every worker is stopped.
+Up to ``max_restarts`` times the ranks are then started again (`RanksRestarted`: their KV caches are
+empty, so the engine fails the requests holding pages and drops its cached pages; later requests run);
+after that the runner refuses every later forward with the message (the executor must be rebuilt).
+`close()` stops and joins the workers; they also exit by themselves when the front process is gone.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 import torch.multiprocessing as mp
 
 from ..model.attention_paths import AttentionPaths
-from ..model.forward_io import ForwardOutput, SequenceInput
+from ..model.forward_io import ForwardOutput, KVCacheLost, SequenceInput
 from ..model.kv_cache import KVCacheSpec
 from .sharding import check_shardable, rank_kv_spec, shard_model
 from .shm_collectives import ShmCollectives
@@ -43,6 +45,11 @@ class TensorParallelError(RuntimeError):
     """The tensor-parallel workers stopped; the message names the rank."""
 
 
+class RanksRestarted(TensorParallelError, KVCacheLost):
+    """A rank failed and every rank was started again: the forward failed, and the K/V every earlier
+    forward wrote is gone."""
+
+
 class TensorParallelRunner:
     def __init__(
         self,
@@ -54,6 +61,7 @@ class TensorParallelRunner:
         max_batch_size: int,
         world: int,
         timeout_s: float = 300.0,
+        max_restarts: int = 0,
     ) -> None:
         check_shardable(model, world)
         device = next(model.parameters()).device
@@ -72,29 +80,43 @@ class TensorParallelRunner:
         self.attention_paths = AttentionPaths()
         self.timeout_s = timeout_s
         self.failure: str | None = None
-        text_config = model.config.get_text_config()
+        self.max_restarts = max_restarts
+        self.restarts = 0  #: times the ranks were started again after a fault
+        self._restarting = False
+        self._sizes = (rank_kv_spec(kv_spec, world), num_blocks, block_size, max_num_tokens, max_batch_size)
+        self._finalizer = None
+        self._start_workers("start-up")
+
+    def _start_workers(self, what: str) -> None:
+        """Spawn every rank with its shard and wait until each is ready (`_fail` on a fault)."""
+        rank_spec, num_blocks, block_size, max_num_tokens, max_batch_size = self._sizes
+        text_config = self.model.config.get_text_config()
         vocab, hidden = text_config.vocab_size, text_config.hidden_size
         max_pages = num_blocks + 1
         capacity = HEADER + max_batch_size * (PER_SEQUENCE + max_pages) + max_num_tokens
         ctx = mp.get_context("spawn")
-        dtype = next(model.parameters()).dtype
-        self.channel = StepChannel(ctx, world, capacity, max_num_tokens, vocab, hidden, dtype)
-        per_rank_vocab = -(-vocab // world)
-        self.comm = ShmCollectives(world, max_num_tokens * max(hidden, per_rank_vocab), dtype, timeout_s)
-        rank_spec = rank_kv_spec(kv_spec, world)
-        threads = max(1, torch.get_num_threads() // world)
-        self._procs = [
-            self._start_rank(ctx, rank, model, (rank_spec, num_blocks, block_size, max_num_tokens), threads)
-            for rank in range(world)
-        ]
+        dtype = next(self.model.parameters()).dtype
+        self.channel = StepChannel(ctx, self.world, capacity, max_num_tokens, vocab, hidden, dtype)
+        per_rank_vocab = -(-vocab // self.world)
+        self.comm = ShmCollectives(
+            self.world, max_num_tokens * max(hidden, per_rank_vocab), dtype, self.timeout_s
+        )
+        threads = max(1, torch.get_num_threads() // self.world)
+        cache = (rank_spec, num_blocks, block_size, max_num_tokens)
+        self._procs = [self._start_rank(ctx, rank, self.model, cache, threads) for rank in range(self.world)]
         # an executor dropped without close(): its workers stop when it is collected
+        if self._finalizer is not None:
+            self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _stop_workers, self._procs, self.channel, True)
         try:
-            self._wait("start-up", timeout_s)
+            self._wait(what, self.timeout_s)
         finally:  # every rank has mapped the shared files (or failed): none is left behind on disk
             self.channel.unlink()
             self.comm.unlink()
-        logger.info("tensor parallelism: %d ranks, %d threads each", world, threads)
+        if self.capture_layers:  # (a restart: the new ranks record what the old ones did)
+            self.channel.post_capture(self.capture_layers)
+            self._wait(what, self.timeout_s)
+        logger.info("tensor parallelism: %d ranks, %d threads each", self.world, threads)
 
     def _start_rank(self, ctx, rank: int, model, cache: tuple, threads: int):
         """Spawn rank ``rank`` with its shard (its tensors go through shared memory, not a copy)."""
@@ -129,6 +151,7 @@ class TensorParallelRunner:
             config.max_batch_size,
             config.tensor_parallel_size,
             config.tensor_parallel_timeout_s,
+            config.tensor_parallel_max_restarts,
         )
 
     # ---- the runner's interface ----------------------------------------------------------------------
@@ -192,9 +215,25 @@ class TensorParallelRunner:
             self._fail(f"tensor-parallel rank {rank} failed during {what}: {errors[rank]}")
 
     def _fail(self, message: str) -> None:
-        self.failure = message
+        """Stop every rank; start them again (empty KV caches: `RanksRestarted`) while restarts are
+        left, else refuse this forward and every later one with ``message``."""
         self._stop(graceful=False)
-        raise TensorParallelError(message)
+        if self._restarting or self.restarts >= self.max_restarts:
+            self.failure = message
+            raise TensorParallelError(message)
+        self._restarting = True
+        try:
+            self._start_workers("a restart")
+        except TensorParallelError as exc:
+            self.failure = f"{message}; starting the ranks again failed: {exc}"
+            raise TensorParallelError(self.failure) from None
+        finally:
+            self._restarting = False
+        self.restarts += 1
+        logger.warning(
+            "tensor parallelism: %s; ranks restarted (%d of %d)", message, self.restarts, self.max_restarts
+        )
+        raise RanksRestarted(f"{message}; the ranks were restarted ({self.restarts} of {self.max_restarts})")
 
     # ---- stopping ------------------------------------------------------------------------------------
     def close(self) -> None:
