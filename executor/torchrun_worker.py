@@ -1,8 +1,9 @@
 """A tensor-parallel rank other than 0 when torchrun starts the ranks (``tensor_parallel_launch:
-torchrun``), on this host or another: it joins rank 0's group, loads the model itself from the config
-(in the dtype rank 0 loaded, quantized and converted as rank 0's), holds its shard and its KV cache (as
-many pages as rank 0's), and runs every step rank 0 broadcasts until rank 0 stops it or is gone
-(`parallel/torchrun_runner.py`).
+torchrun``), on this host or another: it joins rank 0's group, loads its shard itself from the config's
+model (in the dtype rank 0 loaded, quantized and converted as rank 0's: from a safetensors directory
+layer by layer, never the whole model (`parallel/rank_loading.py`); a GGUF whole, then sliced), holds it
+and its KV cache (as many pages as rank 0's), and runs every step rank 0 broadcasts until rank 0 stops
+it or is gone (`parallel/torchrun_runner.py`).
 
 `specexec run` and `specexec serve` call `run_worker` on every rank but 0, so one torchrun command line
 starts them all; a Python program calls it there itself.
@@ -20,6 +21,7 @@ from .engine_setup import apply_quantized_kernel, load_target
 from .model.kv_cache import KVCache, KVCacheSpec
 from .model.model_runner import ModelRunner
 from .parallel.gloo_collectives import GlooCollectives, broadcast_step
+from .parallel.rank_loading import load_shard
 from .parallel.sharding import check_shardable, rank_kv_spec, shard_model
 from .parallel.step_codec import decode
 from .parallel.torchrun_runner import DTYPES, TorchrunEnv
@@ -50,12 +52,22 @@ def run_worker(config: ExecutorConfig) -> None:
         # rank 0 has loaded when it sends this: as long as that takes
         num_blocks, max_num_tokens, dtype_index = broadcast_step(None, group, None).tolist()
         dtype = DTYPES[dtype_index]
-        model, *_ = load_target(None, None, config, str(dtype).removeprefix("torch."))
-        check_shardable(model, world)
-        apply_quantized_kernel(config, model, None)
-        kv_spec = rank_kv_spec(KVCacheSpec.from_model_config(model.config, dtype), world)
-        shard = shard_model(model, env.rank, world, GlooCollectives(group, world, timeout_s))
-        del model
+        comm = GlooCollectives(group, world, timeout_s)
+        shard = (
+            None
+            if config.model is None
+            else load_shard(config.model, dtype, config.quantization, env.rank, world, comm)
+        )
+        if shard is None:  # (a GGUF): the whole model, then this rank's slices of it
+            model, *_ = load_target(None, None, config, str(dtype).removeprefix("torch."))
+            check_shardable(model, world)
+            apply_quantized_kernel(config, model, None)
+            shard = shard_model(model, env.rank, world, comm)
+            del model
+        else:
+            logger.info("tensor parallelism: rank %d read its shard layer by layer", env.rank)
+            apply_quantized_kernel(config, shard, None)
+        kv_spec = rank_kv_spec(KVCacheSpec.from_model_config(shard.config, dtype), world)
         cache = KVCache(kv_spec, num_blocks, config.block_size, torch.device("cpu"))
         runner = ModelRunner(shard, cache, max_num_tokens)
         dist.barrier(group, async_op=True).wait()  # ready

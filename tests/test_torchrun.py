@@ -1,6 +1,6 @@
 """Tensor parallelism with the ranks torchrun starts (``tensor_parallel_launch: torchrun``), tested on one
 machine with torchrun itself (``python -m torch.distributed.run``) on loopback: `specexec run` started
-on every rank gives the one-process text; a Python program on rank 0 whose other rank is killed gets
+on every rank gives the one-process text (rank 1 reading its shard layer by layer); a Python program on rank 0 whose other rank is killed gets
 every request failed, and later ones refused, without a hang."""
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ def torchrun(args: list[str], timeout: float = 240) -> subprocess.CompletedProce
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def specexec_run(model_dir: Path, *extra: str) -> list[str]:
+def specexec_run(model_dir: Path, *extra: str, verbose: bool = False) -> list[str]:
     return [
-        "-m", "specexec", "run", "--raw", "--prompt", "w1 w2 w3 w4 w5 w1 w2 w3", "--model", str(model_dir),
+        "-m", "specexec", *(["-v"] if verbose else []), "run", "--raw", "--prompt", "w1 w2 w3 w4 w5 w1 w2 w3", "--model", str(model_dir),
         "--dtype", "float64", "--max-tokens", "12", "--decoding-type", "NGram", "--no-warmup", *extra,
     ]  # fmt: skip
 
@@ -58,9 +58,10 @@ def test_specexec_run_under_torchrun_gives_the_one_process_text(model_dir):
     assert one.returncode == 0, one.stderr
     two = torchrun(
         ["--no-python", sys.executable, *specexec_run(model_dir, "--tensor-parallel-size", "2",
-         "--tensor-parallel-launch", "torchrun")]
+         "--tensor-parallel-launch", "torchrun", verbose=True)]
     )  # fmt: skip
     assert two.returncode == 0, two.stderr[-3000:]
+    assert "rank 1 read its shard layer by layer" in two.stderr, "rank 1 never held the whole model"
     text = one.stdout.strip().splitlines()[0]
     assert text and two.stdout.count(text) == 1, (one.stdout, two.stdout)  # rank 0 prints, rank 1 does not
 

@@ -104,41 +104,57 @@ def shard_model(model: nn.Module, rank: int, world: int, comm) -> nn.Module:
     shard = copy.deepcopy(model, memo={id(m): None for m in [*sharded, model.lm_head]})
     held_dense = []
     for source, layer in zip(model.model.layers, shard.model.layers, strict=True):
-        spec = source.spec
-        d, heads, kv = spec.head_dim, spec.num_heads // world, spec.num_kv_heads // world
-        q_size, kv_size = spec.num_heads * d, spec.num_kv_heads * d
-        qkv = [
-            (rank * heads * d, (rank + 1) * heads * d),
-            (q_size + rank * kv * d, q_size + (rank + 1) * kv * d),
-            (q_size + kv_size + rank * kv * d, q_size + kv_size + (rank + 1) * kv * d),
-        ]
-        inter = source.down_proj.in_features
-        part = inter // world
-        gate_up = [(rank * part, (rank + 1) * part), (inter + rank * part, inter + (rank + 1) * part)]
-        slices = {
-            "qkv_proj": take_rows(source.qkv_proj, qkv),
-            "o_proj": take_columns(source.o_proj, rank * heads * d, (rank + 1) * heads * d, rank == 0),
-            "gate_up_proj": take_rows(source.gate_up_proj, gate_up),
-            "down_proj": take_columns(source.down_proj, rank * part, (rank + 1) * part, rank == 0),
-        }
-        for name, sliced in slices.items():
-            if is_held_dense(getattr(source, name), sliced):
-                held_dense.append(name)
-            setattr(layer, name, RowParallelLinear(sliced, comm) if name in ROW_PARALLEL else sliced)
-        layer.spec = replace(spec, num_heads=heads, num_kv_heads=kv)
-        layer._split = (heads * d, kv * d)
-    vocab = model.lm_head.out_features
+        held_dense += shard_layer(source, layer, rank, world, comm)
+    shard.lm_head, head_dense = shard_head(model.lm_head, rank, world, comm)
+    report_held_dense(held_dense + (["lm_head"] if head_dense else []), rank)
+    return shard
+
+
+@torch.no_grad()
+def shard_layer(source: nn.Module, layer: nn.Module, rank: int, world: int, comm) -> list[str]:
+    """Give ``layer`` (a copy of the decoder layer ``source``, or ``source`` itself) rank ``rank``'s
+    slices of ``source``'s sharded linear layers and its share of the heads; the names of the slices
+    held dense."""
+    spec = source.spec
+    d, heads, kv = spec.head_dim, spec.num_heads // world, spec.num_kv_heads // world
+    q_size, kv_size = spec.num_heads * d, spec.num_kv_heads * d
+    qkv = [
+        (rank * heads * d, (rank + 1) * heads * d),
+        (q_size + rank * kv * d, q_size + (rank + 1) * kv * d),
+        (q_size + kv_size + rank * kv * d, q_size + kv_size + (rank + 1) * kv * d),
+    ]
+    inter = source.down_proj.in_features
+    part = inter // world
+    gate_up = [(rank * part, (rank + 1) * part), (inter + rank * part, inter + (rank + 1) * part)]
+    slices = {
+        "qkv_proj": take_rows(source.qkv_proj, qkv),
+        "o_proj": take_columns(source.o_proj, rank * heads * d, (rank + 1) * heads * d, rank == 0),
+        "gate_up_proj": take_rows(source.gate_up_proj, gate_up),
+        "down_proj": take_columns(source.down_proj, rank * part, (rank + 1) * part, rank == 0),
+    }
+    held_dense = [name for name, sliced in slices.items() if is_held_dense(getattr(source, name), sliced)]
+    for name, sliced in slices.items():
+        setattr(layer, name, RowParallelLinear(sliced, comm) if name in ROW_PARALLEL else sliced)
+    layer.spec = replace(spec, num_heads=heads, num_kv_heads=kv)
+    layer._split = (heads * d, kv * d)
+    return held_dense
+
+
+@torch.no_grad()
+def shard_head(head: nn.Module, rank: int, world: int, comm) -> tuple[VocabParallelHead, bool]:
+    """Rank ``rank``'s rows of the LM head (the last rank's padded with zero rows), and whether they
+    are held dense."""
+    vocab = head.out_features
     per_rank = -(-vocab // world)
-    rows = [(rank * per_rank, min(vocab, (rank + 1) * per_rank))]
-    head = take_rows(model.lm_head, rows, pad_to=per_rank)  # the last rank's padding: zero rows
-    if is_held_dense(model.lm_head, head):
-        held_dense.append("lm_head")
-    shard.lm_head = VocabParallelHead(head, vocab, comm)
-    if held_dense and rank == 0:
+    rows = take_rows(head, [(rank * per_rank, min(vocab, (rank + 1) * per_rank))], pad_to=per_rank)
+    return VocabParallelHead(rows, vocab, comm), is_held_dense(head, rows)
+
+
+def report_held_dense(names: list[str], rank: int) -> None:
+    if names and rank == 0:
         logger.info(
             "tensor parallelism: %d slices of quantized layers held dense (%s): their kernels cannot "
             "hold the slice's shape",
-            len(held_dense),
-            ", ".join(sorted(set(held_dense))),
+            len(names),
+            ", ".join(sorted(set(names))),
         )
-    return shard

@@ -120,13 +120,13 @@ def convert_to_own_decoder(model: nn.Module) -> None:
     decoder = model.model
     config = model.config.get_text_config()
     dtype = decoder.embed_tokens.weight.dtype
-    decoder.rotary_tables = _rotary_tables(decoder.rotary_emb, config, family, dtype)
+    decoder.rotary_tables = rotary_tables(decoder.rotary_emb, config, family, dtype)
     for i, layer in enumerate(decoder.layers):
-        decoder.layers[i] = _convert_layer(layer, config, family)
+        decoder.layers[i] = convert_layer(layer, config, family)
     decoder.norm = RMSNorm.from_module(decoder.norm)
 
 
-def _convert_layer(layer: nn.Module, config, family: Family) -> DecoderLayer:
+def convert_layer(layer: nn.Module, config, family: Family) -> DecoderLayer:
     attn, mlp = layer.self_attn, layer.mlp
     spec = AttentionSpec(
         layer_idx=attn.layer_idx,
@@ -164,7 +164,7 @@ def fuse_linears(linears: list[nn.Linear]) -> nn.Linear:
     return fused
 
 
-def _rotary_tables(rotary: nn.Module, config, family: Family, dtype: torch.dtype) -> nn.ModuleDict:
+def rotary_tables(rotary: nn.Module, config, family: Family, dtype: torch.dtype) -> nn.ModuleDict:
     positions = config.max_position_embeddings
     if family.rotary_per_layer_type:
         kinds = sorted(set(config.layer_types))
