@@ -24,7 +24,8 @@ from .parallel.gloo_collectives import GlooCollectives, broadcast_step
 from .parallel.rank_loading import load_shard
 from .parallel.sharding import check_shardable, rank_kv_spec, shard_model
 from .parallel.step_codec import decode
-from .parallel.torchrun_runner import DTYPES, TorchrunEnv
+from .parallel.torchrun_env import Heartbeat, TorchrunEnv
+from .parallel.torchrun_runner import DTYPES
 
 logger = logging.getLogger("specexec")
 
@@ -47,7 +48,8 @@ def run_worker(config: ExecutorConfig) -> None:
     if env.rank == 0:
         raise ValueError("torchrun's rank 0 runs the Executor, not run_worker")
     timeout_s = config.tensor_parallel_timeout_s
-    group = env.join(timeout_s)
+    group, store = env.join(timeout_s)
+    heartbeat = Heartbeat(store, env.rank)  # (rank 0 names this rank by it if this process dies)
     try:
         # rank 0 has loaded when it sends this: as long as that takes
         num_blocks, max_num_tokens, dtype_index = broadcast_step(None, group, None).tolist()
@@ -78,4 +80,5 @@ def run_worker(config: ExecutorConfig) -> None:
             else:
                 runner.forward(step)
     finally:
+        heartbeat.stop()
         dist.destroy_process_group()

@@ -1,7 +1,8 @@
 """Tensor parallelism with the ranks torchrun starts (``tensor_parallel_launch: torchrun``), tested on one
 machine with torchrun itself (``python -m torch.distributed.run``) on loopback: `specexec run` started
-on every rank gives the one-process text (rank 1 reading its shard layer by layer); a Python program on rank 0 whose other rank is killed gets
-every request failed, and later ones refused, without a hang."""
+on every rank gives the one-process text (rank 1 reading its shard layer by layer); a Python program on
+rank 0 whose other rank is killed gets every request failed naming the rank, and later ones refused,
+without a hang; a rank whose rank 0 is killed exits."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ FRONT = textwrap.dedent(
     from specexec import Executor, ExecutorConfig, Request, SamplingParams
     from specexec.executor.torchrun_worker import is_worker_rank, run_worker
 
-    model_dir, pid_file, out_file = sys.argv[1:]
+    model_dir, pid_file, out_file, mode = sys.argv[1:]
     config = ExecutorConfig(
         model=model_dir, dtype="float64", device="cpu", num_kv_blocks=64, block_size=4, max_num_tokens=32,
         tensor_parallel_size=2, tensor_parallel_launch="torchrun", tensor_parallel_timeout_s=30,
@@ -87,7 +88,8 @@ FRONT = textwrap.dedent(
     else:
         executor = Executor(config=config)
         first = executor.run([Request([1, 2, 3, 4], params)])
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun's agent stops the job once rank 1 dies
+        if mode == "kill-rank-0":
+            os.kill(os.getpid(), signal.SIGKILL)
         os.kill(int(open(pid_file).read()), signal.SIGKILL)
         start = time.monotonic()
         failed = executor.run([Request([5, 6, 7], params), Request([8, 9], params)])
@@ -102,18 +104,49 @@ FRONT = textwrap.dedent(
 )
 
 
-def test_a_killed_rank_fails_the_requests_and_later_ones_without_a_hang(model_dir, tmp_path):
+def start_by_hand(model_dir: Path, tmp_path: Path, mode: str) -> tuple[list[subprocess.Popen], Path]:
+    """The two ranks started by hand with torchrun's variables (rank 0 then hosts the job's store;
+    under torchrun its agent does, and stops the whole job when one rank dies)."""
     script = tmp_path / "front.py"
     script.write_text(FRONT)
     out = tmp_path / "out.json"
-    done = torchrun([str(script), str(model_dir), str(tmp_path / "pid"), str(out)])
-    assert out.exists(), done.stderr[-3000:]
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+    args = [sys.executable, str(script), str(model_dir), str(tmp_path / "pid"), str(out), mode]
+    popen = [
+        subprocess.Popen(args, env={**env, "RANK": str(r)}, stderr=subprocess.PIPE, text=True) for r in (0, 1)
+    ]
+    return popen, out
+
+
+def test_a_killed_rank_fails_the_requests_and_later_ones_without_a_hang(model_dir, tmp_path):
+    ranks, out = start_by_hand(model_dir, tmp_path, "kill-rank-1")
+    try:
+        front_err = ranks[0].communicate(timeout=240)[1]
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.communicate()
+    assert out.exists(), front_err[-3000:]
     result = json.loads(out.read_text())
     assert result["first"] == [None]
-    assert len(result["failed"]) == 2 and all(e and "tensor-parallel" in e for e in result["failed"]), result
-    assert result["later"][0] and "tensor-parallel" in result["later"][0], "later requests are refused"
+    named = "tensor-parallel rank 1 stopped (no heartbeat)"
+    assert len(result["failed"]) == 2 and all(e and named in e for e in result["failed"]), result
+    assert result["later"][0] and named in result["later"][0], "later requests are refused with the cause"
     assert result["seconds"] < 30, "the closed connection is seen at once, not at the timeout"
     assert result["pages_free"] == 64
+
+
+def test_a_rank_whose_rank_0_is_killed_exits(model_dir, tmp_path):
+    ranks, _ = start_by_hand(model_dir, tmp_path, "kill-rank-0")
+    try:
+        assert ranks[0].wait(240) == -9
+        assert ranks[1].wait(30) == 3, "rank 1 saw rank 0's connection close and left"
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.communicate()
 
 
 def test_torchrun_launch_is_refused_without_torchrun_or_with_a_module(monkeypatch):

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from ..model.kv_cache import KVCacheSpec
-from .torchrun_runner import TorchrunEnv, TorchrunRunner
+from .torchrun_env import TorchrunEnv
+from .torchrun_runner import TorchrunRunner
 from .tp_runner import TensorParallelRunner
 
 LAUNCHES = ("spawn", "torchrun")

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -32,44 +30,12 @@ from ..model.model_runner import ModelRunner
 from .gloo_collectives import GlooCollectives, broadcast_step
 from .sharding import check_shardable, rank_kv_spec, shard_model
 from .step_codec import encode_capture, encode_forward, encode_stop
+from .torchrun_env import TorchrunEnv, silent_ranks
 from .tp_runner import TensorParallelError
 
 logger = logging.getLogger("specexec")
 #: what the front tells the ranks at start-up: [KV pages, max_num_tokens, dtype (an index here)]
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-NO_DEADLINE = datetime.timedelta(days=365)  #: the group's own: a rank waits for the next request
-ENVIRONMENT = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-@dataclass(frozen=True, slots=True)
-class TorchrunEnv:
-    """This process's place in the job, from the environment torchrun sets."""
-
-    rank: int
-    world: int
-
-    @classmethod
-    def from_environ(cls, world: int) -> TorchrunEnv:
-        """Raise ValueError without torchrun's environment, or where its size is not ``world``."""
-        missing = [name for name in ENVIRONMENT if name not in os.environ]
-        if missing:
-            raise ValueError(
-                f"tensor_parallel_launch torchrun needs torchrun's environment ({', '.join(missing)} not "
-                "set): start every rank with torchrun, or use tensor_parallel_launch spawn on one machine"
-            )
-        env = cls(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
-        if env.world != world:
-            raise ValueError(f"tensor_parallel_size is {world}, but torchrun started {env.world} ranks")
-        return env
-
-    def join(self, timeout_s: float):
-        """Join the job (MASTER_ADDR:MASTER_PORT), waiting at most ``timeout_s`` for every rank; returns
-        the gloo group the ranks then work in, which has no deadline of its own."""
-        startup = datetime.timedelta(seconds=timeout_s)
-        dist.init_process_group(
-            "gloo", init_method="env://", rank=self.rank, world_size=self.world, timeout=startup
-        )
-        return dist.new_group(list(range(self.world)), timeout=NO_DEADLINE, backend="gloo")
 
 
 class TorchrunRunner:
@@ -95,8 +61,8 @@ class TorchrunRunner:
             raise ValueError(
                 f"tensor_parallel_launch torchrun runs {', '.join(map(str, DTYPES))}; got {dtype}"
             )
-        self._in_group = False
-        self.group = env.join(config.tensor_parallel_timeout_s)
+        self._in_group, self._store = False, None
+        self.group, self._store = env.join(config.tensor_parallel_timeout_s)
         self._in_group = True
         try:
             # the ranks load in the front's dtype and size their caches as the front did
@@ -107,7 +73,7 @@ class TorchrunRunner:
             self._runner = ModelRunner(shard_model(model, 0, world, comm), cache, config.max_num_tokens)
             dist.barrier(self.group, async_op=True).wait(self.timeout)  # every rank holds its shard
         except Exception as exc:
-            self._fail(f"tensor-parallel start-up failed (a rank exited, or did not answer in time): {exc}")
+            self._fail("start-up", exc)
         logger.info("tensor parallelism: rank 0 of %d (torchrun, gloo)", world)
 
     def capture(self, layers: tuple[int, ...]) -> None:
@@ -154,12 +120,19 @@ class TorchrunRunner:
         try:
             return call()
         except Exception as exc:  # the group is out of step: nothing after this can be trusted
-            self._fail(f"tensor-parallel ranks failed during {what} (torchrun, gloo): {exc}")
+            self._fail(what, exc)
 
-    def _fail(self, message: str) -> None:
-        self.failure = message
+    def _fail(self, what: str, exc: Exception) -> None:
+        """Name the ranks whose heartbeat stopped, leave the group (the others' connections close, so
+        they exit), refuse this forward and every later one."""
+        gone = silent_ranks(self._store, self.world) if self._store is not None else []
+        if gone:
+            who = f"tensor-parallel rank {', '.join(map(str, gone))} stopped (no heartbeat)"
+        else:
+            who = "a tensor-parallel rank failed or did not answer in time (every rank's heartbeat goes on)"
+        self.failure = f"{who} during {what} (torchrun, gloo: {exc})"
         self._leave()
-        raise TensorParallelError(message)
+        raise TensorParallelError(self.failure)
 
     def _leave(self) -> None:
         if self._in_group:
