@@ -2,7 +2,7 @@
 machine with torchrun itself (``python -m torch.distributed.run``) on loopback: `specexec run` started
 on every rank gives the one-process text (rank 1 reading its shard layer by layer); a Python program on
 rank 0 whose other rank is killed gets every request failed naming the rank, and later ones refused,
-without a hang; a rank whose rank 0 is killed exits."""
+without a hang; a rank whose rank 0 is killed exits; a rank that never comes fails the start-up in time."""
 
 from __future__ import annotations
 
@@ -169,3 +169,24 @@ def test_torchrun_launch_is_refused_without_torchrun_or_with_a_module(monkeypatc
         Executor(None, ExecutorConfig(**config))
     with pytest.raises(ValueError, match="tensor_parallel_launch"):
         ExecutorConfig(tensor_parallel_launch="ssh")
+
+
+def test_a_rank_that_never_comes_fails_the_start_up_within_the_timeout(monkeypatch, model_dir):
+    import time
+
+    import torch.distributed as dist
+    from specexec.executor.parallel.tp_runner import TensorParallelError
+
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    config = ExecutorConfig(
+        model=str(model_dir), dtype="float64", device="cpu", tensor_parallel_size=2,
+        tensor_parallel_launch="torchrun", tensor_parallel_timeout_s=2,
+    )  # fmt: skip
+    start = time.monotonic()
+    with pytest.raises(TensorParallelError, match="during joining the job"):
+        Executor(config=config)
+    assert time.monotonic() - start < 30
+    assert not dist.is_initialized(), "nothing half-joined stays"

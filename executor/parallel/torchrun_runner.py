@@ -61,9 +61,12 @@ class TorchrunRunner:
             raise ValueError(
                 f"tensor_parallel_launch torchrun runs {', '.join(map(str, DTYPES))}; got {dtype}"
             )
-        self._in_group, self._store = False, None
-        self.group, self._store = env.join(config.tensor_parallel_timeout_s)
-        self._in_group = True
+        self._in_group, self._store = True, None
+        try:
+            self.group, self._store = env.join(config.tensor_parallel_timeout_s)
+        except Exception as exc:  # a rank never came (or MASTER_ADDR is wrong): nothing half-joined stays
+            self._in_group = dist.is_initialized()
+            self._fail("joining the job", exc)
         try:
             # the ranks load in the front's dtype and size their caches as the front did
             sizes = torch.tensor([num_blocks, config.max_num_tokens, DTYPES.index(dtype)])
