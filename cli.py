@@ -242,7 +242,7 @@ def _serve_as_worker_rank(config) -> int | None:
     try:
         run_worker(config)
     except RuntimeError as exc:  # rank 0's connection closed, or a step failed here
-        print(f"error: tensor-parallel rank lost its group: {exc}", file=sys.stderr)
+        print(f"error: this tensor-parallel rank stopped: {exc}", file=sys.stderr)
         return 1
     return 0
 
