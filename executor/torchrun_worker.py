@@ -69,7 +69,7 @@ def run_worker(config: ExecutorConfig) -> None:
         else:
             logger.info("tensor parallelism: rank %d read its shard layer by layer", env.rank)
             apply_quantized_kernel(config, shard, None)
-        kv_spec = rank_kv_spec(KVCacheSpec.from_model_config(shard.config, dtype), world)
+        kv_spec = rank_kv_spec(KVCacheSpec.from_model_config(shard.config, dtype), world, env.rank)
         cache = KVCache(kv_spec, num_blocks, config.block_size, torch.device("cpu"))
         runner = ModelRunner(shard, cache, max_num_tokens)
         dist.barrier(group, async_op=True).wait()  # ready

@@ -1,7 +1,8 @@
 """A rank's shard read layer by layer from a safetensors checkpoint (`rank_loading.load_shard`) is the
 shard of the whole model loaded, converted, quantized and sliced (`sharding.shard_model`): the same
-tensors on every rank (float64 tiny Llama, Qwen2, Gemma2 and Gemma3, dense, int8 and int4) and, as one
-rank of one, the same logits as the whole model; what it cannot read so gets None."""
+tensors on every rank (float64 tiny Llama, Qwen2, Gemma2 and Gemma3, dense, int8 and int4, KV-head
+groups split evenly and unevenly) and, as one rank of one, the same logits as the whole model; what it
+cannot read so gets None."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from specexec.executor.model.kv_cache import KVCache, KVCacheSpec
 from specexec.executor.model.model_runner import ModelRunner
 from specexec.executor.parallel.rank_loading import load_shard
 from specexec.executor.parallel.sharding import shard_model
-from test_tensor_parallel import INT4_SHAPES
+from test_tensor_parallel import INT4_SHAPES, UNEVEN
 from tiny_models import make_prompts, make_tiny_model
 
 
@@ -43,7 +44,12 @@ def saved_and_whole(tmp_path, arch: str, quantization: str | None, **shapes):
 
 
 CASES = [(arch, None, {}) for arch in ("llama", "qwen2", "gemma2", "gemma3")]
-CASES += [("qwen2", "int8", {}), ("gemma3", "int8", {}), ("llama", "int4", INT4_SHAPES)]
+CASES += [
+    ("qwen2", "int8", {}),
+    ("gemma3", "int8", {}),
+    ("llama", "int4", INT4_SHAPES),
+    ("qwen2", None, UNEVEN),
+]
 
 
 @pytest.mark.parametrize(("arch", "quantization", "shapes"), CASES)

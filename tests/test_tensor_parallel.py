@@ -1,8 +1,9 @@
 """Tensor parallelism on CPU (gloo): the target sharded over worker processes gives the single-process
 tokens (float64 tiny models: Llama, Qwen2 with q/k/v biases, Gemma2's sandwich norms and soft caps),
 without drafts, with NGram, with the draft model and guided; samples at temperature 1 follow the
-target's distribution; a size that does not divide the heads is refused naming them; a killed worker
-fails the requests in flight naming its rank, and no worker outlives the executor."""
+target's distribution; KV-head groups split unevenly give the same tokens; a size above the KV heads
+is refused naming them; a killed worker fails the requests in flight naming its rank, the ranks start
+again, and no worker outlives the executor."""
 
 from __future__ import annotations
 
@@ -112,10 +113,26 @@ def test_samples_at_temperature_one_follow_the_targets_distribution_under_two_ra
     assert cells > 10 and p_value > 1e-3, (p_value, cells)
 
 
-def test_a_size_that_does_not_divide_the_heads_is_refused_naming_them():
+def test_a_size_above_the_kv_heads_is_refused_naming_them():
     _, model = make_tiny_model("llama")  # 4 heads, 2 KV heads
-    with pytest.raises(ValueError, match="does not divide this model .*4 attention heads, 2 KV heads"):
+    with pytest.raises(
+        ValueError, match="cannot split this model .4 attention heads, 2 KV heads, 64 intermediate"
+    ):
         Executor(model, make_config(tensor_parallel_size=3))
+
+
+#: 3 KV heads (2 query heads each): 2 ranks hold 2 and 1 of them
+UNEVEN = {"num_attention_heads": 6, "num_key_value_heads": 3, "hidden_size": 48}
+
+
+def test_kv_head_groups_split_unevenly_give_the_single_process_tokens():
+    """(Qwen2: q/k/v biases cut with their rows.)"""
+    from specexec.executor.parallel.sharding import kv_heads_of
+
+    assert [kv_heads_of(r, 2, 3) for r in (0, 1)] == [(0, 2), (2, 3)]
+    assert [kv_heads_of(r, 3, 8) for r in (0, 1, 2)] == [(0, 3), (3, 6), (6, 8)]
+    one, two = (generate("qwen2", tp, NGRAM, model_overrides=UNEVEN) for tp in (1, 2))
+    assert two == one
 
 
 def test_options_not_built_under_tensor_parallelism_are_refused_before_loading():
@@ -247,19 +264,19 @@ def test_close_stops_every_worker():
 
 
 @pytest.mark.slow
-def test_smollm2_gguf_in_float32_at_three_ranks_gives_the_single_process_tokens():
-    """The default SmolLM2-135M GGUF (9 heads, 3 KV heads: 3 ranks divide it, 2 do not), each rank
-    holding its slices of the file's Q4_1 codes, on real prompts, greedy. torch's kernels: float32 on them
-    is the file's model exactly (int8_dot rounds the activations to int8, so a sum split over ranks in
-    another order can flip a rounding; the benchmark reports that match rate)."""
+def test_smollm2_at_two_and_three_ranks_gives_the_single_process_tokens():
+    """The default SmolLM2-135M GGUF (9 heads, 3 KV heads: 3 ranks hold one KV head each, 2 ranks hold 2
+    and 1), each rank holding its slices of the file's Q4_1 codes, on real prompts, greedy, in float32 on
+    torch's kernels: the file's model exactly (int8_dot rounds the activations to int8, so a sum split
+    over ranks in another order can flip a rounding: the benchmark reports that match rate)."""
     from specexec.executor.model.model_loader import load_model
     from specexec.prompt_sets.datasets import load_dataset
 
-    loaded = load_model(None, dtype="float32", progress=False, quantization="gguf", model_impl="auto")
-    model, tokenizer = loaded.model, loaded.tokenizer
+    # 3 prompts: their prefill's rows reach DENSE_FROM_ROWS (torch's float32 int4 kernel is slow on them)
     prompts = [p.messages for p in load_dataset("specbench", 3)]
+    loaded = load_model(None, dtype="float32", progress=False, quantization="gguf", model_impl="auto")
     tokens = {}
-    for tp in (1, 3):
+    for tp in (1, 2, 3):
         config = make_config(
             tensor_parallel_size=tp,
             dtype="float32",
@@ -267,13 +284,15 @@ def test_smollm2_gguf_in_float32_at_three_ranks_gives_the_single_process_tokens(
             max_num_tokens=256,
             num_kv_blocks=64,
         )
-        with Executor(model, config, tokenizer=tokenizer) as executor:
-            outputs = executor.run([Request(m, SamplingParams(max_tokens=16)) for m in prompts])
+        with Executor(loaded.model, config, tokenizer=loaded.tokenizer) as executor:
+            outputs = executor.run([Request(m, SamplingParams(max_tokens=8)) for m in prompts])
             assert all(o.error is None for o in outputs), [o.error for o in outputs]
             tokens[tp] = [o.token_ids for o in outputs]
-    assert tokens[3] == tokens[1]
+    assert tokens[2] == tokens[1] and tokens[3] == tokens[1]
     with pytest.raises(ValueError, match="9 attention heads, 3 KV heads"):
-        Executor(model, make_config(tensor_parallel_size=2, dtype="float32"), tokenizer=tokenizer)
+        Executor(
+            loaded.model, make_config(tensor_parallel_size=4, dtype="float32"), tokenizer=loaded.tokenizer
+        )
 
 
 def test_workers_exit_when_the_front_process_is_killed(tmp_path):

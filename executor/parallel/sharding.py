@@ -1,7 +1,8 @@
 """One rank's shard of an own-decoder model, Megatron-style.
 
-- q/k/v (one fused ``qkv_proj``): column-parallel by whole KV-head groups: rank r holds KV heads
-  ``[r * kv/N, (r + 1) * kv/N)`` and the query heads that attend to them (contiguous, as GQA groups are).
+- q/k/v (one fused ``qkv_proj``): column-parallel by whole KV-head groups, as even as they go
+  (`kv_heads_of`: SmolLM2's 3 KV heads over 2 ranks are 2 and 1): each rank holds its KV heads and the
+  query heads that attend to them (contiguous, as GQA groups are).
 - ``o_proj``: row-parallel over those query heads, then one all-reduce (`RowParallelLinear`).
 - gate/up (one fused ``gate_up_proj``): column-parallel over the intermediate size; ``down_proj``:
   row-parallel, one all-reduce.
@@ -11,9 +12,9 @@
 - The embedding, the norms and the rotary tables are replicated; each rank's KV cache holds its heads.
 
 Every layer form shards (`weight_slices.py`): dense, int8, int4 and a GGUF's Q4 / Q8_0 codes are sliced
-as stored; a slice a quantized kernel cannot hold is held dense (logged). A size that does not divide
-the heads, the KV heads and the intermediate size is refused, naming them (uneven splits are not
-built). A bias of a row-parallel layer is added once, on rank 0.
+as stored; a slice a quantized kernel cannot hold is held dense (logged). A size above the KV heads
+(they are not replicated) or that does not divide the intermediate size is refused, naming them. A
+bias of a row-parallel layer is added once, on rank 0.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ ROW_PARALLEL = ("o_proj", "down_proj")
 
 
 def check_shardable(model: nn.Module, world: int) -> None:
-    """Raise ValueError unless ``world`` ranks can split this model evenly."""
+    """Raise ValueError unless ``world`` ranks can split this model (see the module doc)."""
     if not is_own_decoder(model):
         raise ValueError(
             "tensor_parallel_size > 1 needs specexec's own decoder (model_impl: auto or specexec on a "
@@ -46,26 +47,32 @@ def check_shardable(model: nn.Module, world: int) -> None:
             if not is_sliceable(getattr(layer, name)):
                 kind = type(getattr(layer, name)).__name__
                 raise ValueError(f"tensor parallelism cannot slice layer {i}'s {name} (a {kind})")
-        spec = layer.spec
-        sizes = {
-            "attention heads": spec.num_heads,
-            "KV heads": spec.num_kv_heads,
-            "intermediate size": layer.down_proj.in_features,
-        }
-        uneven = {name: n for name, n in sizes.items() if n % world}
-        if uneven:
-            counts = ", ".join(f"{n} {name}" for name, n in sizes.items())
+        spec, inter = layer.spec, layer.down_proj.in_features
+        if spec.num_kv_heads < world or inter % world:
+            counts = (
+                f"{spec.num_heads} attention heads, {spec.num_kv_heads} KV heads, {inter} intermediate size"
+            )
             raise ValueError(
-                f"tensor_parallel_size {world} does not divide this model ({counts}); choose a size "
-                "that divides each (uneven splits are not built)"
+                f"tensor_parallel_size {world} cannot split this model ({counts}): each rank needs at "
+                "least one whole KV-head group (KV heads are not replicated) and an equal share of the "
+                "intermediate size"
             )
     if not is_sliceable(model.lm_head):
         raise ValueError(f"tensor parallelism cannot slice the LM head (a {type(model.lm_head).__name__})")
 
 
-def rank_kv_spec(spec: KVCacheSpec, world: int) -> KVCacheSpec:
-    """One rank's KV cache: its KV heads only, on the same pages."""
-    return KVCacheSpec(spec.num_layers, spec.num_kv_heads // world, spec.head_dim, spec.dtype)
+def kv_heads_of(rank: int, world: int, num_kv_heads: int) -> tuple[int, int]:
+    """Rank ``rank``'s KV heads ``[start, stop)``: whole KV-head groups, as even as they go (the first
+    ``num_kv_heads % world`` ranks hold one more)."""
+    base, extra = divmod(num_kv_heads, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def rank_kv_spec(spec: KVCacheSpec, world: int, rank: int) -> KVCacheSpec:
+    """Rank ``rank``'s KV cache: its KV heads only, on the same pages."""
+    start, stop = kv_heads_of(rank, world, spec.num_kv_heads)
+    return KVCacheSpec(spec.num_layers, stop - start, spec.head_dim, spec.dtype)
 
 
 class RowParallelLinear(nn.Module):
@@ -116,19 +123,21 @@ def shard_layer(source: nn.Module, layer: nn.Module, rank: int, world: int, comm
     slices of ``source``'s sharded linear layers and its share of the heads; the names of the slices
     held dense."""
     spec = source.spec
-    d, heads, kv = spec.head_dim, spec.num_heads // world, spec.num_kv_heads // world
-    q_size, kv_size = spec.num_heads * d, spec.num_kv_heads * d
+    d, group = spec.head_dim, spec.num_heads // spec.num_kv_heads  # query heads per KV head
+    kv_start, kv_stop = kv_heads_of(rank, world, spec.num_kv_heads)
+    kv, heads = kv_stop - kv_start, (kv_stop - kv_start) * group
+    q_start, q_size, kv_size = kv_start * group * d, spec.num_heads * d, spec.num_kv_heads * d
     qkv = [
-        (rank * heads * d, (rank + 1) * heads * d),
-        (q_size + rank * kv * d, q_size + (rank + 1) * kv * d),
-        (q_size + kv_size + rank * kv * d, q_size + kv_size + (rank + 1) * kv * d),
+        (q_start, q_start + heads * d),
+        (q_size + kv_start * d, q_size + kv_stop * d),
+        (q_size + kv_size + kv_start * d, q_size + kv_size + kv_stop * d),
     ]
     inter = source.down_proj.in_features
     part = inter // world
     gate_up = [(rank * part, (rank + 1) * part), (inter + rank * part, inter + (rank + 1) * part)]
     slices = {
         "qkv_proj": take_rows(source.qkv_proj, qkv),
-        "o_proj": take_columns(source.o_proj, rank * heads * d, (rank + 1) * heads * d, rank == 0),
+        "o_proj": take_columns(source.o_proj, q_start, q_start + heads * d, rank == 0),
         "gate_up_proj": take_rows(source.gate_up_proj, gate_up),
         "down_proj": take_columns(source.down_proj, rank * part, (rank + 1) * part, rank == 0),
     }

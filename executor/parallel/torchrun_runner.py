@@ -72,7 +72,7 @@ class TorchrunRunner:
             sizes = torch.tensor([num_blocks, config.max_num_tokens, DTYPES.index(dtype)])
             broadcast_step(sizes, self.group, self.timeout)
             comm = GlooCollectives(self.group, world, config.tensor_parallel_timeout_s)
-            cache = KVCache(rank_kv_spec(kv_spec, world), num_blocks, config.block_size, self.device)
+            cache = KVCache(rank_kv_spec(kv_spec, world, 0), num_blocks, config.block_size, self.device)
             self._runner = ModelRunner(shard_model(model, 0, world, comm), cache, config.max_num_tokens)
             dist.barrier(self.group, async_op=True).wait(self.timeout)  # every rank holds its shard
         except Exception as exc:

@@ -83,13 +83,13 @@ class TensorParallelRunner:
         self.max_restarts = max_restarts
         self.restarts = 0  #: times the ranks were started again after a fault
         self._restarting = False
-        self._sizes = (rank_kv_spec(kv_spec, world), num_blocks, block_size, max_num_tokens, max_batch_size)
+        self._sizes = (kv_spec, num_blocks, block_size, max_num_tokens, max_batch_size)
         self._finalizer = None
         self._start_workers("start-up")
 
     def _start_workers(self, what: str) -> None:
         """Spawn every rank with its shard and wait until each is ready (`_fail` on a fault)."""
-        rank_spec, num_blocks, block_size, max_num_tokens, max_batch_size = self._sizes
+        kv_spec, num_blocks, block_size, max_num_tokens, max_batch_size = self._sizes
         text_config = self.model.config.get_text_config()
         vocab, hidden = text_config.vocab_size, text_config.hidden_size
         max_pages = num_blocks + 1
@@ -102,8 +102,16 @@ class TensorParallelRunner:
             self.world, max_num_tokens * max(hidden, per_rank_vocab), dtype, self.timeout_s
         )
         threads = max(1, torch.get_num_threads() // self.world)
-        cache = (rank_spec, num_blocks, block_size, max_num_tokens)
-        self._procs = [self._start_rank(ctx, rank, self.model, cache, threads) for rank in range(self.world)]
+        self._procs = [
+            self._start_rank(
+                ctx,
+                rank,
+                self.model,
+                (rank_kv_spec(kv_spec, self.world, rank), num_blocks, block_size, max_num_tokens),
+                threads,
+            )
+            for rank in range(self.world)
+        ]
         # an executor dropped without close(): its workers stop when it is collected
         if self._finalizer is not None:
             self._finalizer.detach()
