@@ -66,12 +66,11 @@ def load_shard(
     checkpoint = _Checkpoint(files)
     head_name = "model.embed_tokens.weight" if _tied(model) else "lm_head.weight"
     missing = [n for n, _ in model.named_parameters() if n not in checkpoint and n != "lm_head.weight"]
-    if unsupported_reason(model) is not None or missing or head_name not in checkpoint:
-        logger.info(
-            "tensor parallelism: rank %d loads the whole model (%s)",
-            rank,
-            unsupported_reason(model) or "names",
-        )
+    if head_name not in checkpoint:
+        missing.append(head_name)
+    why = unsupported_reason(model) or (f"the checkpoint lacks {missing[0]}" if missing else None)
+    if why is not None:
+        logger.info("tensor parallelism: rank %d loads the whole model: %s", rank, why)
         return None
     decoder, text_config = model.model, config.get_text_config()
     family = FAMILIES[type(model).__name__]

@@ -232,7 +232,8 @@ class TensorParallelRunner:
         self._restarting = True
         try:
             self._start_workers("a restart")
-        except TensorParallelError as exc:
+        except Exception as exc:  # (a rank that failed again, or a process that did not start)
+            self._stop(graceful=False)
             self.failure = f"{message}; starting the ranks again failed: {exc}"
             raise TensorParallelError(self.failure) from None
         finally:
