@@ -49,6 +49,7 @@ HEADERS = tuple(
     Path(__file__).parent / name
     for name in ("float_convert.h", "attention_vectors.h", "attention_bf16_dot.h")
 )
+STALE_LOCK_S = 600.0  #: a build lock older than this was left by a process that died building
 SWITCH = "SPECEXEC_CPU_KERNELS"  #: "0" keeps every CPU op on torch
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")  #: (no errno: libm calls vectorize)
 #: the dtypes the fused ops take (float64, the tests' reference dtype, stays on torch ops)
@@ -73,6 +74,7 @@ def cpu_kernels():
         from torch.utils.cpp_extension import load
 
         build.mkdir(parents=True, exist_ok=True)
+        _drop_stale_lock(build / "lock")
         if not any(build.glob("*.so")):
             logging.getLogger("specexec.loading").info(
                 "building specexec's C++ CPU kernels once for this CPU (about 20 s); cached in %s", build
@@ -95,6 +97,18 @@ def cpu_kernels():
         return None
     logger.info("C++ CPU kernels loaded from %s (%.1f s)", build, time.perf_counter() - started)
     return torch.ops.specexec_cpu
+
+
+def _drop_stale_lock(lock: Path) -> None:
+    """torch's build lock, left by a process killed while it built (Ctrl-C, a stopped worker), makes
+    every later build wait for it forever; a build takes well under `STALE_LOCK_S`."""
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_S:
+        logger.warning("removing a stale build lock (%.0f s old): %s", age, lock)
+        lock.unlink(missing_ok=True)
 
 
 def fused_ops_take(x: torch.Tensor) -> bool:

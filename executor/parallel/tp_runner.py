@@ -27,6 +27,7 @@ import weakref
 import torch
 import torch.multiprocessing as mp
 
+from ..layers.cpu_kernels import cpu_kernels
 from ..model.attention_paths import AttentionPaths
 from ..model.forward_io import ForwardOutput, KVCacheLost, SequenceInput
 from ..model.kv_cache import KVCacheSpec
@@ -85,6 +86,7 @@ class TensorParallelRunner:
         self._restarting = False
         self._sizes = (kv_spec, num_blocks, block_size, max_num_tokens, max_batch_size)
         self._finalizer = None
+        cpu_kernels()  # built (once per machine) here, not by every rank at once inside its first step
         self._start_workers("start-up")
 
     def _start_workers(self, what: str) -> None:
