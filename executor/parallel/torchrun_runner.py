@@ -11,7 +11,8 @@ request as long as the front is there); each of the front's operations waits at 
 ``tensor_parallel_timeout_s``. A rank that exits closes its connections, which the front sees at once.
 
 A failed or late step fails the forward, leaves the group (so the other ranks exit) and refuses every
-later forward with the cause. gloo's message names the peer's address, not its rank.
+later forward with the cause, naming the ranks whose heartbeat stopped (`torchrun_env.py`: gloo's own
+message names only a peer's address).
 """
 
 from __future__ import annotations
