@@ -24,7 +24,8 @@ from torch import nn
 from ..layers.norm import RMSNorm
 from ..layers.quantized.quantization import quantize_model
 from ..model.decoder.convert import FAMILIES, convert_layer, rotary_tables, unsupported_reason
-from .sharding import VocabParallelHead, report_held_dense, shard_layer
+from .sharding import VocabParallelHead, report_held_dense, shard_layer, vocab_rows_of
+from .weight_slices import dense_linear, take_rows
 
 logger = logging.getLogger("specexec")
 
@@ -108,15 +109,10 @@ def _head_rows(model, checkpoint, name, dtype, quantization, rank, world, comm) 
     `quantize_model` quantizes a head (int8, for int4 too: any shape), padded like `sharding.shard_head`'s."""
     from ..layers.quantized.quantized_linear import Int8WeightOnlyLinear
 
-    vocab, hidden = model.config.get_text_config().vocab_size, model.config.get_text_config().hidden_size
-    per_rank = -(-vocab // world)
-    start, stop = rank * per_rank, min(vocab, (rank + 1) * per_rank)
-    weight = checkpoint.rows(name, start, stop, dtype)  # [stop - start, hidden]
-    if weight.shape[0] < per_rank:  # the last rank's zero rows (their logits are cut off)
-        weight = torch.cat([weight, weight.new_zeros(per_rank - weight.shape[0], hidden)])
-    dense = nn.Linear(hidden, per_rank, bias=False, device="meta")
-    dense.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
-    rows: nn.Module = dense
+    vocab = model.config.get_text_config().vocab_size
+    start, stop, per_rank = vocab_rows_of(rank, world, vocab)
+    read = dense_linear(checkpoint.rows(name, start, stop, dtype), None)  # [stop - start, hidden]
+    rows = take_rows(read, [(0, stop - start)], pad_to=per_rank)  # (the last rank's zero rows)
     if quantization:  # per-row scales: the rows' own, as when the whole head is quantized then cut
-        rows = Int8WeightOnlyLinear(dense)
+        rows = Int8WeightOnlyLinear(rows)
     return VocabParallelHead(rows, vocab, comm)

@@ -69,6 +69,13 @@ def kv_heads_of(rank: int, world: int, num_kv_heads: int) -> tuple[int, int]:
     return start, start + base + (1 if rank < extra else 0)
 
 
+def vocab_rows_of(rank: int, world: int, vocab: int) -> tuple[int, int, int]:
+    """Rank ``rank``'s LM-head rows ``[start, stop)``, and the rows every rank holds (the last rank's
+    padded with zero rows up to them: their logits are cut off)."""
+    per_rank = -(-vocab // world)
+    return rank * per_rank, min(vocab, (rank + 1) * per_rank), per_rank
+
+
 def rank_kv_spec(spec: KVCacheSpec, world: int, rank: int) -> KVCacheSpec:
     """Rank ``rank``'s KV cache: its KV heads only, on the same pages."""
     start, stop = kv_heads_of(rank, world, spec.num_kv_heads)
@@ -153,10 +160,9 @@ def shard_layer(source: nn.Module, layer: nn.Module, rank: int, world: int, comm
 def shard_head(head: nn.Module, rank: int, world: int, comm) -> tuple[VocabParallelHead, bool]:
     """Rank ``rank``'s rows of the LM head (the last rank's padded with zero rows), and whether they
     are held dense."""
-    vocab = head.out_features
-    per_rank = -(-vocab // world)
-    rows = take_rows(head, [(rank * per_rank, min(vocab, (rank + 1) * per_rank))], pad_to=per_rank)
-    return VocabParallelHead(rows, vocab, comm), is_held_dense(head, rows)
+    start, stop, per_rank = vocab_rows_of(rank, world, head.out_features)
+    rows = take_rows(head, [(start, stop)], pad_to=per_rank)
+    return VocabParallelHead(rows, head.out_features, comm), is_held_dense(head, rows)
 
 
 def report_held_dense(names: list[str], rank: int) -> None:

@@ -90,7 +90,7 @@ def is_held_dense(original: nn.Module, sliced: nn.Module) -> bool:
 def _rebuilt(layer: nn.Module, cut: Cut, out_features: int, in_features: int, bias) -> nn.Module:
     """``layer``'s form holding ``cut`` of its stored tensors."""
     if type(layer) is nn.Linear:
-        return _dense(cut.of(layer.weight.detach()), bias)
+        return dense_linear(cut.of(layer.weight.detach()), bias)
     device = next(layer.buffers()).device
     shape = linear_shape(in_features, out_features, bias, device, layer.weight_dtype)
     if isinstance(layer, Int8WeightOnlyLinear):
@@ -100,7 +100,7 @@ def _rebuilt(layer: nn.Module, cut: Cut, out_features: int, in_features: int, bi
         return sliced
     if isinstance(layer, Int4WeightOnlyLinear):
         if not cut.holds(layer.group_size, out_features, INT4_ROWS_MULTIPLE):
-            return _dense(cut.of(layer.dequantized(layer.weight_dtype)), bias)
+            return dense_linear(cut.of(layer.dequantized(layer.weight_dtype)), bias)
         codes, group = layer.codes(), layer.group_size
         weights = Int4Weights(cut.of(codes.q), cut.of(codes.scale, group), cut.of(codes.offset, group), group)
         sliced = Int4WeightOnlyLinear(shape, weights)
@@ -108,7 +108,7 @@ def _rebuilt(layer: nn.Module, cut: Cut, out_features: int, in_features: int, bi
         return sliced
     # Int8BlockLinear: always on the int8_dot kernel
     if not cut.holds(BLOCK, out_features, TILE):
-        return _dense(cut.of(layer.dequantized(layer.weight_dtype)), bias)
+        return dense_linear(cut.of(layer.dequantized(layer.weight_dtype)), bias)
     q, scale = layer.codes()  # [out, in] int8, [out, in / 32] float32
     return Int8BlockLinear(shape, cut.of(q), cut.of(scale, BLOCK))
 
@@ -123,7 +123,8 @@ def _check_sliceable(layer: nn.Module) -> None:
         raise ValueError(f"tensor parallelism cannot slice a {type(layer).__name__}")
 
 
-def _dense(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    """An ``nn.Linear`` holding ``weight`` [out, in] (and ``bias`` [out]) as they are."""
     out = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
     out.weight = nn.Parameter(weight, requires_grad=False)  # [out, in]
     if bias is not None:
