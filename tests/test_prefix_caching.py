@@ -46,23 +46,75 @@ def test_pages_are_shared_by_reference_and_evicted_oldest_first():
     bm.check_references()
 
 
-def test_a_hash_collision_is_a_miss_and_a_duplicate_page_is_not_registered():
+def colliding_page(page: list[int], seed: int = 0) -> list[int]:
+    """Another page of ints whose tuple has the same Python ``hash()`` as ``page``'s: CPython's tuple
+    hash (xxHash's rounds) is invertible step by step, so the last int is solved for (the attack a
+    second preimage on a 64-bit ``hash()`` chain costs)."""
+    mask, modulus = 2**64 - 1, 2**61 - 1  # (an int's hash is its value modulo 2**61 - 1)
+    prime_1, prime_2, prime_5 = 11400714785074694791, 14029467366897019727, 2870177450012600261
+    target = hash(tuple(page)) & mask
+    rng = random.Random(seed)
+    while True:
+        head = [rng.randrange(1, 2**40) for _ in page[:-1]]
+        acc = prime_5
+        for item in head:
+            acc = (acc + (hash(item) & mask) * prime_2) & mask
+            acc = (((acc << 31) | (acc >> 33)) & mask) * prime_1 & mask
+        last = (target - (len(page) ^ (prime_5 ^ 3527539))) & mask
+        last = last * pow(prime_1, -1, 2**64) & mask
+        last = ((last >> 31) | (last << 33)) & mask  # undo the rotation
+        lane = (last - acc) * pow(prime_2, -1, 2**64) & mask  # the last item's hash, as unsigned
+        if lane < modulus:
+            value = lane
+        elif lane > 2**64 - modulus and lane != mask:  # a negative int's hash (-1 hashes as -2)
+            value = lane - 2**64
+        else:
+            continue
+        crafted = head + [value]
+        if crafted != page and hash(tuple(crafted)) == hash(tuple(page)):
+            return crafted
+
+
+def test_a_crafted_first_page_cannot_poison_the_page_after_a_victims_cached_prefix():
+    """A first page crafted to share the victim's first page's ``hash()``: with keys chained through
+    ``hash()``, the attacker's second page (its K/V computed after the crafted page) was registered
+    under the victim's second key and served to the victim. SHA-256 digests name the whole prefix."""
+    bm = BlockManager(8, 4, enable_prefix_caching=True)
+    system, question = [11, 12, 13, 14], [21, 22, 23, 24]
+    crafted = colliding_page(system)
+    assert hash(tuple(crafted)) == hash(tuple(system)) and crafted != system
+    bm.allocate("victim-before", 4)
+    bm.register("victim-before", system, 4)  # the victim's system prompt, cached
+    bm.allocate("attacker", 8)
+    bm.register("attacker", crafted + question, 8)
+    attackers_page = bm.block_tables["attacker"][1]
+    pages, _ = bm.cached_prefix(system + question + [1], 8)
+    assert pages == bm.block_tables["victim-before"][:1]  # its own system page; the question is computed
+    assert attackers_page not in pages
+    bm.free("victim-before")
+    bm.free("attacker")
+    bm.check_references()
+
+
+def test_a_different_token_anywhere_before_a_page_changes_its_key():
     bm = BlockManager(8, 2, enable_prefix_caching=True)
-    bm.allocate("a", 4)
-    bm.register("a", [1, 2, 3, 4], 4)
-    ((h, page),) = [(h, p) for h, p in bm._cached.items() if bm._page_key[p][0] == 0]
-    bm._page_key[page] = (0, (9, 9))  # as if another prefix had the same hash
-    bm._cached = {hash(bm._page_key[p]): p for p in bm._page_key}
-    assert bm.cached_prefix([1, 2, 3, 4], 4) == ([], [])
-    bm2 = BlockManager(8, 2, enable_prefix_caching=True)
-    bm2.allocate("a", 2)
-    bm2.allocate("b", 2)  # the same tokens computed twice before either registered
-    bm2.register("a", [1, 2], 2)
-    bm2.register("b", [1, 2], 2)
-    assert bm2.num_cached_blocks == 1
-    bm2.free("a")
-    bm2.free("b")
-    bm2.check_references()
+    bm.allocate("a", 6)
+    bm.register("a", [1, 2, 3, 4, 5, 6], 6)
+    assert len(bm.cached_prefix([1, 2, 3, 4, 5, 6, 0], 6)[0]) == 3
+    assert bm.cached_prefix([1, 9, 3, 4, 5, 6, 0], 6) == ([], [])  # the first page differs
+    assert len(bm.cached_prefix([1, 2, 3, 9, 5, 6, 0], 6)[0]) == 1  # the second differs: one page
+
+
+def test_a_duplicate_page_is_not_registered():
+    bm = BlockManager(8, 2, enable_prefix_caching=True)
+    bm.allocate("a", 2)
+    bm.allocate("b", 2)  # the same tokens computed twice before either registered
+    bm.register("a", [1, 2], 2)
+    bm.register("b", [1, 2], 2)
+    assert bm.num_cached_blocks == 1
+    bm.free("a")
+    bm.free("b")
+    bm.check_references()
 
 
 def run(spec=None, cache=False, rounds=2, **overrides) -> tuple[list, Executor]:

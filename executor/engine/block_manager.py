@@ -13,9 +13,13 @@ layer of every step copied the whole context out of the cache: a 1.3k-token veri
 49.5 ms to 61 ms on a 2-core Xeon.
 
 Prefix caching (``enable_prefix_caching``, vLLM's automatic prefix caching): a page full of verified
-tokens is *registered* (`register`) under a hash chained over every token up to its end. A new request
-takes the longest run of registered pages its tokens start with (`cached_prefix`) and computes only
-the rest. Pages are reference-counted: a registered page no request holds stays cached (*evictable*)
+tokens is *registered* (`register`) under its *digest*: SHA-256 over the digest of the page before it
+and the page's own token ids (`page_digest`), so a digest names every token up to the page's end. Two
+different prefixes share a page only through a SHA-256 collision. (Python's ``hash()`` of the parent's
+hash, used before, is 64 bits and invertible step by step: a caller who knows a victim's first page
+could craft a first page of their own with the same hash, and the victim's second page would then be
+served K/V computed after the crafted one.) A new request takes the longest run of registered pages
+its tokens start with (`cached_prefix`) and computes only the rest. Pages are reference-counted: a registered page no request holds stays cached (*evictable*)
 until the pool needs it, oldest first. Only full pages of verified tokens are ever shared, so a
 request writes only into pages it holds alone: its draft slots and rejected drafts are past its
 verified tokens, and `rewind` never reaches a shared page. Evictable pages count as free.
@@ -23,7 +27,18 @@ verified tokens, and `rewind` never reaches a shared page. Evictable pages count
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict, deque
+
+#: the digest before a request's first page
+ROOT_DIGEST = bytes(32)
+
+
+def page_digest(parent: bytes, page_token_ids) -> bytes:
+    """SHA-256 of the previous page's digest (`ROOT_DIGEST` for the first) and this page's token ids as
+    fixed-width int64s: the key of a page holding exactly these tokens after exactly that prefix."""
+    return hashlib.sha256(parent + array("q", page_token_ids).tobytes()).digest()
 
 
 def cdiv(a: int, b: int) -> int:
@@ -44,12 +59,12 @@ class BlockManager:
         self.block_tables: dict[str, list[int]] = {}
         self.num_slots: dict[str, int] = {}  # token slots held by each request
         self.ref_counts: list[int] = [0] * num_blocks  #: requests holding each page
-        #: prefix caching: registered pages (hash -> page), what each holds ((hash before it, its tokens),
-        #: checked on every hit), each request's chain of hashes over its full pages, and the registered
-        #: pages no request holds, least recently released first
-        self._cached: dict[int, int] = {}
-        self._page_key: dict[int, tuple[int, tuple[int, ...]]] = {}
-        self._hashes: dict[str, list[int]] = {}
+        #: prefix caching: registered pages (digest -> page) and each one's digest, each request's chain
+        #: of digests over its full pages, and the registered pages no request holds, least recently
+        #: released first
+        self._cached: dict[bytes, int] = {}
+        self._page_digest: dict[int, bytes] = {}
+        self._digests: dict[str, list[bytes]] = {}
         self._evictable: OrderedDict[int, None] = OrderedDict()
 
     @property
@@ -70,7 +85,7 @@ class BlockManager:
         held = self.num_slots.get(request_id, 0)
         return cdiv(held + num_tokens, self.block_size) - len(self.block_tables.get(request_id, ()))
 
-    def can_allocate(self, num_tokens: int, cached: tuple[list[int], list[int]] = ([], [])) -> bool:
+    def can_allocate(self, num_tokens: int, cached: tuple[list[int], list[bytes]] = ([], [])) -> bool:
         """Whether a new request fits: ``num_tokens`` new slots after the ``cached`` pages it shares
         (`cached_prefix`; sharing an evictable page takes it out of the free count)."""
         pages, _ = cached
@@ -78,9 +93,9 @@ class BlockManager:
         return cdiv(num_tokens, self.block_size) <= self.num_free_blocks - evictable
 
     def allocate(
-        self, request_id: str, num_tokens: int, cached: tuple[list[int], list[int]] = ([], [])
+        self, request_id: str, num_tokens: int, cached: tuple[list[int], list[bytes]] = ([], [])
     ) -> None:
-        """Give a new request the ``cached`` pages of its prefix (`cached_prefix`: pages, their hashes),
+        """Give a new request the ``cached`` pages of its prefix (`cached_prefix`: pages, their digests),
         then pages for ``num_tokens`` more tokens."""
         if request_id in self.block_tables:
             raise KeyError(f"request {request_id!r} already holds pages")
@@ -88,14 +103,14 @@ class BlockManager:
             raise RuntimeError(
                 f"out of KV pages: need {cdiv(num_tokens, self.block_size)}, {self.num_free_blocks} free"
             )
-        pages, hashes = cached
+        pages, digests = cached
         for page in pages:
             self._evictable.pop(page, None)
             self.ref_counts[page] += 1
         self.block_tables[request_id] = list(pages)
         self.num_slots[request_id] = len(pages) * self.block_size
         if self.enable_prefix_caching:
-            self._hashes[request_id] = list(hashes)
+            self._digests[request_id] = list(digests)
         self.append(request_id, num_tokens)
 
     def can_append(self, request_id: str, num_tokens: int) -> bool:
@@ -122,16 +137,12 @@ class BlockManager:
             return following
         if not self._free:
             page, _ = self._evictable.popitem(last=False)
-            del self._cached[self._page_hash(page)]
-            del self._page_key[page]
+            del self._cached[self._page_digest.pop(page)]
             return page
         while (page := self._free_order.popleft()) not in self._free:
             pass  # taken out of turn earlier (every free page has an entry further on)
         self._free.remove(page)
         return page
-
-    def _page_hash(self, page: int) -> int:
-        return hash(self._page_key[page])
 
     def _release(self, pages) -> None:
         """A holder lets go of these pages: a page no one holds any more is cached (registered) or free."""
@@ -139,56 +150,54 @@ class BlockManager:
         for page in pages:
             self.ref_counts[page] -= 1
             if self.ref_counts[page] == 0:
-                if page in self._page_key:
+                if page in self._page_digest:
                     self._evictable[page] = None
                 else:
                     unheld.append(page)
         self._give_back(unheld)
 
     # ---- prefix caching ------------------------------------------------------------------------------
-    def cached_prefix(self, token_ids: list[int], max_tokens: int) -> tuple[list[int], list[int]]:
-        """(pages, their hashes) of the longest run of registered pages ``token_ids`` starts with, at most
-        ``max_tokens`` tokens' worth (a request must compute at least its last token)."""
+    def cached_prefix(self, token_ids: list[int], max_tokens: int) -> tuple[list[int], list[bytes]]:
+        """(pages, their digests) of the longest run of registered pages ``token_ids`` starts with, at
+        most ``max_tokens`` tokens' worth (a request must compute at least its last token)."""
         pages: list[int] = []
-        hashes: list[int] = []
+        digests: list[bytes] = []
         if not self.enable_prefix_caching:
-            return pages, hashes
-        bs, parent = self.block_size, 0
+            return pages, digests
+        bs, parent = self.block_size, ROOT_DIGEST
         for i in range(max_tokens // bs):
-            key = (parent, tuple(token_ids[i * bs : (i + 1) * bs]))
-            page = self._cached.get(hash(key))
-            if page is None or self._page_key[page] != key:  # (a hash collision is a miss)
+            parent = page_digest(parent, token_ids[i * bs : (i + 1) * bs])
+            page = self._cached.get(parent)
+            if page is None:
                 break
             pages.append(page)
-            parent = hash(key)
-            hashes.append(parent)
-        return pages, hashes
+            digests.append(parent)
+        return pages, digests
 
     def register(self, request_id: str, token_ids: list[int], num_verified: int) -> None:
         """Register the request's pages that are full of verified tokens (its first ``num_verified``
         tokens' K/V written and kept) so later requests can share them."""
         if not self.enable_prefix_caching or request_id not in self.block_tables:
             return
-        hashes, table, bs = (
-            self._hashes.setdefault(request_id, []),
+        digests, table, bs = (
+            self._digests.setdefault(request_id, []),
             self.block_tables[request_id],
             self.block_size,
         )
-        for i in range(len(hashes), min(num_verified // bs, len(table))):
-            key = (hashes[-1] if hashes else 0, tuple(token_ids[i * bs : (i + 1) * bs]))
-            hashes.append(hash(key))
+        for i in range(len(digests), min(num_verified // bs, len(table))):
+            digest = page_digest(digests[-1] if digests else ROOT_DIGEST, token_ids[i * bs : (i + 1) * bs])
+            digests.append(digest)
             page = table[i]
-            if hashes[-1] not in self._cached and page not in self._page_key:
-                self._cached[hashes[-1]] = page
-                self._page_key[page] = key
+            if digest not in self._cached and page not in self._page_digest:
+                self._cached[digest] = page
+                self._page_digest[page] = digest
 
     def drop_cached(self) -> int:
         """Forget every cached page no request holds (they become free); the number dropped. Pages a
         request holds stay registered."""
         dropped = list(self._evictable)
         for page in dropped:
-            del self._cached[self._page_hash(page)]
-            del self._page_key[page]
+            del self._cached[self._page_digest.pop(page)]
         self._evictable.clear()
         self._give_back(dropped)
         return len(dropped)
@@ -216,16 +225,16 @@ class BlockManager:
         if len(table) > keep:
             self._release(reversed(table[keep:]))
             del table[keep:]
-        hashes = self._hashes.get(request_id)
-        if hashes is not None and len(hashes) > new_len // self.block_size:  # (pages of verified tokens
-            del hashes[new_len // self.block_size :]  # are never rewound; a caller's rewind may go further)
+        digests = self._digests.get(request_id)
+        if digests is not None and len(digests) > new_len // self.block_size:  # (pages of verified tokens
+            del digests[new_len // self.block_size :]  # are never rewound; a caller's rewind may go further)
         self.num_slots[request_id] = new_len
 
     def free(self, request_id: str) -> None:
         """Let go of all of a request's pages (no-op for a request that holds none)."""
         table = self.block_tables.pop(request_id, None)
         self.num_slots.pop(request_id, None)
-        self._hashes.pop(request_id, None)
+        self._digests.pop(request_id, None)
         if table:
             self._release(reversed(table))
 
@@ -240,5 +249,5 @@ class BlockManager:
         unheld = {p for p in range(self.num_blocks) if holders[p] == 0}
         assert set(self._evictable) | self._free == unheld, "a page is lost, or held and free at once"
         assert not set(self._evictable) & self._free, "a page is cached and free at once"
-        assert set(self._evictable) <= set(self._page_key), "an evictable page is not registered"
-        assert {self._page_hash(p): p for p in self._page_key} == self._cached, "the cache's maps disagree"
+        assert set(self._evictable) <= set(self._page_digest), "an evictable page is not registered"
+        assert {d: p for p, d in self._page_digest.items()} == self._cached, "the cache's maps disagree"
