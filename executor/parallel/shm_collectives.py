@@ -8,19 +8,48 @@ slots in rank order, so every rank holds the same result bit for bit. 16 us betw
 between 3 on the same machine. Two buffers alternate, so a rank may start the next collective while a
 slower one still reads the last: it cannot start the one after before every rank has posted the next.
 
+Ordering: a rank's slot must reach the others before its counter does, and a reader must read the
+slots after the counters. These are plain loads and stores (torch copies, a tensor element) with no
+fence between them, which x86's total store order keeps in program order; aarch64, ppc64le or RISC-V
+may reorder them, and a rank would then sum a peer's slot before its values arrive. Off x86 the
+collectives are refused (`refusal_off_x86`), and the ranks use gloo's instead (`tp_runner.py`).
+
 A rank that waits longer than ``timeout_s`` raises (its peer died or hangs); the front then stops them.
+A rank whose parent (the front) is gone raises `FrontGone` within a few milliseconds: it would
+otherwise spin until ``timeout_s`` for a peer that died with the front.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import time
 
 import torch
 
 from .shared_buffer import SharedBuffer
 
-CHECK_EVERY = 256  #: spins between two looks at the clock
+CHECK_EVERY = 256  #: spins between two looks at the clock and at the parent
+#: what ``platform.machine()`` says on x86 (Linux and macOS, Windows, 32-bit Linux): total store order
+TOTAL_STORE_ORDER_MACHINES = frozenset({"x86_64", "AMD64", "i386", "i686"})
+
+
+class FrontGone(RuntimeError):
+    """The process that started this rank is gone: nothing will post the collective's other parts."""
+
+
+def refusal_off_x86() -> str | None:
+    """Why this machine cannot run the shared-memory collectives (its CPU may reorder the stores), or
+    None on x86."""
+    machine = platform.machine()
+    if machine in TOTAL_STORE_ORDER_MACHINES:
+        return None
+    return (
+        f"the shared-memory collectives need x86's store order and this machine is {machine or 'unknown'}: "
+        "its CPU may make a rank's step counter visible before the values it wrote (the collectives "
+        "have no memory fences), so the ranks all-reduce through gloo's TCP on loopback instead "
+        "(about 100x slower per collective)"
+    )
 
 
 class ShmCollectives:
@@ -32,11 +61,13 @@ class ShmCollectives:
         self._steps = SharedBuffer((world,), torch.long)  # each rank's collectives so far
         self.rank = -1
         self._count = 0
+        self._parent = -1  #: the pid of the process that started this rank (set by ``join``)
 
     def join(self, rank: int) -> None:
         """(in a worker) this process is rank ``rank``; its buffers are mapped now, so the front may
         unlink their files once every rank has started."""
         self.rank = rank
+        self._parent = os.getppid()
         self._buffers.tensor()
         self._count = int(self._steps.tensor()[rank])
 
@@ -72,6 +103,8 @@ class ShmCollectives:
             os.sched_yield()
             spins += 1
             if spins % CHECK_EVERY == 0:
+                if os.getppid() != self._parent:  # (an orphan is handed to init or a subreaper)
+                    raise FrontGone(f"rank {self.rank}'s parent {self._parent} is gone")
                 now = time.monotonic()
                 deadline = deadline or now + self.timeout_s
                 if now > deadline:

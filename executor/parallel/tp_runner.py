@@ -5,7 +5,8 @@ drafters, the grammar masks, sampling and verification stay in the front process
 forward posts the step's sequences to every rank through shared memory (`step_channel.py`); the ranks
 run their shards (`sharding.py`) over their own KV caches (same pages, their heads only), all-reducing
 after ``o_proj`` and ``down_proj`` and gathering the logits through shared memory
-(`shm_collectives.py`); rank 0 writes the logits (and any captured hidden states) back.
+(`shm_collectives.py`; off x86, whose store order they rely on, through gloo's, with a warning saying
+why); rank 0 writes the logits (and any captured hidden states) back.
 
 The ranks also join a gloo group (torch.distributed). A rank that exits, or a step no rank answers
 within ``timeout_s``, fails the forward with an error naming the rank, and every worker is stopped.
@@ -31,8 +32,9 @@ from ..layers.cpu_kernels import cpu_kernels
 from ..model.attention_paths import AttentionPaths
 from ..model.forward_io import ForwardOutput, KVCacheLost, SequenceInput
 from ..model.kv_cache import KVCacheSpec
+from .gloo_collectives import GlooCollectives
 from .sharding import check_shardable, rank_kv_spec, shard_model
-from .shm_collectives import ShmCollectives
+from .shm_collectives import ShmCollectives, refusal_off_x86
 from .step_channel import StepChannel
 from .step_codec import HEADER, PER_SEQUENCE
 from .worker import worker_main
@@ -100,9 +102,7 @@ class TensorParallelRunner:
         dtype = next(self.model.parameters()).dtype
         self.channel = StepChannel(ctx, self.world, capacity, max_num_tokens, vocab, hidden, dtype)
         per_rank_vocab = -(-vocab // self.world)
-        self.comm = ShmCollectives(
-            self.world, max_num_tokens * max(hidden, per_rank_vocab), dtype, self.timeout_s
-        )
+        self.comm = self._collectives(max_num_tokens * max(hidden, per_rank_vocab), dtype)
         threads = max(1, torch.get_num_threads() // self.world)
         self._procs = [
             self._start_rank(
@@ -122,11 +122,20 @@ class TensorParallelRunner:
             self._wait(what, self.timeout_s)
         finally:  # every rank has mapped the shared files (or failed): none is left behind on disk
             self.channel.unlink()
-            self.comm.unlink()
+            if isinstance(self.comm, ShmCollectives):
+                self.comm.unlink()
         if self.capture_layers:  # (a restart: the new ranks record what the old ones did)
             self.channel.post_capture(self.capture_layers)
             self._wait(what, self.timeout_s)
         logger.info("tensor parallelism: %d ranks, %d threads each", self.world, threads)
+
+    def _collectives(self, capacity: int, dtype: torch.dtype) -> ShmCollectives | GlooCollectives:
+        """Shared memory's on x86; gloo's (the ranks' default group) where the CPU may reorder stores."""
+        refusal = refusal_off_x86()
+        if refusal is None:
+            return ShmCollectives(self.world, capacity, dtype, self.timeout_s)
+        logger.warning("tensor parallelism: %s", refusal)
+        return GlooCollectives(None, self.world, self.timeout_s)
 
     def _start_rank(self, ctx, rank: int, model, cache: tuple, threads: int):
         """Spawn rank ``rank`` with its shard (its tensors go through shared memory, not a copy)."""

@@ -1,5 +1,8 @@
 """A tensor-parallel worker: joins the process group, holds its shard and its KV cache, and runs one
-forward per posted step, in a tight loop, until told to stop or its parent is gone."""
+forward per posted step, in a tight loop, until told to stop or its parent is gone (noticed within
+``PARENT_CHECK_S`` between steps, within milliseconds in a shared-memory collective: `FrontGone`).
+The ranks look at ``os.getppid()`` rather than ask for ``PR_SET_PDEATHSIG``: that signal comes when the
+*thread* that started the rank ends, and a restart may start them from an engine thread."""
 
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ import torch.distributed as dist
 
 from ..model.kv_cache import KVCache, KVCacheSpec
 from ..model.model_runner import ModelRunner
-from .shm_collectives import ShmCollectives
+from .gloo_collectives import GlooCollectives
+from .shm_collectives import FrontGone, ShmCollectives
 from .step_channel import StepChannel
 
 PARENT_CHECK_S = 1.0  #: how often a waiting worker checks that the front is still there
@@ -28,7 +32,7 @@ def worker_main(
     block_size: int,
     max_num_tokens: int,
     channel: StepChannel,
-    comm: ShmCollectives,
+    comm: ShmCollectives | GlooCollectives,
     threads: int,
     timeout_s: float,
 ) -> None:
@@ -45,7 +49,8 @@ def worker_main(
         runner = ModelRunner(
             shard, KVCache(kv_spec, num_blocks, block_size, torch.device("cpu")), max_num_tokens
         )
-        comm.join(rank)
+        if isinstance(comm, ShmCollectives):  # (gloo's run in the group just joined)
+            comm.join(rank)
         channel.map_buffers()  # (the front unlinks the shared files once every rank has started)
     except Exception:
         channel.report_error(rank, "start-up failed: " + traceback.format_exc(limit=3))
@@ -68,6 +73,8 @@ def worker_main(
                 if rank == 0:
                     channel.note_read()
                 _forward(runner, seqs, channel, rank)
+        except FrontGone:
+            break
         except Exception as exc:
             channel.report_error(rank, f"{type(exc).__name__}: {exc}")
         channel.done.release()
