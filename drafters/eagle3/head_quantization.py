@@ -23,8 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...executor.layers.cpu_info import describe_cpu
-from ...executor.layers.measurement_cache import cached_measurement, interleaved_medians
+from ...executor.layers.measurement_cache import cached_measurement, interleaved_medians, machine_key
 from ...executor.layers.quantized.quantization import quantize_model
 from ...executor.layers.quantized.quantized_linear import Int8WeightOnlyLinear
 
@@ -88,10 +87,7 @@ def apply_head_quantization(head: nn.Module, choice: HeadQuantization) -> nn.Mod
 
 
 def _cached_times(shapes: tuple[tuple[int, int], ...], dtype: torch.dtype, cache_dir: Path | None) -> dict:
-    key = (
-        f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
-        f"|{dtype}|{shapes}"
-    )
+    key = f"v{MEASUREMENT_VERSION}|{machine_key()}|{dtype}|{shapes}"
     names = (str(dtype), *(f"int8 {d}" for d in ACTIVATION_DTYPES))
     return cached_measurement(
         cache_dir,

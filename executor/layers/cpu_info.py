@@ -1,13 +1,18 @@
 """What this machine's CPU is and which of its instruction sets matter to the dtype choice (Linux's
-``/proc/cpuinfo``; empty answers elsewhere)."""
+``/proc/cpuinfo``; empty answers elsewhere), and the key that tells one CPU from another for what is
+cached per CPU: the model name alone does not (a VM's "Intel(R) Xeon(R) Processor" hides which
+AVX-512 and AMX sets it has; aarch64 has no model name at all)."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 from pathlib import Path
 
 #: flags of native bfloat16 matrix arithmetic (AVX512-BF16 dot products, AMX tiles)
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+#: aarch64's vector and dot-product sets, shown as x86's are
+ARM_SHOWN_FLAGS = ("sve", "sve2", "i8mm", "bf16")
 
 
 @functools.cache
@@ -28,7 +33,29 @@ def cpu_model_name() -> str:
 
 
 def cpu_flags() -> frozenset[str]:
-    return frozenset(_first("flags").split())
+    """Every instruction-set flag the kernel reports (x86's ``flags``, aarch64's ``Features``)."""
+    return frozenset((_first("flags") or _first("Features")).split())
+
+
+#: the /proc/cpuinfo fields that name a CPU's make and generation (x86, then aarch64)
+ID_FIELDS = (
+    "vendor_id",
+    "cpu family",
+    "model\t",
+    "CPU implementer",
+    "CPU architecture",
+    "CPU variant",
+    "CPU part",
+)
+
+
+def cpu_key() -> str:
+    """What cached builds and measurements of this CPU are keyed by: `describe_cpu`'s line for a reader,
+    then a digest of the model name, the make and generation fields and every flag, so that two CPUs
+    with one name and different instruction sets never share a cache entry."""
+    ids = [f"{field.strip()}={_first(field)}" for field in ID_FIELDS]
+    whole = "\n".join([cpu_model_name(), *ids, " ".join(sorted(cpu_flags()))])
+    return f"{describe_cpu()} [features {hashlib.sha256(whole.encode()).hexdigest()[:16]}]"
 
 
 def native_bf16_flags() -> list[str]:
@@ -40,8 +67,14 @@ def native_bf16_flags() -> list[str]:
 def describe_cpu() -> str:
     """One line for reports: the model name and the instruction sets that decide speed here."""
     flags = cpu_flags()
-    shown = [f for f in ("avx2", "avx512f", "avx512_vnni", *BF16_FLAGS) if f in flags]
-    return f"{cpu_model_name() or 'unknown CPU'} ({', '.join(shown) or 'no AVX2'})"
+    shown = [f for f in ("avx2", "avx512f", "avx512_vnni", *BF16_FLAGS, *ARM_SHOWN_FLAGS) if f in flags]
+    return f"{cpu_model_name() or _arm_name() or 'unknown CPU'} ({', '.join(shown) or 'no AVX2'})"
+
+
+def _arm_name() -> str:
+    """aarch64's /proc/cpuinfo has no model name: its implementer and part codes name the core."""
+    implementer, part = _first("CPU implementer"), _first("CPU part")
+    return f"CPU implementer {implementer} part {part}" if implementer else ""
 
 
 def available_memory_bytes() -> int | None:

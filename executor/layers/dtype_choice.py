@@ -29,7 +29,7 @@ from torch import nn
 
 from .attention_kernels import attend
 from .cpu_info import describe_cpu, native_bf16_flags
-from .measurement_cache import cached_measurement, median_seconds
+from .measurement_cache import cached_measurement, machine_key, median_seconds
 from .paged_attention_cpu import attend_paged_cpu, paged_cpu_kernel_runs
 from .quantized.q8_block_linear import Int8BlockLinear
 from .quantized.quantized_dot import BLOCK, MAX_ROWS, TILE, int8_dot_loads
@@ -110,10 +110,7 @@ def choose_dtype(
 def _cached_bf16_ratio(
     shape: ModelShape, cache_dir: Path | None, quantization: str | None, int8_dot: bool = False
 ) -> float:
-    key = (
-        f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
-        f"|{shape}|quantization={quantization}|int8_dot={int8_dot}"
-    )
+    key = f"v{MEASUREMENT_VERSION}|{machine_key()}|{shape}|quantization={quantization}|int8_dot={int8_dot}"
     data = cached_measurement(
         cache_dir,
         "dtype-choice",

@@ -35,7 +35,7 @@ from torch import nn
 
 from .cpu_info import describe_cpu
 from .dtype_choice import DecodeStepWork, ModelShape
-from .measurement_cache import cached_measurement, cached_row_ratios, interleaved_medians
+from .measurement_cache import cached_measurement, cached_row_ratios, interleaved_medians, machine_key
 from .packed_linear import PackedLinear, RowBands, can_pack, can_pack_mkl
 
 CPU_LINEARS = ("auto", "blas", "onednn")
@@ -157,10 +157,7 @@ def fit_in_memory(
 
 def _measurement_key(shape: ModelShape, dtype: torch.dtype, quantization: str | None) -> str:
     """What a cached timing depends on: this CPU, torch, threads, the model's shape, dtype and weights."""
-    return (
-        f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
-        f"|{shape}|{dtype}|quantization={quantization}"
-    )
+    return f"v{MEASUREMENT_VERSION}|{machine_key()}|{shape}|{dtype}|quantization={quantization}"
 
 
 def _cached_onednn_ratios(

@@ -12,6 +12,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
+from .cpu_info import cpu_key
+
 logger = logging.getLogger("specexec")
 
 
@@ -26,6 +30,13 @@ def resolve_cache_dir(configured: str | os.PathLike | None = None) -> Path:
 def default_cache_dir() -> Path:
     env = os.environ.get("SPECEXEC_CACHE_DIR")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "specexec"
+
+
+def machine_key() -> str:
+    """The part of every measurement's key that names the machine: this CPU's features (`cpu_key`:
+    not its model name alone, which a VM shares with CPUs that differ in AVX-512 and AMX), torch's
+    version and its threads."""
+    return f"{cpu_key()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:

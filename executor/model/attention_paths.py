@@ -17,9 +17,8 @@ from pathlib import Path
 import torch
 
 from ..layers.attention_kernels import AUTO, MATMUL, PAGED_CPU, PAGED_TRITON, SDPA, attend
-from ..layers.cpu_info import describe_cpu
 from ..layers.cpu_kernels import cpu_kernels
-from ..layers.measurement_cache import cached_measurement, median_seconds
+from ..layers.measurement_cache import cached_measurement, machine_key, median_seconds
 from ..layers.paged_attention_cpu import attend_paged_cpu
 from ..layers.triton_kernels import TRITON_DTYPES, triton_available
 
@@ -82,7 +81,7 @@ def choose_attention_paths(
     if device.type != "cpu":
         return AttentionPaths.all(PAGED_TRITON if dtype in TRITON_DTYPES and triton_available() else SDPA)
     key = (
-        f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
+        f"v{MEASUREMENT_VERSION}|{machine_key()}"
         f"|{dtype}|heads={num_heads}/{num_kv_heads}x{head_dim}|cpp={cpu_kernels() is not None}"
     )
     data = cached_measurement(

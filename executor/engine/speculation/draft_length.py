@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ...layers.cpu_info import describe_cpu
+from ...layers.cpu_info import cpu_key
 from ...layers.measurement_cache import cached_measurement, median_seconds
 from ...layers.packed_linear import PackedLinear
 
@@ -102,7 +102,7 @@ def cost_cache_key(model: torch.nn.Module) -> str:
     # their row bands one that runs only some row counts on oneDNN
     packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
     bands = sorted({m.describe_kernels() for m in packed})
-    where = describe_cpu() if param.device.type == "cpu" else torch.cuda.get_device_name(param.device)
+    where = cpu_key() if param.device.type == "cpu" else torch.cuda.get_device_name(param.device)
     return (
         f"{name}|{num_params}|buffers={buffer_bytes}|packed={len(packed)}|rows={bands}|{param.dtype}"
         f"|{param.device}|{where}|threads={torch.get_num_threads()}"

@@ -39,7 +39,7 @@ from torch import nn
 
 from ..cpu_info import describe_cpu
 from ..cpu_kernels import cpu_kernels, fused_ops_take
-from ..measurement_cache import cached_row_ratios, interleaved_medians
+from ..measurement_cache import cached_row_ratios, interleaved_medians, machine_key
 
 QUANTIZED_KERNELS = ("auto", "torch", "int8_dot")
 BLOCK = 32  #: inputs per activation scale (and per Q4 scale): the kernels need in_features in multiples
@@ -267,10 +267,7 @@ def measure_ratios(layers: list[nn.Module], dtype: torch.dtype, repeats: int = 5
 
 def _cached_ratios(layers: list[nn.Module], dtype: torch.dtype, cache_dir: Path | None) -> dict[int, float]:
     shapes = sorted({(m.scheme, m.in_features, m.out_features) for m in layers})
-    key = (
-        f"v{MEASUREMENT_VERSION}|{describe_cpu()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
-        f"|{dtype}|layers={len(layers)}|{shapes}"
-    )
+    key = f"v{MEASUREMENT_VERSION}|{machine_key()}|{dtype}|layers={len(layers)}|{shapes}"
     return cached_row_ratios(
         cache_dir,
         "quantized-kernel",
