@@ -102,22 +102,3 @@ def test_an_activation_the_op_does_not_know_runs_on_torch():
     assert fused_activation_code(act) is None
     gate_up = torch.randn(3, 8)
     assert torch.equal(act_mul(gate_up, act, None), F.relu(gate_up[:, :4]) * gate_up[:, 4:])
-
-
-def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp_path):
-    """torch waits forever on a build lock whose process died while building (it happened here when a
-    tensor-parallel worker was stopped mid-build); one older than any build is removed."""
-    import os
-    import time
-
-    from specexec.executor.layers.cpu_kernels import STALE_LOCK_S, _drop_stale_lock
-
-    lock = tmp_path / "lock"
-    lock.touch()
-    _drop_stale_lock(lock)
-    assert lock.exists(), "a build in progress keeps its lock"
-    old = time.time() - STALE_LOCK_S - 1
-    os.utime(lock, (old, old))
-    _drop_stale_lock(lock)
-    assert not lock.exists()
-    _drop_stale_lock(lock)  # (none there: nothing to do)

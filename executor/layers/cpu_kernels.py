@@ -12,24 +12,34 @@
   (`row_summary.py`).
 
 They are compiled on first use with torch's cpp_extension (``-O3 -march=native``, OpenMP; ninja and a
-C++ compiler) into specexec's cache folder, one build per source, CPU and torch, and loaded from there
-afterwards (the sources include ATen and torch/library.h only, not torch/extension.h: the build takes
-seconds, not a minute). The first build says so on the loading log. Where they cannot be built, or with
-``SPECEXEC_CPU_KERNELS=0``, every caller runs its torch ops instead and the log says so once.
+C++ compiler) into specexec's cache folder and loaded from there afterwards (the sources include ATen
+and torch/library.h only, not torch/extension.h). A build is keyed by what decides its machine code:
+the compiler's expansion of ``-march=native`` and its version (`compiler_target.py`), this CPU's
+features (`cpu_info.cpu_key`), torch's version, the sources and the flags; the key is recorded beside
+the ``.so`` (`RECORD`) and checked before loading, so a cache copied from another CPU (a shared home,
+a CI cache, a container image) is built again, never loaded to die on an instruction this CPU lacks.
+The first build says so, with how long it takes, on the loading log or else on standard error. Where
+they cannot be built, or with ``SPECEXEC_CPU_KERNELS=0``, every caller runs its torch ops instead and
+the log says so once; ``SPECEXEC_CPU_KERNELS=1`` makes a failed build an error instead.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import os
+import shutil
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from .cpu_info import describe_cpu
+from .build_lock import held_build_lock
+from .compiler_target import compiler_command, compiler_target
+from .cpu_info import cpu_key
 from .measurement_cache import default_cache_dir
 
 logger = logging.getLogger("specexec")
@@ -49,66 +59,144 @@ HEADERS = tuple(
     Path(__file__).parent / name
     for name in ("float_convert.h", "attention_vectors.h", "attention_bf16_dot.h")
 )
-STALE_LOCK_S = 600.0  #: a build lock older than this was left by a process that died building
-SWITCH = "SPECEXEC_CPU_KERNELS"  #: "0" keeps every CPU op on torch
+#: "0" keeps every CPU op on torch; "1" makes a failed build an error; unset: built where it can be
+SWITCH = "SPECEXEC_CPU_KERNELS"
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")  #: (no errno: libm calls vectorize)
 #: the dtypes the fused ops take (float64, the tests' reference dtype, stays on torch ops)
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+RECORD = "build-key.json"  #: beside the .so: the identity it was built for
+LOCK = "specexec.lock"  #: specexec's lock on a build folder (`build_lock.py`); torch's own is "lock"
+#: what the first build takes: about 35 s on 2 cores here, longer on one core or a busy machine
+FIRST_BUILD_TIME = "30 s to 2 minutes"
 
 
 @functools.cache
 def cpu_kernels():
     """``torch.ops.specexec_cpu`` once the ops are built and loaded; None where they cannot be (logged)."""
-    if os.environ.get(SWITCH) == "0":
+    switch = os.environ.get(SWITCH, "")
+    if switch not in ("", "0", "1"):
+        raise ValueError(
+            f"{SWITCH} must be 0 (torch ops), 1 (C++ kernels or an error) or unset, got {switch!r}"
+        )
+    if switch == "0":
         logger.info("C++ CPU kernels off (%s=0): torch ops run instead", SWITCH)
         return None
-    digest = hashlib.sha256(
-        "\0".join(
-            [*(s.read_text() for s in SOURCES + HEADERS), describe_cpu(), torch.__version__, *CFLAGS]
-        ).encode()
-    ).hexdigest()[:12]
-    name = f"specexec_cpu_{digest}"
-    build = default_cache_dir() / "cpu-kernels" / name
+    identity = build_identity()
+    build = build_folder(identity)
     started = time.perf_counter()
     try:
         from torch.utils.cpp_extension import load
 
         build.mkdir(parents=True, exist_ok=True)
-        _drop_stale_lock(build / "lock")
-        if not any(build.glob("*.so")):
-            logging.getLogger("specexec.loading").info(
-                "building specexec's C++ CPU kernels once for this CPU (about 20 s); cached in %s", build
+        with held_build_lock(build / LOCK):
+            _drop_stale_lock(build / "lock")
+            _match_record_inplace(build, identity)
+            if not any(build.glob("*.so")):
+                _announce_first_build(build)
+            load(
+                name=build.name,
+                sources=[str(s) for s in SOURCES],
+                extra_cflags=list(CFLAGS),
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build),
+                verbose=False,
+                is_python_module=False,
             )
-        load(
-            name=name,
-            sources=[str(s) for s in SOURCES],
-            extra_cflags=list(CFLAGS),
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build),
-            verbose=False,
-            is_python_module=False,
-        )
     except Exception as exc:  # no compiler, no ninja, a failed build: torch ops instead
+        last_line = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+        if switch == "1":
+            raise RuntimeError(f"specexec's C++ CPU kernels could not be built ({SWITCH}=1): {exc}") from exc
         logger.warning(
-            "specexec's C++ CPU kernels could not be built (%s: %s); torch ops run instead",
+            "specexec's C++ CPU kernels could not be built (%s: %s); torch ops run instead "
+            "(they need a C++ compiler with OpenMP; %s=1 makes this an error)",
             type(exc).__name__,
-            str(exc).strip().splitlines()[-1] if str(exc).strip() else "",
+            last_line,
+            SWITCH,
         )
         return None
     logger.info("C++ CPU kernels loaded from %s (%.1f s)", build, time.perf_counter() - started)
     return torch.ops.specexec_cpu
 
 
-def _drop_stale_lock(lock: Path) -> None:
-    """torch's build lock, left by a process killed while it built (Ctrl-C, a stopped worker), makes
-    every later build wait for it forever; a build takes well under `STALE_LOCK_S`."""
+def build_identity() -> dict[str, str]:
+    """Everything a build's machine code depends on, as recorded beside it."""
+    target = compiler_target(compiler_command(), CFLAGS)
+    sources = hashlib.sha256("\0".join(s.read_text() for s in SOURCES + HEADERS).encode())
+    return {
+        "compiler": target.compiler,
+        "compiler_version": target.version,
+        "target": " ".join(target.options),
+        "cpu": cpu_key(),
+        "torch": torch.__version__,
+        "cflags": " ".join(CFLAGS),
+        "sources": sources.hexdigest(),
+    }
+
+
+def build_folder(identity: dict[str, str]) -> Path:
+    """The folder one identity's build lives in (under the cache folder's ``cpu-kernels``)."""
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+    return default_cache_dir() / "cpu-kernels" / f"specexec_cpu_{digest}"
+
+
+def describe_cpu_kernels() -> str:
+    """Which kernels run on the CPU, for `specexec run`'s header: the C++ ones and what they were built
+    for, or torch's and why."""
+    if cpu_kernels() is not None:
+        target = compiler_target(compiler_command(), CFLAGS)
+        built_for = f"-march={target.cpu}" if target.cpu else "-march=native"
+        return f"C++ ({built_for}, {target.version or target.compiler}; {build_folder(build_identity())})"
+    if os.environ.get(SWITCH) == "0":
+        return f"torch ({SWITCH}=0)"
+    return "torch (the C++ build failed: see the warning above; it needs a C++ compiler with OpenMP)"
+
+
+def _match_record_inplace(build: Path, identity: dict[str, str]) -> None:
+    """A build is loaded only under the identity it records: a folder that records another one (or
+    none: an older specexec's, a copied one) loses its build products, is built again, and records
+    this identity first (a build stopped midway then leaves a record and no ``.so``: built again too)."""
+    record = build / RECORD
     try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
+        recorded = json.loads(record.read_text())
+    except (OSError, ValueError):
+        recorded = None
+    if recorded == identity:
         return
-    if age > STALE_LOCK_S:
-        logger.warning("removing a stale build lock (%.0f s old): %s", age, lock)
+    stale = [p for p in build.iterdir() if p.name != RECORD and not p.name.startswith(LOCK)]
+    if stale:
+        logger.warning(
+            "the CPU kernels in %s do not record this CPU and compiler: building them again", build
+        )
+    for path in stale:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    record.write_text(json.dumps(identity, indent=1))
+
+
+def _drop_stale_lock(lock: Path) -> None:
+    """torch's own build lock, found while specexec's is held: every builder of this folder holds
+    specexec's lock around torch's, so this one was left by a builder that died (torch would wait on
+    it forever)."""
+    if lock.exists():
+        logger.warning("removing torch's build lock, left by a build that was stopped: %s", lock)
         lock.unlink(missing_ok=True)
+
+
+def _announce_first_build(build: Path) -> None:
+    """The first build's pause, said where the user will see it: on the loading log where something
+    shows it (`specexec run`, a configured logger), else as a line on standard error (a plain
+    ``Executor()`` in a script has no logging set up)."""
+    message = (
+        f"building specexec's C++ CPU kernels once for this CPU and compiler ({FIRST_BUILD_TIME}); "
+        f"cached in {build}"
+    )
+    loading = logging.getLogger("specexec.loading")
+    if loading.isEnabledFor(logging.INFO) and loading.hasHandlers():
+        loading.info(message)
+    else:
+        print(f"specexec: {message}", file=sys.stderr, flush=True)
 
 
 def fused_ops_take(x: torch.Tensor) -> bool:
