@@ -184,6 +184,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if executor.quantization is not None:
             print(f"[{executor.quantization.summary()}]", file=sys.stderr)
         if executor.model.device.type == "cpu":
+            from .executor.layers.cpu_kernels import describe_cpu_kernels
+
+            print(f"[cpu kernels: {describe_cpu_kernels()}]", file=sys.stderr)
             linear = executor.linear_backend
             print(f"[cpu_linear {linear.backend}: {linear.reason}]", file=sys.stderr)
             if executor.quantization is not None:
