@@ -4,13 +4,11 @@ errors, and speculation on a float32 target that runs them (greedy identity)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from cpu_isa_builds import compile_to_assembly, cpu_flags, require_x86_64_linux_with_avx2, run_build
 from specexec.executor.executor import Executor
 from specexec.executor.layers.cpu_kernels import cpu_kernels
 from specexec.executor.layers.quantized import quantized_dot
@@ -109,7 +107,8 @@ def test_q8_linear_is_the_int8_rounded_product_within_its_bound(
     dtype, per_block, rows, in_features, out_features
 ):
     gen = torch.Generator().manual_seed(out_features)
-    q = torch.randint(-127, 128, (out_features, in_features), generator=gen, dtype=torch.int8)
+    # every int8 code, -128 too: GGUF's Q8_0 may hold it
+    q = torch.randint(-128, 128, (out_features, in_features), generator=gen, dtype=torch.int8)
     shape = (out_features, in_features // BLOCK) if per_block else (out_features,)
     scale = (torch.rand(*shape, generator=gen) * 0.01).half().float()
     x = torch.randn(rows, in_features, generator=gen).to(dtype)
@@ -448,64 +447,73 @@ def test_a_float32_executor_with_torch_keeps_torch_kernels():
         assert all(m.int8_dot_rows == 0 for m in quantized_dot.quantized_layers(ex.model))
 
 
-# ---- the AVX2 and plain C++ paths, built apart (this CPU may run the VNNI one) -----------------------------
+# ---- the AVX2, AVX-VNNI and plain C++ paths, built apart (this CPU may run the AVX-512 one) --------------
 
-ISA_CHECK = textwrap.dedent(
-    """
-    import sys, torch
-    from torch.utils.cpp_extension import load
-    flags, build, source, inputs, out = sys.argv[1:6]
-    load(name="qd_" + flags.replace("-", "_").replace("=", "_"), sources=[source],
-         extra_cflags=["-O2", flags], build_directory=build, is_python_module=False, verbose=False)
-    ops = torch.ops.specexec_cpu
-    x, q8, row_scale, block_scale, q4 = torch.load(inputs)
-    torch.save({"isa": ops.quantized_dot_isa(), "q8": ops.q8_linear(x, q8, block_scale),
-                "q8_row": ops.q8_linear(x, q8, row_scale), "q4": ops.q4_linear(x, q4)}, out)
-    """
-)
+ISA_BODY = """
+x, q8, row_scale, block_scale, q4 = inputs
+result = {"isa": ops.quantized_dot_isa(), "q8": ops.q8_linear(x, q8, block_scale),
+          "q8_row": ops.q8_linear(x, q8, row_scale), "q4": ops.q4_linear(x, q4)}
+"""
+NAN_ROW = 5  #: the row of `isa_inputs` that holds a NaN
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("flags", "isa"), [("-march=x86-64-v3", "avx2"), ("-march=x86-64", "scalar")])
-def test_the_avx2_and_plain_builds_give_this_builds_results(tmp_path, flags, isa):
-    if not (sys.platform == "linux" and Path("/proc/cpuinfo").read_text().count(" avx2") > 0):
-        pytest.fail("this check builds x86-64 code: it needs an x86-64 Linux machine with AVX2, as CI has")
+def isa_inputs():
+    """Activations with a block whose largest magnitude is negative (AVX2's sign trick) and a row with a
+    NaN; int8 codes with -128 among them (GGUF's Q8_0 allows it: AVX2 must not negate it to itself);
+    and the float64 references of the finite rows."""
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(5, 96, generator=gen)
-    x[0, :BLOCK] = -x[0, :BLOCK].abs()  # a block whose largest magnitude is negative: the sign trick
-    q8 = pack_q8(torch.randint(-127, 128, (40, 96), generator=gen, dtype=torch.int8))
+    x = torch.randn(6, 96, generator=gen)
+    x[0, :BLOCK] = -x[0, :BLOCK].abs()
+    x[NAN_ROW, 50] = float("nan")
+    q = torch.randint(-128, 128, (40, 96), generator=gen, dtype=torch.int8)
+    q[::3, ::5] = -128
     row_scale, block_scale = torch.rand(40, generator=gen) * 0.01, torch.rand(40, 3, generator=gen) * 0.01
     weights = random_q4(40, 96, seed=1)
     inputs = (
         x,
-        q8,
+        pack_q8(q),
         row_scale,
         tile_block_scales(block_scale),
         pack_q4(weights.q, weights.scale, weights.offset),
     )
-    torch.save(inputs, tmp_path / "inputs.pt")
-    script = tmp_path / "isa_check.py"
-    script.write_text(ISA_CHECK)
-    (tmp_path / "build").mkdir()
-    out = tmp_path / "out.pt"
-    subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            flags,
-            str(tmp_path / "build"),
-            str(SOURCE),
-            str(tmp_path / "inputs.pt"),
-            str(out),
-        ],
-        check=True,
-        timeout=600,
-    )
-    got = torch.load(out)
+    finite = x[:NAN_ROW]
+    references = {
+        "q8": reference(finite, q.double() * block_scale.double().repeat_interleave(BLOCK, 1))[0],
+        "q8_row": reference(finite, q.double() * row_scale.double()[:, None])[0],
+        "q4": reference(finite, weights.dequantize())[0],
+    }
+    return inputs, references
+
+
+def assert_isa_results(got: dict, references: dict) -> None:
+    for name, want in references.items():
+        torch.testing.assert_close(got[name][:NAN_ROW].double(), want, rtol=1e-5, atol=1e-4, msg=name)
+        assert got[name][NAN_ROW].isnan().all(), f"{name}: the NaN row must come out NaN"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("flags", "isa"), [(["-march=x86-64-v3"], "avx2"), (["-march=x86-64"], "scalar")])
+def test_the_avx2_and_plain_builds_give_the_reference_results(tmp_path, flags, isa):
+    require_x86_64_linux_with_avx2()
+    inputs, references = isa_inputs()
+    got = run_build(tmp_path, SOURCE, flags, inputs, ISA_BODY)
     assert got["isa"] == isa
-    torch.testing.assert_close(got["q8"], q8_linear(*inputs[:2], inputs[3]), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got["q8_row"], q8_linear(*inputs[:3]), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got["q4"], q4_linear(x, inputs[4]), rtol=1e-5, atol=1e-5)
+    assert_isa_results(got, references)
+
+
+@pytest.mark.slow
+def test_the_avx_vnni_build_compiles_to_its_dot_product_and_runs_where_the_cpu_has_it(tmp_path):
+    """AVX-VNNI (the 256-bit VEX ``vpdpbusd`` of Alder Lake and later; AVX512-VNNI implies nothing about
+    it) is compiled on any x86-64 machine; it runs only where /proc/cpuinfo lists avx_vnni."""
+    require_x86_64_linux_with_avx2()
+    flags = ["-march=x86-64-v3", "-mavxvnni"]
+    assembly = compile_to_assembly(tmp_path, SOURCE, flags)
+    assert "{vex} vpdpbusd" in assembly, "the AVX-VNNI branch, not AVX2's, must be what this build runs"
+    if "avx_vnni" in cpu_flags():
+        inputs, references = isa_inputs()
+        got = run_build(tmp_path, SOURCE, flags, inputs, ISA_BODY)
+        assert got["isa"] == "avx_vnni"
+        assert_isa_results(got, references)
 
 
 def test_the_choice_says_a_q8_0_layer_runs_on_int8_dot_whatever_it_chose(tmp_path):

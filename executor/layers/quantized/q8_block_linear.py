@@ -12,7 +12,8 @@ from .quantized_linear import DENSE_FROM_ROWS, Q8_INT8_DOT, WeightOnlyLinear
 
 
 class Int8BlockLinear(WeightOnlyLinear):
-    """int8 codes with one scale per block of 32 inputs, as GGUF's Q8_0 stores them: weight = q * scale.
+    """int8 codes with one scale per block of 32 inputs, as GGUF's Q8_0 stores them: weight = q * scale,
+    q any int8 (a file may hold -128, which llama.cpp's quantizer never writes; every int8_dot path takes it).
     Torch has no kernel for it, so every call below `DENSE_FROM_ROWS` rows runs on the int8_dot kernel
     (`quantized_dot.py`; `quantization.py` builds this layer only where that kernel loads), and the rest
     (prefill chunks, float64) on the dequantized weights, which are exact in float32."""
