@@ -5,9 +5,11 @@ queries, shuffled pages; and the torch path when the kernel is switched off."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
+from cpu_isa_builds import require_x86_64_linux_with_avx2, run_build
 from specexec.executor.layers import cpu_kernels as kernels_module
 from specexec.executor.layers.attention_kernels import MATMUL, PAGED_CPU
 from specexec.executor.layers.cpu_kernels import cpu_kernels
@@ -262,29 +264,16 @@ def test_switched_off_the_kernel_is_not_loaded_and_attention_runs_on_torch(monke
     assert cpu_kernels() is not None, "back on once the switch is gone"
 
 
-ISA_CHECK = """
-import sys, torch
-from torch.utils.cpp_extension import load
-flags, build, source, inputs, out = sys.argv[1:6]
-load(name="pa_" + flags.replace("-", "_").replace("=", "_"), sources=[source],
-     extra_cflags=["-O2", flags], build_directory=build, is_python_module=False, verbose=False)
-args = torch.load(inputs)
-torch.save([torch.ops.specexec_cpu.paged_attention_short(*a) for a in args], out)
-"""
+ISA_BODY = "result = [ops.paged_attention_short(*args) for args in inputs]"
 
 
 @pytest.mark.slow
 def test_the_avx2_build_gives_this_builds_results(tmp_path):
-    """The AVX2 vector path (8 lanes: its own transposing sum and max), built apart: this CPU may run the
-    AVX-512 one."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
+    """The AVX2 vector path (8 lanes: its own transposing sum, max and exponent), built apart: this CPU
+    may run the AVX-512 one. A NaN in a query reaches its row's output there too."""
     from specexec.executor.layers import paged_attention_cpu
 
-    if not (sys.platform == "linux" and Path("/proc/cpuinfo").read_text().count(" avx2") > 0):
-        pytest.fail("this check builds x86-64 code: it needs an x86-64 Linux machine with AVX2, as CI has")
+    require_x86_64_linux_with_avx2()
     calls = []
     for dtype, window, softcap in [
         (torch.float32, None, None),
@@ -292,40 +281,16 @@ def test_the_avx2_build_gives_this_builds_results(tmp_path):
         (torch.float16, None, 7.5),
     ]:
         cache, meta, query = make_case(dtype, 9, 3, 64, 16, [4], [700])
-        q = query.view(1, 4, 9, 64)
+        q = query.view(1, 4, 9, 64).clone()
+        q[0, 2, 4, 7] = float("nan")  # query 2, head 4
         positions = torch.arange(696, 700)[None]
-        calls.append(
-            (
-                q,
-                cache.kv[0],
-                meta.groups[0].block_tables,
-                positions,
-                torch.tensor([700]),
-                16,
-                0.125,
-                window or 0,
-                softcap or 0.0,
-            )
-        )
-    torch.save(calls, tmp_path / "inputs.pt")
-    (tmp_path / "check.py").write_text(ISA_CHECK)
-    (tmp_path / "build").mkdir()
+        tables, lens = meta.groups[0].block_tables, torch.tensor([700])
+        calls.append((q, cache.kv[0], tables, positions, lens, 16, 0.125, window or 0, softcap or 0.0))
     source = Path(paged_attention_cpu.__file__).with_name("paged_attention_cpu.cpp")
-    out = tmp_path / "out.pt"
-    subprocess.run(
-        [
-            sys.executable,
-            str(tmp_path / "check.py"),
-            "-march=x86-64-v3",
-            str(tmp_path / "build"),
-            str(source),
-            str(tmp_path / "inputs.pt"),
-            str(out),
-        ],
-        check=True,
-        timeout=600,
-    )
-    for got, args in zip(torch.load(out), calls):
+    for got, args in zip(run_build(tmp_path, source, ["-march=x86-64-v3"], calls, ISA_BODY), calls):
+        assert got[0, 2, 4].isnan().all() and not got[0, 2, 3].isnan().any()
         want = cpu_kernels().paged_attention_short(*args)
         tolerance = TOLERANCE[args[0].dtype]
-        torch.testing.assert_close(got.double(), want.double(), rtol=tolerance, atol=tolerance)
+        torch.testing.assert_close(
+            got.double(), want.double(), rtol=tolerance, atol=tolerance, equal_nan=True
+        )

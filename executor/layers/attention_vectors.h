@@ -82,9 +82,12 @@ constexpr int64_t W = 0;  // no vector path: the plain loops run
 
 #if W_HAS_VECTORS
 // e^x for x <= 0 (softmax's x - max), to about 2 ulp: e^x = 2^n * e^r with n = round(x / ln 2) and
-// r = x - n ln 2 (in two parts), e^r by its degree-6 Taylor polynomial (|r| <= ln 2 / 2).
+// r = x - n ln 2 (in two parts), e^r by its degree-6 Taylor polynomial (|r| <= ln 2 / 2). A NaN stays
+// NaN, as torch's softmax keeps it, so that a NaN score fails its request instead of weighing ~0.
 inline vf vexp(vf x) {
-  x = vmax(x, vset(-87.3f));  // below: 0 (2^n would leave float's range)
+  // below -87.3: 0 (2^n would leave float's range). maxps returns its second operand where either is NaN:
+  // x second, so a NaN x passes through (vmax(x, -87.3) made it -87.3)
+  x = vmax(vset(-87.3f), x);
   const vf n = vround(vmul(x, vset(1.44269504088896341f)));
   const vf r = vfma(n, vset(-1.42860677e-6f), vfma(n, vset(-0.693145752f), x));
   vf p = vset(1.f / 720);
