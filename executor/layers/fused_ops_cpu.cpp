@@ -4,7 +4,8 @@
 //   computed in float: Llama's convention weight * (x * rsqrt(mean(x^2) + eps)).to(dtype), or Gemma's
 //   ((x * rsqrt(...)) * (1 + weight)).to(dtype);
 // - rotary_kv_write: RoPE on the q and k heads of a fused QKV row (x * cos + swap_halves(x) * signed sin,
-//   the table's rows), K and V written into one layer's KV pool at the rows' slots; returns q rotated;
+//   the table's rows), K and V written into one layer's KV pool at the rows' slots (each checked to lie
+//   in the pool first); returns q rotated;
 // - act_mul: act(gate) * up over a fused gate/up row (SiLU, or GELU's tanh form), each rounded to the
 //   dtype as torch's two ops round.
 // float32, bfloat16 and float16; rows split over torch's threads.
@@ -46,6 +47,8 @@ inline float sum_of_squares(const float* v, int64_t n) {
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(
     at::Tensor x, std::optional<at::Tensor> residual, at::Tensor weight, double eps, bool unit_offset) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && x.size(1) == weight.size(0), "x [T, D], weight [D]");
+  TORCH_CHECK(!residual.has_value() || residual->sizes() == x.sizes(), "add_rms_norm: residual must be x's shape ",
+              x.sizes(), ", got ", residual.has_value() ? residual->sizes() : x.sizes());
   x = x.contiguous();
   weight = weight.contiguous();
   const at::Tensor res = residual.has_value() ? residual->contiguous() : x;
@@ -92,14 +95,27 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(
 // qkv [T, (H + 2 KV) * D]; rows [T, 2, 1, D] (cos, signed sin); kv [2, slots, KV, D]; slots [T]
 at::Tensor rotary_kv_write(
     at::Tensor qkv, at::Tensor rows, at::Tensor kv, at::Tensor slots, int64_t H, int64_t KV, int64_t D) {
+  TORCH_CHECK(H > 0 && KV > 0 && D > 0 && D % 2 == 0, "rotary_kv_write: head counts and an even head size, got H ",
+              H, ", KV ", KV, ", D ", D);
   TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == (H + 2 * KV) * D, "qkv [T, (H + 2 KV) * D]");
-  TORCH_CHECK(kv.is_contiguous() && kv.size(2) == KV && kv.size(3) == D, "kv [2, slots, KV, D], contiguous");
+  TORCH_CHECK(kv.dim() == 4 && kv.size(0) == 2 && kv.is_contiguous() && kv.size(2) == KV && kv.size(3) == D,
+              "kv [2, slots, KV, D], contiguous");
   TORCH_CHECK(qkv.scalar_type() == kv.scalar_type() && rows.scalar_type() == qkv.scalar_type(), "one dtype");
-  TORCH_CHECK(D % 2 == 0, "rotary_kv_write: an even head size");
+  const int64_t T = qkv.size(0), num_slots = kv.size(1), half = D / 2;
+  TORCH_CHECK(rows.dim() >= 1 && rows.size(0) == T && rows.numel() == T * 2 * D,
+              "rotary_kv_write: rows must be [T, 2, 1, D] = [", T, ", 2, 1, ", D, "], got ", rows.sizes());
+  TORCH_CHECK(slots.dim() == 1 && slots.size(0) == T, "rotary_kv_write: slots must be [T] = [", T, "], got ",
+              slots.sizes());
   qkv = qkv.contiguous();
   rows = rows.contiguous();
   slots = slots.to(at::kLong).contiguous();
-  const int64_t T = qkv.size(0), num_slots = kv.size(1), half = D / 2;
+  // every slot in the pool before anything is written, as torch's index_copy_ checks (one pass over T)
+  const int64_t* slot_of = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t slot = slot_of[t];
+    TORCH_CHECK(slot >= 0 && slot < num_slots, "rotary_kv_write: slots[", t, "] = ", slot,
+                " is out of range: the pool holds ", num_slots, " slots");
+  }
   at::Tensor q = at::empty({T, H, D}, qkv.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rotary_kv_write", [&] {
     using T_ = scalar_t;

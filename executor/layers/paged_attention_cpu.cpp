@@ -13,7 +13,8 @@
 // scores and for the values (the probabilities rounded to bfloat16 there, as flash attention does on
 // GPUs). double, and head sizes that are not a multiple of the vector width, run the plain loops, one
 // task per (request, query, KV head). A padded query (no key in range) attends key 0, as the torch
-// path's mask does; its row is never read.
+// path's mask does; its row is never read. Every page a request reads is checked to lie in the pool
+// first (`check_pages`), and a NaN score makes its row NaN, as on torch's softmax.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -504,6 +505,27 @@ void attend(const Problem& P, const T* qp, const T* kp, const T* vp, T* op) {
   attend_plain<T>(P, qp, kp, vp, op);
 }
 
+// Every page a request's keys are read from lies in the pool, as torch's page gather checks its indices:
+// request g reads blocks [0, ceil(max(kv_lens[g], 1) / block_size)) of its table (a request of no keys
+// attends key 0), slots table[g][b] * block_size .. + block_size - 1. One pass over the small index
+// tensors (long, contiguous) before anything is read.
+void check_pages(const at::Tensor& block_tables, const at::Tensor& kv_lens, int64_t block_size, int64_t slots) {
+  const int64_t G = block_tables.size(0), max_blocks = block_tables.size(1), pages = slots / block_size;
+  TORCH_CHECK(G == 0 || max_blocks > 0, "paged_attention_short: block_tables [G, max_blocks] has no pages");
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  const int64_t* lens = kv_lens.data_ptr<int64_t>();
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t blocks = lens[g] / block_size + (lens[g] % block_size != 0);  // (no overflow for any length)
+    TORCH_CHECK(lens[g] >= 0 && blocks <= max_blocks, "paged_attention_short: kv_lens[", g, "] = ", lens[g],
+                " is out of range: its block table holds ", max_blocks, " pages of ", block_size, " keys");
+    for (int64_t b = 0; b < std::max<int64_t>(blocks, 1); ++b) {
+      const int64_t page = tables[g * max_blocks + b];
+      TORCH_CHECK(page >= 0 && page < pages, "paged_attention_short: block_tables[", g, ", ", b, "] = ", page,
+                  " is out of range: the pool holds ", pages, " pages of ", block_size, " slots");
+    }
+  }
+}
+
 at::Tensor paged_attention_short(
     at::Tensor q,             // [G, Q, H, D]
     at::Tensor kv,            // [2, slots, KVH, D] one layer's pool
@@ -515,13 +537,22 @@ at::Tensor paged_attention_short(
     int64_t window,
     double softcap) {
   TORCH_CHECK(q.dim() == 4 && kv.dim() == 4 && kv.size(0) == 2, "q [G, Q, H, D], kv [2, slots, KVH, D]");
-  TORCH_CHECK(q.size(3) == kv.size(3) && q.size(2) % kv.size(2) == 0, "head shapes do not fit");
+  TORCH_CHECK(kv.size(2) > 0 && q.size(3) == kv.size(3) && q.size(2) % kv.size(2) == 0, "head shapes do not fit");
   TORCH_CHECK(q.scalar_type() == kv.scalar_type(), "q and kv must share a dtype");
   TORCH_CHECK(kv.is_contiguous(), "the KV pool must be contiguous");
+  const int64_t G = q.size(0), Q = q.size(1);
+  TORCH_CHECK(block_size > 0, "paged_attention_short: block_size must be positive, got ", block_size);
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == G,
+              "paged_attention_short: block_tables must be [G, max_blocks] with G = ", G, ", got ", block_tables.sizes());
+  TORCH_CHECK(query_pos.dim() == 2 && query_pos.size(0) == G && query_pos.size(1) == Q,
+              "paged_attention_short: query_pos must be [G, Q] = [", G, ", ", Q, "], got ", query_pos.sizes());
+  TORCH_CHECK(kv_lens.dim() == 1 && kv_lens.size(0) == G, "paged_attention_short: kv_lens must be [G] = [", G,
+              "], got ", kv_lens.sizes());
   q = q.contiguous();
   block_tables = block_tables.to(at::kLong).contiguous();
   query_pos = query_pos.to(at::kLong).contiguous();
   kv_lens = kv_lens.to(at::kLong).contiguous();
+  check_pages(block_tables, kv_lens, block_size, kv.size(1));
   auto out = at::empty_like(q);
   const Problem P{
       q.size(0), q.size(1), q.size(2), q.size(3), kv.size(2), kv.size(1), block_tables.size(1),
