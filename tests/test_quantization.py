@@ -127,6 +127,14 @@ def test_match_rows_finds_a_reordering_and_refuses_anything_else():
 # ---- settings ----------------------------------------------------------------------------------------
 
 
+def test_match_rows_takes_a_negative_zero_for_a_zero():
+    """A Q4_0 block with a negative scale and a code of 8: -0.0 in the converted copy, +0.0 in ours."""
+    stored = torch.tensor([[0.0, 1.5, -2.0], [3.0, 0.0, 0.25]])
+    converted = torch.tensor([[3.0, -0.0, 0.25], [-0.0, 1.5, -2.0]])
+    assert torch.equal(match_rows(stored, converted, "t"), torch.tensor([1, 0]))
+    assert torch.equal(match_rows(stored, converted.bfloat16(), "t"), torch.tensor([1, 0]))
+
+
 def test_quantization_setting_is_checked_with_the_allowed_values():
     assert ExecutorConfig(quantization="int4").quantization == "int4"
     with pytest.raises(ValueError, match=r"'quantization': got 'q4_k'; allowed: null, int8, int4, gguf"):

@@ -87,9 +87,14 @@ class GGUFFile:
 
 def match_rows(stored: torch.Tensor, converted: torch.Tensor, name: str) -> torch.Tensor:
     """``order`` [rows] with ``stored[order] == converted`` exactly (both [rows, cols], compared in the
-    converted dtype); refuse if any converted row is not among the stored ones."""
-    converted = converted.detach().cpu()
-    stored = stored.to(converted.dtype)
+    converted dtype); refuse if any converted row is not among the stored ones.
+
+    Rows are matched by their bits, with -0.0 made +0.0 on both sides first: a Q4_0 block with a
+    negative scale decodes a code of 8 to ``d * (8 - 8)``, -0.0 in gguf-py's dequantization (and so in
+    transformers' converted copy) and +0.0 in ours; llama-quantize writes such scales wherever a block's
+    largest-magnitude value is positive, so every Q4_0 file it made was refused."""
+    converted = converted.detach().cpu() + 0.0  # (-0.0 + 0.0 is +0.0; every other value is kept)
+    stored = stored.to(converted.dtype) + 0.0
     if torch.equal(stored, converted):
         return torch.arange(stored.shape[0])
     index = {row.tobytes(): i for i, row in enumerate(_bits(stored))}
