@@ -18,10 +18,12 @@ from ..sampling import SamplingParams
 from .bad_request import BadRequest
 from .tools import ToolPlan, guided_format, parse_tools
 
-#: fields both endpoints map onto SamplingParams (same name, same meaning); ignore_eos is vLLM's extension
+#: fields both endpoints map onto SamplingParams (same name, same meaning); ignore_eos and stop_token_ids
+#: are vLLM's extensions
 _SAMPLING_FIELDS = frozenset(
     {
         "ignore_eos",
+        "stop_token_ids",
         "temperature",
         "top_p",
         "top_k",
