@@ -80,7 +80,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-requests", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens per request")
+    parser.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="generate exactly --max-tokens per request, the same way in every engine: no token of the run's "
+        "stop set (the tokenizer's EOS, the generation config's and the GGUF's stop ids) can be sampled "
+        "(HF, llama.cpp: -inf; specexec, --server: logit_bias -100); the record says so and counts the "
+        "stop tokens each row sampled (the library's SamplingParams.ignore_eos samples EOS and goes on)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run every configuration N times, interleaved (A, B, C, A, B, C, ...); the table shows each "
+        "figure's median and (min-max), the JSON keeps every pass",
+    )
     parser.add_argument(
         "--guided",
         action="store_true",
@@ -226,8 +240,8 @@ def _check_drafters(configs: list[NamedConfig]) -> None:
 
 def run(args) -> int:
     concurrencies = _parse_int_list(args.concurrency, "--concurrency")
-    if args.num_requests < 1 or args.max_tokens < 1:
-        raise ValueError("--num-requests and --max-tokens must be >= 1")
+    if args.num_requests < 1 or args.max_tokens < 1 or args.repeats < 1:
+        raise ValueError("--num-requests, --max-tokens and --repeats must be >= 1")
     if args.plot:
         from .plot import check_plotting
 
@@ -278,6 +292,9 @@ def run(args) -> int:
                 f"rank 0's read) took {row['tp_broadcast_share']:.1%} of the forwards' time"
             )
     print(f"threads: {torch_threads()} for every engine (one process); CPU: {describe_machine()['cpu']}")
+    if runner.stop_tokens:
+        meaning = "cannot be sampled (--ignore-eos)" if args.ignore_eos else "end a request"
+        print(f"stop tokens {runner.stop_tokens.token_ids} for every engine: {meaning}")
     for asked, ran in runner.dtypes.items():
         print(f"dtype {asked}: {ran}")
     if runner.forward_cost:
@@ -295,6 +312,8 @@ def run(args) -> int:
             "dataset": args.dataset,
             "max_tokens": args.max_tokens,
             "temperature": args.temperature,
+            "repeats": args.repeats,
+            **(runner.stop_tokens.record(args.ignore_eos) if runner.stop_tokens else {}),
             "machine": describe_machine(),
             "forward_cost": runner.forward_cost,
             "dtypes": runner.dtypes,
@@ -312,9 +331,10 @@ def run(args) -> int:
 def _plot_title(args) -> str:
     sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature}"
     length = f"{'exactly' if args.ignore_eos else 'up to'} {args.max_tokens} tokens"
+    passes = f", median of {args.repeats} passes" if args.repeats > 1 else ""
     guided = ", guided" if args.guided else ""
     return (
-        f"specexec bench: {args.dataset}, {args.num_requests} requests of {length}, {sampling}{guided}; "
+        f"specexec bench: {args.dataset}, {args.num_requests} requests of {length}, {sampling}{guided}{passes}; "
         f"{torch_threads()} threads on {describe_machine()['cpu']}"
     )
 

@@ -30,6 +30,9 @@ class RequestRecord:
     text: str = ""
     turn: int = 1  #: the conversation's turn (multi-turn sets; 1 otherwise)
     num_cached_tokens: int = 0  #: prompt tokens taken from the prefix cache instead of computed
+    #: output tokens in the run's stop set (`stop_tokens.py`): 0 with --ignore-eos, else 1 when it ended on
+    #: one; None when the engine did not say which tokens it sampled
+    num_stop_tokens: int | None = 0
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -74,6 +77,9 @@ def summarize(
         "acceptance_per_position": _position_rates(records),
         "schema_valid_rate": sum(valid) / len(valid) if valid else None,
         "cached_share": sum(r.num_cached_tokens for r in records) / prompt_tokens if prompt_tokens else None,
+        "num_stop_tokens": None
+        if any(r.num_stop_tokens is None for r in records)
+        else sum(r.num_stop_tokens for r in records),
         "speedup": {},
     }
     for key, values in (

@@ -10,6 +10,16 @@ def _fmt(value, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _measured(row: dict, key: str, spec: str = ".1f", unit: str = "") -> str:
+    """A measured figure; with --repeats its median, then its spread over the passes: ``24.1 (22.0-25.3)``."""
+    value = row["speedup"].get(key.removeprefix("speedup.")) if key.startswith("speedup.") else row.get(key)
+    cell = _fmt(value, spec) + (unit if value is not None else "")
+    low_high = row.get("spread", {}).get(key)
+    if value is None or not low_high or row.get("num_passes", 1) < 2:
+        return cell
+    return f"{cell} ({format(low_high[0], spec)}-{format(low_high[1], spec)})"
+
+
 COLUMNS = (
     "name",
     "c",
@@ -21,6 +31,7 @@ COLUMNS = (
     "tpot p50 ms",
     "acc.len",
     "draft%",
+    "stops",
     "valid",
     "cached%",
     "vs none",
@@ -38,17 +49,18 @@ def format_table(rows: list[dict], guided: bool = False) -> str:
             row["name"],
             str(row["concurrency"]),
             str(row["num_requests"]),
-            _fmt(row["output_tokens_per_s"]),
-            _fmt(row["per_user_tokens_per_s"]),
-            _fmt(row["ttft_ms_p50"], ".0f"),
-            *([_fmt(row.get("ttft_later_turns_ms_p50"), ".0f")] if later else []),
-            _fmt(row["tpot_ms_p50"]),
+            _measured(row, "output_tokens_per_s"),
+            _measured(row, "per_user_tokens_per_s"),
+            _measured(row, "ttft_ms_p50", ".0f"),
+            *([_measured(row, "ttft_later_turns_ms_p50", ".0f")] if later else []),
+            _measured(row, "tpot_ms_p50"),
             _fmt(row["mean_acceptance_length"], ".2f"),
             _fmt(row.get("drafting_share") if row.get("mean_acceptance_length") else None, ".0%"),
+            _fmt(row.get("num_stop_tokens"), "d"),
             _fmt(row["schema_valid_rate"] if guided else None, ".0%"),
             _fmt(row.get("cached_share"), ".0%"),
-            _fmt(row["speedup"].get("none"), ".2f") + ("x" if row["speedup"].get("none") else ""),
-            _fmt(row["speedup"].get("hf"), ".2f") + ("x" if row["speedup"].get("hf") else ""),
+            _measured(row, "speedup.none", ".2f", "x"),
+            _measured(row, "speedup.hf", ".2f", "x"),
         ]
         for row in rows
     ]
@@ -64,17 +76,21 @@ def format_table(rows: list[dict], guided: bool = False) -> str:
 LEGEND = (
     "tok/s       all requests' output tokens / wall time, first sent to last done (prefill and gaps included)\n"
     "tok/s/user  mean over requests of 1 / TPOT: decoding only, no prefill, so at c=1 it is above tok/s\n"
-    "ttft p50    median time from a request's submission to its first output token (queueing, prefill)\n"
+    "ttft p50    median time from a request's sending to its first output token (queueing, prefill); every\n"
+    "            engine is sent a request when one of its c slots frees, and the clock starts then\n"
     "ttft 2+     (conversations) the same over turns 2 and later, whose prompts hold the earlier turns\n"
     "tpot p50    median over requests of (finish - first token) / (output tokens - 1)\n"
     "acc.len     (decode steps + accepted drafts) / decode steps: tokens per target forward\n"
     "draft%      drafting time / (drafting + target-forward time)\n"
+    "stops       tokens of the run's one stop set sampled (over all passes); 0 with --ignore-eos, where none\n"
+    "            can be sampled; - where the engine does not say which tokens it sampled\n"
     "valid       share of outputs valid against their prompt's schema (--guided only, else -)\n"
     "cached%     share of prompt tokens taken from the prefix cache instead of computed\n"
     "vs none     tok/s over specexec's without drafts at the same concurrency\n"
     "vs hf       tok/s over HF generate's (c=1; hf-guided with --guided) or generate_batch's (c>1)\n"
+    "with --repeats N: each timed cell is the median of N interleaved passes, (min-max) after it\n"
     "timing: hf c=1 rows with a generate streamer (hf-assisted's first chunk brings its first accepted\n"
-    "        drafts along); hf-batch from generate_batch's timestamps; server rows at the client"
+    "        drafts along); hf-batch from transformers' continuous-batching timestamps; server rows at the client"
 )
 
 

@@ -9,17 +9,19 @@ import torch
 from tqdm import tqdm
 
 from .engines.conversations import num_turns, run_conversations
+from .engines.hf_batch import run_hf_generate_batch
 from .engines.specexec_hf import (
     Workload,
     chat_token_ids,
     hf_grammar_processors,
     run_hf_generate,
-    run_hf_generate_batch,
     run_specexec,
 )
 from .held_messages import library_messages_after_the_bar
 from .records import summarize
+from .repeats import combine_passes
 from .report import add_speedups
+from .stop_tokens import FORBIDDEN_BY, StopTokens, find_stop_tokens
 
 logger = logging.getLogger("specexec")
 FORWARD_COST_REPEATS = 3  #: timed forwards per size (after one untimed); the median is kept
@@ -37,6 +39,10 @@ class BenchRunner:
         self._models: dict[tuple, object] = {}
         self.dtypes: dict[str, str] = {}  #: each dtype asked for -> what ran, and why ("auto" resolved)
         self._tokenizer = None
+        self.stop_tokens: StopTokens | None = None  #: the one stop set, from the first model loaded
+        self.num_passes = max(1, getattr(args, "repeats", 1))  #: every configuration this many times
+        self._pass = 0  #: the pass running now (rows carry it)
+        self._cached: dict[str, object] = {}  #: what later passes reuse: HF's copy, its assistant, llama
         #: conversations (each prompt's later turns sent after its answers) instead of single prompts
         self.multiturn = any(p.follow_ups for p in prompts)
 
@@ -49,18 +55,37 @@ class BenchRunner:
         key = (model, dtype)
         if fresh or key not in self._models:
             loaded = load_model(model, dtype=dtype, progress=False)
-            self._tokenizer = self._tokenizer or loaded.tokenizer
+            self._remember_tokenizer(loaded)
             if fresh:
                 return loaded.model
             self._models[key] = loaded.model
         return self._models[key]
+
+    def _remember_tokenizer(self, loaded) -> None:
+        """The first model's tokenizer renders every prompt, and its stop ids (tokenizer, generation
+        config, GGUF file) make the one stop set every engine gets."""
+        if self._tokenizer is None:
+            self._tokenizer = loaded.tokenizer
+            self.stop_tokens = find_stop_tokens(
+                loaded.tokenizer, loaded.model.generation_config, loaded.gguf_path
+            )
 
     def _workload(self) -> Workload:
         tok = self._tokenizer
         ids = chat_token_ids(tok, self.prompts)
         a = self.args
         tools = bool(getattr(a, "tool_choice", None))
-        return Workload(self.prompts, ids, a.max_tokens, a.temperature, a.ignore_eos, a.guided, tools)
+        stops = self.stop_tokens.token_ids if self.stop_tokens else []
+        return Workload(
+            self.prompts, ids, a.max_tokens, a.temperature, a.ignore_eos, a.guided, tools, list(stops)
+        )
+
+    def _summarize(self, name: str, concurrency: int, records, wall: float, extra: dict, engine: str) -> None:
+        """One row of this pass, saying how its engine kept the stop set out with --ignore-eos."""
+        row = summarize(name, concurrency, records, wall, extra)
+        row["pass"] = self._pass
+        row["stop_tokens_forbidden_by"] = FORBIDDEN_BY[engine] if self.args.ignore_eos else None
+        self.rows.append(row)
 
     def _prompt_lookup_lengths(self) -> list[int]:
         return [int(n) for n in str(self.args.hf_prompt_lookup_tokens).split(",") if n]
@@ -75,8 +100,12 @@ class BenchRunner:
         llamacpp = int("llamacpp" in self.baselines and 1 in self.concurrencies)
         server = len(self.concurrencies) if self.args.server else 0
         if self.multiturn:  # (specexec configurations only)
-            return len(self.configs) * len(self.concurrencies) * num_turns(self.prompts)
-        return (len(self.configs) * len(self.concurrencies) + hf + llamacpp + server) * len(self.prompts)
+            per_pass = len(self.configs) * len(self.concurrencies) * num_turns(self.prompts)
+        else:
+            per_pass = (len(self.configs) * len(self.concurrencies) + hf + llamacpp + server) * len(
+                self.prompts
+            )
+        return per_pass * self.num_passes
 
     def _resolve(self, model: str | None, dtype: str, quantization: str | None = None) -> str:
         """``auto`` becomes this machine's pick (the executor's own rule, for weights quantized as
@@ -98,18 +127,22 @@ class BenchRunner:
 
     # ---- running --------------------------------------------------------------------------------
     def run_all(self) -> None:
+        """Every configuration once per pass, the passes one after the other (A, B, C, A, B, C, ...), so
+        a slow spell of the machine falls on every configuration alike instead of on one."""
         with (
             library_messages_after_the_bar(),
             tqdm(total=self._num_runs(), desc="bench", unit="req", dynamic_ncols=True) as bar,
         ):
-            for named in self.configs:
-                self._run_specexec(named, bar)
-            if "hf" in self.baselines:
-                self._run_hf(bar)
-            if "llamacpp" in self.baselines:
-                self._run_llamacpp(bar)
-            if self.args.server:
-                self._run_server(bar)
+            for i in range(self.num_passes):
+                self._pass = i
+                for named in self.configs:
+                    self._run_specexec(named, bar)
+                if "hf" in self.baselines:
+                    self._run_hf(bar)
+                if "llamacpp" in self.baselines:
+                    self._run_llamacpp(bar)
+                if self.args.server:
+                    self._run_server(bar)
 
     def _run_specexec(self, named, bar) -> None:
         from ..executor.executor import Executor
@@ -130,7 +163,7 @@ class BenchRunner:
         if self.forward_cost is None:
             self._measure_forward_cost(executor)
         for c in self.concurrencies:
-            bar.set_postfix_str(f"{named.name} c={c}")
+            bar.set_postfix_str(f"{named.name} c={c}{self._pass_label()}")
             executor.reset_prefix_cache()  # every run starts cold: nothing reused from the one before
             stats = executor.speculation.stats
             draft0, target0 = stats.drafting_time, stats.target_time
@@ -152,7 +185,7 @@ class BenchRunner:
                 if self.args.guided
                 else None,
             }
-            self.rows.append(summarize(named.name, c, records, wall, extra))
+            self._summarize(named.name, c, records, wall, extra, "specexec")
         executor.close()  # (its threads, and under tensor parallelism its worker processes)
         gc.collect()
 
@@ -177,7 +210,9 @@ class BenchRunner:
 
     def _run_hf(self, bar) -> None:
         dtype = self.args.hf_dtype or self.args.dtype or self.configs[0].config.dtype
-        model = self._load(self.configs[0].config.model, dtype, fresh=True)
+        if "hf" not in self._cached:  # its own copy, loaded once for every pass
+            self._cached["hf"] = self._load(self.configs[0].config.model, dtype, fresh=True)
+        model = self._cached["hf"]
         tok = self._tokenizer
         work = self._workload()
         if self.args.guided:  # generate with xgrammar's processor; prompt lookup cannot be guided
@@ -189,7 +224,7 @@ class BenchRunner:
                 self._warm_up(lambda w: run_hf_generate(model, tok, w, {}, processors=processors))
                 records, wall = run_hf_generate(model, tok, work, {}, bar.update, processors)
                 extra = {"engine": "transformers generate + xgrammar LogitsProcessor", "guided": True}
-                self.rows.append(summarize("hf-guided", 1, records, wall, extra))
+                self._summarize("hf-guided", 1, records, wall, extra, "transformers")
             return
         if 1 in self.concurrencies:
             from ..drafters.quantize import quantized_copy
@@ -198,21 +233,20 @@ class BenchRunner:
             for n in self._prompt_lookup_lengths():
                 variants[f"hf-prompt-lookup-{n}"] = {"prompt_lookup_num_tokens": n}
             # the same int8 copy specexec's self-draft uses, in the dtype measured for its kernels
-            assistant = quantized_copy(model, dtype=self._self_draft_dtype(model))
-            variants["hf-assisted"] = {"assistant_model": assistant}
+            if "hf-assistant" not in self._cached:
+                self._cached["hf-assistant"] = quantized_copy(model, dtype=self._self_draft_dtype(model))
+            variants["hf-assisted"] = {"assistant_model": self._cached["hf-assistant"]}
             for name, kwargs in variants.items():
-                bar.set_postfix_str(f"{name} c=1")
+                bar.set_postfix_str(f"{name} c=1{self._pass_label()}")
                 self._warm_up(lambda w, kw=kwargs: run_hf_generate(model, tok, w, kw))
                 records, wall = run_hf_generate(model, tok, work, kwargs, bar.update)
-                self.rows.append(summarize(name, 1, records, wall, {"engine": "transformers generate"}))
-        for i, c in enumerate(c for c in self.concurrencies if c > 1):
-            bar.set_postfix_str(f"hf-batch c={c}")
-            if i == 0:  # its first call pays one-off set-up (24 s against 9 s for 2 x 8 tokens here)
-                self._warm_up(lambda w: run_hf_generate_batch(model, tok, w, 1))
+                extra = {"engine": "transformers generate"}
+                self._summarize(name, 1, records, wall, extra, "transformers")
+        for c in (c for c in self.concurrencies if c > 1):  # (each call warms its manager up, untimed)
+            bar.set_postfix_str(f"hf-batch c={c}{self._pass_label()}")
             records, wall = run_hf_generate_batch(model, tok, work, c, bar.update)
-            self.rows.append(
-                summarize("hf-batch", c, records, wall, {"engine": "transformers generate_batch"})
-            )
+            extra = {"engine": "transformers continuous batching (generate_batch's manager)"}
+            self._summarize("hf-batch", c, records, wall, extra, "transformers")
 
     def _run_llamacpp(self, bar) -> None:
         """The same GGUF through llama-cpp-python, at concurrency 1 only (one request at a time)."""
@@ -226,12 +260,15 @@ class BenchRunner:
             self._load(self.configs[0].config.model, self.configs[0].config.dtype)
         llama_cpp = import_llama_cpp()
         work = self._workload()
-        llm = load_llama(llama_cpp, gguf_file(self.configs[0].config.model), work, torch_threads())
-        bar.set_postfix_str("llamacpp c=1")
+        if "llamacpp" not in self._cached:
+            path = gguf_file(self.configs[0].config.model)
+            self._cached["llamacpp"] = load_llama(llama_cpp, path, work, torch_threads())
+        llm = self._cached["llamacpp"]
+        bar.set_postfix_str(f"llamacpp c=1{self._pass_label()}")
         self._warm_up(lambda w: run_llamacpp(llama_cpp, llm, self._tokenizer, w))
         records, wall = run_llamacpp(llama_cpp, llm, self._tokenizer, work, bar.update)
         extra = {"engine": f"llama-cpp-python {llama_cpp.__version__}", "guided": self.args.guided}
-        self.rows.append(summarize("llamacpp", 1, records, wall, extra))
+        self._summarize("llamacpp", 1, records, wall, extra, "llama.cpp")
 
     def _run_server(self, bar) -> None:
         """A running server driven over HTTP with the same token ids, at every concurrency."""
@@ -242,19 +279,21 @@ class BenchRunner:
         if self._tokenizer is None:  # the workload is rendered with the model's own chat template
             from ..executor.model.model_loader import load_model
 
-            self._tokenizer = load_model(self.args.model, progress=False).tokenizer
+            self._remember_tokenizer(load_model(self.args.model, progress=False))
         work = self._workload()
+        # how the server names each stop token in log-probabilities: its decoding alone
+        stop_texts = frozenset(self._tokenizer.decode([t]) for t in work.stop_token_ids)
         self._warm_up(lambda w: run_server(url, w, 1, api_key=key))
         for c in self.concurrencies:
-            bar.set_postfix_str(f"server c={c}")
-            records, wall, counters = run_server(url, work, c, bar.update, key)
+            bar.set_postfix_str(f"server c={c}{self._pass_label()}")
+            records, wall, counters = run_server(url, work, c, bar.update, key, stop_texts)
             drafted, accepted = counters.get("num_draft_tokens", 0), counters.get("num_accepted_tokens", 0)
             extra = {
                 "engine": f"server {url} ({served})",
                 "guided": self.args.guided,
                 "acceptance_rate": accepted / drafted if drafted else None,
             }
-            self.rows.append(summarize("server", c, records, wall, extra))
+            self._summarize("server", c, records, wall, extra, "server")
 
     def _self_draft_dtype(self, model) -> torch.dtype:
         from ..drafters.base import DrafterContext
@@ -271,8 +310,14 @@ class BenchRunner:
         work.max_tokens = min(work.max_tokens, 8)
         fn(work)
 
+    def _pass_label(self) -> str:
+        return f" pass {self._pass + 1}/{self.num_passes}" if self.num_passes > 1 else ""
+
     def finish(self) -> list[dict]:
+        """The rows with their speed-ups, each pass's against the baselines of the same pass; with
+        --repeats, one row per (name, concurrency): the median of its passes, their spread and each pass."""
         hf = "hf-guided" if self.args.guided else "hf"
         baselines = {c: {"none": "none", "hf": hf if c == 1 else "hf-batch"} for c in self.concurrencies}
-        add_speedups(self.rows, baselines)
-        return self.rows
+        for i in range(self.num_passes):
+            add_speedups([r for r in self.rows if r["pass"] == i], baselines)
+        return combine_passes(self.rows) if self.num_passes > 1 else self.rows

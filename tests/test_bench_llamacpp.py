@@ -16,6 +16,7 @@ from specexec.prompt_sets.datasets import BenchPrompt
 from test_bench_command import bench_argv, tiny_dir  # noqa: F401  (a fixture)
 
 EOS = 0
+EOT = 7  #: a second stop id, as Llama-3's <|eot_id|> is beside its EOS
 
 
 class FakeTokenizer:
@@ -42,10 +43,10 @@ class FakeLlama:
     def generate(self, tokens, **kwargs):
         self.calls.append((list(tokens), kwargs))
         for token in self.script:
-            scores = [0.0] * 4
+            scores = [0.0] * 8
             for processor in kwargs.get("logits_processor") or []:
                 scores = processor(tokens, scores)
-            yield 3 if token == EOS and scores[EOS] == -float("inf") else token  # EOS forbidden: next best
+            yield 3 if scores[token] == -float("inf") else token  # a forbidden token: the next best
 
 
 def fake_binding(bad_schema: bool = False):
@@ -63,9 +64,10 @@ def fake_binding(bad_schema: bool = False):
     return module, grammars
 
 
-def workload(guided=False, ignore_eos=False, max_tokens=4, temperature=0.0) -> Workload:
+def workload(guided=False, ignore_eos=False, max_tokens=4, temperature=0.0, stops=(EOS, EOT)) -> Workload:
     prompts = [BenchPrompt("a", [], {"type": "object"}), BenchPrompt("b", [], None)]
-    return Workload(prompts, [[5, 6, 7], [8, 9]], max_tokens, temperature, ignore_eos, guided)
+    ids = [[5, 6, 7], [8, 9]]
+    return Workload(prompts, ids, max_tokens, temperature, ignore_eos, guided, stop_token_ids=list(stops))
 
 
 def test_the_engine_passes_the_same_token_ids_greedy_and_stops_at_eos():
@@ -113,6 +115,28 @@ def test_ignore_eos_forbids_the_eos_token_and_runs_to_max_tokens():
     )
     assert [r.num_output_tokens for r in records] == [4, 4]
     assert all(r.finish_reason == "length" for r in records)
+    assert [r.num_stop_tokens for r in records] == [0, 0]
+
+
+def test_ignore_eos_forbids_every_token_of_the_stop_set_not_only_token_eos():
+    binding, _ = fake_binding()
+    llm = FakeLlama([1, EOT, 2, EOT, 3])
+    records, _ = run_llamacpp(binding, llm, FakeTokenizer(), workload(ignore_eos=True))
+    assert [r.num_output_tokens for r in records] == [4, 4]
+    assert [r.num_stop_tokens for r in records] == [0, 0], "the end-of-turn id is forbidden too"
+
+
+def test_without_ignore_eos_any_token_of_the_stop_set_ends_a_request():
+    binding, _ = fake_binding()
+    records, _ = run_llamacpp(binding, FakeLlama([1, EOT, 2, 3]), FakeTokenizer(), workload())
+    assert [r.num_output_tokens for r in records] == [2, 2]
+    assert all(r.finish_reason == "stop" and r.num_stop_tokens == 1 for r in records)
+
+
+def test_a_stop_set_without_the_ggufs_own_eos_is_refused():
+    binding, _ = fake_binding()
+    with pytest.raises(ValueError, match="EOS id 0 is not in the bench's stop set"):
+        run_llamacpp(binding, FakeLlama([1, 2]), FakeTokenizer(), workload(stops=(EOT,)))
 
 
 def test_without_llama_cpp_python_the_baseline_is_refused_with_the_install_command(

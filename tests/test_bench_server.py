@@ -48,3 +48,26 @@ def test_bench_drives_a_server_with_the_same_prompts_and_gets_the_same_greedy_te
 def test_bench_refuses_a_url_where_no_server_answers(tmp_path, capsys):
     assert main(["bench", "--server", "http://127.0.0.1:9", "--num-requests", "1"]) == 2
     assert "no OpenAI-compatible server answers" in capsys.readouterr().err
+
+
+def test_a_server_gets_the_one_stop_set_and_with_ignore_eos_samples_none_of_it(tmp_path):
+    from test_bench_stop_tokens import MAX_TOKENS, save_tiny_dir_with_two_stop_ids
+
+    model = save_tiny_dir_with_two_stop_ids(tmp_path / "model")
+    config = ExecutorConfig(model=model, dtype="float32", progress=False)
+    runs = {}
+    with served_engine(Executor(config=config)) as (base, _, _):
+        for flags in ([], ["--ignore-eos"]):
+            argv = bench_argv(model, tmp_path, "--dtype", "float32", "--max-tokens", str(MAX_TOKENS))
+            argv = [a for a in argv if a != "--ignore-eos"] + flags
+            assert main([*argv, "--server", base, "--baseline", "none"]) == 0
+            results = json.loads((tmp_path / "r.json").read_text())["results"]
+            runs[bool(flags)] = {r["name"]: r for r in results}
+    stopping, ignoring = runs[False], runs[True]
+    assert [r["finish_reason"] for r in stopping["server"]["requests"]] == ["stop"] * 3
+    assert [r["num_stop_tokens"] for r in stopping["server"]["requests"]] == [1, 1, 1]
+    lengths = [r["num_output_tokens"] for r in stopping["none"]["requests"]]
+    assert [r["num_output_tokens"] for r in stopping["server"]["requests"]] == lengths
+    assert ignoring["server"]["num_stop_tokens"] == 0 and ignoring["none"]["num_stop_tokens"] == 0
+    assert [r["num_output_tokens"] for r in ignoring["server"]["requests"]] == [MAX_TOKENS] * 3
+    assert ignoring["server"]["stop_tokens_forbidden_by"].startswith("logit_bias -100")

@@ -45,7 +45,7 @@ def run_conversations(
                 continue
             i, turn = in_flight.pop(event.request_id)
             prompt, out = work.prompts[i], event.output
-            record = record_of(prompt, out)
+            record = record_of(prompt, out, stop_token_ids=work.stop_token_ids)
             record.id, record.turn = f"{prompt.id}/turn{turn}", turn
             records[(i, turn)] = record
             on_done()

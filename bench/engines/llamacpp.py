@@ -3,8 +3,8 @@
 Like with like: the prompts are the same token ids the other engines get (the model's chat template,
 rendered by the HF tokenizer; llama.cpp reads the same vocabulary from the file), the same number of
 threads as torch, greedy (top-k 1, no penalties; with ``--temperature`` > 0, sampling from the whole
-distribution seeded per request, as the other engines do), the same max tokens and EOS handling, and with
-``--guided`` each prompt's JSON schema as a llama.cpp grammar (the binding's own JSON-schema
+distribution seeded per request, as the other engines do), the same max tokens and stop set (stopping on
+any of it, or with ``--ignore-eos`` every one of it forbidden), and with ``--guided`` each prompt's JSON schema as a llama.cpp grammar (the binding's own JSON-schema
 converter). One request at a time (concurrency 1). llama-cpp-python is never a dependency of the
 project or its tests; it is imported only when asked for.
 """
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..records import RequestRecord, schema_valid
+from ..stop_tokens import num_stop_tokens
 from .specexec_hf import Workload, _failed_record
 
 INSTALL = (
@@ -62,9 +63,13 @@ def load_llama(llama_cpp, path: Path, work: Workload, num_threads: int):
 def run_llamacpp(
     llama_cpp, llm, tokenizer, work: Workload, on_done: Callable[[], None] = lambda: None
 ) -> tuple[list[RequestRecord], float]:
-    """Greedy generation, one request at a time; records in prompt order."""
+    """Greedy generation, one request at a time; records in prompt order. The GGUF's own EOS must be in
+    the workload's stop set (it is, when the set was read from the same file)."""
+    if llm.token_eos() not in work.stop_token_ids:
+        raise ValueError(
+            f"llama.cpp's EOS id {llm.token_eos()} is not in the bench's stop set {work.stop_token_ids}"
+        )
     records = []
-    eos = llm.token_eos()
     start_all = time.perf_counter()
     for i, (prompt, ids) in enumerate(zip(work.prompts, work.token_ids)):
         grammar = None
@@ -76,20 +81,22 @@ def run_llamacpp(
                 on_done()
                 continue
         llm.set_seed(i)  # the seed the other engines give request i (matters only when sampling)
-        records.append(_generate_one(llama_cpp, llm, tokenizer, prompt, ids, work, grammar, eos))
+        records.append(_generate_one(llama_cpp, llm, tokenizer, prompt, ids, work, grammar))
         on_done()
     return records, time.perf_counter() - start_all
 
 
-def _generate_one(llama_cpp, llm, tokenizer, prompt, ids, work: Workload, grammar, eos: int) -> RequestRecord:
+def _generate_one(llama_cpp, llm, tokenizer, prompt, ids, work: Workload, grammar) -> RequestRecord:
+    stops = set(work.stop_token_ids)
     processors = None
     if work.ignore_eos:
 
-        def forbid_eos(_input_ids, scores):
-            scores[eos] = -float("inf")
+        def forbid_stop_tokens(_input_ids, scores):
+            for token in stops:
+                scores[token] = -float("inf")
             return scores
 
-        processors = llama_cpp.LogitsProcessorList([forbid_eos])
+        processors = llama_cpp.LogitsProcessorList([forbid_stop_tokens])
     out: list[int] = []
     first = None
     llm.reset()  # no prefix reuse from the previous prompt: the other engines do not reuse one either
@@ -111,7 +118,7 @@ def _generate_one(llama_cpp, llm, tokenizer, prompt, ids, work: Workload, gramma
         if first is None:
             first = time.perf_counter()
         out.append(int(token))
-        if token == eos or len(out) >= work.max_tokens:
+        if (token in stops and not work.ignore_eos) or len(out) >= work.max_tokens:
             break
     end = time.perf_counter()
     text = tokenizer.decode(out, skip_special_tokens=True)
@@ -122,7 +129,8 @@ def _generate_one(llama_cpp, llm, tokenizer, prompt, ids, work: Workload, gramma
         latency_ms=(end - start) * 1000,
         ttft_ms=None if first is None else (first - start) * 1000,
         tpot_ms=(end - first) * 1000 / (len(out) - 1) if first is not None and len(out) > 1 else None,
-        finish_reason="stop" if out and out[-1] == eos else "length",
+        finish_reason="stop" if not work.ignore_eos and out and out[-1] in stops else "length",
         schema_valid=schema_valid(text, prompt.schema),
         text=text,
+        num_stop_tokens=num_stop_tokens(out, work.stop_token_ids),
     )

@@ -2,11 +2,14 @@
 
 Like with like: each request sends the same token ids the in-process engines get (``/v1/completions``
 with a token-id prompt: the chat template was rendered once, here), the same max tokens, temperature and
-per-request seed, ``ignore_eos`` (vLLM's extension, which `specexec serve` takes too) and with
-``--guided`` the prompt's schema as ``response_format``. Streams are read as server-sent events; TTFT
-and TPOT are measured at the client (the first chunk with text, then the time between it and the last).
-``concurrency`` requests are in flight at a time. Speculation figures (drafts, acceptance) come from the
-server's ``/metrics``, before and after the run.
+per-request seed, the bench's stop set as ``stop_token_ids`` (vLLM's extension, which `specexec serve`
+takes too), or with ``--ignore-eos`` that set at ``logit_bias`` -100 and ``ignore_eos`` (so it cannot
+be sampled and nothing stops a request early), and with ``--guided`` the prompt's schema as
+``response_format``. ``logprobs: 0`` makes each chunk name its tokens, the one way over this API to
+count the stop tokens sampled (a log-softmax per token on the server). Streams are read as server-sent
+events; TTFT and TPOT are measured at the client, from the moment a request is sent (the first chunk
+with text, then the time between it and the last). ``concurrency`` requests are in flight at a time.
+Speculation figures (drafts, acceptance) come from the server's ``/metrics``, before and after the run.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from ..records import RequestRecord, schema_valid
+from ..stop_tokens import FORBIDDING_BIAS
 from .specexec_hf import Workload, _failed_record
 
 _SPEC_COUNTERS = {
@@ -31,14 +35,17 @@ def run_server(
     concurrency: int,
     on_done: Callable[[], None] = lambda: None,
     api_key: str | None = None,
+    stop_texts: frozenset[str] = frozenset(),
 ) -> tuple[list[RequestRecord], float, dict]:
-    """Records in prompt order, the wall time, and the server's speculation counters over the run."""
+    """Records in prompt order, the wall time, and the server's speculation counters over the run.
+    ``stop_texts``: the stop set's tokens as the server names them in log-probabilities (the tokenizer's
+    decoding of each alone), to count those sampled."""
     import httpx
 
     base = url.rstrip("/").removesuffix("/v1")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     before = _spec_counters(httpx, base)
-    records, wall = asyncio.run(_run(httpx, base, headers, work, concurrency, on_done))
+    records, wall = asyncio.run(_run(httpx, base, headers, work, concurrency, on_done, stop_texts))
     after = _spec_counters(httpx, base)
     return records, wall, {k: after.get(k, 0) - before.get(k, 0) for k in after}
 
@@ -55,14 +62,14 @@ def check_server(url: str) -> str:
     return models[0]["id"]
 
 
-async def _run(httpx, base: str, headers: dict, work: Workload, concurrency: int, on_done):
+async def _run(httpx, base: str, headers: dict, work: Workload, concurrency: int, on_done, stop_texts):
     limit = asyncio.Semaphore(concurrency)
     start = time.perf_counter()
     async with httpx.AsyncClient(base_url=base, headers=headers, timeout=None) as client:
 
         async def one(i: int) -> RequestRecord:
             async with limit:
-                record = await _request(client, work, i)
+                record = await _request(client, work, i, stop_texts)
             on_done()
             return record
 
@@ -70,17 +77,28 @@ async def _run(httpx, base: str, headers: dict, work: Workload, concurrency: int
     return list(records), time.perf_counter() - start
 
 
-async def _request(client, work: Workload, i: int) -> RequestRecord:
-    prompt, ids = work.prompts[i], work.token_ids[i]
+def request_body(work: Workload, i: int) -> dict:
+    """Request i's body: the stop set as stop tokens, or with ``ignore_eos`` biased out."""
     body = {
-        "prompt": ids,
+        "prompt": work.token_ids[i],
         "max_tokens": work.max_tokens,
         "temperature": work.temperature,
         "seed": i,
         "ignore_eos": work.ignore_eos,
+        "logprobs": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if work.ignore_eos and work.stop_token_ids:
+        body["logit_bias"] = {str(t): FORBIDDING_BIAS for t in work.stop_token_ids}
+    elif work.stop_token_ids:
+        body["stop_token_ids"] = list(work.stop_token_ids)
+    return body
+
+
+async def _request(client, work: Workload, i: int, stop_texts: frozenset[str]) -> RequestRecord:
+    prompt, ids = work.prompts[i], work.token_ids[i]
+    body = request_body(work, i)
     if work.guided and prompt.schema:
         body["response_format"] = {
             "type": "json_schema",
@@ -89,6 +107,7 @@ async def _request(client, work: Workload, i: int) -> RequestRecord:
     sent = time.perf_counter()
     first = last = None
     texts, finish, usage, error = [], "length", None, None
+    num_stops: int | None = 0  #: None once a chunk comes without its tokens
     async with client.stream("POST", "/v1/completions", json=body) as response:
         if response.status_code != 200:
             message = json.loads(await response.aread()).get("error", {}).get("message", "")
@@ -102,6 +121,11 @@ async def _request(client, work: Workload, i: int) -> RequestRecord:
                 continue
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices", ()):
+                tokens = (choice.get("logprobs") or {}).get("tokens")
+                if tokens is None and choice.get("text"):
+                    num_stops = None
+                elif tokens is not None and num_stops is not None:
+                    num_stops += sum(t in stop_texts for t in tokens)
                 if choice.get("text"):
                     last = time.perf_counter()
                     first = first or last
@@ -122,6 +146,7 @@ async def _request(client, work: Workload, i: int) -> RequestRecord:
         finish_reason=finish,
         schema_valid=schema_valid(text, prompt.schema),
         text=text,
+        num_stop_tokens=num_stops,
     )
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,6 +18,7 @@ from ...executor.executor import Executor
 from ...prompt_sets.datasets import BenchPrompt
 from ...sampling import SamplingParams
 from ..records import RequestRecord, schema_valid
+from ..stop_tokens import FORBIDDING_BIAS, num_stop_tokens
 
 
 @dataclass(slots=True)
@@ -26,14 +27,24 @@ class Workload:
     token_ids: list[list[int]]  #: the prompts rendered with the chat template
     max_tokens: int
     temperature: float
-    ignore_eos: bool = False  #: exactly max_tokens per request (throughput runs)
+    #: the stop set cannot be sampled and nothing ends a request before max_tokens (`stop_tokens.py`)
+    ignore_eos: bool = False
     guided: bool = False  #: constrain outputs to each prompt's schema (prompts without one run free)
     tools: bool = False  #: send each prompt's messages with its tools (rendered by the executor)
+    #: the one stop set every engine gets (`stop_tokens.find_stop_tokens`): each stops on the first of them,
+    #: or with ``ignore_eos`` none can be sampled
+    stop_token_ids: list[int] = field(default_factory=list)
 
     def sampling_params(self, i: int) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=self.max_tokens, temperature=self.temperature, seed=i, ignore_eos=self.ignore_eos
-        )
+        """specexec's: the stop set as stop tokens, or with ``ignore_eos`` biased by OpenAI's floor (the
+        library's ``ignore_eos`` alone would sample EOS and go on)."""
+        params = SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, seed=i)
+        if self.ignore_eos:
+            params.ignore_eos = True
+            params.logit_bias = {t: FORBIDDING_BIAS for t in self.stop_token_ids}
+        else:
+            params.stop_token_ids = list(self.stop_token_ids)
+        return params
 
 
 def chat_token_ids(tokenizer, prompts: list[BenchPrompt]) -> list[list[int]]:
@@ -56,7 +67,9 @@ def _guided_verdict(out: RequestOutput) -> bool | None:
     return out.guided_valid
 
 
-def record_of(prompt: BenchPrompt, out: RequestOutput, guided: bool = False) -> RequestRecord:
+def record_of(
+    prompt: BenchPrompt, out: RequestOutput, guided: bool = False, stop_token_ids: Sequence[int] = ()
+) -> RequestRecord:
     m = out.metrics
     return RequestRecord(
         id=prompt.id,
@@ -80,6 +93,7 @@ def record_of(prompt: BenchPrompt, out: RequestOutput, guided: bool = False) -> 
         else schema_valid(out.text, prompt.schema),
         text=out.text,
         num_cached_tokens=m.num_cached_tokens,
+        num_stop_tokens=num_stop_tokens(out.token_ids, stop_token_ids),
     )
 
 
@@ -109,7 +123,7 @@ def run_specexec(
         for event in executor.step():
             if event.finished and event.output is not None and event.request_id in in_flight:
                 i = in_flight.pop(event.request_id)
-                records[i] = record_of(work.prompts[i], event.output, work.guided)
+                records[i] = record_of(work.prompts[i], event.output, work.guided, work.stop_token_ids)
                 on_done()
     return [records[i] for i in sorted(records)], time.perf_counter() - start
 
@@ -173,9 +187,11 @@ def run_hf_generate(
     processors: Callable[[BenchPrompt], list | None] | None = None,
 ) -> tuple[list[RequestRecord], float]:
     """HF `generate`, one request at a time (concurrency 1); ``processors`` gives each prompt its
-    logits processors (the guided baseline)."""
+    logits processors (the guided baseline). It stops on the workload's stop set, or with ``ignore_eos``
+    suppresses it (-inf at every step, drafts' verification included)."""
     records = []
-    eos = None if work.ignore_eos else tokenizer.eos_token_id
+    stops = list(work.stop_token_ids)
+    eos = None if work.ignore_eos or not stops else stops
     start_all = time.perf_counter()
     for i, (prompt, ids) in enumerate(zip(work.prompts, work.token_ids)):
         timer = _FirstTokenTimer()
@@ -185,8 +201,8 @@ def run_hf_generate(
             kwargs.update(do_sample=True, temperature=work.temperature, top_k=0)
         else:
             kwargs.update(do_sample=False)
-        if work.ignore_eos:
-            kwargs.update(min_new_tokens=work.max_tokens)
+        if work.ignore_eos and stops:
+            kwargs.update(suppress_tokens=stops)
         if processors is not None:
             try:
                 kwargs["logits_processor"] = processors(prompt)
@@ -206,8 +222,7 @@ def run_hf_generate(
             on_done()
             continue
         end = time.perf_counter()
-        if eos is not None and eos in out:
-            out = out[: out.index(eos) + 1]
+        out = _through_first_stop(out, eos or [])
         text = tokenizer.decode(out, skip_special_tokens=True)
         ttft = None if timer.first_token_time is None else (timer.first_token_time - start) * 1000
         tpot = (
@@ -223,13 +238,20 @@ def run_hf_generate(
                 latency_ms=(end - start) * 1000,
                 ttft_ms=ttft,
                 tpot_ms=tpot,
-                finish_reason="stop" if eos is not None and out and out[-1] == eos else "length",
+                finish_reason="stop" if eos and out and out[-1] in eos else "length",
                 schema_valid=schema_valid(text, prompt.schema),
                 text=text,
+                num_stop_tokens=num_stop_tokens(out, stops),
             )
         )
         on_done()
     return records, time.perf_counter() - start_all
+
+
+def _through_first_stop(out: list[int], stops: list[int]) -> list[int]:
+    """The output up to and including its first stop token (all of it when there is none)."""
+    first = next((k for k, t in enumerate(out) if t in stops), None)
+    return out if first is None else out[: first + 1]
 
 
 def _generate(model, tokenizer, ids: list[int], work: Workload, timer, eos, kwargs: dict) -> list[int]:
@@ -258,58 +280,3 @@ def _failed_record(prompt: BenchPrompt, ids: list[int], error: str) -> RequestRe
         schema_valid=False,
         text="",
     )
-
-
-def run_hf_generate_batch(
-    model, tokenizer, work: Workload, concurrency: int, on_done: Callable[[], None] = lambda: None
-) -> tuple[list[RequestRecord], float]:
-    """transformers' own continuous batching with paged attention (`generate_batch`), at most
-    ``concurrency`` requests in a batch."""
-    from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
-    config = GenerationConfig(
-        max_new_tokens=work.max_tokens,
-        min_new_tokens=work.max_tokens if work.ignore_eos else None,
-        do_sample=work.temperature > 0,
-        temperature=work.temperature if work.temperature > 0 else None,
-        eos_token_id=None if work.ignore_eos else tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
-    )
-    start = time.perf_counter()
-    # (no inference_mode here: generate_batch runs its loop on a thread of its own)
-    results = model.generate_batch(
-        work.token_ids,
-        generation_config=config,
-        continuous_batching_config=ContinuousBatchingConfig(max_requests_per_batch=concurrency),
-        record_timestamps=True,
-    )
-    wall = time.perf_counter() - start
-    records = []
-    for i, (prompt, (_, out)) in enumerate(
-        zip(work.prompts, sorted(results.items(), key=lambda kv: _req_index(kv[0])))
-    ):
-        tokens = out.generated_tokens
-        stamps = out.timestamps or []
-        ttft = (stamps[0] - out.created_time) * 1000 if stamps else None
-        tpot = (stamps[-1] - stamps[0]) * 1000 / (len(stamps) - 1) if len(stamps) > 1 else None
-        text = tokenizer.decode(tokens, skip_special_tokens=True)
-        records.append(
-            RequestRecord(
-                id=prompt.id,
-                num_prompt_tokens=len(work.token_ids[i]),
-                num_output_tokens=len(tokens),
-                latency_ms=((stamps[-1] if stamps else time.perf_counter()) - out.created_time) * 1000,
-                ttft_ms=ttft,
-                tpot_ms=tpot,
-                schema_valid=schema_valid(text, prompt.schema),
-                text=text,
-            )
-        )
-        on_done()
-    return records, wall
-
-
-def _req_index(request_id: str) -> int:
-    digits = "".join(c for c in request_id if c.isdigit())
-    return int(digits) if digits else 0
