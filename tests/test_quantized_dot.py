@@ -487,7 +487,9 @@ def isa_inputs():
 
 def assert_isa_results(got: dict, references: dict) -> None:
     for name, want in references.items():
-        torch.testing.assert_close(got[name][:NAN_ROW].double(), want, rtol=1e-5, atol=1e-4, msg=name)
+        torch.testing.assert_close(
+            got[name][:NAN_ROW].double(), want, rtol=1e-5, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}"
+        )
         assert got[name][NAN_ROW].isnan().all(), f"{name}: the NaN row must come out NaN"
 
 
