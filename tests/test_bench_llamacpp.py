@@ -150,6 +150,27 @@ def test_without_llama_cpp_python_the_baseline_is_refused_with_the_install_comma
     assert "pip install llama-cpp-python" in capsys.readouterr().err
 
 
+def test_a_binding_without_its_shared_library_is_refused_with_the_install_command(
+    tiny_dir,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+    capsys,
+):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def broken(name, *args, **kwargs):
+        if name == "llama_cpp":
+            raise FileNotFoundError("Shared library with base name 'llama' not found")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
+    monkeypatch.setattr(builtins, "__import__", broken)
+    assert main(bench_argv(tiny_dir, tmp_path, "--baseline", "llamacpp")) == 2
+    assert "pip install llama-cpp-python" in capsys.readouterr().err
+
+
 def test_a_hugging_face_directory_is_refused_for_llamacpp(tiny_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
     monkeypatch.setitem(sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))
     assert main(bench_argv(tiny_dir, tmp_path, "--baseline", "llamacpp")) == 2

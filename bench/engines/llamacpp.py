@@ -27,11 +27,12 @@ CONTEXT_SLACK = 64  #: tokens of context beyond the longest prompt + max tokens
 
 
 def import_llama_cpp():
-    """The ``llama_cpp`` module, or a ValueError with the install command."""
+    """The ``llama_cpp`` module, or a ValueError with the install command (also when the package is there
+    but its shared library is not: a build that failed half-way raises FileNotFoundError on import)."""
     try:
         import llama_cpp
-    except ImportError as exc:
-        raise ValueError(f"--baseline llamacpp needs llama-cpp-python: {INSTALL}") from exc
+    except (ImportError, OSError) as exc:
+        raise ValueError(f"--baseline llamacpp needs a working llama-cpp-python ({exc}): {INSTALL}") from exc
     return llama_cpp
 
 
