@@ -41,6 +41,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  #: stop strings (not included in the output text)
     stop_token_ids: list[int] = field(default_factory=list)  #: extra token ids that end the request
     ignore_eos: bool = False  #: keep going past EOS
+    #: vLLM's: the stop tokens (EOS unless ignore_eos, and stop_token_ids) cannot be sampled before this
+    #: many output tokens (0..max_tokens; 0 = off; `sampling/min_tokens.py`)
+    min_tokens: int = 0
     #: HF's: every token already in the prompt or the output has its logit divided by this when positive,
     #: multiplied when negative (> 0; 1 = off)
     repetition_penalty: float = 1.0
@@ -104,6 +107,10 @@ class SamplingParams:
             _is_int(t) and t >= 0 for t in self.stop_token_ids
         ):
             raise ValueError(f"stop_token_ids must be a list of ints >= 0, got {self.stop_token_ids!r}")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= max(self.max_tokens, 0):
+            raise ValueError(
+                f"min_tokens must be an int in 0..max_tokens ({self.max_tokens!r}), got {self.min_tokens!r}"
+            )
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if not _is_int(self.n) or not 1 <= self.n <= 64:

@@ -18,11 +18,12 @@ from ..sampling import SamplingParams
 from .bad_request import BadRequest
 from .tools import ToolPlan, guided_format, parse_tools
 
-#: fields both endpoints map onto SamplingParams (same name, same meaning); ignore_eos and stop_token_ids
-#: are vLLM's extensions
+#: fields both endpoints map onto SamplingParams (same name, same meaning); ignore_eos, min_tokens and
+#: stop_token_ids are vLLM's extensions
 _SAMPLING_FIELDS = frozenset(
     {
         "ignore_eos",
+        "min_tokens",
         "stop_token_ids",
         "temperature",
         "top_p",

@@ -221,8 +221,9 @@ class EngineCore:
         return self.guided.wait_masks(faults)
 
     def _apply_penalties(self, batch: list[ScheduledRequest], output: ForwardOutput) -> None:
-        """Penalties, then ``logit_bias``, on the rows of the requests that ask (`logit_stages.py`)."""
-        apply_penalties_and_bias(batch, output)
+        """Penalties, ``logit_bias`` and ``min_tokens`` on the rows of the requests that ask
+        (`logit_stages.py`)."""
+        apply_penalties_and_bias(batch, output, self.outputs.eos_token_ids)
 
     def _apply_masks(self, output: ForwardOutput, masks) -> None:
         self.guided.apply_masks(output.logits, masks)

@@ -1,11 +1,12 @@
-"""Two stages of a step on the target's logits, for the requests that ask: penalties and ``logit_bias``
-before verification, and the emitted tokens' log-probabilities after it. Requests that ask for neither
-pay nothing."""
+"""Stages of a step on the target's logits, for the requests that ask: penalties, ``logit_bias`` and
+``min_tokens`` before verification, and the emitted tokens' log-probabilities after it. Requests that
+ask for none pay nothing."""
 
 from __future__ import annotations
 
 from ...sampling.logit_bias import BiasedRows, apply_logit_bias_inplace
 from ...sampling.logprobs import LogprobRows, TokenLogprob, token_logprobs
+from ...sampling.min_tokens import StopMaskedRows, forbid_stop_tokens_inplace, num_rows_before_min_tokens
 from ...sampling.penalties import PenalizedRows, PenaltyMetadata, apply_penalties_inplace
 from ..model.forward_io import ForwardOutput
 from .scheduler import ScheduledRequest
@@ -18,9 +19,13 @@ def has_rows(output: ForwardOutput, i: int, s: ScheduledRequest) -> bool:
     return s.completes_sequence and num_rows == 1 + len(s.draft_token_ids)
 
 
-def apply_penalties_and_bias(batch: list[ScheduledRequest], output: ForwardOutput) -> None:
+def apply_penalties_and_bias(
+    batch: list[ScheduledRequest], output: ForwardOutput, eos_token_ids: frozenset[int] = frozenset()
+) -> None:
     """Repetition, frequency and presence penalties, each verify row with the tokens before it
-    (`sampling/penalties.py`), then ``logit_bias`` (`sampling/logit_bias.py`)."""
+    (`sampling/penalties.py`), then ``logit_bias`` (`sampling/logit_bias.py`), then the stop tokens
+    banned on the rows before a request's ``min_tokens`` (`sampling/min_tokens.py`; ``eos_token_ids``:
+    the model's)."""
     rows = [
         PenalizedRows(
             output.cu_logit_rows[i],
@@ -44,6 +49,33 @@ def apply_penalties_and_bias(batch: list[ScheduledRequest], output: ForwardOutpu
     ]
     if biased:
         apply_logit_bias_inplace(output.logits, biased)
+    masked = _rows_before_min_tokens(batch, output, eos_token_ids)
+    if masked:
+        forbid_stop_tokens_inplace(output.logits, masked)
+
+
+def _rows_before_min_tokens(
+    batch: list[ScheduledRequest], output: ForwardOutput, eos_token_ids: frozenset[int]
+) -> list[StopMaskedRows]:
+    masked = []
+    for i, s in enumerate(batch):
+        params = s.request.sampling_params
+        if not params.min_tokens or not has_rows(output, i, s):
+            continue
+        num_rows = num_rows_before_min_tokens(
+            params.min_tokens, s.request.num_output_tokens, 1 + len(s.draft_token_ids)
+        )
+        if num_rows:
+            stop_ids = _stop_token_ids(params, eos_token_ids, output.logits.shape[-1])
+            masked.append(StopMaskedRows(output.cu_logit_rows[i], num_rows, stop_ids))
+    return masked
+
+
+def _stop_token_ids(params, eos_token_ids: frozenset[int], vocab_size: int) -> list[int]:
+    """The ids a request's stop check ends on (`output_processor.py`): its stop_token_ids, and the
+    model's EOS ids unless it ignores EOS; those outside the vocabulary can never be sampled anyway."""
+    ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+    return sorted(t for t in ids if t < vocab_size)
 
 
 def emitted_logprobs(
