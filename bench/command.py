@@ -85,7 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="generate exactly --max-tokens per request, the same way in every engine: no token of the run's "
         "stop set (the tokenizer's EOS, the generation config's and the GGUF's stop ids) can be sampled "
-        "(HF, llama.cpp: -inf; specexec, --server: logit_bias -100); the record says so and counts the "
+        "(their logits -inf: HF suppress_tokens, llama.cpp a logits processor, specexec and --server min_tokens); "
+        "the record says so and counts the "
         "stop tokens each row sampled (the library's SamplingParams.ignore_eos samples EOS and goes on)",
     )
     parser.add_argument(

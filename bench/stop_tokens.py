@@ -17,16 +17,14 @@ from pathlib import Path
 #: EOS and goes on, as vLLM's does; the bench's is stricter, as llama.cpp and OpenVINO GenAI do it)
 IGNORE_EOS_MEANING = (
     "no token of the stop set can be sampled and every request runs to --max-tokens (HF and llama.cpp: "
-    "their logits set to -inf; specexec and a server: logit_bias -100, the API's floor)"
+    "their logits set to -inf; specexec and a server: min_tokens = max_tokens, which sets them to -inf)"
 )
-#: OpenAI's (and SamplingParams') lowest logit_bias: exp(-100) ~ 4e-44 of the token's odds
-FORBIDDING_BIAS = -100.0
 #: how each engine keeps the stop set out with --ignore-eos (each row records its own)
 FORBIDDEN_BY = {
-    "specexec": "logit_bias -100 (SamplingParams), ignore_eos",
+    "specexec": "min_tokens = max_tokens with the stop set as stop_token_ids (logits -inf)",
     "transformers": "suppress_tokens (logits -inf)",
     "llama.cpp": "logits processor (logits -inf)",
-    "server": "logit_bias -100 and ignore_eos in the request",
+    "server": "min_tokens = max_tokens and the stop set as stop_token_ids in the request (vLLM's)",
 }
 #: GGUF metadata keys whose token ids end generation in llama.cpp (its EOS, end-of-turn, end-of-message)
 GGUF_STOP_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")

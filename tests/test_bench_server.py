@@ -70,4 +70,4 @@ def test_a_server_gets_the_one_stop_set_and_with_ignore_eos_samples_none_of_it(t
     assert [r["num_output_tokens"] for r in stopping["server"]["requests"]] == lengths
     assert ignoring["server"]["num_stop_tokens"] == 0 and ignoring["none"]["num_stop_tokens"] == 0
     assert [r["num_output_tokens"] for r in ignoring["server"]["requests"]] == [MAX_TOKENS] * 3
-    assert ignoring["server"]["stop_tokens_forbidden_by"].startswith("logit_bias -100")
+    assert ignoring["server"]["stop_tokens_forbidden_by"].startswith("min_tokens = max_tokens")

@@ -143,19 +143,19 @@ def workload(ignore_eos: bool) -> Workload:
     return Workload(prompts, [[7, 8]], 4, 0.0, ignore_eos, stop_token_ids=[CONFIG_EOS, TOKENIZER_EOS])
 
 
-def test_specexec_gets_the_stop_set_as_stop_tokens_or_biased_out_with_ignore_eos():
+def test_specexec_gets_the_stop_set_as_stop_tokens_banned_until_max_tokens_with_ignore_eos():
     stopping = workload(False).sampling_params(0)
-    assert stopping.stop_token_ids == [CONFIG_EOS, TOKENIZER_EOS] and not stopping.logit_bias
+    assert stopping.stop_token_ids == [CONFIG_EOS, TOKENIZER_EOS] and stopping.min_tokens == 0
     ignoring = workload(True).sampling_params(0)
-    assert ignoring.ignore_eos and ignoring.stop_token_ids == []
-    assert ignoring.logit_bias == {CONFIG_EOS: -100.0, TOKENIZER_EOS: -100.0}
-    ignoring.validate()  # the floor OpenAI's API (and SamplingParams) allows
+    assert ignoring.stop_token_ids == [CONFIG_EOS, TOKENIZER_EOS] and not ignoring.ignore_eos
+    assert ignoring.min_tokens == ignoring.max_tokens == 4 and not ignoring.logit_bias
+    ignoring.validate()
 
 
-def test_a_server_gets_the_stop_set_as_stop_token_ids_or_biased_out_with_ignore_eos():
+def test_a_server_gets_the_stop_set_as_stop_token_ids_banned_until_max_tokens_with_ignore_eos():
     stopping = request_body(workload(False), 0)
-    assert stopping["stop_token_ids"] == [CONFIG_EOS, TOKENIZER_EOS] and "logit_bias" not in stopping
+    assert stopping["stop_token_ids"] == [CONFIG_EOS, TOKENIZER_EOS] and "min_tokens" not in stopping
     ignoring = request_body(workload(True), 0)
-    assert ignoring["ignore_eos"] is True and "stop_token_ids" not in ignoring
-    assert ignoring["logit_bias"] == {str(CONFIG_EOS): -100.0, str(TOKENIZER_EOS): -100.0}
+    assert ignoring["stop_token_ids"] == [CONFIG_EOS, TOKENIZER_EOS] and ignoring["min_tokens"] == 4
+    assert "logit_bias" not in ignoring and "ignore_eos" not in ignoring
     assert ignoring["logprobs"] == 0, "each chunk names its tokens, so the stop tokens can be counted"

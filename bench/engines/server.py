@@ -3,8 +3,8 @@
 Like with like: each request sends the same token ids the in-process engines get (``/v1/completions``
 with a token-id prompt: the chat template was rendered once, here), the same max tokens, temperature and
 per-request seed, the bench's stop set as ``stop_token_ids`` (vLLM's extension, which `specexec serve`
-takes too), or with ``--ignore-eos`` that set at ``logit_bias`` -100 and ``ignore_eos`` (so it cannot
-be sampled and nothing stops a request early), and with ``--guided`` the prompt's schema as
+takes too), with ``--ignore-eos`` also ``min_tokens`` = max tokens (vLLM's extension: the set cannot
+be sampled, so nothing stops a request early), and with ``--guided`` the prompt's schema as
 ``response_format``. ``logprobs: 0`` makes each chunk name its tokens, the one way over this API to
 count the stop tokens sampled (a log-softmax per token on the server). Streams are read as server-sent
 events; TTFT and TPOT are measured at the client, from the moment a request is sent (the first chunk
@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 
 from ..records import RequestRecord, schema_valid
-from ..stop_tokens import FORBIDDING_BIAS
 from .specexec_hf import Workload, _failed_record
 
 _SPEC_COUNTERS = {
@@ -78,21 +77,20 @@ async def _run(httpx, base: str, headers: dict, work: Workload, concurrency: int
 
 
 def request_body(work: Workload, i: int) -> dict:
-    """Request i's body: the stop set as stop tokens, or with ``ignore_eos`` biased out."""
+    """Request i's body: the stop set as stop tokens, with ``ignore_eos`` banned until max_tokens."""
     body = {
         "prompt": work.token_ids[i],
         "max_tokens": work.max_tokens,
         "temperature": work.temperature,
         "seed": i,
-        "ignore_eos": work.ignore_eos,
         "logprobs": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    if work.ignore_eos and work.stop_token_ids:
-        body["logit_bias"] = {str(t): FORBIDDING_BIAS for t in work.stop_token_ids}
-    elif work.stop_token_ids:
+    if work.stop_token_ids:
         body["stop_token_ids"] = list(work.stop_token_ids)
+    if work.ignore_eos:
+        body["min_tokens"] = work.max_tokens
     return body
 
 

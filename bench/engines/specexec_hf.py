@@ -18,7 +18,7 @@ from ...executor.executor import Executor
 from ...prompt_sets.datasets import BenchPrompt
 from ...sampling import SamplingParams
 from ..records import RequestRecord, schema_valid
-from ..stop_tokens import FORBIDDING_BIAS, num_stop_tokens
+from ..stop_tokens import num_stop_tokens
 
 
 @dataclass(slots=True)
@@ -36,15 +36,15 @@ class Workload:
     stop_token_ids: list[int] = field(default_factory=list)
 
     def sampling_params(self, i: int) -> SamplingParams:
-        """specexec's: the stop set as stop tokens, or with ``ignore_eos`` biased by OpenAI's floor (the
-        library's ``ignore_eos`` alone would sample EOS and go on)."""
-        params = SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, seed=i)
-        if self.ignore_eos:
-            params.ignore_eos = True
-            params.logit_bias = {t: FORBIDDING_BIAS for t in self.stop_token_ids}
-        else:
-            params.stop_token_ids = list(self.stop_token_ids)
-        return params
+        """specexec's: the stop set as stop tokens, and with ``ignore_eos`` none of them sampled before
+        max_tokens (``min_tokens``: -inf; the library's ``ignore_eos`` alone would sample EOS and go on)."""
+        return SamplingParams(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            seed=i,
+            stop_token_ids=list(self.stop_token_ids),
+            min_tokens=self.max_tokens if self.ignore_eos else 0,
+        )
 
 
 def chat_token_ids(tokenizer, prompts: list[BenchPrompt]) -> list[list[int]]:
