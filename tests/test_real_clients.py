@@ -12,14 +12,19 @@ The dev extra installs every client; a missing one fails here (no skip).
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import os
+import warnings
 from pathlib import Path
+from urllib.parse import urlsplit
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm: no price list from the network
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # lm-eval's `datasets`: local files only
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import httpx  # noqa: E402
 import instructor  # noqa: E402
 import jsonschema  # noqa: E402
 import langchain_openai  # noqa: E402
@@ -48,17 +53,52 @@ class Weather(BaseModel):
 
 
 def client_answers(spec) -> dict:
-    """Every client's greedy answers from one server, with what each returned checked on the way."""
+    """Every client's greedy answers from one server, with what each returned checked on the way; then
+    nothing the clients opened is left open (`assert_nothing_left_open`)."""
     with served_engine(long_context_executor(spec)) as (base, engine, stack):
         answers = {
             "openai": openai_parse_answer(base, stack),
-            "langchain": langchain_answers(base),
+            "langchain": langchain_answers(base, stack),
             "instructor": instructor_answers(base, stack),
-            "litellm": litellm_answers(base),
+            "litellm": litellm_answers(base, stack),
         }
         wait_until_idle(engine)
         assert_all_pages_free(engine.executor)
+    assert_nothing_left_open(urlsplit(base).port)
     return answers
+
+
+def assert_nothing_left_open(port: int) -> None:
+    """No socket of this process still connected to the server's ``port``, and no event loop left open on
+    the main thread: either would be closed by whichever later test collects it, and reported there as
+    that test's ResourceWarning. (langchain and litellm cache their HTTP clients for the process's life
+    unless given one; litellm's synchronous calls make the main thread an event loop and never close it.)"""
+    assert not sockets_connected_to(port), f"a client's connection to port {port} is still open"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        asyncio.set_event_loop(None)  # (what asyncio.run does on its way out: a loop left there is dropped)
+        gc.collect()
+    assert not [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def sockets_connected_to(port: int) -> list[str]:
+    """The inodes of this process's open TCP sockets whose remote end is ``port`` on this host."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if int(fields[2].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # (the listing's own descriptor, closed by now)
+            continue
+        if target.startswith("socket:["):
+            mine.add(target[len("socket:[") : -1])
+    return sorted(inodes & mine)
 
 
 def test_openai_parse_langchain_instructor_and_litellm_give_valid_answers_the_same_with_drafts():
@@ -80,9 +120,17 @@ def openai_parse_answer(base: str, stack) -> dict:
     return parsed.model_dump()
 
 
-def langchain_answers(base: str) -> list:
+def langchain_answers(base: str, stack) -> list:
+    """langchain-openai's tool calls and structured output (on an HTTP client the test closes: its own
+    would stay in a cache, connected, until the process ends)."""
     llm = langchain_openai.ChatOpenAI(
-        base_url=f"{base}/v1", api_key="none", model="tiny", temperature=0, max_tokens=200, max_retries=0
+        base_url=f"{base}/v1",
+        api_key="none",
+        model="tiny",
+        temperature=0,
+        max_tokens=200,
+        max_retries=0,
+        http_client=stack.enter_context(httpx.Client()),
     )
     schema = Weather.model_json_schema()
     message = llm.bind_tools([Weather], tool_choice="Weather").invoke(QUESTION)
@@ -122,9 +170,18 @@ def instructor_answers(base: str, stack) -> list:
     return answers
 
 
-def litellm_answers(base: str) -> list:
-    """litellm's OpenAI-compatible provider: plain chat and required tool calls."""
-    common = dict(model="openai/tiny", api_base=f"{base}/v1", api_key="none", temperature=0, num_retries=0)
+def litellm_answers(base: str, stack) -> list:
+    """litellm's OpenAI-compatible provider: plain chat and required tool calls. Given an `openai` client
+    the test closes (litellm's own stays cached, connected), on an event loop the test closes (its
+    synchronous calls take the main thread's, making one if there is none)."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    stack.callback(loop.close)
+    stack.callback(asyncio.set_event_loop, None)
+    api = stack.enter_context(openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0))
+    common = dict(
+        model="openai/tiny", api_base=f"{base}/v1", api_key="none", temperature=0, num_retries=0, client=api
+    )
     chat = litellm.completion(messages=[{"role": "user", "content": "Say hello."}], max_tokens=12, **common)
     text = chat.choices[0].message.content
     assert isinstance(text, str) and chat.usage.completion_tokens <= 12
