@@ -11,6 +11,14 @@ are built there, so no forward waits on the device before its first layer. Keys 
 through the block table (``[group, max_blocks]``), so a group's key length is a whole number of pages.
 A captured forward (`static_batch.py`) builds the same group from its fixed-shape input buffers, with
 the masks derived on the device by `causal_page_mask`.
+
+A slot past a request's keys holds whatever was there before: a freed page keeps its last owner's K/V (a
+failed request's NaN) and a rejected draft's K/V stay past the rewound length. The torch kernels read
+whole pages, and a masked key still weighs in as 0 * value (NaN for a NaN or Inf value; SDPA adds its
+-inf mask to a NaN key's score: NaN), so no such slot may reach them: a request's table is cut to its own
+pages and padded with the KV cache's padding page (zeros, or padding tokens' K/V), a gather is read up to
+the longest request's keys only, and a shorter request's slots past its keys in its last page are zeroed
+in the gathered copy (`AttentionGroup.stale_rows`).
 """
 
 from __future__ import annotations
@@ -51,9 +59,9 @@ class AttentionGroup:
     valid_rows: torch.Tensor | None  # [num_valid] rows of the padded [group * max_query] output that are
     #                                  real (None: the group's output is the whole batch's)
     out_index: torch.Tensor | None  # [num_valid] flat token index of each real row (None: likewise)
-    block_tables: torch.Tensor  # [group, max_blocks] pages of each request (padding: page 0)
+    block_tables: torch.Tensor  # [group, max_blocks] pages of each request (padding: the padding page)
     kv_slice: slice | None  #: a lone request on consecutive pages: its keys are one slice of the pool
-    max_kv_len: int  #: keys each request's attention reads (a slice's length, or max_blocks pages)
+    max_kv_len: int  #: keys each request's attention reads: the longest one's (a captured group: all pages)
     query_pos: torch.Tensor  # [group, max_query, 1] position of each query
     kv_lens: torch.Tensor  # [group] keys each request holds (its cached and new tokens)
     key_pos: torch.Tensor  # [1, 1, max_kv]
@@ -62,6 +70,11 @@ class AttentionGroup:
     #                     largest int64, and every sliding window is applied)
     is_causal: bool  #: a lone sequence with nothing cached before it: plain causal attention (no mask)
     is_short: bool  #: decode / verify rows (the measured short-query attention path applies)
+    stale_rows: torch.Tensor | None  # [num_stale] rows of a page gather (group * max_blocks * block_size
+    #   keys, then as many values) past a request's keys in its last page, zeroed after each gather; a row
+    #   past them all: scratch (a captured group's unused entries). None: none (a view, or no request
+    #   shorter than max_kv)
+    derives_stale_rows: bool = False  #: a captured group: `stale_rows` derived when a gather first asks
     _window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def uses_causal_kernel(self, sliding_window: int | None) -> bool:
@@ -79,32 +92,46 @@ class AttentionGroup:
             self._window_masks[sliding_window] = base & in_window
         return self._window_masks[sliding_window]
 
+    def gather_stale_rows(self, block_size: int) -> torch.Tensor | None:
+        """`stale_rows`; a captured group derives them (`last_page_stale_rows`) on the first layer that
+        gathers and reuses them in the others (a group on an in-place kernel never asks: no work)."""
+        if self.stale_rows is None and self.derives_stale_rows:
+            self.stale_rows = last_page_stale_rows(self.kv_lens, self.block_tables.shape[1], block_size)
+        return self.stale_rows
 
-def build_group(seqs: list[SequenceSlice], block_size: int, device: torch.device) -> AttentionGroup:
+
+def build_group(
+    seqs: list[SequenceSlice], block_size: int, device: torch.device, padding_page: int
+) -> AttentionGroup:
     num = len(seqs)
     q_lens = [s.query_len for s in seqs]
     kv_lens = [s.kv_len for s in seqs]
     is_short = max(q_lens) <= MAX_SHORT_QUERY_LEN
     kv_slice = _consecutive_slots(seqs[0], block_size) if num == 1 else None
     max_q = max(q_lens)
-    max_blocks = max(-(-kv // block_size) for kv in kv_lens)
-    max_kv = kv_slice.stop - kv_slice.start if kv_slice is not None else max_blocks * block_size
+    num_pages = [-(-kv // block_size) for kv in kv_lens]
+    max_blocks = max(num_pages)
+    max_kv = max(kv_lens)  # a gather reads whole pages, attention only this far (a lone one: its own keys)
 
-    # One host buffer, one copy to the device: per request [query_start, query_len, start_pos, table...]
+    # One host buffer, one copy to the device: per request [query_start, query_len, start_pos, table...],
+    # the table cut to the pages holding its keys (a page taken ahead may hold a freed page's NaN)
+    own_pages = [s.block_table[:n] for s, n in zip(seqs, num_pages)]
     rows = [
-        [s.query_start, s.query_len, s.start_pos, *s.block_table[:max_blocks]]
-        + [0] * (max_blocks - min(len(s.block_table), max_blocks))
-        for s in seqs
+        [s.query_start, s.query_len, s.start_pos, *pages] + [padding_page] * (max_blocks - len(pages))
+        for s, pages in zip(seqs, own_pages)
     ]
     valid = [g * max_q + j for g, n in enumerate(q_lens) for j in range(n)]
     out_index = [s.query_start + j for s in seqs for j in range(s.query_len)]
-    host = torch.tensor([x for row in rows for x in row] + valid + out_index, dtype=torch.long)
+    stale = _stale_rows(kv_lens, max_blocks * block_size, block_size) if kv_slice is None else []
+    host = torch.tensor([x for row in rows for x in row] + valid + out_index + stale, dtype=torch.long)
     packed = host.to(device, non_blocking=True)
     ints = packed[: num * (3 + max_blocks)].view(num, 3 + max_blocks)
     q_start, q_len, start_pos = ints[:, 0], ints[:, 1], ints[:, 2]  # [group] each
     tables = ints[:, 3:]  # [group, max_blocks]
-    valid_rows = packed[num * (3 + max_blocks) :][: len(valid)]  # [num_valid]
-    out_rows = packed[num * (3 + max_blocks) + len(valid) :]  # [num_valid]
+    # [num_valid], [num_valid], [num_stale]
+    valid_rows, out_rows, stale_rows = packed[num * (3 + max_blocks) :].split(
+        [len(valid), len(out_index), len(stale)]
+    )
 
     q_off = torch.arange(max_q, device=device)  # [max_q]
     q_valid = q_off[None, :] < q_len[:, None]  # [group, max_q]
@@ -139,7 +166,35 @@ def build_group(seqs: list[SequenceSlice], block_size: int, device: torch.device
         max_query_pos=max(s.start_pos + s.query_len - 1 for s in seqs),
         is_causal=num == 1 and seqs[0].start_pos == 0,
         is_short=is_short,
+        stale_rows=stale_rows if stale else None,
     )
+
+
+def _stale_rows(kv_lens: list[int], gathered: int, block_size: int) -> list[int]:
+    """`AttentionGroup.stale_rows` from the host's integers (``gathered`` slots a request: whole pages)."""
+    max_kv, rows = max(kv_lens), []
+    for values in (0, len(kv_lens) * gathered):  # the keys' rows, then the same slots' values'
+        for g, kv in enumerate(kv_lens):
+            start = values + g * gathered
+            rows.extend(range(start + kv, start + min(-(-kv // block_size) * block_size, max_kv)))
+    return rows
+
+
+def last_page_stale_rows(
+    kv_lens: torch.Tensor,  # [group] keys each request holds
+    max_blocks: int,
+    block_size: int,
+) -> torch.Tensor:  # [2 * group * block_size]
+    """`AttentionGroup.stale_rows` in a fixed size, derived on the device (a captured group's, inside its
+    graph): every slot of each request's last page, those holding its keys sent to the scratch row just
+    past the gather's keys and values (a padding sequence, holding none: all of its first page)."""
+    device = kv_lens.device
+    num_rows = kv_lens.shape[0] * max_blocks * block_size  # the gather's keys (its values follow)
+    last = (kv_lens - 1).clamp(min=0) // block_size  # [group]
+    pos = last[:, None] * block_size + torch.arange(block_size, device=device)  # [group, block_size]
+    rows = torch.arange(kv_lens.shape[0], device=device)[:, None] * max_blocks * block_size + pos
+    rows = torch.where(pos >= kv_lens[:, None], rows, 2 * num_rows).view(-1)
+    return torch.cat([rows, rows + num_rows]).clamp_(max=2 * num_rows)  # keys', then values'
 
 
 def causal_page_mask(
@@ -237,7 +292,10 @@ class AttentionMetadata:
         num_tokens = int(slot_mapping.shape[0])
         paths = paths or AttentionPaths()
         one_short_group = paths.batches_read_pages_in_place()
-        groups = [build_group(g, block_size, device) for g in group_sequences(seqs, one_short_group)]
+        groups = [
+            build_group(g, block_size, device, kv_cache.padding_block)
+            for g in group_sequences(seqs, one_short_group)
+        ]
         lone = groups[0] if len(groups) == 1 else None
         writes: torch.Tensor | slice = slot_mapping
         if lone is not None and lone.kv_slice is not None:

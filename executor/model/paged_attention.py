@@ -88,8 +88,12 @@ def _attend_gathered(group, layer, meta, q, path, scaling, sliding_window, softc
         key, value = meta.kv_cache.view(layer, group.kv_slice)  # [max_kv, kv_heads, head_dim]
         key, value = key.unsqueeze(0), value.unsqueeze(0)  # [1, max_kv, kv_heads, head_dim]
     else:
-        # [group, max_kv, kv_heads, head_dim] each
-        key, value = meta.kv_cache.gather_pages(layer, group.block_tables, meta.gather_buffer)
+        # [group, max_kv, kv_heads, head_dim] each: up to the longest request's keys, and a shorter one's
+        # slots past its keys as zeros (a NaN there would pass a masked weight: 0 * NaN is NaN)
+        stale_rows = group.gather_stale_rows(meta.kv_cache.block_size)
+        key, value = meta.kv_cache.gather_pages(
+            layer, group.block_tables, meta.gather_buffer, stale_rows, group.max_kv_len
+        )
     q, key, value = q.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     if softcap is None and group.uses_causal_kernel(sliding_window):  # a fresh prompt: SDPA's causal kernel
         o = F.scaled_dot_product_attention(q, key, value, is_causal=True, scale=scaling, enable_gqa=True)

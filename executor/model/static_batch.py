@@ -84,8 +84,10 @@ class StaticInputs:
         self._host_ints = torch.zeros(size, dtype=torch.long, pin_memory=is_cuda)  # [size], pinned on CUDA
         # the last copy out of the host buffer: waited for before the buffer is written again
         self._copied = torch.cuda.Event() if is_cuda else None
+        # and one row (kv_heads * head_dim) past it, where `last_page_stale_rows` sends its unused entries
         self.gather_buffer = kv_cache.kv.new_empty(
             2 * largest.num_seqs * largest.num_blocks * kv_cache.page_numel
+            + kv_cache.page_numel // kv_cache.block_size
         )
 
     def views(self, shape: GraphShape) -> StaticViews:
@@ -114,7 +116,7 @@ class StaticInputs:
             positions[base : base + n] = range(start, start + n)
             slots[base : base + n] = [table[p // bs] * bs + p % bs for p in range(start, start + n)]
             query_len[i], start_pos[i] = n, start
-            used = table[:nb]
+            used = table[: -(-(start + n) // bs)]  # the pages of its keys (one taken ahead may hold NaN)
             tables[i * nb : i * nb + len(used)] = used
             rows.extend(range(base + n - seq.num_logit_rows, base + n))
             tokens.extend(range(base, base + n))
@@ -160,6 +162,8 @@ class StaticInputs:
             max_query_pos=UNKNOWN_POSITION,
             is_causal=False,
             is_short=shape.query_len <= MAX_SHORT_QUERY_LEN,
+            stale_rows=None,
+            derives_stale_rows=True,  # (the lengths are the step's: every last page may have some)
         )
         return AttentionMetadata(
             self.kv_cache, views.slot_mapping, [group], shape.num_tokens, True, paths, self.gather_buffer
