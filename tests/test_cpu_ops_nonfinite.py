@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from specexec import Executor, FinishReason, Request, SamplingParams
-from specexec.executor.layers.attention_kernels import MATMUL, PAGED_CPU
+from specexec.executor.layers.attention_kernels import MATMUL, PAGED_CPU, SDPA
 from specexec.executor.layers.cpu_kernels import cpu_kernels
 from specexec.executor.layers.paged_attention_cpu import attend_paged_cpu
 from specexec.executor.layers.quantized.quantized_dot import (
@@ -123,12 +123,15 @@ GOOD_PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2], [10, 11, 12, 13, 10, 11, 12]]
 BAD_PROMPT = [7, 8, POISON, 9, 10]
 
 
+@pytest.mark.parametrize("attention", [PAGED_CPU, MATMUL, SDPA])
 @pytest.mark.parametrize("kernel", ["torch", "int8_dot"])
-def test_a_nan_activation_fails_its_request_alone_on_either_kernel(kernel):
+def test_a_nan_activation_fails_its_request_alone_on_either_kernel(kernel, attention):
     """An int8-quantized float32 model in the own decoder (its layers as one fused op) with one NaN
     embedding row: the request whose prompt holds that token fails with the NaN message, on torch's
     kernels and on int8_dot alike, and the others give what they give without it. (int8_dot had rounded
-    the NaN rows to plausible codes: the request ran on, on garbage.)"""
+    the NaN rows to plausible codes: the request ran on, on garbage.) On every attention kernel: the
+    others take the failed request's freed pages, whose slots past their keys hold its NaN K/V (the torch
+    kernels' page gather had read them, and a masked weight's 0 * NaN is NaN)."""
     _, model = make_tiny_model("llama", dtype=torch.float32)
     with torch.no_grad():
         model.model.embed_tokens.weight[POISON] = float("nan")
@@ -136,9 +139,7 @@ def test_a_nan_activation_fails_its_request_alone_on_either_kernel(kernel):
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     with Executor(model, config) as executor:
         assert executor.quantized_kernel.kernel == kernel
-        # the C++ kernel reads a request's own keys only (the torch path's page gather reads every slot of
-        # a page, a freed page's stale NaN included: not what this test is about)
-        executor.core.runner.attention_paths = AttentionPaths.all(PAGED_CPU)
+        executor.core.runner.attention_paths = AttentionPaths.all(attention)
         clean = [o.token_ids for o in executor.run([Request(p, params) for p in GOOD_PROMPTS])]
         *good, bad = executor.run([Request(p, params) for p in [*GOOD_PROMPTS, BAD_PROMPT]])
     assert [o.token_ids for o in good] == clean, [(o.finish_reason, o.error) for o in good]
