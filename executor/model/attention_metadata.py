@@ -70,12 +70,10 @@ class AttentionGroup:
     #                     largest int64, and every sliding window is applied)
     is_causal: bool  #: a lone sequence with nothing cached before it: plain causal attention (no mask)
     is_short: bool  #: decode / verify rows (the measured short-query attention path applies)
-    stale_rows: torch.Tensor | None  # [num_stale] rows of a page gather (group * max_blocks * block_size
-    #   keys, then as many values) past a request's keys in its last page, zeroed after each gather; a row
-    #   past them all: scratch (a captured group's unused entries). None: none (a view, or no request
-    #   shorter than max_kv)
-    derives_stale_rows: bool = False  #: a captured group: `stale_rows` derived when a gather first asks
+    has_stale_slots: bool  #: a page gather reads slots past a shorter request's keys (captured: may)
+    host_kv_lens: list[int] | None = None  #: `kv_lens` as the host's integers (None: a captured group's)
     _window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
+    _stale_rows: torch.Tensor | None = None
 
     def uses_causal_kernel(self, sliding_window: int | None) -> bool:
         """True when SDPA's own causal masking is exact here (no window cuts in): no mask is built."""
@@ -92,12 +90,18 @@ class AttentionGroup:
             self._window_masks[sliding_window] = base & in_window
         return self._window_masks[sliding_window]
 
-    def gather_stale_rows(self, block_size: int) -> torch.Tensor | None:
-        """`stale_rows`; a captured group derives them (`last_page_stale_rows`) on the first layer that
-        gathers and reuses them in the others (a group on an in-place kernel never asks: no work)."""
-        if self.stale_rows is None and self.derives_stale_rows:
-            self.stale_rows = last_page_stale_rows(self.kv_lens, self.block_tables.shape[1], block_size)
-        return self.stale_rows
+    def stale_rows(self, block_size: int) -> torch.Tensor | None:
+        """The rows of a page gather to zero (`stale_gather_rows`; a captured group's in a fixed size,
+        `last_page_stale_rows`), or None. Built on the first layer that gathers and reused by the others:
+        a group on an in-place kernel never asks, so costs nothing."""
+        if self.has_stale_slots and self._stale_rows is None:
+            max_blocks = self.block_tables.shape[1]
+            if self.host_kv_lens is None:
+                self._stale_rows = last_page_stale_rows(self.kv_lens, max_blocks, block_size)
+            else:
+                rows = torch.tensor(stale_gather_rows(self.host_kv_lens, max_blocks * block_size, block_size))
+                self._stale_rows = rows.to(self.kv_lens.device, non_blocking=True)
+        return self._stale_rows
 
 
 def build_group(
@@ -112,6 +116,8 @@ def build_group(
     num_pages = [-(-kv // block_size) for kv in kv_lens]
     max_blocks = max(num_pages)
     max_kv = max(kv_lens)  # a gather reads whole pages, attention only this far (a lone one: its own keys)
+    # a shorter request's last page goes on past its keys (a request as long as max_kv: read no further)
+    has_stale_slots = kv_slice is None and any(kv % block_size and kv < max_kv for kv in kv_lens)
 
     # One host buffer, one copy to the device: per request [query_start, query_len, start_pos, table...],
     # the table cut to the pages holding its keys (a page taken ahead may hold a freed page's NaN)
@@ -122,16 +128,13 @@ def build_group(
     ]
     valid = [g * max_q + j for g, n in enumerate(q_lens) for j in range(n)]
     out_index = [s.query_start + j for s in seqs for j in range(s.query_len)]
-    stale = _stale_rows(kv_lens, max_blocks * block_size, block_size) if kv_slice is None else []
-    host = torch.tensor([x for row in rows for x in row] + valid + out_index + stale, dtype=torch.long)
+    host = torch.tensor([x for row in rows for x in row] + valid + out_index, dtype=torch.long)
     packed = host.to(device, non_blocking=True)
     ints = packed[: num * (3 + max_blocks)].view(num, 3 + max_blocks)
     q_start, q_len, start_pos = ints[:, 0], ints[:, 1], ints[:, 2]  # [group] each
     tables = ints[:, 3:]  # [group, max_blocks]
-    # [num_valid], [num_valid], [num_stale]
-    valid_rows, out_rows, stale_rows = packed[num * (3 + max_blocks) :].split(
-        [len(valid), len(out_index), len(stale)]
-    )
+    valid_rows = packed[num * (3 + max_blocks) :][: len(valid)]  # [num_valid]
+    out_rows = packed[num * (3 + max_blocks) + len(valid) :]  # [num_valid]
 
     q_off = torch.arange(max_q, device=device)  # [max_q]
     q_valid = q_off[None, :] < q_len[:, None]  # [group, max_q]
@@ -166,14 +169,16 @@ def build_group(
         max_query_pos=max(s.start_pos + s.query_len - 1 for s in seqs),
         is_causal=num == 1 and seqs[0].start_pos == 0,
         is_short=is_short,
-        stale_rows=stale_rows if stale else None,
+        has_stale_slots=has_stale_slots,
+        host_kv_lens=[s.kv_len for s in seqs],
     )
 
 
-def _stale_rows(kv_lens: list[int], gathered: int, block_size: int) -> list[int]:
-    """`AttentionGroup.stale_rows` from the host's integers (``gathered`` slots a request: whole pages)."""
+def stale_gather_rows(kv_lens: list[int], gathered: int, block_size: int) -> list[int]:
+    """Rows of a group's page gather (``gathered`` slots a request, kv_heads * head_dim each: the keys,
+    then as many values) past a request's keys in its last page, up to the longest request's keys."""
     max_kv, rows = max(kv_lens), []
-    for values in (0, len(kv_lens) * gathered):  # the keys' rows, then the same slots' values'
+    for values in (0, len(kv_lens) * gathered):
         for g, kv in enumerate(kv_lens):
             start = values + g * gathered
             rows.extend(range(start + kv, start + min(-(-kv // block_size) * block_size, max_kv)))
@@ -185,9 +190,9 @@ def last_page_stale_rows(
     max_blocks: int,
     block_size: int,
 ) -> torch.Tensor:  # [2 * group * block_size]
-    """`AttentionGroup.stale_rows` in a fixed size, derived on the device (a captured group's, inside its
-    graph): every slot of each request's last page, those holding its keys sent to the scratch row just
-    past the gather's keys and values (a padding sequence, holding none: all of its first page)."""
+    """`stale_gather_rows` in a fixed size, derived on the device (a captured forward derives them inside
+    its graph, from the step's lengths): each request's last page slot by slot, the slots holding its keys
+    sent to the scratch row just past the gather (a padding sequence, holding none: all of its first page)."""
     device = kv_lens.device
     num_rows = kv_lens.shape[0] * max_blocks * block_size  # the gather's keys (its values follow)
     last = (kv_lens - 1).clamp(min=0) // block_size  # [group]

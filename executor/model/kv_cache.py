@@ -89,23 +89,22 @@ class KVCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Read whole pages. block_tables [group, max_blocks]; returns key, value
         [group, num_keys (default: max_blocks * block_size), kv_heads, head_dim], views of ``buffer``
-        (flat, at least ``2 * group * max_blocks * page_numel``; default: a scratch buffer grown on demand)
-        that the next gather overwrites (consume them first). ``stale_rows`` ([num],
-        `AttentionGroup.stale_rows`: rows of kv_heads * head_dim, the keys' then the values') read as
-        zeros: slots past a request's keys, which may hold a freed page's NaN."""
+        (flat, at least ``2 * group * max_blocks * page_numel`` and a row of kv_heads * head_dim; default:
+        a scratch buffer grown on demand) that the next gather overwrites (consume them first).
+        ``stale_rows`` ([num], `AttentionGroup.stale_rows`: rows of the keys then the values; the row past
+        them all is scratch) read as zeros: slots past a request's keys, which may hold a freed page's NaN."""
         group, max_blocks = block_tables.shape
         spec, bs, page = self.spec, self.block_size, self.page_numel
         pages = self.kv[layer].view(2, self.num_blocks + 1, page)  # [2, num_blocks + 1, page]
         wanted = group * max_blocks
         if buffer is None:
-            if self._scratch.numel() < 2 * wanted * page:
-                self._scratch = self.kv.new_empty(2 * wanted * page)
+            if self._scratch.numel() < 2 * wanted * page + page // bs:
+                self._scratch = self.kv.new_empty(2 * wanted * page + page // bs)
             buffer = self._scratch
         out = buffer[: 2 * wanted * page].view(2, wanted, page)  # [2, group * max_blocks, page]
         torch.index_select(pages, 1, block_tables.reshape(-1), out=out)
         if stale_rows is not None:  # under a page a request (a where over all of it cost 15-50% a layer)
-            row = page // bs
-            buffer[: 2 * wanted * page + row].view(-1, row).index_fill_(0, stale_rows, 0)
+            buffer.view(-1, page // bs).index_fill_(0, stale_rows, 0)  # [rows, kv_heads * head_dim]
         kv = out.view(2, group, max_blocks * bs, spec.num_kv_heads, spec.head_dim)
         if num_keys is not None and num_keys < max_blocks * bs:
             kv = kv[:, :, :num_keys]

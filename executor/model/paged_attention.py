@@ -90,7 +90,7 @@ def _attend_gathered(group, layer, meta, q, path, scaling, sliding_window, softc
     else:
         # [group, max_kv, kv_heads, head_dim] each: up to the longest request's keys, and a shorter one's
         # slots past its keys as zeros (a NaN there would pass a masked weight: 0 * NaN is NaN)
-        stale_rows = group.gather_stale_rows(meta.kv_cache.block_size)
+        stale_rows = group.stale_rows(meta.kv_cache.block_size)
         key, value = meta.kv_cache.gather_pages(
             layer, group.block_tables, meta.gather_buffer, stale_rows, group.max_kv_len
         )

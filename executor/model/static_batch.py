@@ -162,8 +162,7 @@ class StaticInputs:
             max_query_pos=UNKNOWN_POSITION,
             is_causal=False,
             is_short=shape.query_len <= MAX_SHORT_QUERY_LEN,
-            stale_rows=None,
-            derives_stale_rows=True,  # (the lengths are the step's: every last page may have some)
+            has_stale_slots=True,  # (the lengths are the step's: every last page may have some)
         )
         return AttentionMetadata(
             self.kv_cache, views.slot_mapping, [group], shape.num_tokens, True, paths, self.gather_buffer
