@@ -19,9 +19,9 @@ from .engines.specexec_hf import (
 )
 from .held_messages import library_messages_after_the_bar
 from .records import summarize
-from .repeats import combine_passes
 from .report import add_speedups
-from .stop_tokens import FORBIDDEN_BY, StopTokens, find_stop_tokens
+from .workload.repeats import combine_passes
+from .workload.stop_tokens import FORBIDDEN_BY, StopTokens, find_stop_tokens
 
 logger = logging.getLogger("specexec")
 FORWARD_COST_REPEATS = 3  #: timed forwards per size (after one untimed); the median is kept

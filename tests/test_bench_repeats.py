@@ -7,8 +7,8 @@ import json
 
 from specexec.bench import runner as bench_runner
 from specexec.bench.records import RequestRecord, summarize
-from specexec.bench.repeats import combine_passes
 from specexec.bench.report import add_speedups, format_table
+from specexec.bench.workload.repeats import combine_passes
 from specexec.cli import main
 from test_bench_command import bench_argv, tiny_dir  # noqa: F401  (a fixture)
 

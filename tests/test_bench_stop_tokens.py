@@ -13,7 +13,7 @@ import torch
 from specexec.bench.engines.server import request_body
 from specexec.bench.engines.specexec_hf import Workload
 from specexec.bench.report import COLUMNS
-from specexec.bench.stop_tokens import find_stop_tokens, num_stop_tokens
+from specexec.bench.workload.stop_tokens import find_stop_tokens, num_stop_tokens
 from specexec.cli import main
 from specexec.prompt_sets.datasets import BenchPrompt
 from test_bench_command import write_dataset

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.utils.cpp_extension
-from specexec.executor.layers import build_lock
 from specexec.executor.layers import cpu_kernels as kernels_module
+from specexec.executor.layers.kernel_build import build_lock
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from specexec.executor.layers.build_lock import held_build_lock
+from specexec.executor.layers.kernel_build.build_lock import held_build_lock
 with held_build_lock(Path(sys.argv[1])):
     print("held", flush=True)
     time.sleep(120)

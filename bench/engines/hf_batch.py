@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ..records import RequestRecord, schema_valid
-from ..stop_tokens import num_stop_tokens
+from ..workload.stop_tokens import num_stop_tokens
 from .specexec_hf import Workload
 
 NO_EOS = -1  #: transformers' "stop on nothing"

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..records import RequestRecord, schema_valid
-from ..stop_tokens import num_stop_tokens
+from ..workload.stop_tokens import num_stop_tokens
 from .specexec_hf import Workload, _failed_record
 
 INSTALL = (

@@ -18,7 +18,7 @@ from ...executor.executor import Executor
 from ...prompt_sets.datasets import BenchPrompt
 from ...sampling import SamplingParams
 from ..records import RequestRecord, schema_valid
-from ..stop_tokens import num_stop_tokens
+from ..workload.stop_tokens import num_stop_tokens
 
 
 @dataclass(slots=True)
