@@ -65,7 +65,9 @@ def test_a_grammar_that_admits_no_token_fails_alone(response_format):
     bad = Request(CHAT, SamplingParams(max_tokens=20), response_format=response_format)
     out_good, out_bad = executor.run([good_request(), bad])
     assert out_bad.finish_reason is FinishReason.ERROR
-    assert "admits no token" in out_bad.error or "cannot enforce" in out_bad.error, out_bad.error
+    # (xgrammar 0.2.9 refuses the self-reference when it compiles the schema; earlier ones compiled it)
+    reasons = ("admits no token", "cannot enforce", "invalid JSON schema")
+    assert any(reason in out_bad.error for reason in reasons), out_bad.error
     assert (out_good.finish_reason, out_good.token_ids) == (clean.finish_reason, clean.token_ids)
     assert (
         out_good.guided_valid is (out_good.finish_reason is FinishReason.STOP)
