@@ -179,10 +179,7 @@ def test_a_hugging_face_directory_is_refused_for_llamacpp(tiny_dir, tmp_path, mo
 
 @pytest.mark.slow
 def test_llama_cpp_runs_the_embedded_gguf_greedy_and_guided(tmp_path, capsys):
-    try:  # an optional tool, not a dependency; a copy without its shared library is not installed either
-        import llama_cpp  # noqa: F401
-    except (ImportError, OSError) as exc:
-        pytest.skip(f"llama-cpp-python is an optional tool, not a dependency ({type(exc).__name__}: {exc})")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is an optional tool, not a dependency")
     argv = [
         "bench",
         "--baseline",
