@@ -26,7 +26,7 @@ from specexec.executor.engine.speculation.draft_length import (
 from specexec.executor.executor import Executor
 from specexec.executor.layers import measurement_cache
 from specexec.executor.layers.cpu_info import describe_cpu
-from specexec.executor.layers.measurement_cache import default_cache_dir
+from specexec.executor.layers.measurement_cache import NOISE_FIELD, default_cache_dir
 from specexec.executor.layers.packed_linear import RowBands, pack_linears, unpack_linears
 from specexec.sampling import SamplingParams
 from tiny_models import make_tiny_model
@@ -246,7 +246,8 @@ def test_cached_measures_once_writes_json_then_reuses_it(tmp_path, fake_forward,
 def write_curve(cache_dir, key: str, seconds: list[float]) -> None:
     ForwardCostModel.cached(key, FakeForward(), cache_dir)  # (a real clock: only the file's name matters)
     (path,) = cache_dir.glob("forward-cost-*.json")
-    path.write_text(json.dumps({"key": key, "num_tokens": [1, 8], "seconds": seconds}))
+    noise = {"spread": 1.0, "others_share": 0.0}  # measured on a quiet machine, as far as it could tell
+    path.write_text(json.dumps({"key": key, "num_tokens": [1, 8], "seconds": seconds, NOISE_FIELD: noise}))
 
 
 def test_a_cached_curve_measured_on_a_busier_machine_is_measured_again(tmp_path, fake_forward, caplog):

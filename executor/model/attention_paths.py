@@ -18,11 +18,12 @@ import torch
 
 from ..layers.attention_kernels import AUTO, MATMUL, PAGED_CPU, PAGED_TRITON, SDPA, attend
 from ..layers.cpu_kernels import cpu_kernels
-from ..layers.measurement_cache import cached_measurement, machine_key, median_seconds
+from ..layers.measurement_cache import cached_measurement, interleaved_medians, machine_key
 from ..layers.paged_attention_cpu import attend_paged_cpu
 from ..layers.triton_kernels import TRITON_DTYPES, triton_available
 
-MEASUREMENT_VERSION = 5  #: 4: the C++ kernel joins the candidates; 5: it splits long contexts
+#: 4: the C++ kernel joins the candidates; 5: it splits long contexts; 6: the candidates take turns
+MEASUREMENT_VERSION = 6
 CONTEXTS = (256, 2048)  #: keys per request in the timed calls: a short and a long context
 CONTEXT_SPLIT = 768  #: groups reading fewer keys than this take the short-context choice
 VERIFY_QUERY_LEN = 4  #: 1 + 3 drafts
@@ -100,23 +101,25 @@ def choose_attention_paths(
 
 
 def measure_attention_paths(
-    num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, repeats: int = 5
+    num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, repeats: int = 7
 ) -> dict:
-    """{'<case>@<context>': the fastest kernel, and '<case>@<context>_seconds': each kernel's median}.
-    The torch kernels are timed on keys already gathered (the gather is not counted against them)."""
+    """{'<case>@<context>': the fastest kernel, and '<case>@<context>_seconds': each kernel's median,
+    the kernels taking turns so that a busy moment falls on each alike. The torch kernels are timed on
+    keys already gathered (the gather is not counted against them)."""
     result: dict = {}
     for context in CONTEXTS:
         for name, batch, q_len in CASES:
             q, k, v, mask = _inputs(batch, q_len, context, num_heads, num_kv_heads, head_dim, dtype)
-            seconds = {}
-            for path in (SDPA, MATMUL):
-                args = (q, k, v, mask, head_dim**-0.5, None, path)
-                attend(*args)  # warm-up
-                seconds[path] = median_seconds(lambda args=args: attend(*args), repeats)
+            works = {
+                path: lambda args=(q, k, v, mask, head_dim**-0.5, None, path): attend(*args)
+                for path in (SDPA, MATMUL)
+            }
             if cpu_kernels() is not None:
                 pages = _paged_inputs(q, k, v, context)
-                attend_paged_cpu(*pages)  # warm-up
-                seconds[PAGED_CPU] = median_seconds(lambda pages=pages: attend_paged_cpu(*pages), repeats)
+                works[PAGED_CPU] = lambda pages=pages: attend_paged_cpu(*pages)
+            for work in works.values():
+                work()  # warm-up
+            seconds = interleaved_medians(works, repeats)
             result[f"{name}@{context}"] = min(seconds, key=seconds.__getitem__)
             result[f"{name}@{context}_seconds"] = seconds
     return result
