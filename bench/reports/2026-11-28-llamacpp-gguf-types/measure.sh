@@ -1,5 +1,5 @@
 #!/bin/bash
-# The planned measurement (NOT run yet: the machine was shared when this folder was written). For each of
+# The measurement (run on a quiet machine: see README.md, "Measured"). For each of
 # the three files, specexec (the GGUF's codes, bfloat16 `auto`, without drafts and with NGram k=3) and
 # llama.cpp's binding in one `specexec bench` run on the 8 Spec-Bench prompts, three interleaved repeats,
 # EOS forbidden for every engine; then llama.cpp's own llama-bench on the same file and threads.
