@@ -28,7 +28,7 @@ from .engine.speculation.speculation_stage import SpeculationStage, build_drafte
 from .layers.cpu_info import available_memory_bytes
 from .layers.dtype_choice import DtypeChoice, choose_dtype
 from .layers.linear_backend import LinearBackendChoice, choose_linear_backend, fit_in_memory
-from .layers.measurement_cache import resolve_cache_dir
+from .layers.measurement.measurement_cache import resolve_cache_dir
 from .layers.packed_linear import pack_linears, packable_linear_bytes, unpack_linears
 from .layers.quantized.quantized_dot import QuantizedKernelChoice, choose_quantized_kernel, set_int8_dot
 from .layers.skinny_linear import SkinnyChoice, choose_skinny_kernels

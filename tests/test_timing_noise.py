@@ -13,8 +13,12 @@ import sys
 import time
 
 import pytest
-from specexec.executor.layers import timing_noise
-from specexec.executor.layers.measurement_cache import NOISE_FIELD, cached_measurement, median_seconds
+from specexec.executor.layers.measurement import timing_noise
+from specexec.executor.layers.measurement.measurement_cache import (
+    NOISE_FIELD,
+    cached_measurement,
+    median_seconds,
+)
 
 
 @pytest.fixture

@@ -23,7 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...executor.layers.measurement_cache import cached_measurement, interleaved_medians, machine_key
+from ...executor.layers.measurement.measurement_cache import (
+    cached_measurement,
+    interleaved_medians,
+    machine_key,
+)
 from ...executor.layers.quantized.quantization import quantize_model
 from ...executor.layers.quantized.quantized_linear import Int8WeightOnlyLinear
 

@@ -40,7 +40,7 @@ import torch
 from .cpu_info import cpu_key
 from .kernel_build.build_lock import held_build_lock
 from .kernel_build.compiler_target import compiler_command, compiler_target
-from .measurement_cache import default_cache_dir
+from .measurement.measurement_cache import default_cache_dir
 
 logger = logging.getLogger("specexec")
 

@@ -29,7 +29,7 @@ from torch import nn
 
 from .attention_kernels import attend
 from .cpu_info import describe_cpu, native_bf16_flags
-from .measurement_cache import cached_measurement, machine_key, median_seconds
+from .measurement.measurement_cache import cached_measurement, machine_key, median_seconds
 from .paged_attention_cpu import attend_paged_cpu, paged_cpu_kernel_runs
 from .quantized.q8_block_linear import Int8BlockLinear
 from .quantized.quantized_dot import BLOCK, MAX_ROWS, TILE, int8_dot_loads

@@ -35,7 +35,12 @@ from torch import nn
 
 from .cpu_info import describe_cpu
 from .dtype_choice import DecodeStepWork, ModelShape
-from .measurement_cache import cached_measurement, cached_row_ratios, interleaved_medians, machine_key
+from .measurement.measurement_cache import (
+    cached_measurement,
+    cached_row_ratios,
+    interleaved_medians,
+    machine_key,
+)
 from .packed_linear import PackedLinear, RowBands, can_pack, can_pack_mkl
 
 CPU_LINEARS = ("auto", "blas", "onednn")

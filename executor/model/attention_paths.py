@@ -18,7 +18,7 @@ import torch
 
 from ..layers.attention_kernels import AUTO, MATMUL, PAGED_CPU, PAGED_TRITON, SDPA, attend
 from ..layers.cpu_kernels import cpu_kernels
-from ..layers.measurement_cache import cached_measurement, interleaved_medians, machine_key
+from ..layers.measurement.measurement_cache import cached_measurement, interleaved_medians, machine_key
 from ..layers.paged_attention_cpu import attend_paged_cpu
 from ..layers.triton_kernels import TRITON_DTYPES, triton_available
 

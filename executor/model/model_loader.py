@@ -20,7 +20,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from ..layers.measurement_cache import resolve_cache_dir
+from ..layers.measurement.measurement_cache import resolve_cache_dir
 from ..layers.quantized.quantization import QuantizationReport, check_quantization, quantize_model
 from .decoder.convert import ModelImplChoice, resolve_model_impl
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ...layers.cpu_info import cpu_key
-from ...layers.measurement_cache import cached_measurement, median_seconds
+from ...layers.measurement.measurement_cache import cached_measurement, median_seconds
 from ...layers.packed_linear import PackedLinear
 
 logger = logging.getLogger("specexec")

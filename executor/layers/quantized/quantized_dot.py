@@ -39,7 +39,7 @@ from torch import nn
 
 from ..cpu_info import describe_cpu
 from ..cpu_kernels import cpu_kernels, fused_ops_take
-from ..measurement_cache import cached_row_ratios, interleaved_medians, machine_key
+from ..measurement.measurement_cache import cached_row_ratios, interleaved_medians, machine_key
 
 QUANTIZED_KERNELS = ("auto", "torch", "int8_dot")
 BLOCK = 32  #: inputs per activation scale (and per Q4 scale): the kernels need in_features in multiples

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .cpu_info import cpu_key
+from ..cpu_info import cpu_key
 from .timing_noise import measure_with_noise, note_spread
 
 logger = logging.getLogger("specexec")
