@@ -4,9 +4,9 @@ layer, the vocabulary-parallel head) or a range of input columns (a row-parallel
 Every form a layer takes here slices its codes as stored, so no value changes:
 - dense ``nn.Linear``: the weight (and bias) rows or columns;
 - int8 per output row (`Int8WeightOnlyLinear`): the codes, and the scales of the rows kept;
-- int4 in groups (`Int4WeightOnlyLinear`, a GGUF's Q4_0 / Q4_1): the codes, and the scales and offsets of
-  the rows and groups kept;
-- a GGUF's Q8_0 blocks (`Int8BlockLinear`): the codes and the scales of the blocks kept.
+- int4 in groups (`Int4WeightOnlyLinear`, a GGUF's Q4_0 / Q4_1 / Q4_K): the codes, and the scales and
+  offsets of the rows and groups kept;
+- a GGUF's Q8_0 and Q5_0 blocks (`Int8BlockLinear`): the codes and the scales of the blocks kept.
 
 A slice the layer's kernel cannot hold (int4: output rows in multiples of 16, columns cut at group
 boundaries; Q8_0 blocks: rows in multiples of 8, columns cut at blocks of 32) is held dense, as its

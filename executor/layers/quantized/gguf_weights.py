@@ -1,9 +1,23 @@
 """A GGUF file's quantized tensors, decoded from their blocks, matched to a transformers model's modules.
 
 Block layouts (ggml's `ggml-common.h`; 32 weights per block, along the input features):
-- Q4_0: d (fp16), 16 bytes of codes         -> weight = d * (q - 8)
-- Q4_1: d, m (fp16), 16 bytes of codes      -> weight = d * q + m
-A 4-bit block's byte j holds code j in its low nibble and code j + 16 in its high one.
+- Q4_0: d (fp16), 16 bytes of codes          -> weight = d * (q - 8)
+- Q4_1: d, m (fp16), 16 bytes of codes       -> weight = d * q + m
+- Q5_0: d (fp16), 4 bytes of fifth bits, 16 bytes of codes -> weight = d * (q - 16)
+- Q8_0: d (fp16), 32 int8 codes              -> weight = d * q
+A 4-bit block's byte j holds code j in its low nibble and code j + 16 in its high one; Q5_0's bit j
+of its 32-bit word is code j's fifth bit.
+- Q4_K: 256 weights a super-block: d, dmin (fp16), 12 bytes packing eight 6-bit scales and eight
+  6-bit mins, 128 bytes of codes; sub-block j (32 weights) -> weight = d * scale_j * q - dmin * min_j.
+  Its 64-weight chunk c holds sub-block 2c in its 32 bytes' low nibbles and 2c + 1 in the high ones.
+
+Which kernel layout holds each type (`quantization._install_gguf`):
+- Q4_0, Q4_1 and Q4_K: int4 codes with a scale and an offset per 32 weights (`Int4Weights`), exact in
+  float32 (Q4_K's scale d * scale_j and offset -dmin * min_j are exact float32 products). The kernels'
+  tiles hold the scales and offsets in float16, which Q4_0 and Q4_1 store; Q4_K's are rounded to float16
+  there (relative error at most 2^-11 each: `Q4_K_TILE_ERROR`).
+- Q8_0 and Q5_0: int8 codes with one float32 scale per 32 weights (Q5_0's codes q - 16), exact.
+Other types (Q5_1, Q5_K, Q6_K, ...) are dequantized to dense weights, as transformers converts them.
 
 transformers converts a GGUF by dequantizing every tensor (and, for llama-like models, reordering the
 rows of attn_q / attn_k back to Hugging Face's rotary layout). `match_rows` finds that reordering by
@@ -22,8 +36,12 @@ import torch
 from .quantized_linear import Int4Weights, QuantizationError
 
 BLOCK = 32
-INT4_TYPES = ("Q4_0", "Q4_1")  #: the types that map exactly onto the int4 kernels' layout
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+SUPER_BLOCK = 256  #: the K types' weights per super-block
+INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  #: the types whose codes the int4 layout holds
+INT8_BLOCK_TYPES = ("Q8_0", "Q5_0")  #: the types whose codes the int8-block layout holds
+#: bytes per block (per super-block for the K types)
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144}
+Q4_K_TILE_ERROR = 2.0**-11  #: a Q4_K scale or offset's relative error once rounded to float16 (normal range)
 
 
 @dataclass(slots=True)
@@ -34,11 +52,13 @@ class GGUFTensor:
     blocks: np.ndarray  # [rows, bytes per row] uint8 for quantized types (a view into the mapped file)
 
     def decode(self) -> Int4Weights:
-        """The codes and scales, as stored (no rounding anywhere)."""
+        """The 4-bit codes, with a float32 scale and offset per 32 weights, as stored (no rounding)."""
         if self.type_name not in INT4_TYPES:
-            raise QuantizationError(f"{self.name}: {self.type_name} has no exact kernel layout here")
+            raise QuantizationError(f"{self.name}: {self.type_name} has no int4 kernel layout here")
+        if self.type_name == "Q4_K":
+            return self._decode_q4_k()
         rows, cols = self.shape
-        raw = np.ascontiguousarray(self.blocks).reshape(rows, cols // BLOCK, _BLOCK_BYTES[self.type_name])
+        raw = self._blocks(BLOCK)  # [rows, blocks, bytes]
         d = _fp16(raw[..., 0:2])  # [rows, blocks]
         packed = raw[..., 4:] if self.type_name == "Q4_1" else raw[..., 2:]  # [rows, blocks, 16]
         codes = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)  # [rows, blocks, 32]
@@ -46,14 +66,50 @@ class GGUFTensor:
         offset = _fp16(raw[..., 2:4]) if self.type_name == "Q4_1" else -8 * d
         return Int4Weights(q, d, offset, BLOCK)
 
-    def decode_q8_0(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """A Q8_0 tensor's int8 codes [rows, cols] and float32 block scales [rows, cols / 32], as stored."""
-        if self.type_name != "Q8_0":
-            raise QuantizationError(f"{self.name}: {self.type_name} is not Q8_0")
+    def _decode_q4_k(self) -> Int4Weights:
         rows, cols = self.shape
-        raw = np.ascontiguousarray(self.blocks).reshape(rows, cols // BLOCK, _BLOCK_BYTES["Q8_0"])
-        q = torch.from_numpy(np.ascontiguousarray(raw[..., 2:]).view(np.int8).reshape(rows, cols).copy())
-        return q, _fp16(raw[..., 0:2])
+        raw = self._blocks(SUPER_BLOCK)  # [rows, supers, 144]
+        d, dmin = _fp16(raw[..., 0:2]), _fp16(raw[..., 2:4])  # [rows, supers]
+        sc, mins = _k_scales_and_mins(raw[..., 4:16])  # [rows, supers, 8] each
+        packed = raw[..., 16:].reshape(rows, -1, 4, 1, 32)  # [rows, supers, chunk, 1, byte]
+        codes = np.concatenate([packed & 0x0F, packed >> 4], axis=3)  # [rows, supers, chunk, half, 32]
+        q = torch.from_numpy(codes.reshape(rows, cols).astype(np.uint8))
+        scale = (d[..., None] * torch.from_numpy(sc.astype(np.float32))).reshape(rows, -1)  # [rows, blocks]
+        offset = -(dmin[..., None] * torch.from_numpy(mins.astype(np.float32))).reshape(rows, -1)
+        return Int4Weights(q, scale, offset, BLOCK)
+
+    def decode_int8_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A Q8_0 or Q5_0 tensor's int8 codes [rows, cols] and float32 scales [rows, cols / 32], as
+        stored (Q5_0's codes centred: q - 16)."""
+        if self.type_name not in INT8_BLOCK_TYPES:
+            raise QuantizationError(f"{self.name}: {self.type_name} has no int8-block kernel layout here")
+        rows, cols = self.shape
+        raw = self._blocks(BLOCK)  # [rows, blocks, bytes]
+        if self.type_name == "Q8_0":
+            q = np.ascontiguousarray(raw[..., 2:]).view(np.int8)
+        else:
+            high = np.ascontiguousarray(raw[..., 2:6]).view("<u4")  # [rows, blocks, 1]
+            high = (high >> np.arange(32, dtype=np.uint32)) & 1  # [rows, blocks, 32]
+            low = np.concatenate([raw[..., 6:] & 0x0F, raw[..., 6:] >> 4], axis=-1)  # [rows, blocks, 32]
+            q = (low | (high.astype(np.uint8) << 4)).astype(np.int8) - np.int8(16)
+        return torch.from_numpy(q.reshape(rows, cols).copy()), _fp16(raw[..., 0:2])
+
+    def _blocks(self, weights_per_block: int) -> np.ndarray:  # [rows, blocks, bytes per block] uint8
+        rows, cols = self.shape
+        if cols % weights_per_block:
+            raise QuantizationError(f"{self.name}: {cols} columns are not whole {self.type_name} blocks")
+        raw = np.ascontiguousarray(self.blocks)
+        return raw.reshape(rows, cols // weights_per_block, _BLOCK_BYTES[self.type_name])
+
+
+def _k_scales_and_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A K type's eight 6-bit scales and eight 6-bit mins from their 12 bytes ([..., 12] -> [..., 8] each):
+    bytes 0-3 hold scales 0-3 in their low 6 bits, bytes 4-7 mins 0-3; bytes 8-11 hold the low 4 bits of
+    scales 4-7 and (high nibble) of mins 4-7, whose top 2 bits are the top bits of bytes 0-3 and 4-7."""
+    scales, mins, rest = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    sc = np.concatenate([scales & 0x3F, (rest & 0x0F) | ((scales >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([mins & 0x3F, (rest >> 4) | ((mins >> 2) & 0x30)], axis=-1)
+    return sc, mn
 
 
 def _fp16(two_bytes: np.ndarray) -> torch.Tensor:  # [..., 2] uint8 -> [...] float32 (exact)

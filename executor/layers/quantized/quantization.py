@@ -5,8 +5,10 @@
   LM head, which takes int8 (a 4-bit SmolLM2 head kept 86% top-1 agreement with the float32 model on
   20 chat prompts and no greedy output); a layer whose shape the int4 kernels cannot hold takes int8
   too, and the report says how many did.
-- ``gguf``: the file's own codes where a kernel layout holds them exactly — Q4_0 / Q4_1 linear weights
-  become int4 with scale = d, zero = m + 8d — and the rest dequantized (as transformers converts them).
+- ``gguf``: the file's own codes where a kernel layout holds them — Q4_0 / Q4_1 / Q4_K linear weights
+  become int4 with a scale and an offset per 32 weights (exact; Q4_K's rounded to float16 in the
+  kernels' tiles), Q5_0 and Q8_0 int8 blocks where int8_dot runs (exact; `gguf_weights.py` has the
+  layouts) — and the rest dequantized (as transformers converts them).
   Torch has no kernel for Q8_0's one scale per 32 values (18 int8 calls of 32 columns each, summed,
   took 3.8 ms for SmolLM2's head against 4.75 dense), so SmolLM2's Q8_0 token embedding stays dense
   and the LM head tied to it is run
@@ -35,7 +37,7 @@ from torch import nn
 
 from ..cpu_kernels import fused_ops_take
 from ..packed_linear import unpack_linears
-from .gguf_weights import INT4_TYPES, GGUFFile, match_rows
+from .gguf_weights import INT4_TYPES, INT8_BLOCK_TYPES, GGUFFile, match_rows
 from .q8_block_linear import Int8BlockLinear
 from .quantized_dot import BLOCK, TILE
 from .quantized_linear import (
@@ -129,15 +131,18 @@ def _install_gguf(model: nn.Module, file: GGUFFile, report: QuantizationReport, 
         if tensors == [None] and linear.weight is getattr(embedding, "weight", None):
             tensors = [file.tensor_for(_module_name(model, embedding))]  # a head tied to the embedding
         types = {t.type_name if t is not None else "unmatched" for t in tensors}
-        if types <= set(INT4_TYPES) and fits_int4(linear):
-            layer = Int4WeightOnlyLinear(linear, _stored_codes(tensors, linear.weight))
-            _replace(
-                parent, child_name, layer, report, f"{'/'.join(sorted(types))} -> int4 (exact)", len(sources)
-            )
-        elif types == {"Q8_0"} and int8_dot and _int8_dot_runs(linear):
-            q, scale = _stored_q8_0(tensors, linear.weight)
+        codes = (
+            _stored_codes(tensors, linear.weight) if types <= set(INT4_TYPES) and fits_int4(linear) else None
+        )
+        if codes is not None and _float16_holds(codes):
+            layer = Int4WeightOnlyLinear(linear, codes)
+            form = "int4 (exact)" if "Q4_K" not in types else "int4 (Q4_K scales to float16 in the kernels)"
+            _replace(parent, child_name, layer, report, f"{'/'.join(sorted(types))} -> {form}", len(sources))
+        elif types <= set(INT8_BLOCK_TYPES) and int8_dot and _int8_dot_runs(linear):
+            q, scale = _stored_int8_blocks(tensors, linear.weight)
             layer = Int8BlockLinear(linear, q, scale)
-            _replace(parent, child_name, layer, report, "Q8_0 -> int8 blocks (exact)", len(sources))
+            form = f"{'/'.join(sorted(types))} -> int8 blocks (exact)"
+            _replace(parent, child_name, layer, report, form, len(sources))
         elif types == {"Q8_0"} and linear.weight.element_size() == 2:
             _replace(
                 parent, child_name, Int8WeightOnlyLinear(linear), report, "Q8_0 -> int8 per row", len(sources)
@@ -157,11 +162,18 @@ def _stored_codes(tensors: list, weight) -> Int4Weights:
     return Int4Weights(*_stacked(tensors, weight, decode), BLOCK)
 
 
-def _stored_q8_0(tensors: list, weight) -> tuple[torch.Tensor, torch.Tensor]:
-    """The file's Q8_0 codes [out, in] and block scales [out, in / 32] of ``tensors`` (`_stacked`)."""
+def _float16_holds(codes: Int4Weights) -> bool:
+    """Whether the kernels' float16 tiles hold these scales and offsets (a Q4_K file's d * scale can
+    exceed float16's range in principle; such a layer stays dense)."""
+    limit = torch.finfo(torch.float16).max
+    return bool(codes.scale.abs().max() <= limit and codes.offset.abs().max() <= limit)
+
+
+def _stored_int8_blocks(tensors: list, weight) -> tuple[torch.Tensor, torch.Tensor]:
+    """The file's Q8_0 or Q5_0 codes [out, in] and block scales [out, in / 32] of ``tensors`` (`_stacked`)."""
 
     def decode(tensor):
-        q, scale = tensor.decode_q8_0()
+        q, scale = tensor.decode_int8_blocks()
         return q.float() * scale.repeat_interleave(BLOCK, dim=1), q, scale
 
     q, scale = _stacked(tensors, weight, decode)

@@ -1,0 +1,175 @@
+"""A GGUF's Q4_0, Q4_1, Q4_K, Q5_0 and Q8_0 tensors at their own codes: decoded from random blocks
+written here (no downloads), they equal the `gguf` package's own dequantization bit for bit; Q4_K's
+scales and offsets, rounded to float16 in the int4 kernels' tiles, stay within the stated bound; and a
+model holding such tensors loads them into the int4 and int8-block layers, not dense weights."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from specexec.executor.layers.cpu_kernels import cpu_kernels
+from specexec.executor.layers.quantized import quantization
+from specexec.executor.layers.quantized.gguf_weights import (
+    _BLOCK_BYTES,
+    Q4_K_TILE_ERROR,
+    GGUFTensor,
+)
+from specexec.executor.layers.quantized.q8_block_linear import Int8BlockLinear
+from specexec.executor.layers.quantized.quantization import QuantizationReport
+from specexec.executor.layers.quantized.quantized_dot import MAX_ROWS
+from specexec.executor.layers.quantized.quantized_linear import Int4WeightOnlyLinear
+from torch import nn
+
+#: the byte offsets of each type's float16 fields in a block (random bytes there could be NaN or Inf)
+FP16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2)}
+
+
+def random_tensor(type_name: str, rows: int, cols: int, seed: int = 0, scale: float = 0.02) -> GGUFTensor:
+    """A tensor of random blocks: every code and packed scale byte random, the float16 fields normal."""
+    rng = np.random.default_rng(seed)
+    per_block = 256 if type_name.endswith("_K") else 32
+    raw = rng.integers(0, 256, (rows, cols // per_block, _BLOCK_BYTES[type_name]), dtype=np.uint8)
+    for at in FP16_FIELDS[type_name]:
+        values = rng.normal(0, scale, (rows, cols // per_block, 1)).astype(np.float16)
+        raw[..., at : at + 2] = values.view(np.uint8)
+    return GGUFTensor(f"blk.0.{type_name}.weight", type_name, (rows, cols), raw.reshape(rows, -1))
+
+
+def gguf_dequantized(tensor: GGUFTensor) -> torch.Tensor:  # [rows, cols] float32: the gguf package's
+    kind = getattr(gguf.GGMLQuantizationType, tensor.type_name)
+    return torch.from_numpy(gguf.dequantize(tensor.blocks, kind)).reshape(tensor.shape)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return (t + 0.0).view(torch.int32)  # (-0.0 as +0.0, as `match_rows` compares)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q4_K"])
+def test_int4_codes_equal_the_gguf_packages_dequantization(type_name):
+    tensor = random_tensor(type_name, 16, 512)
+    codes = tensor.decode()
+    assert codes.q.dtype == torch.uint8 and int(codes.q.max()) <= 15 and codes.group_size == 32
+    assert torch.equal(bits(codes.dequantize()), bits(gguf_dequantized(tensor)))
+
+
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q5_0"])
+def test_int8_block_codes_equal_the_gguf_packages_dequantization(type_name):
+    tensor = random_tensor(type_name, 16, 512)
+    q, scale = tensor.decode_int8_blocks()
+    assert q.dtype == torch.int8 and scale.shape == (16, 16)
+    if type_name == "Q5_0":
+        assert int(q.min()) >= -16 and int(q.max()) <= 15 and len(q.unique()) == 32  # every 5-bit code
+    assert torch.equal(bits(q.float() * scale.repeat_interleave(32, dim=1)), bits(gguf_dequantized(tensor)))
+
+
+def test_types_without_a_layout_are_refused_by_the_decoders():
+    with pytest.raises(quantization.QuantizationError, match="Q5_0 has no int4 kernel layout"):
+        random_tensor("Q5_0", 8, 64).decode()
+    with pytest.raises(quantization.QuantizationError, match="Q4_K has no int8-block kernel layout"):
+        random_tensor("Q4_K", 8, 256).decode_int8_blocks()
+
+
+def test_q4_k_weights_in_the_float16_tiles_stay_within_the_stated_bound():
+    """What the int8_dot tiles hold: q * fp16(scale) + fp16(offset), each rounded once with relative
+    error at most 2^-11 (plus float16's subnormal step for tiny values)."""
+    tensor = random_tensor("Q4_K", 32, 1024, seed=1)
+    codes = tensor.decode()
+    scale = codes.scale.half().float().repeat_interleave(32, dim=1)
+    offset = codes.offset.half().float().repeat_interleave(32, dim=1)
+    held = codes.q.float() * scale + offset
+    exact = gguf_dequantized(tensor)
+    exact_scale = codes.scale.repeat_interleave(32, dim=1)
+    exact_offset = codes.offset.repeat_interleave(32, dim=1)
+    bound = Q4_K_TILE_ERROR * (codes.q.float() * exact_scale.abs() + exact_offset.abs()) + 16 * 2.0**-24
+    assert ((held - exact).abs() <= bound).all()
+    assert not torch.equal(held, exact)  # the rounding is real: the bound is what is claimed
+
+
+class TwoLayers(nn.Module):
+    """The least a GGUF install walks: an embedding and the linear layers whose weights it replaces."""
+
+    def __init__(self, in_features: int = 512, out_features: int = 64):
+        super().__init__()
+        self.embed = nn.Embedding(8, in_features)
+        self.a = nn.Linear(in_features, out_features, bias=False)
+        self.b = nn.Linear(in_features, out_features, bias=False)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed
+
+    def forward(self, x):
+        return self.a(x), self.b(x)
+
+
+class FakeFile:
+    def __init__(self, tensors: dict[str, GGUFTensor]):
+        self.by_module = tensors
+
+    def tensor_for(self, module_name: str):
+        return self.by_module.get(module_name)
+
+
+def installed(type_a: str, type_b: str, int8_dot: bool) -> tuple[TwoLayers, dict, QuantizationReport]:
+    """A float32 model whose layers hold two random tensors' dequantized weights (as transformers
+    converts them), installed at the tensors' codes."""
+    model = TwoLayers()
+    tensors = {"a": random_tensor(type_a, 64, 512, seed=2), "b": random_tensor(type_b, 64, 512, seed=3)}
+    dense = {name: gguf_dequantized(t) for name, t in tensors.items()}
+    with torch.no_grad():
+        for name, weight in dense.items():
+            getattr(model, name).weight.copy_(weight)
+    report = QuantizationReport("gguf")
+    quantization._install_gguf(model, FakeFile(tensors), report, int8_dot)
+    return model, dense, report
+
+
+@pytest.fixture
+def the_ops_are_built():
+    if cpu_kernels() is None:
+        pytest.fail(
+            "specexec's C++ CPU kernels did not build here (see the log); this machine has a compiler"
+        )
+
+
+def test_q4_k_and_q5_0_layers_load_at_their_codes_where_int8_dot_runs(the_ops_are_built):
+    model, dense, report = installed("Q4_K", "Q5_0", int8_dot=True)
+    assert dict(report.layers) == {
+        "Q4_K -> int4 (Q4_K scales to float16 in the kernels)": 1,
+        "Q5_0 -> int8 blocks (exact)": 1,
+    }
+    assert isinstance(model.a, Int4WeightOnlyLinear) and isinstance(model.b, Int8BlockLinear)
+    # the layers hold the file's weights exactly (float32 scales and offsets)
+    assert torch.equal(model.a.dequantized(torch.float32), dense["a"])
+    assert torch.equal(model.b.dequantized(torch.float32), dense["b"])
+    # and the int8_dot kernels multiply by them, up to the activations' int8 rounding
+    model.a.set_int8_dot_rows(MAX_ROWS)
+    x = torch.randn(4, 512, generator=torch.Generator().manual_seed(4))
+    for layer, name in ((model.a, "a"), (model.b, "b")):
+        want = x @ dense[name].T
+        got = layer(x)
+        assert (got - want).norm() / want.norm() < 0.02
+
+
+def test_without_int8_dot_q5_0_stays_dense_and_q4_k_takes_torchs_int4_kernel():
+    model, _, report = installed("Q4_K", "Q5_0", int8_dot=False)
+    assert dict(report.layers) == {
+        "Q4_K -> int4 (Q4_K scales to float16 in the kernels)": 1,
+        "Q5_0 -> dense": 1,
+    }
+    assert type(model.b) is nn.Linear
+
+
+def test_a_q4_k_scale_beyond_float16_keeps_the_layer_dense():
+    """No silent Inf in the kernels' tiles: such a layer stays dense."""
+    model = TwoLayers()
+    tensor = random_tensor("Q4_K", 64, 512, seed=5)
+    raw = tensor.blocks.reshape(64, 2, 144).copy()
+    raw[0, 0, 0:2] = np.array([60000.0], dtype=np.float16).view(np.uint8)  # d * scale_j overflows float16
+    tensor = GGUFTensor(tensor.name, "Q4_K", tensor.shape, raw.reshape(64, -1))
+    with torch.no_grad():
+        model.a.weight.copy_(gguf_dequantized(tensor))
+    report = QuantizationReport("gguf")
+    quantization._install_gguf(model, FakeFile({"a": tensor}), report, int8_dot=False)
+    assert report.layers["Q4_K -> dense"] == 1 and type(model.a) is nn.Linear
