@@ -75,6 +75,10 @@ def summarize(
         "mean_acceptance_length": (steps + accepted) / steps if steps and drafted else None,
         "acceptance_rate": accepted / drafted if drafted else None,
         "acceptance_per_position": _position_rates(records),
+        # what the draft-length policy did: the share of decode steps that verified at least one draft
+        "drafted_share": sum(r.proposed_per_position[0] for r in records if r.proposed_per_position) / steps
+        if steps and drafted
+        else None,
         "schema_valid_rate": sum(valid) / len(valid) if valid else None,
         "cached_share": sum(r.num_cached_tokens for r in records) / prompt_tokens if prompt_tokens else None,
         "num_stop_tokens": None

@@ -30,6 +30,7 @@ COLUMNS = (
     "ttft 2+ ms",
     "tpot p50 ms",
     "acc.len",
+    "drafted",
     "draft%",
     "stops",
     "valid",
@@ -55,6 +56,7 @@ def format_table(rows: list[dict], guided: bool = False) -> str:
             *([_measured(row, "ttft_later_turns_ms_p50", ".0f")] if later else []),
             _measured(row, "tpot_ms_p50"),
             _fmt(row["mean_acceptance_length"], ".2f"),
+            _fmt(row.get("drafted_share"), ".0%"),
             _fmt(row.get("drafting_share") if row.get("mean_acceptance_length") else None, ".0%"),
             _fmt(row.get("num_stop_tokens"), "d"),
             _fmt(row["schema_valid_rate"] if guided else None, ".0%"),
@@ -81,6 +83,7 @@ LEGEND = (
     "ttft 2+     (conversations) the same over turns 2 and later, whose prompts hold the earlier turns\n"
     "tpot p50    median over requests of (finish - first token) / (output tokens - 1)\n"
     "acc.len     (decode steps + accepted drafts) / decode steps: tokens per target forward\n"
+    "drafted     share of decode steps that verified at least one draft (what the draft-length policy did)\n"
     "draft%      drafting time / (drafting + target-forward time)\n"
     "stops       tokens of the run's one stop set sampled (over all passes); 0 with --ignore-eos, where none\n"
     "            can be sampled; - where the engine does not say which tokens it sampled\n"

@@ -64,3 +64,17 @@ def test_conversations_get_a_later_turns_ttft_column_and_caching_its_ratio_line(
     assert "TTFT of turns 2+ 0.25x" in ratio and "tok/s 2.00x" in ratio and "cached 50%" in ratio
     single = summarize("none", 1, turns(0, 40.0)[:1], 1.0)
     assert "ttft 2+ ms" not in format_table([single]).splitlines()[0], "only conversations get it"
+
+
+def test_the_drafted_column_is_the_share_of_decode_steps_that_verified_a_draft():
+    """What the draft-length policy did: 3 of 10 steps drafted (one of them 2 deep), another request
+    drafted in 1 of its 10; a row without drafts shows none."""
+    first = RequestRecord("p0", 10, 11, 100.0, 20.0, 10.0, num_decode_steps=10, num_draft_tokens=4)
+    first.proposed_per_position, first.accepted_per_position = [3, 1], [2, 0]
+    second = RequestRecord("p1", 10, 11, 100.0, 20.0, 10.0, num_decode_steps=10, num_draft_tokens=1)
+    second.proposed_per_position, second.accepted_per_position = [1], [1]
+    row = summarize("ngram", 1, [first, second], 1.0)
+    assert row["drafted_share"] == 4 / 20
+    assert "20%" in format_table([row]).splitlines()[2]
+    plain = summarize("none", 1, [RequestRecord("p0", 10, 11, 100.0, 20.0, 10.0, num_decode_steps=10)], 1.0)
+    assert plain["drafted_share"] is None
