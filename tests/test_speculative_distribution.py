@@ -61,6 +61,11 @@ def make_config(**overrides) -> ExecutorConfig:
         device="cpu",
     )
     settings.update(overrides)
+    spec = settings.get("speculative_config")
+    if isinstance(spec, dict) and "draft_len_policy" not in spec:
+        # these tests check what verification makes of drafts: every step drafts, as the "auto" policy
+        # (the default) would not where a drafter costs about what the tiny target does
+        settings["speculative_config"] = {**spec, "draft_len_policy": "fixed"}
     return ExecutorConfig(**settings)
 
 

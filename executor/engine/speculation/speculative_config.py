@@ -45,11 +45,12 @@ class SpeculativeConfig:
     max_draft_len: int = 3  #: draft tokens per request per step, 1..32
     #: batch size -> draft length, e.g. {1: 4, 4: 2, 16: 0}; the largest key <= the running batch applies
     draft_len_schedule: dict[int, int] | None = None
-    #: "fixed"; "acceptance": per-request length from its running acceptance rate (shrink, stop below
-    #: break-even, probe again); "auto": the same with this machine's measured forward cost curve;
+    #: "fixed": k every step; "acceptance": per-request length from its running acceptance rate (shrink,
+    #: stop below break-even, probe again); "auto" (the default): the same with this machine's measured
+    #: forward cost curve;
     #: "confidence": each chain ends at the first draft whose drafter confidence does not pay for its
     #: cost on that curve (`executor/engine/speculation/confidence_stop.py`; drafters that report no confidence: "auto")
-    draft_len_policy: str = "fixed"
+    draft_len_policy: str = "auto"
     options: dict[str, Any] = field(default_factory=dict)  #: the drafter's own options
 
     def __post_init__(self) -> None:
