@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -70,24 +71,53 @@ def test_median_seconds_reports_its_spread_to_the_measurement_around_it(real_noi
     assert median_seconds(lambda: None, 3) >= 0  # outside a measurement: nothing to note, no error
 
 
-@pytest.mark.skipif(
-    not os.path.exists("/proc/stat"), reason="other processes' CPU time is read from /proc/stat"
-)
-def test_steady_load_by_another_process_is_seen_in_its_cpu_time(real_noise_check):
-    """A process spinning on the one CPU a 1-thread measurement runs on takes most of that CPU, while
-    every repeat is slowed alike (no spread)."""
+SPIN = "import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
+
+
+def measured_beside_a_spinner(own_child: bool):
+    """A 1-thread measurement (a sleep: no CPU of its own) on one CPU while a process spins there: one
+    this process started (its child) or one that is not (a shell's orphan, adopted by init)."""
     cpu = min(os.sched_getaffinity(0))
-    spinner = subprocess.Popen(
-        [sys.executable, "-c", f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
-    )
+    code = SPIN.format(cpu=cpu)
+    if own_child:
+        spinner = subprocess.Popen([sys.executable, "-c", code])
+        pid = spinner.pid
+    else:
+        started = subprocess.run(
+            ["sh", "-c", f'"{sys.executable}" -c "$0" > /dev/null 2>&1 & echo $!', code],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        pid = int(started.stdout)
     try:
         time.sleep(0.3)  # started and pinned
         _, noise = timing_noise.measure_with_noise(lambda: time.sleep(1.0) or {}, threads=1, cpus={cpu})
     finally:
-        spinner.kill()
-        spinner.wait()
+        os.kill(pid, signal.SIGKILL)
+        if own_child:
+            spinner.wait()
+    return noise
+
+
+needs_proc = pytest.mark.skipif(
+    not os.path.exists("/proc/stat"), reason="other processes' CPU time is read from /proc/stat"
+)
+
+
+@needs_proc
+def test_steady_load_by_another_process_is_seen_in_its_cpu_time(real_noise_check):
+    """A process spinning on the CPU a measurement runs on takes most of it, while every repeat is
+    slowed alike (no spread)."""
+    noise = measured_beside_a_spinner(own_child=False)
     assert noise.others_share is not None and noise.others_share >= timing_noise.BUSY_SHARE
     assert noise.noisy
+
+
+@needs_proc
+def test_the_measurements_own_child_processes_are_not_other_load(real_noise_check):
+    """Tensor-parallel ranks run a measured forward in child processes: their CPU time is the
+    measurement's own."""
+    noise = measured_beside_a_spinner(own_child=True)
+    assert noise.others_share is not None and noise.others_share < timing_noise.BUSY_SHARE
 
 
 def test_a_quiet_measurement_is_cached_with_its_noise_and_read_back(tmp_path, real_noise_check, monkeypatch):

@@ -2,9 +2,9 @@
 
 - the spread of each timed work: its median repeat over its fastest (bursts of load: a descheduled
   thread made single repeats of a 14 us attention kernel take 16 ms on the 2-core EPYC);
-- the CPU time other processes took on the CPUs this process may run on, beyond the CPUs torch's
-  threads leave spare, as a share of those threads (steady load, which slows every repeat alike and
-  leaves the spread low: under a second 2-thread process the worst spread of the attention timing was
+- the CPU time other processes (not this one's children, such as tensor-parallel ranks) took on the
+  CPUs this process may run on, beyond the CPUs torch's threads leave spare, as a share of those
+  threads (steady load, which slows every repeat alike and leaves the spread low: under a second 2-thread process the worst spread of the attention timing was
   1.4x while it picked SDPA for 7 cases of 8 that the C++ kernel wins on a quiet machine). Read from
   ``/proc/stat``; elsewhere only the spread counts.
 
@@ -62,19 +62,42 @@ def measure_with_noise(
     cpus = cpus or _own_cpus()
     worst = [1.0]
     token = _worst_spread.set(worst)
-    busy_before, own_before, wall_before = _busy_seconds(cpus), time.process_time(), time.perf_counter()
+    busy_before, own_before, wall_before = _busy_seconds(cpus), _own_seconds(), time.perf_counter()
     try:
         data = measure()
     finally:
         _worst_spread.reset(token)
     wall = time.perf_counter() - wall_before
-    busy_after, own = _busy_seconds(cpus), time.process_time() - own_before
+    busy_after, own = _busy_seconds(cpus), _own_seconds() - own_before
     share = None
     if busy_before is not None and busy_after is not None and wall > 0:
         others = (busy_after - busy_before - own) / wall  # CPUs' worth of other processes' work
         spare = max(0, len(cpus) - threads)  # CPUs torch's threads leave to others
         share = max(0.0, others - spare) / min(threads, len(cpus))
     return data, TimingNoise(worst[0], share)
+
+
+def _own_seconds() -> float:
+    """CPU seconds of this process and of its live children (tensor-parallel ranks run a measured
+    forward in child processes: their work is the measurement's own, not other load)."""
+    seconds = time.process_time()
+    try:
+        ticks = os.sysconf("SC_CLK_TCK")
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except (OSError, ValueError, AttributeError):
+        return seconds
+    me = os.getpid()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = (
+                    stat.read().rsplit(")", 1)[1].split()
+                )  # after the command name, which may hold spaces
+        except OSError:
+            continue  # gone, or not ours to read
+        if int(fields[1]) == me:  # fields: state, ppid, ..., utime (12), stime (13)
+            seconds += (int(fields[11]) + int(fields[12])) / ticks
+    return seconds
 
 
 def _own_cpus() -> set[int]:
