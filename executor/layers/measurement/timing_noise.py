@@ -4,9 +4,10 @@
   thread made single repeats of a 14 us attention kernel take 16 ms on the 2-core EPYC);
 - the CPU time other processes (not this one's children, such as tensor-parallel ranks) took on the
   CPUs this process may run on, beyond the CPUs torch's threads leave spare, as a share of those
-  threads (steady load, which slows every repeat alike and leaves the spread low: under a second 2-thread process the worst spread of the attention timing was
-  1.4x while it picked SDPA for 7 cases of 8 that the C++ kernel wins on a quiet machine). Read from
-  ``/proc/stat``; elsewhere only the spread counts.
+  threads (steady load, which slows every repeat alike and leaves the spread low: under a second
+  2-thread process the worst spread of the attention timing was 1.4x while it picked SDPA for 7 cases
+  of 8 that the C++ kernel wins on a quiet machine). Read from ``/proc/stat``; elsewhere only the
+  spread counts.
 
 A measurement is noisy when its worst spread reaches `NOISY_SPREAD` or others took `BUSY_SHARE` of
 its threads' CPUs. On a quiet 2-core EPYC the worst spread of any measurement stayed under 1.5x and
