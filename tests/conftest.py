@@ -37,3 +37,15 @@ def quiet_timing_noise(monkeypatch):
     monkeypatch.setattr(timing_noise, "_busy_seconds", lambda cpus: None)
     monkeypatch.setattr(timing_noise, "NOISY_SPREAD", float("inf"))
     return real
+
+
+@pytest.fixture
+def cpu_ops_built():
+    """For tests of specexec's C++ CPU kernels: fail, never skip, where they did not build (every machine
+    these tests run on has a compiler; CI sets SPECEXEC_CPU_KERNELS=1 besides)."""
+    from specexec.executor.layers.cpu_kernels import cpu_kernels
+
+    if cpu_kernels() is None:
+        pytest.fail(
+            "specexec's C++ CPU kernels did not build here (see the log); this machine has a compiler"
+        )

@@ -13,12 +13,7 @@ from specexec.executor.layers.cpu_kernels import cpu_kernels
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_SLOTS = 4, 2, 8, 4, 16  #: a pool of 4 pages of 4 slots
 
 
-@pytest.fixture(autouse=True)
-def the_ops_are_built():
-    if cpu_kernels() is None:
-        pytest.fail(
-            "specexec's C++ CPU kernels did not build here (see the log); this machine has a compiler"
-        )
+pytestmark = pytest.mark.usefixtures("cpu_ops_built")
 
 
 def make_pool() -> torch.Tensor:  # [2, slots, kv_heads, head_dim]

@@ -11,7 +11,6 @@ import pytest
 import torch
 from specexec.executor.executor import Executor
 from specexec.executor.layers.attention_kernels import PAGED_CPU, SDPA
-from specexec.executor.layers.cpu_kernels import cpu_kernels
 from specexec.executor.layers.packed_linear import PackedLinear, can_pack
 from specexec.executor.layers.quantized.quantized_dot import QuantizedKernelChoice, set_int8_dot
 from specexec.executor.layers.quantized.quantized_linear import DENSE, ONEDNN, Q4_INT8_DOT, TORCH_INT4
@@ -22,13 +21,7 @@ from specexec.executor.model.forward_io import SequenceInput
 from test_speculative_identity import assert_all_pages_free, make_config, make_requests
 from tiny_models import make_prompts, make_tiny_model
 
-
-@pytest.fixture(autouse=True)
-def the_ops_are_built():
-    if cpu_kernels() is None:
-        pytest.fail(
-            "specexec's C++ CPU kernels did not build here (see the log); this machine has a compiler"
-        )
+pytestmark = pytest.mark.usefixtures("cpu_ops_built")
 
 
 @pytest.fixture

@@ -17,12 +17,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
-@pytest.fixture(autouse=True)
-def the_ops_are_built():
-    if cpu_kernels() is None:
-        pytest.fail(
-            "specexec's C++ CPU kernels did not build here (see the log); this machine has a compiler"
-        )
+pytestmark = pytest.mark.usefixtures("cpu_ops_built")
 
 
 def reference_norm(x, weight, eps, unit_offset):  # transformers' two conventions

@@ -9,7 +9,6 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from specexec.executor.layers.cpu_kernels import cpu_kernels
 from specexec.executor.layers.quantized import quantization
 from specexec.executor.layers.quantized.gguf_weights import (
     _BLOCK_BYTES,
@@ -125,15 +124,7 @@ def installed(type_a: str, type_b: str, int8_dot: bool) -> tuple[TwoLayers, dict
     return model, dense, report
 
 
-@pytest.fixture
-def the_ops_are_built():
-    if cpu_kernels() is None:
-        pytest.fail(
-            "specexec's C++ CPU kernels did not build here (see the log); this machine has a compiler"
-        )
-
-
-def test_q4_k_and_q5_0_layers_load_at_their_codes_where_int8_dot_runs(the_ops_are_built):
+def test_q4_k_and_q5_0_layers_load_at_their_codes_where_int8_dot_runs(cpu_ops_built):
     model, dense, report = installed("Q4_K", "Q5_0", int8_dot=True)
     assert dict(report.layers) == {
         "Q4_K -> int4 (Q4_K scales to float16 in the kernels)": 1,

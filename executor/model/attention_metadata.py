@@ -170,7 +170,7 @@ def build_group(
         is_causal=num == 1 and seqs[0].start_pos == 0,
         is_short=is_short,
         has_stale_slots=has_stale_slots,
-        host_kv_lens=[s.kv_len for s in seqs],
+        host_kv_lens=kv_lens,
     )
 
 

@@ -79,6 +79,12 @@ class KVCache:
         """Elements of one page of keys (or of values) of one layer."""
         return self.block_size * self.spec.num_kv_heads * self.spec.head_dim
 
+    def gather_numel(self, num_pages: int) -> int:
+        """Elements of a buffer `gather_pages` fills from ``num_pages`` pages: their keys and values, and
+        one slot's row (kv_heads * head_dim) past them, where `AttentionGroup.stale_rows` sends unused
+        entries."""
+        return 2 * num_pages * self.page_numel + self.page_numel // self.block_size
+
     def gather_pages(
         self,
         layer: int,
@@ -89,8 +95,7 @@ class KVCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Read whole pages. block_tables [group, max_blocks]; returns key, value
         [group, num_keys (default: max_blocks * block_size), kv_heads, head_dim], views of ``buffer``
-        (flat, at least ``2 * group * max_blocks * page_numel`` and a row of kv_heads * head_dim; default:
-        a scratch buffer grown on demand) that the next gather overwrites (consume them first).
+        (flat, at least `gather_numel` of the group's pages; default: a scratch buffer grown on demand) that the next gather overwrites (consume them first).
         ``stale_rows`` ([num], `AttentionGroup.stale_rows`: rows of the keys then the values; the row past
         them all is scratch) read as zeros: slots past a request's keys, which may hold a freed page's NaN."""
         group, max_blocks = block_tables.shape
@@ -98,8 +103,8 @@ class KVCache:
         pages = self.kv[layer].view(2, self.num_blocks + 1, page)  # [2, num_blocks + 1, page]
         wanted = group * max_blocks
         if buffer is None:
-            if self._scratch.numel() < 2 * wanted * page + page // bs:
-                self._scratch = self.kv.new_empty(2 * wanted * page + page // bs)
+            if self._scratch.numel() < self.gather_numel(wanted):
+                self._scratch = self.kv.new_empty(self.gather_numel(wanted))
             buffer = self._scratch
         out = buffer[: 2 * wanted * page].view(2, wanted, page)  # [2, group * max_blocks, page]
         torch.index_select(pages, 1, block_tables.reshape(-1), out=out)

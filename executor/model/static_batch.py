@@ -84,10 +84,9 @@ class StaticInputs:
         self._host_ints = torch.zeros(size, dtype=torch.long, pin_memory=is_cuda)  # [size], pinned on CUDA
         # the last copy out of the host buffer: waited for before the buffer is written again
         self._copied = torch.cuda.Event() if is_cuda else None
-        # and one row (kv_heads * head_dim) past it, where `last_page_stale_rows` sends its unused entries
+        # (with the row past it where `last_page_stale_rows` sends its unused entries)
         self.gather_buffer = kv_cache.kv.new_empty(
-            2 * largest.num_seqs * largest.num_blocks * kv_cache.page_numel
-            + kv_cache.page_numel // kv_cache.block_size
+            kv_cache.gather_numel(largest.num_seqs * largest.num_blocks)
         )
 
     def views(self, shape: GraphShape) -> StaticViews:

@@ -61,7 +61,7 @@ class GGUFTensor:
         raw = self._blocks(BLOCK)  # [rows, blocks, bytes]
         d = _fp16(raw[..., 0:2])  # [rows, blocks]
         packed = raw[..., 4:] if self.type_name == "Q4_1" else raw[..., 2:]  # [rows, blocks, 16]
-        codes = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)  # [rows, blocks, 32]
+        codes = _nibbles(packed, axis=-1)  # [rows, blocks, 32]
         q = torch.from_numpy(codes.reshape(rows, cols).astype(np.uint8))
         offset = _fp16(raw[..., 2:4]) if self.type_name == "Q4_1" else -8 * d
         return Int4Weights(q, d, offset, BLOCK)
@@ -72,7 +72,7 @@ class GGUFTensor:
         d, dmin = _fp16(raw[..., 0:2]), _fp16(raw[..., 2:4])  # [rows, supers]
         sc, mins = _k_scales_and_mins(raw[..., 4:16])  # [rows, supers, 8] each
         packed = raw[..., 16:].reshape(rows, -1, 4, 1, 32)  # [rows, supers, chunk, 1, byte]
-        codes = np.concatenate([packed & 0x0F, packed >> 4], axis=3)  # [rows, supers, chunk, half, 32]
+        codes = _nibbles(packed, axis=3)  # [rows, supers, chunk, half, 32]
         q = torch.from_numpy(codes.reshape(rows, cols).astype(np.uint8))
         scale = (d[..., None] * torch.from_numpy(sc.astype(np.float32))).reshape(rows, -1)  # [rows, blocks]
         offset = -(dmin[..., None] * torch.from_numpy(mins.astype(np.float32))).reshape(rows, -1)
@@ -90,7 +90,7 @@ class GGUFTensor:
         else:
             high = np.ascontiguousarray(raw[..., 2:6]).view("<u4")  # [rows, blocks, 1]
             high = (high >> np.arange(32, dtype=np.uint32)) & 1  # [rows, blocks, 32]
-            low = np.concatenate([raw[..., 6:] & 0x0F, raw[..., 6:] >> 4], axis=-1)  # [rows, blocks, 32]
+            low = _nibbles(raw[..., 6:], axis=-1)  # [rows, blocks, 32]
             q = (low | (high.astype(np.uint8) << 4)).astype(np.int8) - np.int8(16)
         return torch.from_numpy(q.reshape(rows, cols).copy()), _fp16(raw[..., 0:2])
 
@@ -100,6 +100,11 @@ class GGUFTensor:
             raise QuantizationError(f"{self.name}: {cols} columns are not whole {self.type_name} blocks")
         raw = np.ascontiguousarray(self.blocks)
         return raw.reshape(rows, cols // weights_per_block, _BLOCK_BYTES[self.type_name])
+
+
+def _nibbles(packed: np.ndarray, axis: int) -> np.ndarray:
+    """Bytes of 4-bit codes -> the codes: every low nibble, then every high one, along ``axis``."""
+    return np.concatenate([packed & 0x0F, packed >> 4], axis=axis)
 
 
 def _k_scales_and_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
