@@ -8,8 +8,11 @@ bfloat16 the forward is weight-bound and nearly flat in n, in float32 it grows s
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import math
+import random
 import types
 
 import pytest
@@ -42,14 +45,30 @@ def make_policy(cost_model=BF16_LIKE, max_draft_len: int = 8, rate: float | None
     return policy
 
 
-def best_k_by_definition(cost_model, rate: float, batch: int, max_draft_len: int, draft_cost: float = 0.0):
-    """argmax_k E(k) / cost(k), written out from the module docstring."""
+def choose_one(policy: DraftLengthPolicy, request_id: str = "r", batch_size: int = 1, **kwargs) -> int:
+    """One request's draft length in a step of batch_size rows where it alone may draft."""
+    return policy.choose({request_id: policy.max_draft_len}, batch_size, **kwargs)[request_id]
 
-    def value(k):
-        expected = sum(rate**i for i in range(k + 1))
-        return expected / (cost_model.cost(batch * (1 + k)) / batch + k * draft_cost)
 
-    return max(range(max_draft_len + 1), key=value)
+def value_of(cost_model, chosen: dict[str, int], rates: dict[str, list[float]], batch: int, draft_cost=0.0):
+    """Expected tokens per unit of cost of one step, written out from the module docstring."""
+    expected = batch + sum(sum(math.prod(rates[rid][: i + 1]) for i in range(k)) for rid, k in chosen.items())
+    num_drafts = sum(chosen.values())
+    return expected / (cost_model.cost(batch + num_drafts) + num_drafts * draft_cost)
+
+
+def best_value_by_search(cost_model, rates: dict[str, list[float]], max_k: int, batch: int, draft_cost=0.0):
+    """The best value over every combination of draft lengths (small batches only)."""
+    ids = list(rates)
+    return max(
+        value_of(cost_model, dict(zip(ids, ks)), rates, batch, draft_cost)
+        for ks in itertools.product(range(max_k + 1), repeat=len(ids))
+    )
+
+
+def set_rates(policy: DraftLengthPolicy, request_id: str, rates: list[float]) -> None:
+    policy.expected_tokens(request_id, 0)  # creates its state
+    policy._requests[request_id].rates[:] = rates
 
 
 def collapse(policy: DraftLengthPolicy, request_id: str, steps: int = 30) -> None:
@@ -89,62 +108,102 @@ def test_linear_cost_model_charges_a_quarter_forward_per_extra_token():
     assert ForwardCostModel.linear(0.5).cost(5) == pytest.approx(3.0)
 
 
-# ---- choosing k -----------------------------------------------------------------------------------------
+# ---- choosing the draft lengths --------------------------------------------------------------------------
+
+STEEP = ForwardCostModel([1, 2, 4, 8, 16], [1.0, 1.4, 2.2, 4.0, 7.8])  # compute-bound: ~linear in rows
 
 
-@pytest.mark.parametrize("cost_model", [BF16_LIKE, FP32_LIKE], ids=["bf16", "fp32"])
-@pytest.mark.parametrize("rate", [0.0, 0.2, 0.5, 0.6, 0.8, 0.95])
-@pytest.mark.parametrize("batch", [1, 2, 4, 8])
-def test_choice_maximises_expected_tokens_per_cost(cost_model, rate, batch):
-    policy = make_policy(cost_model, rate=rate, probe_interval=10**6)
-    chosen = policy.choose("r", batch)
-    assert chosen == best_k_by_definition(cost_model, rate, batch, 8)
+@pytest.mark.parametrize("cost_model", [BF16_LIKE, FP32_LIKE, STEEP], ids=["bf16", "fp32", "steep"])
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("batch", [1, 2, 3])
+@pytest.mark.parametrize("draft_cost", [0.0, 0.3])
+def test_choice_is_the_best_combination_of_draft_lengths(cost_model, seed, batch, draft_cost):
+    generator = random.Random(seed)
+    policy = make_policy(cost_model, max_draft_len=4, probe_interval=10**6)
+    rates = {f"r{i}": [generator.choice([0.0, 0.3, 0.6, 0.9, 1.0]) for _ in range(4)] for i in range(batch)}
+    for rid, request_rates in rates.items():
+        set_rates(policy, rid, request_rates)
+    draft_cost *= cost_model.cost(1)
+    chosen = policy.choose(dict.fromkeys(rates, 4), batch, draft_cost_per_token=draft_cost)
+    assert all(0 <= k <= 4 for k in chosen.values())
+    best = best_value_by_search(cost_model, rates, 4, batch, draft_cost)
+    assert value_of(cost_model, chosen, rates, batch, draft_cost) == pytest.approx(best, rel=1e-9)
+
+
+def test_choice_keeps_to_each_requests_slots():
+    policy = make_policy(ForwardCostModel([1, 64], [1.0, 1.0]), rate=0.99)
+    assert policy.choose({"a": 2, "b": 5, "c": 0}, batch_size=4) == {"a": 2, "b": 5, "c": 0}
 
 
 def test_high_acceptance_on_a_flat_cost_curve_drafts_the_maximum():
-    policy = make_policy(BF16_LIKE, rate=0.9)
-    assert policy.choose("r", batch_size=1) == 8
+    assert choose_one(make_policy(BF16_LIKE, rate=0.9)) == 8
 
 
 def test_steep_cost_curve_drafts_less_than_a_flat_one():
-    flat = make_policy(BF16_LIKE, rate=0.6).choose("r", batch_size=1)
-    steep = make_policy(FP32_LIKE, rate=0.6).choose("r", batch_size=1)
-    assert 1 <= steep < flat
+    flat = choose_one(make_policy(BF16_LIKE, rate=0.6))
+    steep = choose_one(make_policy(FP32_LIKE, rate=0.6))
     assert steep == 1 and flat >= 4
 
 
 def test_higher_acceptance_drafts_longer():
-    choices = [make_policy(BF16_LIKE, rate=r).choose("r", 1) for r in (0.2, 0.4, 0.6, 0.8, 0.95)]
+    choices = [choose_one(make_policy(BF16_LIKE, rate=r)) for r in (0.2, 0.4, 0.6, 0.8, 0.95)]
     assert choices == sorted(choices) and choices[0] < choices[-1]
 
 
 def test_drafter_time_per_token_shortens_the_drafts():
-    policy = make_policy(BF16_LIKE, rate=0.8)
-    free = policy.choose("a", 1, draft_cost_per_token=0.0)
-    costly = policy.choose("b", 1, draft_cost_per_token=10.0)
+    free = choose_one(make_policy(BF16_LIKE, rate=0.8), draft_cost_per_token=0.0)
+    costly = choose_one(make_policy(BF16_LIKE, rate=0.8), draft_cost_per_token=10.0)
     assert costly < free
-    assert costly == best_k_by_definition(BF16_LIKE, 0.8, 1, 8, draft_cost=10.0)
+
+
+def test_a_bigger_batch_on_a_compute_bound_curve_drafts_less_or_not_at_all():
+    totals = []
+    for batch in (1, 2, 4, 8):
+        policy = make_policy(STEEP, max_draft_len=3, rate=0.6, probe_interval=10**6)
+        chosen = policy.choose({f"r{i}": 3 for i in range(batch)}, batch)
+        totals.append(sum(chosen.values()) / batch)
+    assert totals == sorted(totals, reverse=True) and totals[0] > 0 and totals[-1] == 0, totals
+
+
+def test_drafts_go_to_the_requests_that_accept_them():
+    policy = make_policy(STEEP, max_draft_len=3, probe_interval=10**6)
+    set_rates(policy, "predictable", [0.95, 0.9, 0.9])
+    set_rates(policy, "chatty", [0.2, 0.2, 0.2])
+    chosen = policy.choose({"predictable": 3, "chatty": 3}, batch_size=2)
+    assert chosen["predictable"] > 0 and chosen["chatty"] == 0, chosen
+
+
+def test_a_late_position_that_fails_caps_the_draft_length():
+    policy = make_policy(BF16_LIKE, max_draft_len=6, probe_interval=10**6)
+    set_rates(policy, "r", [0.9, 0.9, 0.0, 0.9, 0.9, 0.9])
+    assert choose_one(policy) == 2
 
 
 def test_choice_never_exceeds_max_draft_len():
     policy = make_policy(ForwardCostModel([1, 64], [1.0, 1.0]), max_draft_len=3, rate=0.99)
-    assert policy.choose("r", 1) == 3
+    assert policy.choose({"r": 10}, 1) == {"r": 3}
 
 
 def test_collapsed_acceptance_stops_drafting():
     for cost_model in (BF16_LIKE, FP32_LIKE):
         policy = make_policy(cost_model, probe_interval=10**6)
-        assert policy.choose("r", 1) > 0
+        assert choose_one(policy) > 0
         collapse(policy, "r")
-        assert policy._requests["r"].rate < 0.01
-        assert policy.choose("r", 1) == 0
+        assert policy._requests["r"].rates[0] < 0.01
+        assert choose_one(policy) == 0
 
 
 def test_probe_with_one_draft_after_probe_interval_steps_at_zero():
     policy = make_policy(FP32_LIKE, probe_interval=5)
     collapse(policy, "r")
-    choices = [policy.choose("r", 1) for _ in range(15)]
+    choices = [choose_one(policy) for _ in range(15)]
     assert choices == [0, 0, 0, 0, 1] * 3
+
+
+def test_a_request_without_slots_is_not_probed():
+    policy = make_policy(FP32_LIKE, probe_interval=2)
+    collapse(policy, "r")
+    assert [policy.choose({"r": 0}, 1)["r"] for _ in range(6)] == [0] * 6
 
 
 def test_successful_probes_bring_the_drafts_back():
@@ -152,42 +211,48 @@ def test_successful_probes_bring_the_drafts_back():
     collapse(policy, "r")
     chosen = []
     for _ in range(40):
-        k = policy.choose("r", 1)
+        k = choose_one(policy)
         chosen.append(k)
         policy.observe("r", num_drafts=k, num_accepted=k)  # everything proposed is accepted
     assert chosen[:2] == [0, 0] and chosen[2] == 1
     assert chosen[-1] >= 2, chosen
 
 
-# ---- the acceptance estimate ------------------------------------------------------------------------------
+# ---- the acceptance estimates ------------------------------------------------------------------------------
 
 
-def test_observe_moves_the_estimate_towards_the_observed_rate():
-    policy = make_policy(rate=0.6, decay=0.7)
-    policy.observe("r", num_drafts=4, num_accepted=4)  # all accepted: observed rate 1
-    assert policy._requests["r"].rate == pytest.approx(0.7 * 0.6 + 0.3 * 1.0)
-    policy.observe("r", num_drafts=4, num_accepted=2)  # 2 accepted of 3 tried positions
-    assert policy._requests["r"].rate == pytest.approx(0.7 * 0.72 + 0.3 * (2 / 3))
-    policy.observe("r", num_drafts=3, num_accepted=0)
-    assert policy._requests["r"].rate == pytest.approx(0.7 * (0.7 * 0.72 + 0.2))
+def test_observe_moves_each_tried_position_towards_what_happened_to_it():
+    policy = make_policy(rate=0.6, decay=0.7, max_draft_len=4)
+    policy.observe("r", num_drafts=4, num_accepted=4)  # all accepted
+    assert policy._requests["r"].rates == pytest.approx([0.72] * 4)
+    policy.observe("r", num_drafts=4, num_accepted=2)  # 1, 2 accepted, 3 rejected, 4 not tried
+    assert policy._requests["r"].rates == pytest.approx([0.804, 0.804, 0.504, 0.72])
+    policy.observe("r", num_drafts=3, num_accepted=0)  # 1 rejected
+    assert policy._requests["r"].rates == pytest.approx([0.5628, 0.804, 0.504, 0.72])
 
 
 def test_observe_without_drafts_changes_nothing():
     policy = make_policy(rate=0.6)
     policy.observe("r", num_drafts=0, num_accepted=0)
     assert "r" not in policy._requests
-    policy.choose("r", 1)
+    choose_one(policy)
     policy.observe("r", num_drafts=0, num_accepted=0)
-    assert policy._requests["r"].rate == pytest.approx(0.6)
+    assert policy._requests["r"].rates == pytest.approx([0.6] * 8)
+
+
+def test_expected_tokens_multiply_the_rates_along_the_chain():
+    policy = make_policy(max_draft_len=3)
+    set_rates(policy, "r", [0.5, 0.5, 1.0])
+    assert [policy.expected_tokens("r", k) for k in range(4)] == pytest.approx([1.0, 1.5, 1.75, 2.0])
 
 
 def test_requests_have_separate_estimates_and_forget_resets_one():
     policy = make_policy(FP32_LIKE, probe_interval=10**6)
     collapse(policy, "bad")
-    assert policy.choose("bad", 1) == 0
-    assert policy.choose("good", 1) > 0
+    assert choose_one(policy, "bad") == 0
+    assert choose_one(policy, "good") > 0
     policy.forget("bad")
-    assert policy.choose("bad", 1) == policy.choose("good", 1)
+    assert choose_one(policy, "bad") == choose_one(policy, "good")
     policy.forget("never-seen")  # no error
 
 

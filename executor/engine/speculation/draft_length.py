@@ -1,11 +1,13 @@
-"""Dynamic draft length: per request, the k that maximizes expected tokens per second.
+"""Dynamic draft length: per step, the drafts per request that maximize the batch's expected tokens
+per second.
 
-With a per-token acceptance rate ``a`` (running estimate per request), a step with k drafts yields
-``E(k) = 1 + a + ... + a^k`` tokens and costs ``C(batch tokens) / batch + k * d`` seconds per request,
-where ``C(n)`` is the target's forward time over n tokens and ``d`` the drafter's time per draft token.
-The policy picks ``argmax_k E(k) / cost(k)``; k = 0 (stop drafting) when no k beats plain decoding,
-with a one-token probe every ``probe_interval`` steps so a request whose text turns predictable again
-gets drafts back.
+Each request keeps a running acceptance rate per draft position ``a_i`` (the chance that draft i is
+accepted when every draft before it was). Its i-th draft adds ``a_1 * ... * a_i`` expected tokens. A
+step with ``num_drafts`` drafts over a batch of B requests costs ``C(B + num_drafts) + num_drafts * d``
+seconds, where ``C(n)`` is the target's forward time over n tokens and ``d`` the drafter's time per
+draft token. The policy (`DraftLengthPolicy.choose`) gives the drafts to the largest gains and takes the
+total that maximizes tokens per second; no drafts when none beats plain decoding, with a one-token
+probe every ``probe_interval`` steps so a request whose text turns predictable again gets drafts back.
 
 ``C`` comes from `ForwardCostModel`: measured once on this machine for this model and dtype (mode
 "auto"), or a linear guess where each extra token costs ``DEFAULT_TOKEN_COST`` of a one-token forward
@@ -111,12 +113,23 @@ def cost_cache_key(model: torch.nn.Module) -> str:
 
 @dataclass(slots=True)
 class _Acceptance:
-    rate: float  #: running per-token acceptance estimate
+    #: [max_draft_len] running estimate of P(draft i accepted | every draft before it accepted)
+    rates: list[float]
     steps_without_drafts: int = 0
 
 
 @dataclass
 class DraftLengthPolicy:
+    """Each step's draft length per request, chosen for the whole batch at once.
+
+    A request's i-th draft adds ``P(drafts 1..i all accepted)`` expected tokens: the product of its
+    per-position acceptance rates up to i. For ``num_drafts`` drafts in all, the batch's expected
+    tokens are largest when they go to the largest of these gains (a request's gains only fall with
+    i, so taking the largest keeps each request's drafts a prefix). The policy takes the total that
+    maximizes ``expected tokens / (C(batch + num_drafts) + num_drafts * d)``: on a cost curve that
+    climbs steeply with rows (a compute-bound kernel, a big batch) few or no drafts pay.
+    """
+
     max_draft_len: int
     cost_model: ForwardCostModel
     initial_rate: float = 0.6  #: optimistic start, so a new request drafts
@@ -124,35 +137,69 @@ class DraftLengthPolicy:
     probe_interval: int = 8  #: steps at k = 0 before a one-token probe
     _requests: dict[str, _Acceptance] = field(default_factory=dict)
 
-    def expected_tokens(self, rate: float, k: int) -> float:
-        return sum(rate**i for i in range(k + 1))
+    def expected_tokens(self, request_id: str, num_drafts: int) -> float:
+        """Tokens one step yields for this request with num_drafts drafts: 1 + sum of the gains."""
+        return 1.0 + sum(self._gains(self._state(request_id), num_drafts))
 
-    def choose(self, request_id: str, batch_size: int, draft_cost_per_token: float = 0.0) -> int:
-        state = self._requests.setdefault(request_id, _Acceptance(self.initial_rate))
-        best_k, best = 0, 0.0
-        for k in range(self.max_draft_len + 1):
-            step_cost = self.cost_model.cost(batch_size * (1 + k)) / batch_size + k * draft_cost_per_token
-            value = self.expected_tokens(state.rate, k) / step_cost
+    def choose(
+        self, max_drafts: dict[str, int], batch_size: int, draft_cost_per_token: float = 0.0
+    ) -> dict[str, int]:
+        """Draft lengths (0..max_drafts[id]) for one step of ``batch_size`` rows, the requests in
+        ``max_drafts`` among them; ``draft_cost_per_token`` in the cost model's units."""
+        gains = []  # (P(this draft is accepted), request id) of every draft that could be proposed
+        for request_id, num_slots in max_drafts.items():
+            state = self._state(request_id)
+            gains += [(gain, request_id) for gain in self._gains(state, min(num_slots, self.max_draft_len))]
+        gains.sort(key=lambda item: -item[0])  # stable: a request's equal gains stay in position order
+        best_total, best = 0, batch_size / self.cost_model.cost(batch_size)
+        expected = float(batch_size)
+        for total, (gain, _) in enumerate(gains, start=1):
+            expected += gain
+            value = expected / (self.cost_model.cost(batch_size + total) + total * draft_cost_per_token)
             if value > best * (1 + 1e-9):
-                best_k, best = k, value
-        if best_k == 0:
-            state.steps_without_drafts += 1
-            if state.steps_without_drafts >= self.probe_interval:
-                state.steps_without_drafts = 0
-                return 1
-        else:
+                best_total, best = total, value
+        chosen = dict.fromkeys(max_drafts, 0)
+        for _, request_id in gains[:best_total]:
+            chosen[request_id] += 1
+        for request_id in chosen:
+            chosen[request_id] = self._probed(request_id, chosen[request_id], max_drafts[request_id])
+        return chosen
+
+    def _probed(self, request_id: str, num_drafts: int, num_slots: int) -> int:
+        """A one-token probe after ``probe_interval`` steps without drafts, so a request whose text
+        turns predictable again gets drafts back."""
+        state = self._requests[request_id]
+        if num_drafts or not num_slots:
             state.steps_without_drafts = 0
-        return best_k
+            return num_drafts
+        state.steps_without_drafts += 1
+        if state.steps_without_drafts < self.probe_interval:
+            return 0
+        state.steps_without_drafts = 0
+        return 1
 
     def observe(self, request_id: str, num_drafts: int, num_accepted: int) -> None:
-        """Fold one verification into the request's acceptance estimate."""
+        """Fold one verification into the request's estimates: each position tried (the accepted ones
+        and the first rejected one) moves towards 1 if accepted, else 0; later ones were not tried."""
         if num_drafts <= 0:
             return
-        state = self._requests.setdefault(request_id, _Acceptance(self.initial_rate))
-        # per-token rate of this step: accepted tokens over the positions that were tried
-        tried = num_accepted + (1 if num_accepted < num_drafts else 0)
-        observed = num_accepted / tried
-        state.rate = self.decay * state.rate + (1 - self.decay) * observed
+        rates = self._state(request_id).rates
+        num_tried = min(num_accepted + (1 if num_accepted < num_drafts else 0), len(rates))
+        for i in range(num_tried):
+            rates[i] = self.decay * rates[i] + (1 - self.decay) * float(i < num_accepted)
 
     def forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
+
+    def _state(self, request_id: str) -> _Acceptance:
+        if request_id not in self._requests:
+            self._requests[request_id] = _Acceptance([self.initial_rate] * self.max_draft_len)
+        return self._requests[request_id]
+
+    @staticmethod
+    def _gains(state: _Acceptance, num_drafts: int) -> list[float]:
+        gains, chain = [], 1.0
+        for rate in state.rates[:num_drafts]:
+            chain *= rate
+            gains.append(chain)
+        return gains

@@ -165,11 +165,12 @@ class SpeculationStage:
                 wanted = 0
             room = min(r.sampling_params.max_tokens - r.num_output_tokens, max_model_len - r.num_tokens) - 1
             num_slots = max(0, min(wanted, batch_len, room))
-            if self.policy is not None and num_slots:
-                chosen = self.policy.choose(r.request_id, len(running), self._draft_cost_per_token())
-                num_slots = min(num_slots, chosen)
             if num_slots:
                 wanted_slots[r] = num_slots
+        if self.policy is not None and wanted_slots:
+            by_id = {r.request_id: n for r, n in wanted_slots.items()}
+            chosen = self.policy.choose(by_id, len(running), self._draft_cost_per_token())
+            wanted_slots = {r: chosen[r.request_id] for r in wanted_slots if chosen[r.request_id]}
         return wanted_slots
 
     def collect_drafts(
