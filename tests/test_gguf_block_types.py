@@ -1,4 +1,4 @@
-"""A GGUF's Q4_0, Q4_1, Q4_K, Q5_0 and Q8_0 tensors at their own codes: decoded from random blocks
+"""A GGUF's Q4_0, Q4_1, Q4_K, Q5_0, Q6_K and Q8_0 tensors at their own codes: decoded from random blocks
 written here (no downloads), they equal the `gguf` package's own dequantization bit for bit; Q4_K's
 scales and offsets, rounded to float16 in the int4 kernels' tiles, stay within the stated bound; and a
 model holding such tensors loads them into the int4 and int8-block layers, not dense weights."""
@@ -22,7 +22,7 @@ from specexec.executor.layers.quantized.quantized_linear import Int4WeightOnlyLi
 from torch import nn
 
 #: the byte offsets of each type's float16 fields in a block (random bytes there could be NaN or Inf)
-FP16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2)}
+FP16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}
 
 
 def random_tensor(type_name: str, rows: int, cols: int, seed: int = 0, scale: float = 0.02) -> GGUFTensor:
@@ -53,14 +53,18 @@ def test_int4_codes_equal_the_gguf_packages_dequantization(type_name):
     assert torch.equal(bits(codes.dequantize()), bits(gguf_dequantized(tensor)))
 
 
-@pytest.mark.parametrize("type_name", ["Q8_0", "Q5_0"])
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q5_0", "Q6_K"])
 def test_int8_block_codes_equal_the_gguf_packages_dequantization(type_name):
     tensor = random_tensor(type_name, 16, 512)
     q, scale = tensor.decode_int8_blocks()
-    assert q.dtype == torch.int8 and scale.shape == (16, 16)
+    inputs_per_scale = 16 if type_name == "Q6_K" else 32
+    assert q.dtype == torch.int8 and scale.shape == (16, 512 // inputs_per_scale)
     if type_name == "Q5_0":
         assert int(q.min()) >= -16 and int(q.max()) <= 15 and len(q.unique()) == 32  # every 5-bit code
-    assert torch.equal(bits(q.float() * scale.repeat_interleave(32, dim=1)), bits(gguf_dequantized(tensor)))
+    if type_name == "Q6_K":
+        assert int(q.min()) >= -32 and int(q.max()) <= 31 and len(q.unique()) == 64  # every 6-bit code
+    dequantized = q.float() * scale.repeat_interleave(inputs_per_scale, dim=1)
+    assert torch.equal(bits(dequantized), bits(gguf_dequantized(tensor)))
 
 
 def test_types_without_a_layout_are_refused_by_the_decoders():
@@ -68,6 +72,8 @@ def test_types_without_a_layout_are_refused_by_the_decoders():
         random_tensor("Q5_0", 8, 64).decode()
     with pytest.raises(quantization.QuantizationError, match="Q4_K has no int8-block kernel layout"):
         random_tensor("Q4_K", 8, 256).decode_int8_blocks()
+    with pytest.raises(quantization.QuantizationError, match="Q6_K has no int4 kernel layout"):
+        random_tensor("Q6_K", 8, 256).decode()
 
 
 def test_q4_k_weights_in_the_float16_tiles_stay_within_the_stated_bound():
@@ -141,6 +147,22 @@ def test_q4_k_and_q5_0_layers_load_at_their_codes_where_int8_dot_runs(cpu_ops_bu
         want = x @ dense[name].T
         got = layer(x)
         assert (got - want).norm() / want.norm() < 0.02
+
+
+def test_q6_k_layers_and_a_layer_fusing_q6_k_with_q5_0_load_at_their_codes(cpu_ops_built):
+    model, dense, report = installed("Q6_K", "Q6_K", int8_dot=True)
+    assert dict(report.layers) == {"Q6_K -> int8 blocks (exact)": 2}
+    assert isinstance(model.a, Int8BlockLinear) and model.a.inputs_per_scale == 16
+    assert torch.equal(model.a.dequantized(torch.float32), dense["a"])
+    x = torch.randn(4, 512, generator=torch.Generator().manual_seed(6))
+    want = x @ dense["a"].T
+    assert (model.a(x) - want).norm() / want.norm() < 0.02
+    # a fused layer (the own decoder's gate/up) whose parts are Q6_K and Q5_0: one scale per 16 for both
+    tensors = [random_tensor("Q6_K", 64, 512, seed=7), random_tensor("Q5_0", 64, 512, seed=8)]
+    weight = torch.cat([gguf_dequantized(t) for t in tensors])
+    q, scale = quantization._stored_int8_blocks(tensors, weight)
+    assert q.shape == (128, 512) and scale.shape == (128, 32)
+    assert torch.equal(q.float() * scale.repeat_interleave(16, dim=1), weight)
 
 
 def test_without_int8_dot_q5_0_stays_dense_and_q4_k_takes_torchs_int4_kernel():

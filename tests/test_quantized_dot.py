@@ -101,21 +101,22 @@ def test_q4_linear_is_the_int8_rounded_product_within_its_bound(dtype, rows, in_
 
 
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES)
-@pytest.mark.parametrize("per_block", [False, True])
+@pytest.mark.parametrize("inputs_per_scale", [None, BLOCK, BLOCK // 2], ids=["per-row", "per-32", "per-16"])
 @pytest.mark.parametrize(("rows", "in_features", "out_features"), CASES)
 def test_q8_linear_is_the_int8_rounded_product_within_its_bound(
-    dtype, per_block, rows, in_features, out_features
+    dtype, inputs_per_scale, rows, in_features, out_features
 ):
     gen = torch.Generator().manual_seed(out_features)
     # every int8 code, -128 too: GGUF's Q8_0 may hold it
     q = torch.randint(-128, 128, (out_features, in_features), generator=gen, dtype=torch.int8)
-    shape = (out_features, in_features // BLOCK) if per_block else (out_features,)
+    per_block = inputs_per_scale is not None
+    shape = (out_features, in_features // inputs_per_scale) if per_block else (out_features,)
     scale = (torch.rand(*shape, generator=gen) * 0.01).half().float()
     x = torch.randn(rows, in_features, generator=gen).to(dtype)
     x[0, :BLOCK] = -x[0, :BLOCK].abs()  # a block whose largest magnitude is negative: the sign trick
     got = q8_linear(x, pack_q8(q), tile_block_scales(scale) if per_block else scale)
     dense = q.double() * (
-        scale.double().repeat_interleave(BLOCK, 1) if per_block else scale.double()[:, None]
+        scale.double().repeat_interleave(inputs_per_scale, 1) if per_block else scale.double()[:, None]
     )
     rounded, bound = reference(x, dense)
     out_rounding = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
@@ -450,9 +451,10 @@ def test_a_float32_executor_with_torch_keeps_torch_kernels():
 # ---- the AVX2, AVX-VNNI and plain C++ paths, built apart (this CPU may run the AVX-512 one) --------------
 
 ISA_BODY = """
-x, q8, row_scale, block_scale, q4 = inputs
+x, q8, row_scale, block_scale, half_block_scale, q4 = inputs
 result = {"isa": ops.quantized_dot_isa(), "q8": ops.q8_linear(x, q8, block_scale),
-          "q8_row": ops.q8_linear(x, q8, row_scale), "q4": ops.q4_linear(x, q4)}
+          "q8_row": ops.q8_linear(x, q8, row_scale), "q8_half": ops.q8_linear(x, q8, half_block_scale),
+          "q4": ops.q4_linear(x, q4)}
 """
 NAN_ROW = 5  #: the row of `isa_inputs` that holds a NaN
 
@@ -468,18 +470,21 @@ def isa_inputs():
     q = torch.randint(-128, 128, (40, 96), generator=gen, dtype=torch.int8)
     q[::3, ::5] = -128
     row_scale, block_scale = torch.rand(40, generator=gen) * 0.01, torch.rand(40, 3, generator=gen) * 0.01
+    half_block_scale = torch.rand(40, 6, generator=gen) * 0.01  # GGUF's Q6_K: a scale per 16 inputs
     weights = random_q4(40, 96, seed=1)
     inputs = (
         x,
         pack_q8(q),
         row_scale,
         tile_block_scales(block_scale),
+        tile_block_scales(half_block_scale),
         pack_q4(weights.q, weights.scale, weights.offset),
     )
     finite = x[:NAN_ROW]
     references = {
         "q8": reference(finite, q.double() * block_scale.double().repeat_interleave(BLOCK, 1))[0],
         "q8_row": reference(finite, q.double() * row_scale.double()[:, None])[0],
+        "q8_half": reference(finite, q.double() * half_block_scale.double().repeat_interleave(16, 1))[0],
         "q4": reference(finite, weights.dequantize())[0],
     }
     return inputs, references

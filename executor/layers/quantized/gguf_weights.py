@@ -10,14 +10,19 @@ of its 32-bit word is code j's fifth bit.
 - Q4_K: 256 weights a super-block: d, dmin (fp16), 12 bytes packing eight 6-bit scales and eight
   6-bit mins, 128 bytes of codes; sub-block j (32 weights) -> weight = d * scale_j * q - dmin * min_j.
   Its 64-weight chunk c holds sub-block 2c in its 32 bytes' low nibbles and 2c + 1 in the high ones.
+- Q6_K: 256 weights a super-block: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16 int8
+  scales, d (fp16); sub-block j (16 weights) -> weight = d * scale_j * (q - 32). Its 128-weight half h
+  holds four runs of 32: low nibbles of bytes 0-31 and 32-63 of its 64, then their high nibbles, each
+  with its 2 high bits from the half's 32 high-bit bytes at shifts 0, 2, 4, 6.
 
 Which kernel layout holds each type (`quantization._install_gguf`):
 - Q4_0, Q4_1 and Q4_K: int4 codes with a scale and an offset per 32 weights (`Int4Weights`), exact in
   float32 (Q4_K's scale d * scale_j and offset -dmin * min_j are exact float32 products). The kernels'
   tiles hold the scales and offsets in float16, which Q4_0 and Q4_1 store; Q4_K's are rounded to float16
   there (relative error at most 2^-11 each: `Q4_K_TILE_ERROR`).
-- Q8_0 and Q5_0: int8 codes with one float32 scale per 32 weights (Q5_0's codes q - 16), exact.
-Other types (Q5_1, Q5_K, Q6_K, ...) are dequantized to dense weights, as transformers converts them.
+- Q8_0, Q5_0 and Q6_K: int8 codes with one float32 scale per 32 weights (Q5_0's codes q - 16), per 16
+  for Q6_K (codes q - 32, scale d * scale_j: an exact float32 product), exact.
+Other types (Q5_1, Q5_K, ...) are dequantized to dense weights, as transformers converts them.
 
 transformers converts a GGUF by dequantizing every tensor (and, for llama-like models, reordering the
 rows of attn_q / attn_k back to Hugging Face's rotary layout). `match_rows` finds that reordering by
@@ -38,9 +43,9 @@ from .quantized_linear import Int4Weights, QuantizationError
 BLOCK = 32
 SUPER_BLOCK = 256  #: the K types' weights per super-block
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  #: the types whose codes the int4 layout holds
-INT8_BLOCK_TYPES = ("Q8_0", "Q5_0")  #: the types whose codes the int8-block layout holds
+INT8_BLOCK_TYPES = ("Q8_0", "Q5_0", "Q6_K")  #: the types whose codes the int8-block layout holds
 #: bytes per block (per super-block for the K types)
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144}
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210}
 Q4_K_TILE_ERROR = 2.0**-11  #: a Q4_K scale or offset's relative error once rounded to float16 (normal range)
 
 
@@ -79,10 +84,12 @@ class GGUFTensor:
         return Int4Weights(q, scale, offset, BLOCK)
 
     def decode_int8_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """A Q8_0 or Q5_0 tensor's int8 codes [rows, cols] and float32 scales [rows, cols / 32], as
-        stored (Q5_0's codes centred: q - 16)."""
+        """A Q8_0, Q5_0 or Q6_K tensor's int8 codes [rows, cols] and float32 scales [rows, cols / 32]
+        ([rows, cols / 16] for Q6_K), as stored (codes centred: Q5_0's q - 16, Q6_K's q - 32)."""
         if self.type_name not in INT8_BLOCK_TYPES:
             raise QuantizationError(f"{self.name}: {self.type_name} has no int8-block kernel layout here")
+        if self.type_name == "Q6_K":
+            return self._decode_q6_k()
         rows, cols = self.shape
         raw = self._blocks(BLOCK)  # [rows, blocks, bytes]
         if self.type_name == "Q8_0":
@@ -93,6 +100,24 @@ class GGUFTensor:
             low = _nibbles(raw[..., 6:], axis=-1)  # [rows, blocks, 32]
             q = (low | (high.astype(np.uint8) << 4)).astype(np.int8) - np.int8(16)
         return torch.from_numpy(q.reshape(rows, cols).copy()), _fp16(raw[..., 0:2])
+
+    def _decode_q6_k(self) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, cols = self.shape
+        raw = self._blocks(SUPER_BLOCK)  # [rows, supers, 210]
+        supers = raw.shape[1]
+        low = raw[..., :128].reshape(rows, supers, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8)[:, None]
+        low = (low & 0x0F).reshape(rows, supers, 8, 32)  # [rows, supers, run, 32]: half h's runs 4h..4h+3
+        high = (
+            raw[..., 128:192].reshape(rows, supers, 2, 1, 32)
+            >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]
+        )
+        high = (high & 0x03).reshape(rows, supers, 8, 32)
+        q = (low | (high << 4)).astype(np.int8) - np.int8(32)  # [rows, supers, run, 32] in -32..31
+        sub_scales = torch.from_numpy(
+            np.ascontiguousarray(raw[..., 192:208]).view(np.int8).astype(np.float32)
+        )
+        scale = (_fp16(raw[..., 208:210])[..., None] * sub_scales).reshape(rows, cols // 16)
+        return torch.from_numpy(q.reshape(rows, cols).copy()), scale
 
     def _blocks(self, weights_per_block: int) -> np.ndarray:  # [rows, blocks, bytes per block] uint8
         rows, cols = self.shape

@@ -7,8 +7,8 @@
   too, and the report says how many did.
 - ``gguf``: the file's own codes where a kernel layout holds them — Q4_0 / Q4_1 / Q4_K linear weights
   become int4 with a scale and an offset per 32 weights (exact; Q4_K's rounded to float16 in the
-  kernels' tiles), Q5_0 and Q8_0 int8 blocks where int8_dot runs (exact; `gguf_weights.py` has the
-  layouts) — and the rest dequantized (as transformers converts them).
+  kernels' tiles), Q5_0, Q6_K and Q8_0 int8 blocks where int8_dot runs (exact; `gguf_weights.py` has
+  the layouts) — and the rest dequantized (as transformers converts them).
   Torch has no kernel for Q8_0's one scale per 32 values (18 int8 calls of 32 columns each, summed,
   took 3.8 ms for SmolLM2's head against 4.75 dense), so SmolLM2's Q8_0 token embedding stays dense
   and the LM head tied to it is run
@@ -170,11 +170,15 @@ def _float16_holds(codes: Int4Weights) -> bool:
 
 
 def _stored_int8_blocks(tensors: list, weight) -> tuple[torch.Tensor, torch.Tensor]:
-    """The file's Q8_0 or Q5_0 codes [out, in] and block scales [out, in / 32] of ``tensors`` (`_stacked`)."""
+    """The file's Q8_0, Q5_0 or Q6_K codes [out, in] and block scales [out, in / 32] of ``tensors``
+    (`_stacked`); [out, in / 16] when any is Q6_K (the others' scales each repeated for both halves)."""
+    per_half = any(tensor.type_name == "Q6_K" for tensor in tensors)
 
     def decode(tensor):
         q, scale = tensor.decode_int8_blocks()
-        return q.float() * scale.repeat_interleave(BLOCK, dim=1), q, scale
+        if per_half and scale.shape[1] * BLOCK == q.shape[1]:
+            scale = scale.repeat_interleave(2, dim=1)
+        return q.float() * scale.repeat_interleave(q.shape[1] // scale.shape[1], dim=1), q, scale
 
     q, scale = _stacked(tensors, weight, decode)
     return q, scale

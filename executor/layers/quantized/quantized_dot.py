@@ -43,6 +43,7 @@ from ..measurement.measurement_cache import cached_row_ratios, interleaved_media
 
 QUANTIZED_KERNELS = ("auto", "torch", "int8_dot")
 BLOCK = 32  #: inputs per activation scale (and per Q4 scale): the kernels need in_features in multiples
+HALF_BLOCK = 16  #: inputs per weight scale of int8 codes with half-block scales (GGUF's Q6_K)
 TILE = 8  #: weight rows the kernels' tiles interleave: they need out_features in multiples
 #: rows per timed pass: decode, verify of 1 + k at batch 1-4, larger batches, prefill chunks
 MEASURED_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 512)
@@ -108,7 +109,8 @@ def unpack_q8(tiles: torch.Tensor) -> torch.Tensor:
 
 def tile_block_scales(scale: torch.Tensor) -> torch.Tensor:
     """One float32 scale per block of 32 inputs, [out, in / 32] -> [out / 8, in / 32 * 8] as `pack_q8`
-    tiles the codes (a tile's block: its 8 rows' scales)."""
+    tiles the codes (a tile's block: its 8 rows' scales); the same for one per 16 inputs, [out, in / 16]
+    -> [out / 8, in / 16 * 8] (a tile's block: its first half's 8 scales, then its second half's)."""
     return _per_tile_block(scale.float()).reshape(scale.shape[0] // TILE, -1)
 
 
@@ -132,7 +134,7 @@ def q4_linear(x, tiles) -> torch.Tensor:
 
 def q8_linear(x, tiles, scale) -> torch.Tensor:
     """x [M, in] @ (weight * scale)^T with int8 activations (``tiles``: `pack_q8`; ``scale``: one per row
-    [out], or one per block tiled by `tile_block_scales`): [M, out] in x's dtype."""
+    [out], or one per block of 32 or 16 inputs tiled by `tile_block_scales`): [M, out] in x's dtype."""
     return cpu_kernels().q8_linear(x, tiles, scale)
 
 

@@ -19,9 +19,9 @@
 //   A tile's block is 160 bytes: four 32-byte vectors whose low nibbles hold vectors 0..3 and high
 //   nibbles vectors 4..7, then the 8 rows' scales and their offsets in float16 (Q4_1's 20 bytes a row).
 // - q8_linear: int8 codes, -128..127 (specexec's int8 uses -127..127; GGUF's Q8_0 may hold -128), with a
-//   float scale per output row (specexec's int8), or per block of 32 inputs (GGUF's Q8_0, tiled as the
-//   codes: 8 floats a tile's block). A tile's block is 256 bytes. With VNNI each code is taken as the
-//   unsigned byte w + 128 (`dpbusd` multiplies unsigned by signed) and 128 * sum(xq) is subtracted, in
+//   float scale per output row (specexec's int8), per block of 32 inputs (GGUF's Q8_0, tiled as the
+//   codes: 8 floats a tile's block), or per 16 inputs (GGUF's Q6_K: 16 floats a tile's block). A tile's
+//   block is 256 bytes. With VNNI each code is taken as the unsigned byte w + 128 (`dpbusd` multiplies unsigned by signed) and 128 * sum(xq) is subtracted, in
 //   integers; on AVX2 by the sign trick (|w| as unsigned times xq carrying w's sign), so no product pair
 //   overflows `maddubs`'s 16-bit sums.
 //
@@ -57,17 +57,19 @@
 namespace {
 
 constexpr int64_t kBlock = 32;  // inputs per activation scale (and per Q4 scale)
+constexpr int64_t kHalfBlock = 16;  // inputs per weight scale of int8 codes with half-block scales (Q6_K)
 constexpr int64_t kTile = 8;  // weight rows a tile interleaves
 constexpr int64_t kQ4Bytes = 160;  // a tile's block of Q4: 128 bytes of codes, 8 float16 scales, 8 offsets
 constexpr int64_t kQ8Bytes = 256;  // a tile's block of int8 codes
 constexpr int64_t kRowTile = 4;  // activation rows one pass over a tile serves
 
 // Activation rows as int8 blocks: xq [M, K], xd [M, K / 32] (scale), xs [M, K / 32] (xd * sum(xq)),
-// sums [M, K / 32] (sum(xq)).
+// sums [M, K / 32] (sum(xq)), half_sums [M, K / 16] (sum(xq) over each 16 inputs: for weights with a scale
+// per 16, GGUF's Q6_K).
 struct QuantizedRows {
   std::vector<int8_t> q;
   std::vector<float> scale, scaled_sum;
-  std::vector<int32_t> sum;
+  std::vector<int32_t> sum, half_sum;
 };
 
 template <typename T>
@@ -77,6 +79,7 @@ void quantize_rows(const T* x, int64_t M, int64_t K, QuantizedRows& out) {
   out.scale.resize(M * G);
   out.scaled_sum.resize(M * G);
   out.sum.resize(M * G);
+  out.half_sum.resize(M * G * 2);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t g = 0; g < G; ++g) {
       const T* xb = x + m * K + g * kBlock;
@@ -93,19 +96,22 @@ void quantize_rows(const T* x, int64_t M, int64_t K, QuantizedRows& out) {
         std::fill(qb, qb + kBlock, int8_t{0});
         const float nan = std::numeric_limits<float>::quiet_NaN();
         out.scale[m * G + g] = out.scaled_sum[m * G + g] = nan;
-        out.sum[m * G + g] = 0;
+        out.sum[m * G + g] = out.half_sum[(m * G + g) * 2] = out.half_sum[(m * G + g) * 2 + 1] = 0;
         continue;
       }
       const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-      int32_t sum = 0;
+      int32_t halves[2] = {0, 0};
       for (int64_t j = 0; j < kBlock; ++j) {
         const int32_t q = static_cast<int32_t>(std::nearbyint(v[j] * inv));
         qb[j] = static_cast<int8_t>(std::clamp(q, -127, 127));
-        sum += qb[j];
+        halves[j / kHalfBlock] += qb[j];
       }
+      const int32_t sum = halves[0] + halves[1];
       out.scale[m * G + g] = d;
       out.scaled_sum[m * G + g] = d * static_cast<float>(sum);
       out.sum[m * G + g] = sum;
+      out.half_sum[(m * G + g) * 2] = halves[0];
+      out.half_sum[(m * G + g) * 2 + 1] = halves[1];
     }
   }
 }
@@ -138,6 +144,24 @@ inline __m256i tile_dot(const __m256i* u, const int8_t* x) {
   for (int c = 2; c < 8; c += 2) {
     even = dot_add(even, u[c], broadcast4(x + 4 * c));
     odd = dot_add(odd, u[c + 1], broadcast4(x + 4 * c + 4));
+  }
+  return _mm256_add_epi32(even, odd);
+}
+
+// tile_dot over one half of the block: vectors u[0..3] (its 16 inputs) with x's bytes 0..15
+inline __m256i half_tile_dot(const __m256i* u, const int8_t* x) {
+  const __m256i even = dot_add(dot_add(_mm256_setzero_si256(), u[0], broadcast4(x)), u[2], broadcast4(x + 8));
+  const __m256i odd = dot_add(dot_add(_mm256_setzero_si256(), u[1], broadcast4(x + 4)), u[3], broadcast4(x + 12));
+  return _mm256_add_epi32(even, odd);
+}
+
+// the same with w's signs moved onto x (the AVX2 way round: see q8_tile)
+inline __m256i half_tile_dot_signed(const __m256i* w, const int8_t* x) {
+  __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
+#pragma GCC unroll 2
+  for (int c = 0; c < 4; c += 2) {
+    even = dot_add(even, _mm256_abs_epi8(w[c]), _mm256_sign_epi8(broadcast4(x + 4 * c), w[c]));
+    odd = dot_add(odd, _mm256_abs_epi8(w[c + 1]), _mm256_sign_epi8(broadcast4(x + 4 * c + 4), w[c + 1]));
   }
   return _mm256_add_epi32(even, odd);
 }
@@ -343,6 +367,70 @@ inline void q8_tile(const int8_t* tile, const float* wd, const QuantizedRows& xr
 #endif
 }
 
+// The same for one int8 tile whose weights have a scale per 16 inputs (GGUF's Q6_K: codes q - 32 in
+// -32..31, scale d * scale_j): wd holds the tile's half-blocks' scales, 8 a half-block. Each half's dot
+// is taken apart and scaled by its own weight scale; the activation's block scale serves both halves.
+template <int R>
+inline void q8_half_tile(const int8_t* tile, const float* wd, const QuantizedRows& xr, int64_t m0, int64_t rows,
+                         int64_t K, float* out) {
+  const int64_t G = K / kBlock;
+  const int8_t* xq = xr.q.data() + m0 * K;
+  const float* xd = xr.scale.data() + m0 * G;
+#if defined(SPECEXEC_SIMD)
+  (void)rows;
+  __m256 acc[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    const int8_t* block = tile + g * kQ8Bytes;
+    __m256i w[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * c));
+    const __m256 scale_lo = _mm256_loadu_ps(wd + 2 * g * kTile);
+    const __m256 scale_hi = _mm256_loadu_ps(wd + (2 * g + 1) * kTile);
+#if defined(SPECEXEC_VNNI)
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) w[c] = _mm256_xor_si256(w[c], _mm256_set1_epi8(static_cast<char>(0x80)));
+#endif
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const int8_t* x = xq + r * K + g * kBlock;
+#if defined(SPECEXEC_VNNI)  // w + 128 as unsigned bytes, then 128 * sum(xq) of the half taken off
+      const int32_t* half_sum = xr.half_sum.data() + ((m0 + r) * G + g) * 2;
+      const __m256i lo = _mm256_sub_epi32(half_tile_dot(w, x), _mm256_set1_epi32(128 * half_sum[0]));
+      const __m256i hi = _mm256_sub_epi32(half_tile_dot(w + 4, x + kHalfBlock), _mm256_set1_epi32(128 * half_sum[1]));
+#else
+      const __m256i lo = half_tile_dot_signed(w, x);
+      const __m256i hi = half_tile_dot_signed(w + 4, x + kHalfBlock);
+#endif
+      const __m256 xdr = _mm256_set1_ps(xd[r * G + g]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(scale_lo, xdr), acc[r]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(scale_hi, xdr), acc[r]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * kTile, acc[r]);
+#else
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < kTile; ++i) {
+      float total = 0.f;
+      for (int64_t g = 0; g < G; ++g) {
+        const int8_t* block = tile + g * kQ8Bytes;
+        const int8_t* x = xq + r * K + g * kBlock;
+        for (int64_t h = 0; h < 2; ++h) {
+          int32_t dot = 0;
+          for (int64_t c = 4 * h; c < 4 * h + 4; ++c) {
+            for (int64_t j = 0; j < 4; ++j) dot += block[32 * c + 4 * i + j] * x[4 * c + j];
+          }
+          total += static_cast<float>(dot) * (wd[(2 * g + h) * kTile + i] * xd[r * G + g]);
+        }
+      }
+      out[r * kTile + i] = total;
+    }
+  }
+#endif
+}
+
 #if defined(SPECEXEC_TILE_PAIRS)
 // Two int8 tiles side by side, as `q4_tile_pair` does for Q4 (the VNNI build's w + 128 form); wd: both
 // tiles' block scales (nullptr: one scale a row, applied by the caller). out[r * 16 + i].
@@ -468,20 +556,33 @@ at::Tensor q4_linear(at::Tensor x, at::Tensor tiles) {
       "q4_linear", kTilePairs);
 }
 
-// x [M, K]; tiles [N / 8, K / 32 * 256] int8 (`pack_q8`); scale [N] float32 (one per row) or
-// [N / 8, K / 32 * 8] (one per block, tiled as the codes: `tile_block_scales`) -> [M, N]
+// x [M, K]; tiles [N / 8, K / 32 * 256] int8 (`pack_q8`); scale [N] float32 (one per row),
+// [N / 8, K / 32 * 8] (one per block, tiled as the codes: `tile_block_scales`) or [N / 8, K / 16 * 8] (one
+// per half-block of 16 inputs, tiled the same way) -> [M, N]
 at::Tensor q8_linear(at::Tensor x, at::Tensor tiles, at::Tensor scale) {
   TORCH_CHECK(tiles.scalar_type() == at::kChar && scale.scalar_type() == at::kFloat && tiles.is_contiguous() &&
                   scale.is_contiguous() && tiles.dim() == 2,
               "q8_linear: tiles int8 [N / 8, K / 32 * 256] and scale float32, contiguous");
   TORCH_CHECK(x.size(-1) % kBlock == 0, "q8_linear: the input features must be a multiple of ", kBlock);
   const int64_t T = tiles.size(0), G = x.size(-1) / kBlock;
-  const bool per_block = scale.dim() == 2;
+  const bool per_block = scale.dim() == 2, per_half = per_block && scale.size(1) == 2 * G * kTile;
   TORCH_CHECK(tiles.size(1) == G * kQ8Bytes && (per_block || scale.dim() == 1) &&
-                  (per_block ? scale.size(0) == T && scale.size(1) == G * kTile : scale.size(0) == T * kTile),
-              "q8_linear: tiles [N / 8, K / 32 * 256], scale [N] or [N / 8, K / 32 * 8] for x [M, K]");
+                  (per_block ? scale.size(0) == T && (per_half || scale.size(1) == G * kTile)
+                             : scale.size(0) == T * kTile),
+              "q8_linear: tiles [N / 8, K / 32 * 256], scale [N], [N / 8, K / 32 * 8] or [N / 8, K / 16 * 8] "
+              "for x [M, K]");
   const int8_t* tp = tiles.data_ptr<int8_t>();
   const float* sp = scale.data_ptr<float>();
+  if (per_half) {  // one tile at a time: no pair variant
+    return tiled_linear(
+        x, T,
+        [&](auto tile_rows, int64_t t, int64_t, const QuantizedRows& xr, int64_t m0, int64_t rows, int64_t K,
+            float* result) {
+          constexpr int R = decltype(tile_rows)::value;
+          q8_half_tile<R>(tp + t * G * kQ8Bytes, sp + t * 2 * G * kTile, xr, m0, rows, K, result);
+        },
+        "q8_linear");
+  }
   return tiled_linear(
       x, T,
       [&](auto tile_rows, int64_t t, int64_t count, const QuantizedRows& xr, int64_t m0, int64_t rows, int64_t K,
