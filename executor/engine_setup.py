@@ -25,13 +25,10 @@ from .engine.speculation.draft_length import (
     cost_cache_key,
 )
 from .engine.speculation.speculation_stage import SpeculationStage, build_drafter, check_drafter_options
-from .layers.cpu_info import available_memory_bytes
+from .kernel_plan import apply_quantized_kernel, plan_kernels
 from .layers.dtype_choice import DtypeChoice, choose_dtype
-from .layers.linear_backend import LinearBackendChoice, choose_linear_backend, fit_in_memory
 from .layers.measurement.measurement_cache import resolve_cache_dir
-from .layers.packed_linear import pack_linears, packable_linear_bytes, unpack_linears
-from .layers.quantized.quantized_dot import QuantizedKernelChoice, choose_quantized_kernel, set_int8_dot
-from .layers.skinny_linear import SkinnyChoice, choose_skinny_kernels
+from .layers.packed_linear import unpack_linears
 from .model.attention_paths import choose_attention_paths
 from .model.cuda_graphs import CudaGraphCapture, GraphCaptureReport
 from .model.decoder.convert import resolve_model_impl
@@ -137,12 +134,7 @@ def _assemble(model, tokenizer, config, drafter, plugins, runner, block_manager,
     max_model_len = _max_model_len(model, config, block_manager)
     context = DrafterContext(model, tokenizer, vocab_size, config, target_path)
     drafter = _setup_drafter(context, drafter, plugins, runner)
-    if config.tensor_parallel_size > 1:  # each rank runs its shard on torch's ops
-        linear_backend = LinearBackendChoice("blas", "tensor parallelism: the ranks' shards run torch's ops")
-    else:
-        linear_backend = _apply_linear_backend(config, model, drafter)
-    quantized_kernel = apply_quantized_kernel(config, model, drafter)
-    skinny_kernels = _apply_skinny_kernels(config, runner, drafter)
+    kernels = plan_kernels(config, model, runner, drafter)
     graph_reports = capture_cuda_graphs(config, runner, drafter, max_model_len)
     speculation = _speculation_stage(model, vocab_size, config, drafter, plugins, runner, block_manager)
     eos_token_ids = _eos_token_ids(model, tokenizer)
@@ -166,89 +158,8 @@ def _assemble(model, tokenizer, config, drafter, plugins, runner, block_manager,
     core.graph_reports = graph_reports
     core.quantization = quantization
     core.model_impl = model_impl
-    core.linear_backend = linear_backend
-    core.quantized_kernel = quantized_kernel
-    core.skinny_kernels = skinny_kernels
+    core.kernel_plan = kernels
     return core
-
-
-def _apply_skinny_kernels(
-    config: ExecutorConfig, runner: ModelRunner, drafter: Drafter | None
-) -> SkinnyChoice:
-    """On CUDA, the own decoder's projections over a decode or verify step's rows: the skinny-GEMM
-    kernel where it measures faster than cuBLAS (`skinny_linear.py`)."""
-    if runner.decoder is None:
-        return SkinnyChoice("off", "transformers' modules run the target")
-    max_draft_len = drafter.max_draft_len if drafter is not None else 0
-    max_rows = min(config.max_num_tokens, config.max_batch_size * (1 + max(max_draft_len, MAX_FORCED_TOKENS)))
-    choice = choose_skinny_kernels(runner.model, max_rows)
-    if choice.kernel != "off":
-        logger.info("skinny GEMM: %s", choice.reason)
-    return choice
-
-
-def _drafter_modules(drafter: Drafter | None, what: str) -> list:
-    if drafter is None:
-        return []
-    try:
-        return list(drafter.torch_modules())
-    except Exception:  # a plugin's hook: its models stay as they are
-        logger.exception("%s: %s.torch_modules() raised", what, type(drafter).__name__)
-        return []
-
-
-def apply_quantized_kernel(config: ExecutorConfig, model, drafter: Drafter | None) -> QuantizedKernelChoice:
-    """Choose ``quantized_kernel``'s kernel for the target's quantized layers and, apart, for each of the
-    drafter's models (a self-draft's int8 layers in the dtype its own measurement picked), and route
-    their layers to it (a model an earlier executor set up is set again); returns the target's choice."""
-    cache_dir = resolve_cache_dir(config.cache_dir)
-    choices = []
-    for module in (model, *_drafter_modules(drafter, "quantized_kernel")):
-        set_int8_dot([module], None)
-        choice = choose_quantized_kernel(config.quantized_kernel, module, cache_dir)
-        if choice.kernel == "int8_dot":
-            layers = set_int8_dot([module], choice)
-            logger.info(
-                "quantized_kernel int8_dot: %d layers of %s (%s)",
-                layers,
-                type(module).__name__,
-                choice.reason,
-            )
-        choices.append(choice)
-    return choices[0]
-
-
-def _apply_linear_backend(config: ExecutorConfig, model, drafter: Drafter | None) -> LinearBackendChoice:
-    """Choose ``cpu_linear``'s backend and, for oneDNN (all rows or some), pack the target's and the
-    drafter's dense linear layers in place (after the drafter is built: a drafter that copies the target
-    copies it dense), MKL's packed GEMM for the target only; for the BLAS, unpack those an earlier
-    executor packed."""
-    drafter_modules = _drafter_modules(drafter, "cpu_linear")
-    for module in (model, *drafter_modules):  # as loaded, or as an earlier executor packed them
-        unpack_linears(module)
-    param = next(model.parameters())
-    packable = any(packable_linear_bytes(m) for m in (model, *drafter_modules))
-    if config.cpu_linear == "auto" and param.device.type == "cpu" and not packable:
-        # nothing the choice could pack: no measurement (a quantized model starts ~10 s sooner here)
-        reason = "auto: no dense linear layer oneDNN could pack (quantized, or a dtype it does not pack)"
-        return LinearBackendChoice("blas", reason)
-    choice = choose_linear_backend(
-        config.cpu_linear,
-        param.device,
-        param.dtype,
-        model.config.get_text_config().to_dict(),
-        resolve_cache_dir(config.cache_dir),
-        config.quantization,
-        None if drafter is None else 1 + drafter.max_draft_len,
-    )
-    choice = fit_in_memory(choice, packable_linear_bytes(model), available_memory_bytes())
-    if choice.backend == "blas":
-        return choice
-    packed = pack_linears(model, choice.bands, choice.mkl_rows)
-    if choice.bands is None or any(choice.bands.is_onednn):  # the drafter's verify is not the target's
-        packed += sum(pack_linears(module, choice.bands) for module in drafter_modules)
-    logger.info("cpu_linear %s: %d linear layers packed (%s)", choice.backend, packed, choice.reason)
-    return choice
 
 
 def capture_cuda_graphs(

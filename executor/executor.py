@@ -64,10 +64,12 @@ class Executor:
     quantization = property(lambda self: self.core.quantization)
     #: which forward runs the target (``model_impl``): a ModelImplChoice, ``.impl`` specexec or transformers
     model_impl = property(lambda self: self.core.model_impl)
+    #: every kernel choice (`executor/kernel_plan.py`); ``.layers(executor.model)``: what runs each layer
+    kernel_plan = property(lambda self: self.core.kernel_plan)
     #: ``cpu_linear``'s answer (blas or onednn) and why
-    linear_backend = property(lambda self: self.core.linear_backend)
+    linear_backend = property(lambda self: self.core.kernel_plan.linear_backend)
     #: ``quantized_kernel``'s answer (torch or int8_dot, up to which rows) and why
-    quantized_kernel = property(lambda self: self.core.quantized_kernel)
+    quantized_kernel = property(lambda self: self.core.kernel_plan.quantized_kernel)
 
     # ---- submitting -------------------------------------------------------------------------------
     def add_request(

@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 from .config import ExecutorConfig
-from .engine_setup import apply_quantized_kernel, load_target
+from .engine_setup import load_target
+from .kernel_plan import apply_quantized_kernel
 from .model.kv_cache import KVCache, KVCacheSpec
 from .model.model_runner import ModelRunner
 from .parallel.gloo_collectives import GlooCollectives, broadcast_step

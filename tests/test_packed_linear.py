@@ -317,9 +317,9 @@ def test_the_executor_fits_its_kernels_to_the_memory_available(tmp_path, monkeyp
     make_head_dir(tmp_path)
     monkeypatch.setattr(linear_backend, "measure_onednn_ratios", lambda *args: _ratios({4, 6, 8}))
     monkeypatch.setattr(linear_backend, "measure_mkl_ratio", lambda *args: 0.5)
-    from specexec.executor import engine_setup
+    from specexec.executor import kernel_plan
 
-    monkeypatch.setattr(engine_setup, "available_memory_bytes", lambda: 1)
+    monkeypatch.setattr(kernel_plan, "available_memory_bytes", lambda: 1)
     _, model = make_tiny_model("llama", dtype=torch.float32)
     config = make_config(dtype="float32", speculative_config=eagle_spec(tmp_path), cache_dir=str(tmp_path))
     executor = Executor(model, config)

@@ -32,7 +32,7 @@ def test_each_row_count_takes_the_config_of_its_bucket():
 def test_a_cpu_model_is_left_as_it_is():
     _, model = make_tiny_model("llama", dtype=torch.bfloat16)
     with Executor(model, ExecutorConfig(device="cpu", dtype="bfloat16", num_kv_blocks=64)) as executor:
-        choice = executor.core.skinny_kernels
+        choice = executor.core.kernel_plan.skinny_kernels
         assert choice.kernel == "off" and "cpu" in choice.reason
         layers = executor.core.runner.model.model.layers
         assert not any(isinstance(m, SkinnyLinear) for layer in layers for m in layer.modules())
@@ -89,7 +89,7 @@ def test_an_executor_on_the_skinny_kernel_gives_the_tokens_of_cublas(arch, monke
             proj.configs = dict(forced)
         return choice
 
-    monkeypatch.setattr("specexec.executor.engine_setup.choose_skinny_kernels", choose)
+    monkeypatch.setattr("specexec.executor.kernel_plan.choose_skinny_kernels", choose)
     prompts = make_prompts(4, [3, 12, 7, 20], seed=5)
     prompts[1] = [5, 6, 7, 8] * 3
     results = {}
