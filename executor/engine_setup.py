@@ -16,9 +16,10 @@ from .engine.engine_core import EngineCore
 from .engine.guided import MAX_FORCED_TOKENS, GuidedDecodingStage
 from .engine.output_processor import OutputProcessor
 from .engine.scheduler import Scheduler
-from .engine.scratch_forward import scratch_forward
+from .engine.scratch_forward import scratch_decode, scratch_forward
 from .engine.speculation.confidence_stop import ConfidenceStop
 from .engine.speculation.draft_length import (
+    MEASURED_BATCH_SIZES,
     MEASURED_SIZES,
     DraftLengthPolicy,
     ForwardCostModel,
@@ -289,12 +290,16 @@ def _speculation_stage(
         if spec.draft_len_policy in ("auto", "confidence"):
             limit = min(config.max_num_tokens, block_manager.capacity_tokens)
             sizes = tuple(n for n in MEASURED_SIZES if n <= limit) or (1,)
+            batch_limit = min(config.max_batch_size, limit, block_manager.num_blocks)
+            batch_sizes = tuple(b for b in MEASURED_BATCH_SIZES if b <= batch_limit)
             key = cost_cache_key(model) + ("|cuda graphs" if runner.graphs is not None else "")
             cost = ForwardCostModel.cached(
                 key,
                 lambda n: scratch_forward(runner, block_manager, n),
                 resolve_cache_dir(config.cache_dir),
                 sizes,
+                lambda b: scratch_decode(runner, block_manager, b),
+                batch_sizes,
             )
         if spec.draft_len_policy == "confidence" and drafter.reports_confidence:
             drafter.confidence_stop = ConfidenceStop(cost)  # the drafter ends each chain itself

@@ -108,6 +108,32 @@ def test_linear_cost_model_charges_a_quarter_forward_per_extra_token():
     assert ForwardCostModel.linear(0.5).cost(5) == pytest.approx(3.0)
 
 
+def test_a_step_with_a_measured_decode_batch_prices_the_drafts_at_the_curves_increment():
+    model = ForwardCostModel(
+        [1, 4, 8, 16], [1.0, 1.5, 2.0, 4.0], batch_sizes=[1, 8], batch_seconds=[1.0, 3.0]
+    )
+    assert model.step_cost(8, 0) == pytest.approx(3.0)  # the decode step of 8 sequences, as measured
+    assert model.step_cost(8, 8) == pytest.approx(3.0 + 4.0 - 2.0)  # plus 8 rows at the curve's price
+    assert model.step_cost(4, 0) == pytest.approx(1.0 + 2.0 * 3 / 7)  # interpolated between batch sizes
+    unmeasured = ForwardCostModel([1, 4, 8, 16], [1.0, 1.5, 2.0, 4.0])
+    assert unmeasured.step_cost(8, 8) == pytest.approx(4.0), "without decode batches: the curve alone"
+
+
+def test_a_batch_whose_decode_step_costs_more_than_the_curve_says_drafts_more():
+    """At 8 requests each attends over its own context: the decode step costs more than one sequence's
+    forward over 8 tokens, so the same drafts are a smaller share of the step."""
+    curve = dict(num_tokens=[1, 8, 16, 32], seconds=[1.0, 2.4, 4.2, 7.2])
+    batches = {f"r{i}": 3 for i in range(8)}
+    without = make_policy(ForwardCostModel(**curve), max_draft_len=3, rate=0.8, probe_interval=10**6)
+    with_batches = make_policy(
+        ForwardCostModel(**curve, batch_sizes=[1, 8], batch_seconds=[1.0, 3.8]),
+        max_draft_len=3,
+        rate=0.8,
+        probe_interval=10**6,
+    )
+    assert sum(without.choose(batches, 8).values()) < sum(with_batches.choose(batches, 8).values())
+
+
 # ---- choosing the draft lengths --------------------------------------------------------------------------
 
 STEEP = ForwardCostModel([1, 2, 4, 8, 16], [1.0, 1.4, 2.2, 4.0, 7.8])  # compute-bound: ~linear in rows
@@ -289,6 +315,18 @@ def test_measure_keeps_one_timing_per_size(fake_forward):
     assert fake_forward.calls == [1] * 4 + [8] * 4 + [32] * 4  # a warm-up, then the repeats
 
 
+def test_measure_times_the_decode_batches_too(fake_forward):
+    def decode_batch(b):  # b sequences: a fixed cost per sequence on the fake clock
+        fake_forward.calls.append(("batch", b))
+        fake_forward.clock += 0.05 + 0.01 * b
+
+    model = ForwardCostModel.measure(
+        fake_forward, sizes=(1, 8), decode_batch=decode_batch, batch_sizes=(1, 4)
+    )
+    assert model.batch_sizes == [1, 4] and model.batch_seconds == pytest.approx([0.06, 0.09])
+    assert fake_forward.calls[-8:] == [("batch", 1)] * 4 + [("batch", 4)] * 4
+
+
 def test_cached_measures_once_writes_json_then_reuses_it(tmp_path, fake_forward, caplog):
     with caplog.at_level(logging.INFO, logger="specexec"):
         first = ForwardCostModel.cached("tiny|float64", fake_forward, tmp_path)
@@ -449,6 +487,7 @@ def test_auto_policy_measures_once_and_reuses_the_cache(tmp_path, monkeypatch):
     # (the check of a cached curve against a forward now is tested on a fake clock above: a tiny model's
     # sub-millisecond forwards are too noisy for it here)
     monkeypatch.setattr(draft_length, "STALE_FACTOR", float("inf"))
+    assert measured.batch_sizes == [1, 2, 4, 8] and all(s > 0 for s in measured.batch_seconds)
     second = make_policy_executor("auto", tmp_path)
     assert second.speculation.policy.cost_model == measured
     assert json.loads(path.read_text())["key"] == cost_cache_key(second.model)
@@ -470,3 +509,19 @@ def test_auto_policy_starts_with_a_small_token_budget_or_kv_pool(tmp_path, overr
     executor = make_policy_executor("auto", tmp_path, **overrides)
     out = executor.run([Request([9, 10, 11] * 6, SamplingParams(max_tokens=8, ignore_eos=True))])
     assert len(out[0].token_ids) == 8
+
+
+def test_a_cached_curve_without_the_decode_batches_asked_for_is_measured_again(tmp_path, fake_forward):
+    write_curve(tmp_path, "k", [0.051, 0.2])  # as cached before decode batches were measured
+
+    def decode_batch(b):
+        fake_forward.clock += 0.05 * b
+
+    model = ForwardCostModel.cached(
+        "k", fake_forward, tmp_path, decode_batch=decode_batch, batch_sizes=(1, 2)
+    )
+    assert model.batch_sizes == [1, 2] and model.batch_seconds == pytest.approx([0.05, 0.1])
+    again = ForwardCostModel.cached(
+        "k", fake_forward, tmp_path, decode_batch=decode_batch, batch_sizes=(1, 2)
+    )
+    assert again == model, "read back from the cache"

@@ -27,3 +27,24 @@ def scratch_forward(
             torch.cuda.synchronize(runner.device)
     finally:
         block_manager.free(SCRATCH_REQUEST_ID)
+
+
+def scratch_decode(
+    runner: ModelRunner, block_manager: BlockManager, num_sequences: int, context_len: int = 128
+) -> None:
+    """One decode step of ``num_sequences`` sequences (one new token each after ``context_len`` cached
+    ones, cut to what the pool holds), as a batch of decoding requests runs."""
+    context_len = max(0, min(context_len, block_manager.capacity_tokens // num_sequences - 1))
+    owners = [f"{SCRATCH_REQUEST_ID}{i}" for i in range(num_sequences)]
+    try:
+        for owner in owners:
+            block_manager.allocate(owner, context_len + 1)
+        runner.forward(
+            [SequenceInput([0], context_len, block_manager.block_tables[owner], 1) for owner in owners]
+        )
+        if runner.device.type == "cuda":
+            torch.cuda.synchronize(runner.device)
+    finally:
+        for owner in owners:
+            if owner in block_manager.block_tables:
+                block_manager.free(owner)

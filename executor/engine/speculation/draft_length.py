@@ -5,7 +5,8 @@ Each request keeps a running acceptance rate per draft position ``a_i`` (the cha
 accepted when every draft before it was). Its i-th draft adds ``a_1 * ... * a_i`` expected tokens. A
 step with ``num_drafts`` drafts over a batch of B requests costs ``C(B + num_drafts) + num_drafts * d``
 seconds, where ``C(n)`` is the target's forward time over n tokens and ``d`` the drafter's time per
-draft token. The policy (`DraftLengthPolicy.choose`) gives the drafts to the largest gains and takes the
+draft token (with a measured decode step of B sequences ``D(B)``: ``D(B) + C(B + num_drafts) - C(B)``,
+`ForwardCostModel.step_cost`). The policy (`DraftLengthPolicy.choose`) gives the drafts to the largest gains and takes the
 total that maximizes tokens per second; no drafts when none beats plain decoding, with a one-token
 probe every ``probe_interval`` steps so a request whose text turns predictable again gets drafts back.
 
@@ -33,49 +34,73 @@ logger = logging.getLogger("specexec")
 STALE_FACTOR = 1.5
 DEFAULT_TOKEN_COST = 0.25  #: extra token's cost relative to a one-token forward, when not measured
 MEASURED_SIZES = (1, 2, 3, 4, 8, 16, 32, 64)  #: 3 and 4: MKL's small-matrix path ends at 3 rows
+MEASURED_BATCH_SIZES = (1, 2, 4, 8, 16)  #: decode steps of this many sequences (up to max_batch_size)
 
 
 @dataclass(slots=True)
 class ForwardCostModel:
-    """Seconds of one target forward over n new tokens, interpolated between measured sizes."""
+    """Seconds of one target forward over n new tokens of one sequence, interpolated between measured
+    sizes; and, where measured, of one decode step of b sequences (one new token each).
+
+    A step of b sequences with d drafts in all costs ``decode(b) + cost(b + d) - cost(b)``: the extra rows
+    at one sequence's price. The decode step of b sequences costs more than one sequence's forward over b
+    tokens (each sequence attends over its own context; at 8 requests here 1.6x more), so without it the
+    drafts' share of a batch's step is overestimated."""
 
     num_tokens: list[int]
     seconds: list[float]
+    batch_sizes: list[int] = field(default_factory=list)  #: decode steps measured: sequences in the batch
+    batch_seconds: list[float] = field(default_factory=list)  #: [len(batch_sizes)] seconds of each
 
     def cost(self, n: int) -> float:
-        xs, ys = self.num_tokens, self.seconds
-        if n <= xs[0]:
-            return ys[0]
-        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
-            if n <= x1:
-                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-        return ys[-1] + slope * (n - xs[-1])
+        return _interpolate(self.num_tokens, self.seconds, n)
+
+    def step_cost(self, batch_size: int, num_drafts: int) -> float:
+        """Seconds of a step of ``batch_size`` decoding sequences verifying ``num_drafts`` drafts in all."""
+        if not self.batch_sizes:
+            return self.cost(batch_size + num_drafts)
+        decode = _interpolate(self.batch_sizes, self.batch_seconds, batch_size)
+        return decode + self.cost(batch_size + num_drafts) - self.cost(batch_size)
 
     @classmethod
     def linear(cls, token_cost: float = DEFAULT_TOKEN_COST) -> ForwardCostModel:
         return cls([1, 2], [1.0, 1.0 + token_cost])
 
     @classmethod
-    def measure(cls, forward_n_tokens, sizes=MEASURED_SIZES, repeats: int = 3) -> ForwardCostModel:
-        """``forward_n_tokens(n)`` runs one forward over n new tokens; the median of repeats is kept."""
-        seconds = []
-        for n in sizes:
-            forward_n_tokens(n)  # warm-up
-            seconds.append(median_seconds(lambda n=n: forward_n_tokens(n), repeats))
-        return cls(list(sizes), seconds)
+    def measure(
+        cls, forward_n_tokens, sizes=MEASURED_SIZES, repeats: int = 3, decode_batch=None, batch_sizes=()
+    ) -> ForwardCostModel:
+        """``forward_n_tokens(n)`` runs one forward over n new tokens, ``decode_batch(b)`` one decode step
+        of b sequences; the median of repeats is kept."""
+
+        def timed(run, n) -> float:
+            run(n)  # warm-up
+            return median_seconds(lambda: run(n), repeats)
+
+        seconds = [timed(forward_n_tokens, n) for n in sizes]
+        batch_seconds = [timed(decode_batch, b) for b in batch_sizes] if decode_batch else []
+        return cls(list(sizes), seconds, list(batch_sizes) if decode_batch else [], batch_seconds)
 
     @classmethod
-    def cached(cls, key: str, forward_n_tokens, cache_dir: Path, sizes=MEASURED_SIZES) -> ForwardCostModel:
+    def cached(
+        cls, key: str, forward_n_tokens, cache_dir: Path, sizes=MEASURED_SIZES, decode_batch=None, batch_sizes=()
+    ) -> ForwardCostModel:
         def measure() -> dict:
-            model = cls.measure(forward_n_tokens, sizes)
-            return {"num_tokens": model.num_tokens, "seconds": model.seconds}
+            model = cls.measure(forward_n_tokens, sizes, decode_batch=decode_batch, batch_sizes=batch_sizes)
+            return {
+                "num_tokens": model.num_tokens,
+                "seconds": model.seconds,
+                "batch_sizes": model.batch_sizes,
+                "batch_seconds": model.batch_seconds,
+            }
 
         def measured_on_a_busier_machine(cached: dict) -> bool:
             try:
                 n, then = int(cached["num_tokens"][0]), float(cached["seconds"][0])
             except (TypeError, ValueError, IndexError, KeyError):
                 return True  # not a curve: measure it
+            if decode_batch is not None and list(cached.get("batch_sizes", [])) != list(batch_sizes):
+                return True  # measured for other batch sizes (or before they were measured)
             forward_n_tokens(n)  # warm-up
             now = median_seconds(lambda: forward_n_tokens(n), 3)
             if then <= STALE_FACTOR * now:
@@ -91,7 +116,20 @@ class ForwardCostModel:
         data = cached_measurement(
             cache_dir, "forward-cost", key, measure, what, needs, measured_on_a_busier_machine
         )
-        return cls(data["num_tokens"], data["seconds"])
+        return cls(
+            data["num_tokens"], data["seconds"], data.get("batch_sizes", []), data.get("batch_seconds", [])
+        )
+
+
+def _interpolate(xs: list[int], ys: list[float], n: int) -> float:
+    """ys at n, linear between the points, clamped below the first and extrapolated past the last."""
+    if n <= xs[0] or len(xs) == 1:
+        return ys[0]
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if n <= x1:
+            return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    return ys[-1] + slope * (n - xs[-1])
 
 
 def cost_cache_key(model: torch.nn.Module) -> str:
@@ -126,8 +164,8 @@ class DraftLengthPolicy:
     per-position acceptance rates up to i. For ``num_drafts`` drafts in all, the batch's expected
     tokens are largest when they go to the largest of these gains (a request's gains only fall with
     i, so taking the largest keeps each request's drafts a prefix). The policy takes the total that
-    maximizes ``expected tokens / (C(batch + num_drafts) + num_drafts * d)``: on a cost curve that
-    climbs steeply with rows (a compute-bound kernel, a big batch) few or no drafts pay.
+    maximizes ``expected tokens / (step_cost(batch, num_drafts) + num_drafts * d)``: on a cost curve
+    that climbs steeply with rows (a compute-bound kernel, a big batch) few or no drafts pay.
     """
 
     max_draft_len: int
@@ -151,11 +189,11 @@ class DraftLengthPolicy:
             state = self._state(request_id)
             gains += [(gain, request_id) for gain in self._gains(state, min(num_slots, self.max_draft_len))]
         gains.sort(key=lambda item: -item[0])  # stable: a request's equal gains stay in position order
-        best_total, best = 0, batch_size / self.cost_model.cost(batch_size)
+        best_total, best = 0, batch_size / self.cost_model.step_cost(batch_size, 0)
         expected = float(batch_size)
         for total, (gain, _) in enumerate(gains, start=1):
             expected += gain
-            value = expected / (self.cost_model.cost(batch_size + total) + total * draft_cost_per_token)
+            value = expected / (self.cost_model.step_cost(batch_size, total) + total * draft_cost_per_token)
             if value > best * (1 + 1e-9):
                 best_total, best = total, value
         chosen = dict.fromkeys(max_drafts, 0)
