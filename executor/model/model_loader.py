@@ -17,12 +17,19 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.utils import logging as hf_logging
 
 from ..layers.measurement.measurement_cache import resolve_cache_dir
 from ..layers.quantized.quantization import QuantizationReport, check_quantization, quantize_model
 from .decoder.convert import ModelImplChoice, resolve_model_impl
+from .gguf_metadata import GGUFMetadata, apply_llama_cpp_config_inplace, end_of_generation_ids
 
 logger = logging.getLogger("specexec")
 #: what loading is doing and where the model came from (the CLI prints it; library users configure it)
@@ -35,8 +42,9 @@ DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
 }
 #: 2: conversions are checked for a tokenizer that reloads as it was converted (caches written before
-#: the check are converted again, and checked)
-CACHE_FORMAT_VERSION = 2
+#: the check are converted again, and checked); 3: the config and generation config carry what the
+#: file's metadata says and transformers drops (`gguf_metadata.py`: stop ids, rope scaling, Gemma's scales)
+CACHE_FORMAT_VERSION = 3
 #: text whose tokens a converted tokenizer must give back after saving and reloading: spaces, a newline
 #: and a tab, which transformers 5.5.x's saved GGUF tokenizers turned into <|endoftext|>
 TOKENIZER_PROBE = "Hello world!\n  Two spaces,\ta tab and 3 digits: 042."
@@ -239,16 +247,26 @@ def check_tokenizer_round_trip(converted, reloaded) -> None:
 
 
 def _convert_gguf(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Dequantize a GGUF file into a float32 transformers model plus its tokenizer."""
+    """Dequantize a GGUF file into a float32 transformers model plus its tokenizer, with what the file's
+    metadata says and transformers drops set as llama.cpp reads it (`gguf_metadata.py`)."""
     try:
+        metadata = GGUFMetadata.read(path)
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+        changes = apply_llama_cpp_config_inplace(config, metadata)
         model = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=torch.float32, local_files_only=True
+            path.parent, gguf_file=path.name, config=config, dtype=torch.float32, local_files_only=True
         )
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     except Exception as exc:
         raise ModelLoadError(
             f"GGUF file {path} is corrupt, truncated or unsupported: {type(exc).__name__}: {exc}"
         ) from exc
+    stop_ids = end_of_generation_ids(metadata)
+    if stop_ids:
+        model.generation_config.eos_token_id = stop_ids
+        changes.append(f"stop token ids {stop_ids}")
+    if changes:
+        loading_logger.info("from the GGUF's metadata, as llama.cpp reads it: %s", "; ".join(changes))
     return model, tokenizer
 
 
