@@ -17,7 +17,9 @@ def test_an_int8_dot_plan_lists_every_quantized_layer_on_it(cpu_ops_built):
     with Executor(model, config) as executor:
         plan = executor.kernel_plan
         assert isinstance(plan, KernelPlan)
-        assert executor.quantized_kernel is plan.quantized_kernel and plan.quantized_kernel.kernel == "int8_dot"
+        assert (
+            executor.quantized_kernel is plan.quantized_kernel and plan.quantized_kernel.kernel == "int8_dot"
+        )
         assert executor.linear_backend is plan.linear_backend
         layers = dict(plan.layers(executor.model))
         linears = [n for n, m in executor.model.named_modules() if hasattr(m, "in_features")]
@@ -39,15 +41,18 @@ def test_a_plan_with_rows_up_to_a_count_and_torchs_kernel_say_so(cpu_ops_built):
         }
         layer = next(m for m in ex.model.modules() if type(m).__name__ == "Int4WeightOnlyLinear")
         layer.set_int8_dot_rows(4)
-        assert "Int4WeightOnlyLinear: int8_dot for up to 4 rows, torch above" in dict(
-            KernelPlan.layers(ex.model)
-        ).values()
+        assert (
+            "Int4WeightOnlyLinear: int8_dot for up to 4 rows, torch above"
+            in dict(KernelPlan.layers(ex.model)).values()
+        )
         layer.set_int8_dot_rows(MAX_ROWS)
 
 
 def test_a_dense_float64_plan_runs_torchs_matmul_everywhere():
     _, model = make_tiny_model("llama")
-    with Executor(model, make_config(speculative_config={"decoding_type": "NGram", "max_draft_len": 2})) as ex:
+    with Executor(
+        model, make_config(speculative_config={"decoding_type": "NGram", "max_draft_len": 2})
+    ) as ex:
         plan = ex.kernel_plan
         assert plan.linear_backend.backend == "blas" and plan.quantized_kernel.kernel == "torch"
         assert plan.skinny_kernels.kernel == "off"

@@ -83,7 +83,13 @@ class ForwardCostModel:
 
     @classmethod
     def cached(
-        cls, key: str, forward_n_tokens, cache_dir: Path, sizes=MEASURED_SIZES, decode_batch=None, batch_sizes=()
+        cls,
+        key: str,
+        forward_n_tokens,
+        cache_dir: Path,
+        sizes=MEASURED_SIZES,
+        decode_batch=None,
+        batch_sizes=(),
     ) -> ForwardCostModel:
         def measure() -> dict:
             model = cls.measure(forward_n_tokens, sizes, decode_batch=decode_batch, batch_sizes=batch_sizes)
