@@ -500,6 +500,9 @@ def test_auto_policy_measures_once_and_reuses_the_cache(tmp_path, monkeypatch):
     [
         pytest.param(dict(max_num_tokens=32), id="token-budget-below-64"),
         pytest.param(dict(num_kv_blocks=40), id="kv-pool-below-192-tokens"),
+        # 16 decode sequences of 160 pool tokens: 10 tokens each would take 3 pages of 4, 48 of the 40
+        pytest.param(dict(num_kv_blocks=40, max_batch_size=16), id="decode-batch-rounds-to-whole-pages"),
+        pytest.param(dict(num_kv_blocks=12, max_batch_size=16), id="fewer-pages-than-the-batch"),
     ],
 )
 def test_auto_policy_starts_with_a_small_token_budget_or_kv_pool(tmp_path, overrides):
@@ -507,6 +510,7 @@ def test_auto_policy_starts_with_a_small_token_budget_or_kv_pool(tmp_path, overr
     also start with "auto" (measuring fewer sizes, or a shorter context, where needed)."""
     make_policy_executor("fixed", tmp_path, **overrides)  # a valid configuration
     executor = make_policy_executor("auto", tmp_path, **overrides)
+    assert executor.block_manager.num_free_blocks == executor.block_manager.num_blocks, "scratch pages leaked"
     out = executor.run([Request([9, 10, 11] * 6, SamplingParams(max_tokens=8, ignore_eos=True))])
     assert len(out[0].token_ids) == 8
 

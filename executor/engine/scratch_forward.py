@@ -33,8 +33,9 @@ def scratch_decode(
     runner: ModelRunner, block_manager: BlockManager, num_sequences: int, context_len: int = 128
 ) -> None:
     """One decode step of ``num_sequences`` sequences (one new token each after ``context_len`` cached
-    ones, cut to what the pool holds), as a batch of decoding requests runs."""
-    context_len = max(0, min(context_len, block_manager.capacity_tokens // num_sequences - 1))
+    ones, cut to the whole pages the free pool holds for each), as a batch of decoding requests runs."""
+    pages_each = block_manager.num_free_blocks // num_sequences
+    context_len = max(0, min(context_len, pages_each * block_manager.block_size - 1))
     owners = [f"{SCRATCH_REQUEST_ID}{i}" for i in range(num_sequences)]
     try:
         for owner in owners:
