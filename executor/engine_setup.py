@@ -293,6 +293,7 @@ def _speculation_stage(
             batch_limit = min(config.max_batch_size, limit, block_manager.num_blocks)
             batch_sizes = tuple(b for b in MEASURED_BATCH_SIZES if b <= batch_limit)
             key = cost_cache_key(model) + ("|cuda graphs" if runner.graphs is not None else "")
+            key += f"|decode batches {batch_sizes}"  # (max_batch_size and the pool bound them)
             cost = ForwardCostModel.cached(
                 key,
                 lambda n: scratch_forward(runner, block_manager, n),

@@ -6,9 +6,10 @@ accepted when every draft before it was). Its i-th draft adds ``a_1 * ... * a_i`
 step with ``num_drafts`` drafts over a batch of B requests costs ``C(B + num_drafts) + num_drafts * d``
 seconds, where ``C(n)`` is the target's forward time over n tokens and ``d`` the drafter's time per
 draft token (with a measured decode step of B sequences ``D(B)``: ``D(B) + C(B + num_drafts) - C(B)``,
-`ForwardCostModel.step_cost`). The policy (`DraftLengthPolicy.choose`) gives the drafts to the largest gains and takes the
-total that maximizes tokens per second; no drafts when none beats plain decoding, with a one-token
-probe every ``probe_interval`` steps so a request whose text turns predictable again gets drafts back.
+`ForwardCostModel.step_cost`). The policy (`DraftLengthPolicy.choose`) gives the drafts to the largest
+gains and takes the total that maximizes tokens per second; no drafts when none beats plain decoding,
+with a one-token probe every ``probe_interval`` steps so a request whose text turns predictable again
+gets drafts back.
 
 ``C`` comes from `ForwardCostModel`: measured once on this machine for this model and dtype (mode
 "auto"), or a linear guess where each extra token costs ``DEFAULT_TOKEN_COST`` of a one-token forward
