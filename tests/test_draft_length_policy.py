@@ -490,7 +490,9 @@ def test_auto_policy_measures_once_and_reuses_the_cache(tmp_path, monkeypatch):
     assert measured.batch_sizes == [1, 2, 4, 8] and all(s > 0 for s in measured.batch_seconds)
     second = make_policy_executor("auto", tmp_path)
     assert second.speculation.policy.cost_model == measured
-    assert json.loads(path.read_text())["key"] == cost_cache_key(second.model) + "|decode batches (1, 2, 4, 8)"
+    assert (
+        json.loads(path.read_text())["key"] == cost_cache_key(second.model) + "|decode batches (1, 2, 4, 8)"
+    )
     out = second.run([Request([9, 10, 11] * 6, SamplingParams(max_tokens=8, ignore_eos=True))])
     assert len(out[0].token_ids) == 8
 
