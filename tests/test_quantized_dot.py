@@ -529,7 +529,10 @@ def test_the_choice_says_a_q8_0_layer_runs_on_int8_dot_whatever_it_chose(tmp_pat
     q = torch.randint(-127, 128, (32, 64), generator=torch.Generator().manual_seed(1), dtype=torch.int8)
     model.lm_head = Int8BlockLinear(linear, q, torch.full((32, 2), 0.01))
     for setting in ("torch", "int8_dot"):
-        assert "1 Q8_0 layer on int8_dot" in choose_quantized_kernel(setting, model, tmp_path).reason
+        assert (
+            "1 int8-block layer (GGUF Q8_0, Q5_0, Q6_K) on int8_dot"
+            in choose_quantized_kernel(setting, model, tmp_path).reason
+        )
 
 
 def test_a_self_drafts_int8_layers_get_their_own_choice():

@@ -173,8 +173,11 @@ def choose_quantized_kernel(setting: str, model: nn.Module, cache_dir: Path | No
     check_quantized_kernel(setting)
     choice = _choose(setting, model, cache_dir)
     blocks = sum(getattr(m, "scheme", None) == "q8_0" for m in model.modules())
-    if blocks:  # a GGUF's Q8_0 layers, built only where int8_dot runs: on it whatever the choice
-        note = f"; {blocks} Q8_0 layer{'s' if blocks > 1 else ''} on int8_dot (torch has no kernel for it)"
+    if (
+        blocks
+    ):  # a GGUF's Q8_0, Q5_0 and Q6_K layers, built only where int8_dot runs: on it whatever the choice
+        layers = f"{blocks} int8-block layer{'s' if blocks > 1 else ''} (GGUF Q8_0, Q5_0, Q6_K)"
+        note = f"; {layers} on int8_dot (torch has no kernel for them)"
         choice = replace(choice, reason=choice.reason + note)
     return choice
 
