@@ -32,6 +32,9 @@ def make_layer(form: str, dtype=torch.float64) -> nn.Module:
         pytest.fail(
             "specexec's C++ CPU kernels did not build here (see the log); this machine has a compiler"
         )
+    if form == "q6_k":  # codes q - 32, a scale per 16 inputs
+        q = torch.randint(-32, 32, (OUT, IN), dtype=torch.int8)
+        return Int8BlockLinear(linear, q, torch.rand(OUT, IN // 16) * 0.01)
     q = torch.randint(-127, 128, (OUT, IN), dtype=torch.int8)
     return Int8BlockLinear(linear, q, torch.rand(OUT, IN // 32) * 0.01)
 
@@ -42,7 +45,7 @@ def dense_weight(layer: nn.Module) -> torch.Tensor:  # [out, in] float64
     return layer.dequantized(torch.float64)
 
 
-FORMS = ["dense", "int8", "int4", "q8_0"]
+FORMS = ["dense", "int8", "int4", "q8_0", "q6_k"]
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -78,7 +81,7 @@ def test_the_heads_last_rank_is_padded_with_zero_rows():
     assert torch.equal(weight[:32], dense_weight(layer)[64:]) and not weight[32:].any()
 
 
-@pytest.mark.parametrize("form", ["int4", "q8_0"])
+@pytest.mark.parametrize("form", ["int4", "q8_0", "q6_k"])
 def test_a_slice_the_kernel_cannot_hold_is_held_dense_with_the_same_values(form):
     layer = make_layer(form)
     within_a_group = take_columns(layer, 0, 48, keep_bias=True)  # 48: not a multiple of 32
