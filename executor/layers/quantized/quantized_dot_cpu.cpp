@@ -155,6 +155,18 @@ inline __m256i half_tile_dot(const __m256i* u, const int8_t* x) {
   return _mm256_add_epi32(even, odd);
 }
 
+// a tile's block of int8 codes as its 8 vectors; with VNNI as unsigned bytes w + 128 (`dpbusd` multiplies
+// unsigned by signed: the caller takes 128 * sum(xq) off, exact in int32)
+inline void load_q8_block(const int8_t* block, __m256i* w) {
+#pragma GCC unroll 8
+  for (int c = 0; c < 8; ++c) {
+    w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * c));
+#if defined(SPECEXEC_VNNI)
+    w[c] = _mm256_xor_si256(w[c], _mm256_set1_epi8(static_cast<char>(0x80)));
+#endif
+  }
+}
+
 // the same with w's signs moved onto x (the AVX2 way round: see q8_tile)
 inline __m256i half_tile_dot_signed(const __m256i* w, const int8_t* x) {
   __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
@@ -311,15 +323,11 @@ inline void q8_tile(const int8_t* tile, const float* wd, const QuantizedRows& xr
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
-    const int8_t* block = tile + g * kQ8Bytes;
     __m256i w[8];
-#pragma GCC unroll 8
-    for (int c = 0; c < 8; ++c) w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * c));
+    load_q8_block(tile + g * kQ8Bytes, w);
     const __m256 scale = wd == nullptr ? _mm256_set1_ps(1.f) : _mm256_loadu_ps(wd + g * kTile);
 #if defined(SPECEXEC_VNNI)
-    // w + 128 as unsigned bytes: sum((w + 128) * xq) - 128 * sum(xq), exact in int32
-#pragma GCC unroll 8
-    for (int c = 0; c < 8; ++c) w[c] = _mm256_xor_si256(w[c], _mm256_set1_epi8(static_cast<char>(0x80)));
+    // sum((w + 128) * xq) - 128 * sum(xq)
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m256i biased = tile_dot(w, xq + r * K + g * kBlock);
@@ -382,16 +390,10 @@ inline void q8_half_tile(const int8_t* tile, const float* wd, const QuantizedRow
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
-    const int8_t* block = tile + g * kQ8Bytes;
     __m256i w[8];
-#pragma GCC unroll 8
-    for (int c = 0; c < 8; ++c) w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * c));
+    load_q8_block(tile + g * kQ8Bytes, w);
     const __m256 scale_lo = _mm256_loadu_ps(wd + 2 * g * kTile);
     const __m256 scale_hi = _mm256_loadu_ps(wd + (2 * g + 1) * kTile);
-#if defined(SPECEXEC_VNNI)
-#pragma GCC unroll 8
-    for (int c = 0; c < 8; ++c) w[c] = _mm256_xor_si256(w[c], _mm256_set1_epi8(static_cast<char>(0x80)));
-#endif
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const int8_t* x = xq + r * K + g * kBlock;
