@@ -51,7 +51,7 @@ class KernelPlan:
     @staticmethod
     def layers(model: nn.Module) -> list[tuple[str, str]]:
         """(module name, what runs it) for every linear layer of ``model``, as the plan left it."""
-        return [(name, _runs(layer)) for name, layer in model.named_modules() if _runs(layer)]
+        return [(name, runs) for name, layer in model.named_modules() if (runs := _runs(layer))]
 
     @classmethod
     def summary(cls, model: nn.Module) -> str:

@@ -19,14 +19,7 @@ def scratch_forward(
     """One forward over ``num_tokens`` new tokens after ``context_len`` cached ones (the context is cut
     to what the pool holds). On CUDA it waits for the forward, so a timer around it times the work."""
     context_len = max(0, min(context_len, block_manager.capacity_tokens - num_tokens))
-    block_manager.allocate(SCRATCH_REQUEST_ID, context_len + num_tokens)
-    try:
-        table = block_manager.block_tables[SCRATCH_REQUEST_ID]
-        runner.forward([SequenceInput([0] * num_tokens, context_len, table, num_tokens)])
-        if runner.device.type == "cuda":
-            torch.cuda.synchronize(runner.device)
-    finally:
-        block_manager.free(SCRATCH_REQUEST_ID)
+    _forward_on_scratch_pages(runner, block_manager, [num_tokens], context_len)
 
 
 def scratch_decode(
@@ -36,12 +29,23 @@ def scratch_decode(
     ones, cut to the whole pages the free pool holds for each), as a batch of decoding requests runs."""
     pages_each = block_manager.num_free_blocks // num_sequences
     context_len = max(0, min(context_len, pages_each * block_manager.block_size - 1))
-    owners = [f"{SCRATCH_REQUEST_ID}{i}" for i in range(num_sequences)]
+    _forward_on_scratch_pages(runner, block_manager, [1] * num_sequences, context_len)
+
+
+def _forward_on_scratch_pages(
+    runner: ModelRunner, block_manager: BlockManager, new_tokens: list[int], context_len: int
+) -> None:
+    """One forward of a sequence per entry of ``new_tokens`` (that many new tokens after ``context_len``
+    cached ones), on pages taken for it and freed at once; on CUDA, waited for."""
+    owners = [SCRATCH_REQUEST_ID + (str(i) if i else "") for i in range(len(new_tokens))]
     try:
-        for owner in owners:
-            block_manager.allocate(owner, context_len + 1)
+        for owner, num_tokens in zip(owners, new_tokens):
+            block_manager.allocate(owner, context_len + num_tokens)
         runner.forward(
-            [SequenceInput([0], context_len, block_manager.block_tables[owner], 1) for owner in owners]
+            [
+                SequenceInput([0] * n, context_len, block_manager.block_tables[owner], n)
+                for owner, n in zip(owners, new_tokens)
+            ]
         )
         if runner.device.type == "cuda":
             torch.cuda.synchronize(runner.device)

@@ -95,7 +95,8 @@ class KVCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Read whole pages. block_tables [group, max_blocks]; returns key, value
         [group, num_keys (default: max_blocks * block_size), kv_heads, head_dim], views of ``buffer``
-        (flat, at least `gather_numel` of the group's pages; default: a scratch buffer grown on demand) that the next gather overwrites (consume them first).
+        (flat, at least `gather_numel` of the group's pages; default: a scratch buffer grown on demand)
+        that the next gather overwrites (consume them first).
         ``stale_rows`` ([num], `AttentionGroup.stale_rows`: rows of the keys then the values; the row past
         them all is scratch) read as zeros: slots past a request's keys, which may hold a freed page's NaN."""
         group, max_blocks = block_tables.shape
