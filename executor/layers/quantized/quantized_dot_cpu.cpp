@@ -72,6 +72,81 @@ struct QuantizedRows {
   std::vector<int32_t> sum, half_sum;
 };
 
+#if defined(SPECEXEC_SIMD)
+// 8 values of T from p as floats (bfloat16: its bits shifted up, exact)
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+inline __m256 load8(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+inline float max_lanes(__m256 a) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+inline int32_t sum_lanes(__m256i a) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+// One block of 32 values as the scalar loop below quantizes it, 8 lanes at a time, with the same float
+// operations in the same order (cvtps rounds to nearest-even as nearbyint does): the same codes and
+// scales bit for bit. Returns false where the block holds NaN or Inf (the caller spoils the row).
+template <typename T>
+inline bool quantize_block(const T* xb, int8_t* qb, float& d, int32_t halves[2]) {
+  __m256 v[4], amax = _mm256_setzero_ps(), spoiled = _mm256_setzero_ps();
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    v[c] = load8(xb + 8 * c);
+    amax = _mm256_max_ps(amax, _mm256_and_ps(v[c], magnitude));
+    spoiled = _mm256_add_ps(spoiled, _mm256_mul_ps(v[c], _mm256_setzero_ps()));  // NaN from NaN or Inf
+  }
+  if (_mm256_movemask_ps(_mm256_cmp_ps(spoiled, _mm256_setzero_ps(), _CMP_NEQ_UQ)) != 0) return false;
+  const float top = max_lanes(amax);
+  d = top / 127.f;
+  const __m256 inv = _mm256_set1_ps(top > 0.f ? 127.f / top : 0.f);
+  __m256i q[4];
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    q[c] = _mm256_cvtps_epi32(_mm256_mul_ps(v[c], inv));
+    q[c] = _mm256_max_epi32(_mm256_min_epi32(q[c], _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+  }
+  // int32 -> int8: the packs interleave 128-bit lanes; the permutation puts the 32 codes back in order
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  halves[0] = sum_lanes(_mm256_add_epi32(q[0], q[1]));
+  halves[1] = sum_lanes(_mm256_add_epi32(q[2], q[3]));
+  return true;
+}
+#endif
+
+// The scalar form of quantize_block (builds without AVX2)
+template <typename T>
+inline bool quantize_block_scalar(const T* xb, int8_t* qb, float& d, int32_t halves[2]) {
+  float v[kBlock], amax = 0.f, spoiled = 0.f;
+  for (int64_t j = 0; j < kBlock; ++j) {
+    v[j] = static_cast<float>(xb[j]);
+    amax = std::max(amax, std::fabs(v[j]));  // (a NaN never wins a max: `spoiled` notes it)
+    spoiled += v[j] * 0.f;  // NaN where any v is NaN or infinite, else 0
+  }
+  if (spoiled != 0.f) return false;
+  d = amax / 127.f;
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  halves[0] = halves[1] = 0;
+  for (int64_t j = 0; j < kBlock; ++j) {
+    const int32_t q = static_cast<int32_t>(std::nearbyint(v[j] * inv));
+    qb[j] = static_cast<int8_t>(std::clamp(q, -127, 127));
+    halves[j / kHalfBlock] += qb[j];
+  }
+  return true;
+}
+
 template <typename T>
 void quantize_rows(const T* x, int64_t M, int64_t K, QuantizedRows& out) {
   const int64_t G = K / kBlock;
@@ -83,35 +158,30 @@ void quantize_rows(const T* x, int64_t M, int64_t K, QuantizedRows& out) {
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t g = 0; g < G; ++g) {
       const T* xb = x + m * K + g * kBlock;
-      float v[kBlock], amax = 0.f, spoiled = 0.f;
-      for (int64_t j = 0; j < kBlock; ++j) {
-        v[j] = static_cast<float>(xb[j]);
-        amax = std::max(amax, std::fabs(v[j]));  // (a NaN never wins a max: `spoiled` notes it)
-        spoiled += v[j] * 0.f;  // NaN where any v is NaN or infinite, else 0
-      }
       int8_t* qb = out.q.data() + m * K + g * kBlock;
-      if (spoiled != 0.f) {
+      const int64_t b = m * G + g;
+      float d = 0.f;
+      int32_t halves[2] = {0, 0};
+#if defined(SPECEXEC_SIMD)
+      const bool finite = quantize_block(xb, qb, d, halves);
+#else
+      const bool finite = quantize_block_scalar(xb, qb, d, halves);
+#endif
+      if (!finite) {
         // torch's product spoils a row holding NaN or Inf; codes cannot: a NaN scale does (every output
         // of the row sums this block's 0 * NaN), so the request fails on its NaN row instead of going on
         std::fill(qb, qb + kBlock, int8_t{0});
         const float nan = std::numeric_limits<float>::quiet_NaN();
-        out.scale[m * G + g] = out.scaled_sum[m * G + g] = nan;
-        out.sum[m * G + g] = out.half_sum[(m * G + g) * 2] = out.half_sum[(m * G + g) * 2 + 1] = 0;
+        out.scale[b] = out.scaled_sum[b] = nan;
+        out.sum[b] = out.half_sum[b * 2] = out.half_sum[b * 2 + 1] = 0;
         continue;
       }
-      const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-      int32_t halves[2] = {0, 0};
-      for (int64_t j = 0; j < kBlock; ++j) {
-        const int32_t q = static_cast<int32_t>(std::nearbyint(v[j] * inv));
-        qb[j] = static_cast<int8_t>(std::clamp(q, -127, 127));
-        halves[j / kHalfBlock] += qb[j];
-      }
       const int32_t sum = halves[0] + halves[1];
-      out.scale[m * G + g] = d;
-      out.scaled_sum[m * G + g] = d * static_cast<float>(sum);
-      out.sum[m * G + g] = sum;
-      out.half_sum[(m * G + g) * 2] = halves[0];
-      out.half_sum[(m * G + g) * 2 + 1] = halves[1];
+      out.scale[b] = d;
+      out.scaled_sum[b] = d * static_cast<float>(sum);
+      out.sum[b] = sum;
+      out.half_sum[b * 2] = halves[0];
+      out.half_sum[b * 2 + 1] = halves[1];
     }
   }
 }
