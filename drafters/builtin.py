@@ -211,7 +211,7 @@ def self_draft_dtype(context: DrafterContext, quantization: str) -> str:
     with float32 activations than with bfloat16 ones, so a float32 draft would cost more than the
     target). The draft's dtype does not touch the output: the target verifies every token."""
     from ..executor.layers.dtype_choice import choose_dtype
-    from ..executor.layers.measurement.measurement_cache import resolve_cache_dir
+    from ..executor.layers.measurement.cache_folder import resolve_cache_dir
 
     param = next(context.target_model.parameters())
     dtype = str(param.dtype).removeprefix("torch.")
@@ -239,7 +239,7 @@ def cuda_kernel_dtype(device: torch.device, dtype: torch.dtype, quantization: st
 
 @declare_options(Eagle3Options)
 def make_eagle3(spec_config, context: DrafterContext) -> Drafter:
-    from ..executor.layers.measurement.measurement_cache import resolve_cache_dir
+    from ..executor.layers.measurement.cache_folder import resolve_cache_dir
     from .eagle3.drafter import Eagle3Drafter
     from .eagle3.head import SHIPPED_HEAD, load_head
     from .eagle3.head_quantization import apply_head_quantization, choose_head_quantization

@@ -28,7 +28,7 @@ from .engine.speculation.draft_length import (
 from .engine.speculation.speculation_stage import SpeculationStage, build_drafter, check_drafter_options
 from .kernel_plan import apply_quantized_kernel, plan_kernels
 from .layers.dtype_choice import DtypeChoice, choose_dtype
-from .layers.measurement.measurement_cache import resolve_cache_dir
+from .layers.measurement.cache_folder import resolve_cache_dir
 from .layers.packed_linear import unpack_linears
 from .model.attention_paths import choose_attention_paths
 from .model.cuda_graphs import CudaGraphCapture, GraphCaptureReport

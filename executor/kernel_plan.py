@@ -27,7 +27,7 @@ from .config import ExecutorConfig
 from .engine.guided import MAX_FORCED_TOKENS
 from .layers.cpu_info import available_memory_bytes
 from .layers.linear_backend import LinearBackendChoice, choose_linear_backend, fit_in_memory
-from .layers.measurement.measurement_cache import resolve_cache_dir
+from .layers.measurement.cache_folder import resolve_cache_dir
 from .layers.packed_linear import PackedLinear, pack_linears, packable_linear_bytes, unpack_linears
 from .layers.quantized.quantized_dot import (
     MAX_ROWS,

@@ -277,3 +277,20 @@ def test_this_machines_compiler_names_the_cpu_it_targets():
     target = compiler_target(compiler_command(), kernels_module.CFLAGS)
     assert target.cpu and target.cpu != "native", target
     assert " version " in target.version
+
+
+@pytest.mark.parametrize(
+    "cache",
+    ["dtype-choice", "linear-backend", "attention-paths", "quantized-kernel", "eagle3-head", "forward-cost"],
+)
+def test_a_measurement_made_with_other_kernel_sources_is_not_read(monkeypatch, cache):
+    """An upgrade that changes a kernel (its sources or flags) is timed again: the old build's figures
+    (a forward-cost curve from before a 1.5x faster verify) would steer the new one."""
+    monkeypatch.setattr(kernels_module, "_sources_digest", lambda: "before")
+    before = key_of(monkeypatch, cache)
+    monkeypatch.setattr(kernels_module, "_sources_digest", lambda: "after")
+    after = key_of(monkeypatch, cache)
+    assert before != after
+    assert key_of(monkeypatch, cache) == after, "and is the same for the same sources"
+    monkeypatch.setenv(kernels_module.SWITCH, "0")
+    assert key_of(monkeypatch, cache) not in (before, after), "torch ops are their own measurement"

@@ -29,7 +29,8 @@ from specexec.executor.engine.speculation.draft_length import (
 from specexec.executor.executor import Executor
 from specexec.executor.layers.cpu_info import describe_cpu
 from specexec.executor.layers.measurement import measurement_cache
-from specexec.executor.layers.measurement.measurement_cache import NOISE_FIELD, default_cache_dir
+from specexec.executor.layers.measurement.cache_folder import default_cache_dir
+from specexec.executor.layers.measurement.measurement_cache import NOISE_FIELD
 from specexec.executor.layers.packed_linear import RowBands, pack_linears, unpack_linears
 from specexec.sampling import SamplingParams
 from tiny_models import make_tiny_model

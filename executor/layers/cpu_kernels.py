@@ -40,7 +40,7 @@ import torch
 from .cpu_info import cpu_key
 from .kernel_build.build_lock import held_build_lock
 from .kernel_build.compiler_target import compiler_command, compiler_target
-from .measurement.measurement_cache import default_cache_dir
+from .measurement.cache_folder import default_cache_dir
 
 logger = logging.getLogger("specexec")
 
@@ -137,6 +137,21 @@ def build_folder(identity: dict[str, str]) -> Path:
     """The folder one identity's build lives in (under the cache folder's ``cpu-kernels``)."""
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
     return default_cache_dir() / "cpu-kernels" / f"specexec_cpu_{digest}"
+
+
+def kernels_key() -> str:
+    """Which kernels run the CPU's ops, for the keys of measurements that time them (beside the CPU and
+    torch, which those keys name already): the sources' and flags' digest, or "torch ops" where they
+    are switched off. Nothing is built or loaded to say so."""
+    if os.environ.get(SWITCH) == "0":
+        return "torch ops"
+    return _sources_digest()
+
+
+@functools.cache
+def _sources_digest() -> str:
+    text = "\0".join([*(s.read_text() for s in SOURCES + HEADERS), *CFLAGS])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def describe_cpu_kernels() -> str:

@@ -26,7 +26,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from ..layers.measurement.measurement_cache import resolve_cache_dir
+from ..layers.measurement.cache_folder import resolve_cache_dir
 from ..layers.quantized.quantization import QuantizationReport, check_quantization, quantize_model
 from .decoder.convert import ModelImplChoice, resolve_model_impl
 from .gguf_metadata import GGUFMetadata, apply_llama_cpp_config_inplace, end_of_generation_ids

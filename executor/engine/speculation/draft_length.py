@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ...layers.cpu_info import cpu_key
+from ...layers.cpu_kernels import kernels_key
 from ...layers.measurement.measurement_cache import cached_measurement, median_seconds
 from ...layers.packed_linear import PackedLinear
 
@@ -149,7 +150,13 @@ def cost_cache_key(model: torch.nn.Module) -> str:
     # their row bands one that runs only some row counts on oneDNN
     packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
     bands = sorted({m.describe_kernels() for m in packed})
-    where = cpu_key() if param.device.type == "cpu" else torch.cuda.get_device_name(param.device)
+    # on the CPU the kernels' build too: a kernel an upgrade made faster is timed again, not read from its
+    # predecessor's curve
+    where = (
+        f"{cpu_key()}|kernels {kernels_key()}"
+        if param.device.type == "cpu"
+        else torch.cuda.get_device_name(param.device)
+    )
     return (
         f"{name}|{num_params}|buffers={buffer_bytes}|packed={len(packed)}|rows={bands}|{param.dtype}"
         f"|{param.device}|{where}|threads={torch.get_num_threads()}"

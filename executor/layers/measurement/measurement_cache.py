@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,30 +21,19 @@ from pathlib import Path
 import torch
 
 from ..cpu_info import cpu_key
+from ..cpu_kernels import kernels_key
 from .timing_noise import measure_with_noise, note_spread
 
 logger = logging.getLogger("specexec")
 NOISE_FIELD = "timing_noise"  #: the measurement's `TimingNoise`, kept in its cache file
 
 
-def resolve_cache_dir(configured: str | os.PathLike | None = None) -> Path:
-    """specexec's cache folder (converted GGUF models, this machine's measurements): ``configured``
-    (`ExecutorConfig.cache_dir`) when given, else ``$SPECEXEC_CACHE_DIR``, else ``~/.cache/specexec``."""
-    if configured is not None:
-        return Path(configured).expanduser()
-    return default_cache_dir()
-
-
-def default_cache_dir() -> Path:
-    env = os.environ.get("SPECEXEC_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specexec"
-
-
 def machine_key() -> str:
-    """The part of every measurement's key that names the machine: this CPU's features (`cpu_key`:
-    not its model name alone, which a VM shares with CPUs that differ in AVX-512 and AMX), torch's
-    version and its threads."""
-    return f"{cpu_key()}|torch {torch.__version__}|threads={torch.get_num_threads()}"
+    """The part of every measurement's key that names the machine and its code: this CPU's features
+    (`cpu_key`: not its model name alone, which a VM shares with CPUs that differ in AVX-512 and AMX),
+    torch's version and its threads, and the C++ kernels' build (`kernels_key`: a kernel changed by an
+    upgrade is measured again, not timed by its predecessor's figures)."""
+    return f"{cpu_key()}|torch {torch.__version__}|threads={torch.get_num_threads()}|kernels {kernels_key()}"
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:
