@@ -50,8 +50,8 @@ class ExecutorConfig:
     device: str = "auto"
     device_map: str | None = None  #: accelerate placement over several devices, e.g. "auto"
     #: weight-only quantization of the linear layers (vLLM's key): null (weights as loaded), int8 (per
-    #: output channel), int4 (groups of 32), gguf (a GGUF file's own Q4_0/Q4_1/Q4_K codes, and Q5_0/Q8_0
-    #: where int8_dot runs; the rest dequantized: `layers/quantized/gguf_weights.py`). Kernels: `executor/layers/quantized/quantized_linear.py`; a device without one is refused
+    #: output channel), int4 (groups of 32), gguf (a GGUF file's own Q4_0/Q4_1/Q4_K codes, and
+    #: Q5_0/Q5_1/Q5_K/Q6_K/Q8_0 where int8_dot runs; the rest dequantized: `layers/quantized/gguf_weights.py`). Kernels: `executor/layers/quantized/quantized_linear.py`; a device without one is refused
     quantization: str | None = None
     #: the forward (vLLM's key): auto, specexec, transformers. specexec: its own decoder for the Llama
     #: family (Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3), fused QKV and gate/up weights, a fixed

@@ -12,14 +12,23 @@ import torch
 from specexec.executor.executor import Executor
 from specexec.executor.layers.attention_kernels import PAGED_CPU, SDPA
 from specexec.executor.layers.packed_linear import PackedLinear, can_pack
+from specexec.executor.layers.quantized.q8_block_linear import Int8BlockLinear
 from specexec.executor.layers.quantized.quantized_dot import QuantizedKernelChoice, set_int8_dot
-from specexec.executor.layers.quantized.quantized_linear import DENSE, ONEDNN, Q4_INT8_DOT, TORCH_INT4
+from specexec.executor.layers.quantized.quantized_linear import (
+    DENSE,
+    ONEDNN,
+    Q4_INT8_DOT,
+    Q8_OFFSET_INT8_DOT,
+    TORCH_INT4,
+    Int4WeightOnlyLinear,
+)
 from specexec.executor.model.attention_paths import AttentionPaths
 from specexec.executor.model.decoder import forward as decoder_forward
 from specexec.executor.model.decoder import fused_layer
 from specexec.executor.model.forward_io import SequenceInput
 from test_speculative_identity import assert_all_pages_free, make_config, make_requests
 from tiny_models import make_prompts, make_tiny_model
+from torch import nn
 
 pytestmark = pytest.mark.usefixtures("cpu_ops_built")
 
@@ -166,6 +175,32 @@ def test_steps_the_op_cannot_take_run_in_python(fused_calls):
     with executor_for("llama", torch.float64) as executor:  # a dtype the C++ ops do not take
         forwards(executor)
         assert fused_calls == []
+
+
+def test_int8_block_layers_with_offsets_run_in_the_op_as_they_run_in_python(fused_calls, monkeypatch):
+    """A GGUF's Q5_K or Q5_1 layer (int8 codes, a scale and an offset per 32 inputs) is the op's q8 call
+    with its offsets."""
+    with executor_for("llama", torch.float32, "int4", "int8_dot") as executor:
+        generator = torch.Generator().manual_seed(13)
+        for layer in executor.model.model.layers:
+            for parent in layer.modules():
+                for name, child in list(parent.named_children()):
+                    if not isinstance(child, Int4WeightOnlyLinear):
+                        continue
+                    linear = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
+                    out, blocks = child.out_features, child.in_features // 32
+                    q = torch.randint(0, 32, (out, child.in_features), generator=generator, dtype=torch.int8)
+                    scale = torch.rand(out, blocks, generator=generator) * 0.01
+                    offset = torch.randn(out, blocks, generator=generator) * 0.01
+                    setattr(parent, name, Int8BlockLinear(linear, q, scale, offset))
+        layer = executor.model.model.layers[0]
+        assert fused_layer.fused_args(layer, 1, torch.float32).weights[4] == [Q8_OFFSET_INT8_DOT] * 4
+        stacked = forwards(executor)
+        assert fused_calls, "the op ran"
+        python_only(monkeypatch)
+        plain = forwards(executor)
+    for got, want in zip(stacked, plain):
+        assert torch.equal(got, want)
 
 
 def test_the_layers_arguments_follow_their_routing(fused_calls, monkeypatch):

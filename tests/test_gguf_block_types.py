@@ -1,4 +1,4 @@
-"""A GGUF's Q4_0, Q4_1, Q4_K, Q5_0, Q6_K and Q8_0 tensors at their own codes: decoded from random blocks
+"""A GGUF's Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K and Q8_0 tensors at their own codes: decoded from random blocks
 written here (no downloads), they equal the `gguf` package's own dequantization bit for bit; Q4_K's
 scales and offsets, rounded to float16 in the int4 kernels' tiles, stay within the stated bound; and a
 model holding such tensors loads them into the int4 and int8-block layers, not dense weights."""
@@ -22,7 +22,16 @@ from specexec.executor.layers.quantized.quantized_linear import Int4WeightOnlyLi
 from torch import nn
 
 #: the byte offsets of each type's float16 fields in a block (random bytes there could be NaN or Inf)
-FP16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}
+FP16_FIELDS = {
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+}
 
 
 def random_tensor(type_name: str, rows: int, cols: int, seed: int = 0, scale: float = 0.02) -> GGUFTensor:
@@ -53,17 +62,24 @@ def test_int4_codes_equal_the_gguf_packages_dequantization(type_name):
     assert torch.equal(bits(codes.dequantize()), bits(gguf_dequantized(tensor)))
 
 
-@pytest.mark.parametrize("type_name", ["Q8_0", "Q5_0", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q5_0", "Q6_K", "Q5_1", "Q5_K"])
 def test_int8_block_codes_equal_the_gguf_packages_dequantization(type_name):
     tensor = random_tensor(type_name, 16, 512)
-    q, scale = tensor.decode_int8_blocks()
+    q, scale, offset = tensor.decode_int8_blocks()
     inputs_per_scale = 16 if type_name == "Q6_K" else 32
     assert q.dtype == torch.int8 and scale.shape == (16, 512 // inputs_per_scale)
     if type_name == "Q5_0":
         assert int(q.min()) >= -16 and int(q.max()) <= 15 and len(q.unique()) == 32  # every 5-bit code
+    if type_name in ("Q5_1", "Q5_K"):  # uncentred: the offset carries the rest
+        assert int(q.min()) >= 0 and int(q.max()) <= 31 and len(q.unique()) == 32
+        assert offset.shape == (16, 512 // 32) and offset.dtype == torch.float32
+    else:
+        assert offset is None
     if type_name == "Q6_K":
         assert int(q.min()) >= -32 and int(q.max()) <= 31 and len(q.unique()) == 64  # every 6-bit code
     dequantized = q.float() * scale.repeat_interleave(inputs_per_scale, dim=1)
+    if offset is not None:
+        dequantized = dequantized + offset.repeat_interleave(32, dim=1)
     assert torch.equal(bits(dequantized), bits(gguf_dequantized(tensor)))
 
 
@@ -160,9 +176,77 @@ def test_q6_k_layers_and_a_layer_fusing_q6_k_with_q5_0_load_at_their_codes(cpu_o
     # a fused layer (the own decoder's gate/up) whose parts are Q6_K and Q5_0: one scale per 16 for both
     tensors = [random_tensor("Q6_K", 64, 512, seed=7), random_tensor("Q5_0", 64, 512, seed=8)]
     weight = torch.cat([gguf_dequantized(t) for t in tensors])
-    q, scale = quantization._stored_int8_blocks(tensors, weight)
-    assert q.shape == (128, 512) and scale.shape == (128, 32)
+    q, scale, offset = quantization._stored_int8_blocks(tensors, weight)
+    assert q.shape == (128, 512) and scale.shape == (128, 32) and offset is None
     assert torch.equal(q.float() * scale.repeat_interleave(16, dim=1), weight)
+
+
+def test_q5_k_and_q5_1_layers_load_at_their_codes_with_offsets(cpu_ops_built):
+    model, dense, report = installed("Q5_K", "Q5_1", int8_dot=True)
+    assert dict(report.layers) == {"Q5_K -> int8 blocks (exact)": 1, "Q5_1 -> int8 blocks (exact)": 1}
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(9))
+    for name in ("a", "b"):
+        layer = getattr(model, name)
+        assert isinstance(layer, Int8BlockLinear) and layer.tiled_offset is not None
+        assert torch.equal(layer.dequantized(torch.float32), dense[name]), "the file's weights exactly"
+        want = x @ dense[name].T
+        got = layer(x)
+        assert (got - want).norm() / want.norm() < 0.02
+        # the int8 step's bound: |error| <= sum over blocks of sum(|w|) * xd / 2, per output
+        blocks = x.reshape(5, 16, 32)
+        xd = blocks.abs().amax(-1) / 127  # [rows, blocks]
+        weight_mass = dense[name].abs().reshape(64, 16, 32).sum(-1)  # [out, blocks]
+        bound = (xd @ weight_mass.T) / 2 + 1e-4 * want.abs() + 1e-5
+        assert ((got - want).abs() <= bound).all()
+
+
+def test_a_fused_layer_mixing_q4_k_with_q6_k_loads_as_int8_blocks_not_dense(cpu_ops_built):
+    """A Q4_K_M file's q/k/v where attn_v took Q6_K ("more bits"): one fused layer, its Q4_K rows as int8
+    codes 0..15 with their scale and offset, exactly the file's weights (it was dense)."""
+
+    class Fused(nn.Module):  # as the own decoder fuses checkpoint layers (`checkpoint_names`)
+        checkpoint_names = {"qkv": ("q", "v")}
+
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(512, 128, bias=False)
+
+    model = TwoLayers()
+    model.layer = Fused()
+    tensors = {
+        "layer.q": random_tensor("Q4_K", 64, 512, seed=14),
+        "layer.v": random_tensor("Q6_K", 64, 512, seed=15),
+    }
+    weight = torch.cat([gguf_dequantized(t) for t in tensors.values()])
+    with torch.no_grad():
+        model.layer.qkv.weight.copy_(weight)
+    report = QuantizationReport("gguf")
+    quantization._install_gguf(model, FakeFile(tensors), report, int8_dot=True)
+    assert report.layers["Q4_K/Q6_K -> int8 blocks (exact)"] == 2
+    layer = model.layer.qkv
+    assert isinstance(layer, Int8BlockLinear) and layer.inputs_per_scale == 16
+    q, scale, offset = layer.codes()
+    assert int(q[:64].min()) >= 0 and int(q[:64].max()) <= 15 and bool((offset[64:] == 0).all())
+    assert torch.equal(layer.dequantized(torch.float32), weight)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(16))
+    want = x @ weight.T
+    assert (layer(x) - want).norm() / want.norm() < 0.02
+
+
+def test_a_layer_fusing_q5_k_with_q6_k_gives_the_q6_k_part_zero_offsets(cpu_ops_built):
+    """A Q5_K_M file's fused gate/up or q/k/v mixes Q5_K with Q6_K: one layer, a scale per 16 for all,
+    offsets where Q5_K has them and 0 for Q6_K's rows."""
+    tensors = [random_tensor("Q5_K", 64, 512, seed=10), random_tensor("Q6_K", 64, 512, seed=11)]
+    weight = torch.cat([gguf_dequantized(t) for t in tensors])
+    q, scale, offset = quantization._stored_int8_blocks(tensors, weight)
+    assert scale.shape == (128, 32) and offset.shape == (128, 16)
+    assert bool((offset[:64] != 0).any()) and bool((offset[64:] == 0).all())
+    linear = nn.Linear(512, 128, bias=False)
+    layer = Int8BlockLinear(linear, q, scale, offset)
+    assert torch.equal(layer.dequantized(torch.float32), weight)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(12))
+    want = x @ weight.T
+    assert (layer(x) - want).norm() / want.norm() < 0.02
 
 
 def test_without_int8_dot_q5_0_stays_dense_and_q4_k_takes_torchs_int4_kernel():
@@ -186,3 +270,18 @@ def test_a_q4_k_scale_beyond_float16_keeps_the_layer_dense():
     report = QuantizationReport("gguf")
     quantization._install_gguf(model, FakeFile({"a": tensor}), report, int8_dot=False)
     assert report.layers["Q4_K -> dense"] == 1 and type(model.a) is nn.Linear
+
+
+@pytest.mark.parametrize("layout", ["per 32", "per 16", "per 32 with offsets", "per 16 with offsets"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_dense_weights_for_prefill_equal_torchs_dequantization_bit_for_bit(cpu_ops_built, layout, dtype):
+    """A prefill chunk's weights come from one C++ pass (`q8_dequantize`), not six torch ops: the same
+    values, rounded the same way, for every layout an int8-block layer holds."""
+    generator = torch.Generator().manual_seed(17)
+    q = torch.randint(-128, 128, (48, 256), generator=generator, dtype=torch.int8)
+    per = 16 if "16" in layout else 32
+    scale = torch.randn(48, 256 // per, generator=generator) * 0.01
+    offset = torch.randn(48, 256 // 32, generator=generator) * 0.01 if "offsets" in layout else None
+    layer = Int8BlockLinear(nn.Linear(256, 48, bias=False), q, scale, offset)
+    got, want = layer.dequantized(dtype), layer.dequantized_by_torch(dtype)
+    assert got.dtype == dtype and torch.equal(bits(got.float()), bits(want.float()))

@@ -52,7 +52,8 @@ def test_a_q8_0_head_keeps_the_files_blocks_where_int8_dot_runs():
     even in bfloat16."""
     reader = gguf.GGUFReader(str(default_model_path()))
     raw = next(t for t in reader.tensors if t.tensor_type.name == "Q8_0")
-    q, scale = GGUFFile(default_model_path()).tensors[raw.name].decode_int8_blocks()
+    q, scale, offset = GGUFFile(default_model_path()).tensors[raw.name].decode_int8_blocks()
+    assert offset is None, "Q8_0 has no offset"
     theirs = torch.from_numpy(gguf.dequantize(raw.data, raw.tensor_type)).reshape(q.shape)
     assert torch.equal(q.float() * scale.repeat_interleave(32, dim=1), theirs)
     dense, _ = converted_and_gguf()

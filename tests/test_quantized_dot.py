@@ -451,10 +451,11 @@ def test_a_float32_executor_with_torch_keeps_torch_kernels():
 # ---- the AVX2, AVX-VNNI and plain C++ paths, built apart (this CPU may run the AVX-512 one) --------------
 
 ISA_BODY = """
-x, q8, row_scale, block_scale, half_block_scale, q4 = inputs
+x, q8, row_scale, block_scale, half_block_scale, q4, block_offset = inputs
 result = {"isa": ops.quantized_dot_isa(), "q8": ops.q8_linear(x, q8, block_scale),
           "q8_row": ops.q8_linear(x, q8, row_scale), "q8_half": ops.q8_linear(x, q8, half_block_scale),
-          "q4": ops.q4_linear(x, q4)}
+          "q8_offset": ops.q8_linear(x, q8, half_block_scale, block_offset), "q4": ops.q4_linear(x, q4),
+          "dense": ops.q8_dequantize(q8, half_block_scale, block_offset, torch.bfloat16)}
 """
 NAN_ROW = 5  #: the row of `isa_inputs` that holds a NaN
 
@@ -471,6 +472,7 @@ def isa_inputs():
     q[::3, ::5] = -128
     row_scale, block_scale = torch.rand(40, generator=gen) * 0.01, torch.rand(40, 3, generator=gen) * 0.01
     half_block_scale = torch.rand(40, 6, generator=gen) * 0.01  # GGUF's Q6_K: a scale per 16 inputs
+    block_offset = torch.randn(40, 3, generator=gen) * 0.01  # GGUF's Q5_1 and Q5_K: an offset per 32
     weights = random_q4(40, 96, seed=1)
     inputs = (
         x,
@@ -479,19 +481,29 @@ def isa_inputs():
         tile_block_scales(block_scale),
         tile_block_scales(half_block_scale),
         pack_q4(weights.q, weights.scale, weights.offset),
+        tile_block_scales(block_offset),
     )
     finite = x[:NAN_ROW]
+    half_weights = q.double() * half_block_scale.double().repeat_interleave(16, 1)
     references = {
         "q8": reference(finite, q.double() * block_scale.double().repeat_interleave(BLOCK, 1))[0],
         "q8_row": reference(finite, q.double() * row_scale.double()[:, None])[0],
-        "q8_half": reference(finite, q.double() * half_block_scale.double().repeat_interleave(16, 1))[0],
+        "q8_half": reference(finite, half_weights)[0],
         "q4": reference(finite, weights.dequantize())[0],
+        "q8_offset": reference(finite, half_weights + block_offset.double().repeat_interleave(BLOCK, 1))[0],
+        # a prefill chunk's dense weights: torch's q * scale + offset in float32, to bfloat16, exactly
+        "dense": (
+            q.float() * half_block_scale.repeat_interleave(16, 1) + block_offset.repeat_interleave(BLOCK, 1)
+        ).bfloat16(),
     }
     return inputs, references
 
 
 def assert_isa_results(got: dict, references: dict) -> None:
     for name, want in references.items():
+        if name == "dense":
+            assert torch.equal(got[name], want), "the dense weights, bit for bit"
+            continue
         torch.testing.assert_close(
             got[name][:NAN_ROW].double(), want, rtol=1e-5, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}"
         )
@@ -530,7 +542,7 @@ def test_the_choice_says_a_q8_0_layer_runs_on_int8_dot_whatever_it_chose(tmp_pat
     model.lm_head = Int8BlockLinear(linear, q, torch.full((32, 2), 0.01))
     for setting in ("torch", "int8_dot"):
         assert (
-            "1 int8-block layer (GGUF Q8_0, Q5_0, Q6_K) on int8_dot"
+            "1 int8-block layer (GGUF Q8_0, Q5_0, Q6_K, Q5_1, Q5_K) on int8_dot"
             in choose_quantized_kernel(setting, model, tmp_path).reason
         )
 

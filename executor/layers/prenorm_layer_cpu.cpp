@@ -39,7 +39,9 @@ c10::TypedOperatorHandle<Signature> find_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
 }
 
-enum LinearKind : int64_t { kDense = 0, kQ4 = 1, kQ8 = 2, kTorchInt4 = 3, kTorchInt8 = 4, kOneDnn = 5 };
+enum LinearKind : int64_t {
+  kDense = 0, kQ4 = 1, kQ8 = 2, kTorchInt4 = 3, kTorchInt8 = 4, kOneDnn = 5, kQ8Offset = 6  // kQ8 with offsets
+};
 
 // oneDNN's multiply on a packed weight, called as `PackedLinear.forward` calls it (boxed: the op has
 // no typed C++ entry point)
@@ -58,8 +60,9 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const st
 
 at::Tensor linear(const at::Tensor& x, int64_t kind, const std::vector<at::Tensor>& t) {
   static const auto q4 = find_op<at::Tensor(at::Tensor, at::Tensor)>("specexec_cpu::q4_linear");
-  static const auto q8 = find_op<at::Tensor(at::Tensor, at::Tensor, at::Tensor)>("specexec_cpu::q8_linear");
-  const size_t arity = (kind == kDense || kind == kQ4 || kind == kOneDnn) ? 1 : 2;
+  static const auto q8 =
+      find_op<at::Tensor(at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>)>("specexec_cpu::q8_linear");
+  const size_t arity = (kind == kDense || kind == kQ4 || kind == kOneDnn) ? 1 : kind == kQ8Offset ? 3 : 2;
   TORCH_CHECK(t.size() == arity || t.size() == arity + 1, "prenorm_layer: linear kind ", kind, " takes ", arity,
               " tensors and an optional bias, got ", t.size());
   const std::optional<at::Tensor> bias = t.size() > arity ? std::optional<at::Tensor>(t[arity]) : std::nullopt;
@@ -68,7 +71,8 @@ at::Tensor linear(const at::Tensor& x, int64_t kind, const std::vector<at::Tenso
     case kDense: return at::linear(x, t[0], bias);
     case kOneDnn: return onednn_linear(x, t[0], bias);
     case kQ4: out = q4.call(x, t[0]); break;
-    case kQ8: out = q8.call(x, t[0], t[1]); break;
+    case kQ8: out = q8.call(x, t[0], t[1], std::nullopt); break;
+    case kQ8Offset: out = q8.call(x, t[0], t[1], t[2]); break;
     case kTorchInt4: out = at::_weight_int4pack_mm_for_cpu(x, t[0], 32, t[1]); break;
     case kTorchInt8: out = at::_weight_int8pack_mm(x, t[0], t[1]); break;
     default: TORCH_CHECK(false, "prenorm_layer: unknown linear kind ", kind);

@@ -6,7 +6,8 @@ Every form a layer takes here slices its codes as stored, so no value changes:
 - int8 per output row (`Int8WeightOnlyLinear`): the codes, and the scales of the rows kept;
 - int4 in groups (`Int4WeightOnlyLinear`, a GGUF's Q4_0 / Q4_1 / Q4_K): the codes, and the scales and
   offsets of the rows and groups kept;
-- a GGUF's Q8_0, Q5_0 and Q6_K blocks (`Int8BlockLinear`): the codes and the scales of the blocks kept.
+- a GGUF's Q8_0, Q5_0, Q6_K, Q5_1 and Q5_K blocks (`Int8BlockLinear`): the codes, and the scales and
+  offsets of the blocks kept.
 
 A slice the layer's kernel cannot hold (int4: output rows in multiples of 16, columns cut at group
 boundaries; Q8_0 blocks: rows in multiples of 8, columns cut at blocks of 32) is held dense, as its
@@ -109,8 +110,9 @@ def _rebuilt(layer: nn.Module, cut: Cut, out_features: int, in_features: int, bi
     # Int8BlockLinear: always on the int8_dot kernel
     if not cut.holds(BLOCK, out_features, TILE):
         return dense_linear(cut.of(layer.dequantized(layer.weight_dtype)), bias)
-    q, scale = layer.codes()  # [out, in] int8, [out, in / inputs_per_scale] float32
-    return Int8BlockLinear(shape, cut.of(q), cut.of(scale, layer.inputs_per_scale))
+    q, scale, offset = layer.codes()  # [out, in] int8, [out, in / inputs_per_scale], [out, in / 32] or None
+    offset = None if offset is None else cut.of(offset, BLOCK)
+    return Int8BlockLinear(shape, cut.of(q), cut.of(scale, layer.inputs_per_scale), offset)
 
 
 def is_sliceable(layer: nn.Module) -> bool:

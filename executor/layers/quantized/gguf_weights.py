@@ -4,12 +4,16 @@ Block layouts (ggml's `ggml-common.h`; 32 weights per block, along the input fea
 - Q4_0: d (fp16), 16 bytes of codes          -> weight = d * (q - 8)
 - Q4_1: d, m (fp16), 16 bytes of codes       -> weight = d * q + m
 - Q5_0: d (fp16), 4 bytes of fifth bits, 16 bytes of codes -> weight = d * (q - 16)
+- Q5_1: d, m (fp16), 4 bytes of fifth bits, 16 bytes of codes -> weight = d * q + m
 - Q8_0: d (fp16), 32 int8 codes              -> weight = d * q
 A 4-bit block's byte j holds code j in its low nibble and code j + 16 in its high one; Q5_0's bit j
-of its 32-bit word is code j's fifth bit.
+of its 32-bit word is code j's fifth bit (Q5_1's too).
 - Q4_K: 256 weights a super-block: d, dmin (fp16), 12 bytes packing eight 6-bit scales and eight
   6-bit mins, 128 bytes of codes; sub-block j (32 weights) -> weight = d * scale_j * q - dmin * min_j.
   Its 64-weight chunk c holds sub-block 2c in its 32 bytes' low nibbles and 2c + 1 in the high ones.
+- Q5_K: 256 weights a super-block: d, dmin (fp16), Q4_K's 12 bytes of scales and mins, 32 bytes of fifth
+  bits, 128 bytes of codes laid out as Q4_K's; sub-block j's fifth bits are bit j of the 32 bytes ->
+  weight = d * scale_j * q - dmin * min_j, q in 0..31.
 - Q6_K: 256 weights a super-block: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16 int8
   scales, d (fp16); sub-block j (16 weights) -> weight = d * scale_j * (q - 32). Its 128-weight half h
   holds four runs of 32: low nibbles of bytes 0-31 and 32-63 of its 64, then their high nibbles, each
@@ -22,7 +26,9 @@ Which kernel layout holds each type (`quantization._install_gguf`):
   there (relative error at most 2^-11 each: `Q4_K_TILE_ERROR`).
 - Q8_0, Q5_0 and Q6_K: int8 codes with one float32 scale per 32 weights (Q5_0's codes q - 16), per 16
   for Q6_K (codes q - 32, scale d * scale_j: an exact float32 product), exact.
-Other types (Q5_1, Q5_K, ...) are dequantized to dense weights, as transformers converts them.
+- Q5_1 and Q5_K: int8 codes 0..31 with a float32 scale and offset per 32 weights (Q5_K's d * scale_j and
+  -dmin * min_j, exact float32 products), exact: weight = q * scale + offset, rounded as gguf-py rounds it.
+Other types (Q2_K, Q3_K, IQ*, ...) are dequantized to dense weights, as transformers converts them.
 
 transformers converts a GGUF by dequantizing every tensor (and, for llama-like models, reordering the
 rows of attn_q / attn_k back to Hugging Face's rotary layout). `match_rows` finds that reordering by
@@ -43,9 +49,19 @@ from .quantized_linear import Int4Weights, QuantizationError
 BLOCK = 32
 SUPER_BLOCK = 256  #: the K types' weights per super-block
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  #: the types whose codes the int4 layout holds
-INT8_BLOCK_TYPES = ("Q8_0", "Q5_0", "Q6_K")  #: the types whose codes the int8-block layout holds
+#: the types whose codes the int8-block layout holds (the last two with an offset per block)
+INT8_BLOCK_TYPES = ("Q8_0", "Q5_0", "Q6_K", "Q5_1", "Q5_K")
 #: bytes per block (per super-block for the K types)
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210}
+_BLOCK_BYTES = {
+    "Q4_0": 18,
+    "Q4_1": 20,
+    "Q5_0": 22,
+    "Q5_1": 24,
+    "Q8_0": 34,
+    "Q4_K": 144,
+    "Q5_K": 176,
+    "Q6_K": 210,
+}
 Q4_K_TILE_ERROR = 2.0**-11  #: a Q4_K scale or offset's relative error once rounded to float16 (normal range)
 
 
@@ -83,23 +99,45 @@ class GGUFTensor:
         offset = -(dmin[..., None] * torch.from_numpy(mins.astype(np.float32))).reshape(rows, -1)
         return Int4Weights(q, scale, offset, BLOCK)
 
-    def decode_int8_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """A Q8_0, Q5_0 or Q6_K tensor's int8 codes [rows, cols] and float32 scales [rows, cols / 32]
-        ([rows, cols / 16] for Q6_K), as stored (codes centred: Q5_0's q - 16, Q6_K's q - 32)."""
+    def decode_int8_blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """A Q8_0, Q5_0, Q6_K, Q5_1 or Q5_K tensor's int8 codes [rows, cols], float32 scales [rows, cols / 32]
+        ([rows, cols / 16] for Q6_K) and offsets [rows, cols / 32] (None but for Q5_1 and Q5_K), as stored
+        (codes centred where the type has no offset: Q5_0's q - 16, Q6_K's q - 32)."""
         if self.type_name not in INT8_BLOCK_TYPES:
             raise QuantizationError(f"{self.name}: {self.type_name} has no int8-block kernel layout here")
         if self.type_name == "Q6_K":
-            return self._decode_q6_k()
+            return (*self._decode_q6_k(), None)
+        if self.type_name == "Q5_K":
+            return self._decode_q5_k()
         rows, cols = self.shape
         raw = self._blocks(BLOCK)  # [rows, blocks, bytes]
         if self.type_name == "Q8_0":
             q = np.ascontiguousarray(raw[..., 2:]).view(np.int8)
-        else:
-            high = np.ascontiguousarray(raw[..., 2:6]).view("<u4")  # [rows, blocks, 1]
-            high = (high >> np.arange(32, dtype=np.uint32)) & 1  # [rows, blocks, 32]
-            low = _nibbles(raw[..., 6:], axis=-1)  # [rows, blocks, 32]
-            q = (low | (high.astype(np.uint8) << 4)).astype(np.int8) - np.int8(16)
-        return torch.from_numpy(q.reshape(rows, cols).copy()), _fp16(raw[..., 0:2])
+            return torch.from_numpy(q.reshape(rows, cols).copy()), _fp16(raw[..., 0:2]), None
+        has_offset = self.type_name == "Q5_1"
+        bits = raw[..., 4:] if has_offset else raw[..., 2:]  # [rows, blocks, 4 + 16]: fifth bits, codes
+        high = np.ascontiguousarray(bits[..., 0:4]).view("<u4")  # [rows, blocks, 1]
+        high = (high >> np.arange(32, dtype=np.uint32)) & 1  # [rows, blocks, 32]
+        q = _nibbles(bits[..., 4:], axis=-1) | (high.astype(np.uint8) << 4)  # [rows, blocks, 32] in 0..31
+        q = torch.from_numpy(q.reshape(rows, cols).astype(np.int8))
+        if has_offset:
+            return q, _fp16(raw[..., 0:2]), _fp16(raw[..., 2:4])
+        return q - 16, _fp16(raw[..., 0:2]), None
+
+    def _decode_q5_k(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows, cols = self.shape
+        raw = self._blocks(SUPER_BLOCK)  # [rows, supers, 176]
+        supers = raw.shape[1]
+        d, dmin = _fp16(raw[..., 0:2]), _fp16(raw[..., 2:4])  # [rows, supers]
+        sc, mins = _k_scales_and_mins(raw[..., 4:16])  # [rows, supers, 8] each
+        high = raw[..., 16:48].reshape(rows, supers, 1, 32) >> np.arange(8, dtype=np.uint8)[:, None]
+        low = _nibbles(
+            raw[..., 48:].reshape(rows, supers, 4, 1, 32), axis=3
+        )  # [rows, supers, chunk, half, 32]
+        q = low.reshape(rows, supers, 8, 32) | ((high & 1) << 4)  # [rows, supers, sub-block, 32] in 0..31
+        scale = (d[..., None] * torch.from_numpy(sc.astype(np.float32))).reshape(rows, -1)  # [rows, blocks]
+        offset = -(dmin[..., None] * torch.from_numpy(mins.astype(np.float32))).reshape(rows, -1)
+        return torch.from_numpy(q.reshape(rows, cols).astype(np.int8)), scale, offset
 
     def _decode_q6_k(self) -> tuple[torch.Tensor, torch.Tensor]:
         rows, cols = self.shape

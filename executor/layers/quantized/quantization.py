@@ -7,8 +7,9 @@
   too, and the report says how many did.
 - ``gguf``: the file's own codes where a kernel layout holds them — Q4_0 / Q4_1 / Q4_K linear weights
   become int4 with a scale and an offset per 32 weights (exact; Q4_K's rounded to float16 in the
-  kernels' tiles), Q5_0, Q6_K and Q8_0 int8 blocks where int8_dot runs (exact; `gguf_weights.py` has
-  the layouts) — and the rest dequantized (as transformers converts them).
+  kernels' tiles), Q5_0, Q6_K and Q8_0 int8 blocks, and Q5_1 and Q5_K int8 blocks with an offset per
+  32, where int8_dot runs (exact; `gguf_weights.py` has the layouts) — and the rest dequantized (as
+  transformers converts them).
   Torch has no kernel for Q8_0's one scale per 32 values (18 int8 calls of 32 columns each, summed,
   took 3.8 ms for SmolLM2's head against 4.75 dense), so SmolLM2's Q8_0 token embedding stays dense
   and the LM head tied to it is run
@@ -138,9 +139,10 @@ def _install_gguf(model: nn.Module, file: GGUFFile, report: QuantizationReport, 
             layer = Int4WeightOnlyLinear(linear, codes)
             form = "int4 (exact)" if "Q4_K" not in types else "int4 (Q4_K scales to float16 in the kernels)"
             _replace(parent, child_name, layer, report, f"{'/'.join(sorted(types))} -> {form}", len(sources))
-        elif types <= set(INT8_BLOCK_TYPES) and int8_dot and _int8_dot_runs(linear):
-            q, scale = _stored_int8_blocks(tensors, linear.weight)
-            layer = Int8BlockLinear(linear, q, scale)
+        elif types <= set(INT8_BLOCK_TYPES) | set(INT4_TYPES) and int8_dot and _int8_dot_runs(linear):
+            # (4-bit codes here: a fused layer mixing them with int8-block types, as a Q4_K_M file's q/k/v
+            # where attn_v is Q6_K, or a layer the int4 tiles cannot hold; 8 bits a code, not dense)
+            layer = Int8BlockLinear(linear, *_stored_int8_blocks(tensors, linear.weight))
             form = f"{'/'.join(sorted(types))} -> int8 blocks (exact)"
             _replace(parent, child_name, layer, report, form, len(sources))
         elif types == {"Q8_0"} and linear.weight.element_size() == 2:
@@ -169,19 +171,35 @@ def _float16_holds(codes: Int4Weights) -> bool:
     return bool(codes.scale.abs().max() <= limit and codes.offset.abs().max() <= limit)
 
 
-def _stored_int8_blocks(tensors: list, weight) -> tuple[torch.Tensor, torch.Tensor]:
-    """The file's Q8_0, Q5_0 or Q6_K codes [out, in] and block scales [out, in / 32] of ``tensors``
-    (`_stacked`); [out, in / 16] when any is Q6_K (the others' scales each repeated for both halves)."""
+def _stored_int8_blocks(tensors: list, weight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The file's int8-block codes [out, in], block scales [out, in / 32] and offsets [out, in / 32] of
+    ``tensors`` (`_stacked`): scales [out, in / 16] when any is Q6_K (the others' each repeated for both
+    halves), offsets None unless one has them (Q5_1, Q5_K and the 4-bit types; the others' then 0)."""
     per_half = any(tensor.type_name == "Q6_K" for tensor in tensors)
+    with_offset = any(tensor.type_name in ("Q5_1", "Q5_K", *INT4_TYPES) for tensor in tensors)
 
     def decode(tensor):
-        q, scale = tensor.decode_int8_blocks()
+        if tensor.type_name in INT4_TYPES:
+            codes = tensor.decode()  # q in 0..15, q * scale + offset
+            q, scale, offset = codes.q.to(torch.int8), codes.scale, codes.offset
+        else:
+            q, scale, offset = tensor.decode_int8_blocks()
         if per_half and scale.shape[1] * BLOCK == q.shape[1]:
             scale = scale.repeat_interleave(2, dim=1)
-        return q.float() * scale.repeat_interleave(q.shape[1] // scale.shape[1], dim=1), q, scale
+        dequantized = q.float() * scale.repeat_interleave(q.shape[1] // scale.shape[1], dim=1)
+        if offset is not None:  # q * scale + offset: gguf-py's rounding, so the rows match exactly
+            dequantized = dequantized + offset.repeat_interleave(BLOCK, dim=1)
+        if not with_offset:
+            return dequantized, q, scale
+        return (
+            dequantized,
+            q,
+            scale,
+            torch.zeros(q.shape[0], q.shape[1] // BLOCK) if offset is None else offset,
+        )
 
-    q, scale = _stacked(tensors, weight, decode)
-    return q, scale
+    q, scale, *offset = _stacked(tensors, weight, decode)
+    return q, scale, offset[0] if offset else None
 
 
 def _stacked(tensors: list, weight, decode) -> tuple[torch.Tensor, ...]:

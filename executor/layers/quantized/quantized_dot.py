@@ -132,10 +132,18 @@ def q4_linear(x, tiles) -> torch.Tensor:
     return cpu_kernels().q4_linear(x, tiles)
 
 
-def q8_linear(x, tiles, scale) -> torch.Tensor:
-    """x [M, in] @ (weight * scale)^T with int8 activations (``tiles``: `pack_q8`; ``scale``: one per row
-    [out], or one per block of 32 or 16 inputs tiled by `tile_block_scales`): [M, out] in x's dtype."""
-    return cpu_kernels().q8_linear(x, tiles, scale)
+def q8_linear(x, tiles, scale, offset=None) -> torch.Tensor:
+    """x [M, in] @ (weight * scale + offset)^T with int8 activations (``tiles``: `pack_q8`; ``scale``: one
+    per row [out], or one per block of 32 or 16 inputs tiled by `tile_block_scales`; ``offset``: none, or
+    one per block of 32 tiled the same way, with block scales): [M, out] in x's dtype."""
+    return cpu_kernels().q8_linear(x, tiles, scale, offset)
+
+
+def q8_dequantize(tiles, scale, offset, dtype: torch.dtype) -> torch.Tensor:
+    """`q8_linear`'s block-scaled tiles (scales per 32 or 16 inputs, offsets per 32 or None) as dense
+    weights [out, in] in ``dtype`` (float32, bfloat16 or float16): codes * scale + offset in float, rounded
+    once to dtype, as the same torch ops give them."""
+    return cpu_kernels().q8_dequantize(tiles, scale, offset, dtype)
 
 
 def int8_dot_loads() -> bool:
@@ -173,10 +181,8 @@ def choose_quantized_kernel(setting: str, model: nn.Module, cache_dir: Path | No
     check_quantized_kernel(setting)
     choice = _choose(setting, model, cache_dir)
     blocks = sum(getattr(m, "scheme", None) == "q8_0" for m in model.modules())
-    if (
-        blocks
-    ):  # a GGUF's Q8_0, Q5_0 and Q6_K layers, built only where int8_dot runs: on it whatever the choice
-        layers = f"{blocks} int8-block layer{'s' if blocks > 1 else ''} (GGUF Q8_0, Q5_0, Q6_K)"
+    if blocks:  # a GGUF's Q8_0, Q5_0, Q6_K, Q5_1, Q5_K layers, built only where int8_dot runs: on it whatever the choice
+        layers = f"{blocks} int8-block layer{'s' if blocks > 1 else ''} (GGUF Q8_0, Q5_0, Q6_K, Q5_1, Q5_K)"
         note = f"; {layers} on int8_dot (torch has no kernel for them)"
         choice = replace(choice, reason=choice.reason + note)
     return choice

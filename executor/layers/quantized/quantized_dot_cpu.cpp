@@ -21,9 +21,12 @@
 // - q8_linear: int8 codes, -128..127 (specexec's int8 uses -127..127; GGUF's Q8_0 may hold -128), with a
 //   float scale per output row (specexec's int8), per block of 32 inputs (GGUF's Q8_0, tiled as the
 //   codes: 8 floats a tile's block), or per 16 inputs (GGUF's Q6_K: 16 floats a tile's block). A tile's
-//   block is 256 bytes. With VNNI each code is taken as the unsigned byte w + 128 (`dpbusd` multiplies unsigned by signed) and 128 * sum(xq) is subtracted, in
-//   integers; on AVX2 by the sign trick (|w| as unsigned times xq carrying w's sign), so no product pair
-//   overflows `maddubs`'s 16-bit sums.
+//   block is 256 bytes. With an offset per block of 32 (weight = code * scale + offset: GGUF's Q5_1 and
+//   Q5_K, codes 0..31, and 4-bit codes fused with int8-block types) each block's offset term
+//   m * xd * sum(xq) is added after the dots, as q4_linear adds Q4_1's. With VNNI each code is taken as
+//   the unsigned byte w + 128 (`dpbusd` multiplies unsigned by signed) and 128 * sum(xq) is subtracted,
+//   in integers; on AVX2 by the sign trick (|w| as unsigned times xq carrying w's sign), so no product
+//   pair overflows `maddubs`'s 16-bit sums.
 //
 // The only rounding beyond the float path's is the activations' int8 step: |error| of a block's dot <=
 // sum(|w|) * xd / 2. A block of x holding NaN or Inf makes its row's outputs NaN, as torch's product
@@ -628,10 +631,30 @@ at::Tensor q4_linear(at::Tensor x, at::Tensor tiles) {
       "q4_linear", kTilePairs);
 }
 
+// Adds each block's offset term to a tile's results: result[r * width + c * 8 + i] += sum_g m[g, i] *
+// xd[r, g] * sum(xq[r, g]) for the `count` tiles from t (offsets tiled as the block scales, 8 a tile's
+// block), as q4_tile adds Q4_1's: the weights q * d + m of GGUF's Q5_1 and Q5_K. After the dots rather
+// than inside each of the three kernels: the same sum in another order, within the int8 step's bound.
+inline void add_block_offsets(const float* offsets, int64_t t, int64_t count, const QuantizedRows& xr, int64_t m0,
+                              int64_t rows, int64_t G, float* result) {
+  const int64_t width = count * kTile;
+  for (int64_t c = 0; c < count; ++c) {
+    const float* m = offsets + (t + c) * G * kTile;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xs = xr.scaled_sum.data() + (m0 + r) * G;
+      float* out = result + r * width + c * kTile;
+      for (int64_t g = 0; g < G; ++g) {
+        for (int64_t i = 0; i < kTile; ++i) out[i] += m[g * kTile + i] * xs[g];
+      }
+    }
+  }
+}
+
 // x [M, K]; tiles [N / 8, K / 32 * 256] int8 (`pack_q8`); scale [N] float32 (one per row),
 // [N / 8, K / 32 * 8] (one per block, tiled as the codes: `tile_block_scales`) or [N / 8, K / 16 * 8] (one
-// per half-block of 16 inputs, tiled the same way) -> [M, N]
-at::Tensor q8_linear(at::Tensor x, at::Tensor tiles, at::Tensor scale) {
+// per half-block of 16 inputs, tiled the same way); offset: none, or [N / 8, K / 32 * 8] (one per block of
+// 32, tiled as the block scales: weight = code * scale + offset) -> [M, N]
+at::Tensor q8_linear(at::Tensor x, at::Tensor tiles, at::Tensor scale, std::optional<at::Tensor> offset) {
   TORCH_CHECK(tiles.scalar_type() == at::kChar && scale.scalar_type() == at::kFloat && tiles.is_contiguous() &&
                   scale.is_contiguous() && tiles.dim() == 2,
               "q8_linear: tiles int8 [N / 8, K / 32 * 256] and scale float32, contiguous");
@@ -643,8 +666,14 @@ at::Tensor q8_linear(at::Tensor x, at::Tensor tiles, at::Tensor scale) {
                              : scale.size(0) == T * kTile),
               "q8_linear: tiles [N / 8, K / 32 * 256], scale [N], [N / 8, K / 32 * 8] or [N / 8, K / 16 * 8] "
               "for x [M, K]");
+  if (offset.has_value()) {
+    TORCH_CHECK(per_block && offset->scalar_type() == at::kFloat && offset->is_contiguous() && offset->dim() == 2 &&
+                    offset->size(0) == T && offset->size(1) == G * kTile,
+                "q8_linear: offset float32 [N / 8, K / 32 * 8], contiguous, with block scales");
+  }
   const int8_t* tp = tiles.data_ptr<int8_t>();
   const float* sp = scale.data_ptr<float>();
+  const float* mp = offset.has_value() ? offset->data_ptr<float>() : nullptr;
   if (per_half) {  // one tile at a time: no pair variant
     return tiled_linear(
         x, T,
@@ -652,6 +681,7 @@ at::Tensor q8_linear(at::Tensor x, at::Tensor tiles, at::Tensor scale) {
             float* result) {
           constexpr int R = decltype(tile_rows)::value;
           q8_half_tile<R>(tp + t * G * kQ8Bytes, sp + t * 2 * G * kTile, xr, m0, rows, K, result);
+          if (mp != nullptr) add_block_offsets(mp, t, 1, xr, m0, rows, G, result);
         },
         "q8_linear");
   }
@@ -671,6 +701,7 @@ at::Tensor q8_linear(at::Tensor x, at::Tensor tiles, at::Tensor scale) {
 #else
         q8_tile<R>(tp + t * G * kQ8Bytes, wd, xr, m0, rows, K, result);
 #endif
+        if (mp != nullptr) add_block_offsets(mp, t, count, xr, m0, rows, G, result);
         if (!per_block) {  // one scale a row
           const int64_t width = count * kTile;
           for (int64_t r = 0; r < rows; ++r) {
@@ -679,6 +710,123 @@ at::Tensor q8_linear(at::Tensor x, at::Tensor tiles, at::Tensor scale) {
         }
       },
       "q8_linear", kTilePairs);
+}
+
+// x rounded to float as it stands: GCC would fuse x into a following add (one rounding, not two)
+template <typename V>
+inline V unfused(V x) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  asm("" : "+x"(x));
+#endif
+  return x;
+}
+
+#if defined(SPECEXEC_SIMD)
+// 8 floats stored as T, rounded as specexec_convert::put rounds each (bfloat16: to nearest even, NaN as
+// c10's 0x7FC0)
+inline void store8(float* p, __m256 w) { _mm256_storeu_ps(p, w); }
+inline void store8(c10::Half* p, __m256 w) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT));
+}
+inline void store8(c10::BFloat16* p, __m256 w) {
+  const __m256i u = _mm256_castps_si256(w);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd)), 16);
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(w, w, _CMP_UNORD_Q)));
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);  // 8 halves in order
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+
+// v[c]'s 32-bit lane i -> v[i]'s lane c (an 8x8 transpose): a tile's block, vector c holding chunk c of
+// rows 0..7, becomes each row's 32 codes in order
+inline void transpose8x8(__m256i* v) {
+  __m256i t[8], u[8];
+  for (int k = 0; k < 8; k += 2) {
+    t[k] = _mm256_unpacklo_epi32(v[k], v[k + 1]);
+    t[k + 1] = _mm256_unpackhi_epi32(v[k], v[k + 1]);
+  }
+  for (int k = 0; k < 8; k += 4) {
+    u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
+    u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
+    u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
+    u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    v[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
+    v[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+  }
+}
+#endif
+
+// The weights of `q8_linear`'s tiles as a dense [N, K] matrix in `dtype` (a prefill chunk's matmul): each
+// code times its block's (or half-block's) scale, plus its block's offset, in float, then rounded to
+// dtype: what torch's `codes.float() * scale + offset` and `.to(dtype)` give, bit for bit (the product
+// rounded before the add: `unfused`). A tile's block is transposed in registers into its rows' codes, so
+// each row's 32 weights are written as one run. Tiles split over torch's threads.
+at::Tensor q8_dequantize(at::Tensor tiles, at::Tensor scale, std::optional<at::Tensor> offset,
+                         at::ScalarType dtype) {
+  TORCH_CHECK(tiles.scalar_type() == at::kChar && tiles.is_contiguous() && tiles.dim() == 2 &&
+                  tiles.size(1) % kQ8Bytes == 0,
+              "q8_dequantize: tiles int8 [N / 8, K / 32 * 256], contiguous");
+  const int64_t T = tiles.size(0), G = tiles.size(1) / kQ8Bytes, K = G * kBlock;
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.dim() == 2 && scale.size(0) == T &&
+                  (scale.size(1) == G * kTile || scale.size(1) == 2 * G * kTile),
+              "q8_dequantize: block scales float32 [N / 8, K / 32 * 8] or [N / 8, K / 16 * 8], contiguous");
+  TORCH_CHECK(!offset.has_value() || (offset->scalar_type() == at::kFloat && offset->is_contiguous() &&
+                                      offset->dim() == 2 && offset->size(0) == T && offset->size(1) == G * kTile),
+              "q8_dequantize: offset float32 [N / 8, K / 32 * 8], contiguous");
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
+              "q8_dequantize: dtype float32, bfloat16 or float16");
+  const bool per_half = scale.size(1) == 2 * G * kTile;
+  const int8_t* tp = tiles.data_ptr<int8_t>();
+  const float* sp = scale.data_ptr<float>();
+  const float* mp = offset.has_value() ? offset->data_ptr<float>() : nullptr;
+  at::Tensor out = at::empty({T * kTile, K}, tiles.options().dtype(dtype));
+  auto run = [&](auto* op) {
+    at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        for (int64_t g = 0; g < G; ++g) {
+          const int8_t* block = tp + (t * G + g) * kQ8Bytes;
+          const float* first = per_half ? sp + (t * 2 * G + 2 * g) * kTile : sp + (t * G + g) * kTile;
+          const float* second = per_half ? first + kTile : first;  // the scales of inputs 16..31
+          const float* m = mp == nullptr ? nullptr : mp + (t * G + g) * kTile;
+#if defined(SPECEXEC_SIMD)
+          __m256i v[8];
+          for (int c = 0; c < 8; ++c) v[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * c));
+          transpose8x8(v);
+          for (int64_t i = 0; i < kTile; ++i) {
+            auto* row = op + (t * kTile + i) * K + g * kBlock;
+            const __m128i halves[2] = {_mm256_castsi256_si128(v[i]), _mm256_extracti128_si256(v[i], 1)};
+            for (int q = 0; q < 4; ++q) {  // inputs 8q..8q+7
+              const __m128i bytes = q % 2 == 0 ? halves[q / 2] : _mm_srli_si128(halves[q / 2], 8);
+              const __m256 codes = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+              __m256 w = unfused(_mm256_mul_ps(codes, _mm256_set1_ps((q < 2 ? first : second)[i])));
+              if (m != nullptr) w = _mm256_add_ps(w, _mm256_set1_ps(m[i]));
+              store8(row + 8 * q, w);
+            }
+          }
+#else
+          for (int64_t c = 0; c < 8; ++c) {
+            for (int64_t i = 0; i < kTile; ++i) {
+              auto* row = op + (t * kTile + i) * K + g * kBlock + 4 * c;
+              for (int64_t j = 0; j < 4; ++j) {
+                float w = unfused(static_cast<float>(block[32 * c + 4 * i + j]) * (c < 4 ? first : second)[i]);
+                if (m != nullptr) w = w + m[i];
+                specexec_convert::put(row + j, w);
+              }
+            }
+          }
+#endif
+        }
+      }
+    });
+  };
+  switch (dtype) {
+    case at::kFloat: run(out.data_ptr<float>()); break;
+    case at::kBFloat16: run(out.data_ptr<c10::BFloat16>()); break;
+    default: run(out.data_ptr<c10::Half>()); break;
+  }
+  return out;
 }
 
 // Which integer dot product this build runs: "avx512_vnni", "avx_vnni", "avx2" or "scalar".
@@ -698,6 +846,7 @@ std::string quantized_dot_isa() {
 
 TORCH_LIBRARY_FRAGMENT(specexec_cpu, m) {
   m.def("q4_linear", &q4_linear);
-  m.def("q8_linear", &q8_linear);
+  m.def("q8_linear(Tensor x, Tensor tiles, Tensor scale, Tensor? offset=None) -> Tensor", &q8_linear);
+  m.def("q8_dequantize(Tensor tiles, Tensor scale, Tensor? offset, ScalarType dtype) -> Tensor", &q8_dequantize);
   m.def("quantized_dot_isa", &quantized_dot_isa);
 }

@@ -42,7 +42,7 @@ DENSE_FROM_ROWS = 128
 DENSE_CACHED, INT8_DOT, DEQUANTIZED, TORCH_KERNEL = "dense", "int8_dot", "dequantized", "kernel"
 #: the kinds of linear call `prenorm_layer_cpu.cpp` makes (see `WeightOnlyLinear.fused_call`; ONEDNN:
 #: `packed_linear.PackedLinear`'s, built in `decoder/fused_layer.py`)
-DENSE, Q4_INT8_DOT, Q8_INT8_DOT, TORCH_INT4, TORCH_INT8, ONEDNN = range(6)
+DENSE, Q4_INT8_DOT, Q8_INT8_DOT, TORCH_INT4, TORCH_INT8, ONEDNN, Q8_OFFSET_INT8_DOT = range(7)
 
 
 class QuantizationError(ValueError):
