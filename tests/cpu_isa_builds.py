@@ -20,11 +20,11 @@ PRODUCTION_FLAGS = tuple(flag for flag in CFLAGS if not flag.startswith("-march"
 
 RUNNER = textwrap.dedent(
     """
-    import sys, torch
+    import os, sys, torch
     from torch.utils.cpp_extension import load
-    name, build, source, inputs, out, body = sys.argv[1:7]
+    name, build, sources, inputs, out, body = sys.argv[1:7]
     flags = sys.argv[7:]
-    load(name=name, sources=[source], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+    load(name=name, sources=sources.split(os.pathsep), extra_cflags=flags, extra_ldflags=["-fopenmp"],
          build_directory=build, is_python_module=False, verbose=False)
     ops, inputs = torch.ops.specexec_cpu, torch.load(inputs)
     scope = {"ops": ops, "inputs": inputs, "torch": torch}
@@ -47,15 +47,16 @@ def require_x86_64_linux_with_avx2() -> None:
         pytest.fail("this check builds x86-64 code: it needs an x86-64 Linux machine with AVX2, as CI has")
 
 
-def run_build(tmp_path: Path, source: Path, isa_flags: list[str], inputs, body: str):
-    """Build ``source`` with the production flags and ``isa_flags`` in a fresh process, run ``body``
+def run_build(tmp_path: Path, source: Path | list[Path], isa_flags: list[str], inputs, body: str):
+    """Build ``source`` (one C++ file, or several) with the production flags and ``isa_flags`` in a fresh process, run ``body``
     there (Python that sees ``ops``, ``inputs`` and ``torch``, and sets ``result``), return its result."""
     name = "isa_" + "_".join(isa_flags).replace("-", "_").replace("=", "_")
     build = tmp_path / name
     build.mkdir()
     torch.save(inputs, build / "inputs.pt")
     (build / "runner.py").write_text(RUNNER)
-    args = [name, str(build), str(source), str(build / "inputs.pt"), str(build / "out.pt"), body]
+    sources = os.pathsep.join(str(s) for s in (source if isinstance(source, list) else [source]))
+    args = [name, str(build), sources, str(build / "inputs.pt"), str(build / "out.pt"), body]
     flags = [*PRODUCTION_FLAGS, *isa_flags]
     subprocess.run([sys.executable, str(build / "runner.py"), *args, *flags], check=True, timeout=600)
     return torch.load(build / "out.pt")

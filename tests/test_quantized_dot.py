@@ -40,6 +40,8 @@ from tiny_models import make_prompts, make_tiny_model
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SOURCE = Path(quantized_dot.__file__).with_name("quantized_dot_cpu.cpp")
+#: the prefill dequantization of the same tiles, built beside it
+DEQUANTIZE_SOURCE = SOURCE.with_name("q8_dequantize_cpu.cpp")
 
 
 @pytest.fixture(autouse=True)
@@ -515,7 +517,7 @@ def assert_isa_results(got: dict, references: dict) -> None:
 def test_the_avx2_and_plain_builds_give_the_reference_results(tmp_path, flags, isa):
     require_x86_64_linux_with_avx2()
     inputs, references = isa_inputs()
-    got = run_build(tmp_path, SOURCE, flags, inputs, ISA_BODY)
+    got = run_build(tmp_path, [SOURCE, DEQUANTIZE_SOURCE], flags, inputs, ISA_BODY)
     assert got["isa"] == isa
     assert_isa_results(got, references)
 
@@ -530,7 +532,7 @@ def test_the_avx_vnni_build_compiles_to_its_dot_product_and_runs_where_the_cpu_h
     assert "{vex} vpdpbusd" in assembly, "the AVX-VNNI branch, not AVX2's, must be what this build runs"
     if "avx_vnni" in cpu_flags():
         inputs, references = isa_inputs()
-        got = run_build(tmp_path, SOURCE, flags, inputs, ISA_BODY)
+        got = run_build(tmp_path, [SOURCE, DEQUANTIZE_SOURCE], flags, inputs, ISA_BODY)
         assert got["isa"] == "avx_vnni"
         assert_isa_results(got, references)
 

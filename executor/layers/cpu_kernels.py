@@ -5,7 +5,8 @@
 - ``add_rms_norm``, ``rotary_kv_write``, ``act_mul`` (`fused_ops_cpu.cpp`): the own decoder's residual
   add with its RMSNorm, RoPE with the K/V cache write, and act(gate) * up, one pass each;
 - ``q4_linear``, ``q8_linear`` (`quantized/quantized_dot_cpu.cpp`): quantized linear layers on integer dot products
-  over int8-quantized activations (``quantized_kernel: int8_dot``, `quantized/quantized_dot.py`);
+  over int8-quantized activations (``quantized_kernel: int8_dot``, `quantized/quantized_dot.py`), and
+  ``q8_dequantize`` (`quantized/q8_dequantize_cpu.cpp`): their int8 tiles as dense weights for prefill;
 - ``prenorm_layer``, ``prenorm_stack`` (`prenorm_layer_cpu.cpp`): a whole pre-norm decoder layer, or
   every layer of the decoder, as one op, calling the ones above (`model/decoder/fused_layer.py`);
 - ``row_status_argmax`` (`row_summary_cpu.cpp`): each logit row's status and argmax for verification
@@ -50,6 +51,7 @@ SOURCES = tuple(
         "paged_attention_cpu.cpp",
         "fused_ops_cpu.cpp",
         "quantized/quantized_dot_cpu.cpp",
+        "quantized/q8_dequantize_cpu.cpp",
         "prenorm_layer_cpu.cpp",
         "row_summary_cpu.cpp",
     )
@@ -57,7 +59,7 @@ SOURCES = tuple(
 #: included by the sources: part of a build's identity
 HEADERS = tuple(
     Path(__file__).parent / name
-    for name in ("float_convert.h", "attention_vectors.h", "attention_bf16_dot.h")
+    for name in ("float_convert.h", "attention_vectors.h", "attention_bf16_dot.h", "quantized/tile_layout.h")
 )
 #: "0" keeps every CPU op on torch; "1" makes a failed build an error; unset: built where it can be
 SWITCH = "SPECEXEC_CPU_KERNELS"
