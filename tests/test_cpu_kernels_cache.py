@@ -286,11 +286,37 @@ def test_this_machines_compiler_names_the_cpu_it_targets():
 def test_a_measurement_made_with_other_kernel_sources_is_not_read(monkeypatch, cache):
     """An upgrade that changes a kernel (its sources or flags) is timed again: the old build's figures
     (a forward-cost curve from before a 1.5x faster verify) would steer the new one."""
-    monkeypatch.setattr(kernels_module, "_sources_digest", lambda: "before")
+    monkeypatch.setattr(kernels_module, "_sources_digest", lambda flags: "before")
     before = key_of(monkeypatch, cache)
-    monkeypatch.setattr(kernels_module, "_sources_digest", lambda: "after")
+    monkeypatch.setattr(kernels_module, "_sources_digest", lambda flags: "after")
     after = key_of(monkeypatch, cache)
     assert before != after
     assert key_of(monkeypatch, cache) == after, "and is the same for the same sources"
     monkeypatch.setenv(kernels_module.SWITCH, "0")
     assert key_of(monkeypatch, cache) not in (before, after), "torch ops are their own measurement"
+
+
+def test_a_march_target_given_by_the_environment_is_its_own_build_and_measurement(monkeypatch):
+    """SPECEXEC_CPU_MARCH=x86-64-v3 builds for AVX2 alone (an estimate of an AVX2-only CPU): its own build
+    folder, its own key for the measurements, and the compiler's expansion of that target recorded."""
+    monkeypatch.delenv(kernels_module.MARCH, raising=False)
+    native = kernels_module.build_identity(), kernels_module.kernels_key()
+    monkeypatch.setenv(kernels_module.MARCH, "x86-64-v3")
+    avx2 = kernels_module.build_identity(), kernels_module.kernels_key()
+    assert "-march=x86-64-v3" in avx2[0]["cflags"] and "-march=native" not in avx2[0]["cflags"]
+    assert avx2[0]["target"] != native[0]["target"], "the compiler's expansion of the target, not native's"
+    assert kernels_module.build_folder(avx2[0]) != kernels_module.build_folder(native[0])
+    assert avx2[1] != native[1]
+    monkeypatch.setenv(kernels_module.MARCH, "x86-64-v3; rm -rf /")
+    with pytest.raises(ValueError, match="must name a -march target"):
+        kernels_module.cflags()
+
+
+@pytest.mark.parametrize("cache", ["dtype-choice", "forward-cost"])
+def test_torchs_kernels_held_to_avx2_are_their_own_measurement(monkeypatch, cache):
+    """ATEN_CPU_CAPABILITY=avx2 (an AVX2-only CPU estimated on this one) times torch's kernels apart from
+    the native ones: neither reads the other's figures."""
+    native = key_of(monkeypatch, cache)
+    held = "AVX2" if torch.backends.cpu.get_cpu_capability() != "AVX2" else "DEFAULT"  # (on an AVX2-only CPU)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: held)
+    assert key_of(monkeypatch, cache) != native

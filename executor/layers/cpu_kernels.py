@@ -64,6 +64,9 @@ HEADERS = tuple(
 #: "0" keeps every CPU op on torch; "1" makes a failed build an error; unset: built where it can be
 SWITCH = "SPECEXEC_CPU_KERNELS"
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")  #: (no errno: libm calls vectorize)
+#: a target for ``-march`` instead of native (e.g. x86-64-v3: an estimate of an AVX2-only CPU on a richer
+#: one, as docs/benchmarking.md describes); a target this CPU cannot run dies on its first instruction
+MARCH = "SPECEXEC_CPU_MARCH"
 #: the dtypes the fused ops take (float64, the tests' reference dtype, stays on torch ops)
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 RECORD = "build-key.json"  #: beside the .so: the identity it was built for
@@ -98,7 +101,7 @@ def cpu_kernels():
             load(
                 name=build.name,
                 sources=[str(s) for s in SOURCES],
-                extra_cflags=list(CFLAGS),
+                extra_cflags=list(cflags()),
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build),
                 verbose=False,
@@ -120,9 +123,19 @@ def cpu_kernels():
     return torch.ops.specexec_cpu
 
 
+def cflags() -> tuple[str, ...]:
+    """`CFLAGS`, with ``-march=$SPECEXEC_CPU_MARCH`` in place of native where that is set."""
+    march = os.environ.get(MARCH, "").strip()
+    if not march:
+        return CFLAGS
+    if not all(c.isalnum() or c in "-_." for c in march):
+        raise ValueError(f"{MARCH} must name a -march target (e.g. x86-64-v3), got {march!r}")
+    return tuple(f"-march={march}" if flag == "-march=native" else flag for flag in CFLAGS)
+
+
 def build_identity() -> dict[str, str]:
     """Everything a build's machine code depends on, as recorded beside it."""
-    target = compiler_target(compiler_command(), CFLAGS)
+    target = compiler_target(compiler_command(), cflags())
     sources = hashlib.sha256("\0".join(s.read_text() for s in SOURCES + HEADERS).encode())
     return {
         "compiler": target.compiler,
@@ -130,7 +143,7 @@ def build_identity() -> dict[str, str]:
         "target": " ".join(target.options),
         "cpu": cpu_key(),
         "torch": torch.__version__,
-        "cflags": " ".join(CFLAGS),
+        "cflags": " ".join(cflags()),
         "sources": sources.hexdigest(),
     }
 
@@ -147,12 +160,12 @@ def kernels_key() -> str:
     are switched off. Nothing is built or loaded to say so."""
     if os.environ.get(SWITCH) == "0":
         return "torch ops"
-    return _sources_digest()
+    return _sources_digest(cflags())
 
 
 @functools.cache
-def _sources_digest() -> str:
-    text = "\0".join([*(s.read_text() for s in SOURCES + HEADERS), *CFLAGS])
+def _sources_digest(flags: tuple[str, ...]) -> str:
+    text = "\0".join([*(s.read_text() for s in SOURCES + HEADERS), *flags])
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -160,8 +173,10 @@ def describe_cpu_kernels() -> str:
     """Which kernels run on the CPU, for `specexec run`'s header: the C++ ones and what they were built
     for, or torch's and why."""
     if cpu_kernels() is not None:
-        target = compiler_target(compiler_command(), CFLAGS)
-        built_for = f"-march={target.cpu}" if target.cpu else "-march=native"
+        target = compiler_target(compiler_command(), cflags())
+        built_for = (
+            f"-march={target.cpu}" if target.cpu else next(f for f in cflags() if f.startswith("-march"))
+        )
         return f"C++ ({built_for}, {target.version or target.compiler}; {build_folder(build_identity())})"
     if os.environ.get(SWITCH) == "0":
         return f"torch ({SWITCH}=0)"

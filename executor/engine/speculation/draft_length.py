@@ -150,10 +150,10 @@ def cost_cache_key(model: torch.nn.Module) -> str:
     # their row bands one that runs only some row counts on oneDNN
     packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
     bands = sorted({m.describe_kernels() for m in packed})
-    # on the CPU the kernels' build too: a kernel an upgrade made faster is timed again, not read from its
-    # predecessor's curve
+    # on the CPU the kernels' build too (a kernel an upgrade made faster is timed again, not read from its
+    # predecessor's curve), and the width torch's kernels were held to (ATEN_CPU_CAPABILITY)
     where = (
-        f"{cpu_key()}|kernels {kernels_key()}"
+        f"{cpu_key()}|kernels {kernels_key()}|aten {torch.backends.cpu.get_cpu_capability()}"
         if param.device.type == "cpu"
         else torch.cuda.get_device_name(param.device)
     )

@@ -32,8 +32,12 @@ def machine_key() -> str:
     """The part of every measurement's key that names the machine and its code: this CPU's features
     (`cpu_key`: not its model name alone, which a VM shares with CPUs that differ in AVX-512 and AMX),
     torch's version and its threads, and the C++ kernels' build (`kernels_key`: a kernel changed by an
-    upgrade is measured again, not timed by its predecessor's figures)."""
-    return f"{cpu_key()}|torch {torch.__version__}|threads={torch.get_num_threads()}|kernels {kernels_key()}"
+    upgrade is measured again, not timed by its predecessor's figures), and the vector width torch's own
+    kernels were held to (``ATEN_CPU_CAPABILITY``: an estimate of an AVX2-only CPU times them apart)."""
+    return (
+        f"{cpu_key()}|torch {torch.__version__}|threads={torch.get_num_threads()}|kernels {kernels_key()}"
+        f"|aten {torch.backends.cpu.get_cpu_capability()}"
+    )
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:
