@@ -131,9 +131,8 @@ class GGUFTensor:
         d, dmin = _fp16(raw[..., 0:2]), _fp16(raw[..., 2:4])  # [rows, supers]
         sc, mins = _k_scales_and_mins(raw[..., 4:16])  # [rows, supers, 8] each
         high = raw[..., 16:48].reshape(rows, supers, 1, 32) >> np.arange(8, dtype=np.uint8)[:, None]
-        low = _nibbles(
-            raw[..., 48:].reshape(rows, supers, 4, 1, 32), axis=3
-        )  # [rows, supers, chunk, half, 32]
+        # [rows, supers, chunk, half, 32]: chunk c's low nibbles are sub-block 2c, its high ones 2c + 1
+        low = _nibbles(raw[..., 48:].reshape(rows, supers, 4, 1, 32), axis=3)
         q = low.reshape(rows, supers, 8, 32) | ((high & 1) << 4)  # [rows, supers, sub-block, 32] in 0..31
         scale = (d[..., None] * torch.from_numpy(sc.astype(np.float32))).reshape(rows, -1)  # [rows, blocks]
         offset = -(dmin[..., None] * torch.from_numpy(mins.astype(np.float32))).reshape(rows, -1)

@@ -81,8 +81,10 @@ class Int8BlockLinear(WeightOnlyLinear):
         scale = untile_block_scales(self.tiled_scale).repeat_interleave(
             self.inputs_per_scale, dim=1
         )  # [out, in]
-        weight = unpack_q8(self.tiles).float() * scale  # exact in float32: 7 bits times 11 (Q6_K: 8 times 11)
-        if self.tiled_offset is not None:  # q * scale + offset, as gguf-py's dequantization rounds it
+        # q * scale (+ offset) in float32, rounded as gguf-py's dequantization rounds it (Q8_0's and Q5_0's
+        # products are exact: 8 bits times 11)
+        weight = unpack_q8(self.tiles).float() * scale
+        if self.tiled_offset is not None:
             weight = weight + untile_block_scales(self.tiled_offset).repeat_interleave(BLOCK, dim=1)
         return weight.to(dtype)
 
