@@ -11,6 +11,7 @@ from torch import nn
 from .quantized_dot import (
     BLOCK,
     HALF_BLOCK,
+    int8_dot_loads,
     pack_q8,
     q8_dequantize,
     q8_linear,
@@ -73,7 +74,9 @@ class Int8BlockLinear(WeightOnlyLinear):
         return F.linear(flat, self.dequantized(flat.dtype))
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in]
-        if dtype in CPU_KERNEL_DTYPES:  # a prefill chunk's weights: one pass in C++ (10x torch's ops here)
+        if (
+            dtype in CPU_KERNEL_DTYPES and int8_dot_loads()
+        ):  # a prefill chunk's: one C++ pass (10x torch's ops)
             return q8_dequantize(self.tiles, self.tiled_scale, self.tiled_offset, dtype)
         return self.dequantized_by_torch(dtype)
 
