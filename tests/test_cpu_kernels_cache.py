@@ -286,9 +286,9 @@ def test_this_machines_compiler_names_the_cpu_it_targets():
 def test_a_measurement_made_with_other_kernel_sources_is_not_read(monkeypatch, cache):
     """An upgrade that changes a kernel (its sources or flags) is timed again: the old build's figures
     (a forward-cost curve from before a 1.5x faster verify) would steer the new one."""
-    monkeypatch.setattr(kernels_module, "_sources_digest", lambda flags: "before")
+    monkeypatch.setattr(kernels_module, "_sources_digest", lambda: "before")
     before = key_of(monkeypatch, cache)
-    monkeypatch.setattr(kernels_module, "_sources_digest", lambda flags: "after")
+    monkeypatch.setattr(kernels_module, "_sources_digest", lambda: "after")
     after = key_of(monkeypatch, cache)
     assert before != after
     assert key_of(monkeypatch, cache) == after, "and is the same for the same sources"

@@ -136,7 +136,6 @@ def cflags() -> tuple[str, ...]:
 def build_identity() -> dict[str, str]:
     """Everything a build's machine code depends on, as recorded beside it."""
     target = compiler_target(compiler_command(), cflags())
-    sources = hashlib.sha256("\0".join(s.read_text() for s in SOURCES + HEADERS).encode())
     return {
         "compiler": target.compiler,
         "compiler_version": target.version,
@@ -144,7 +143,7 @@ def build_identity() -> dict[str, str]:
         "cpu": cpu_key(),
         "torch": torch.__version__,
         "cflags": " ".join(cflags()),
-        "sources": sources.hexdigest(),
+        "sources": _sources_digest(),
     }
 
 
@@ -160,13 +159,13 @@ def kernels_key() -> str:
     are switched off. Nothing is built or loaded to say so."""
     if os.environ.get(SWITCH) == "0":
         return "torch ops"
-    return _sources_digest(cflags())
+    return hashlib.sha256("\0".join([_sources_digest(), *cflags()]).encode()).hexdigest()[:12]
 
 
 @functools.cache
-def _sources_digest(flags: tuple[str, ...]) -> str:
-    text = "\0".join([*(s.read_text() for s in SOURCES + HEADERS), *flags])
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+def _sources_digest() -> str:
+    """The sources' and headers' sha256, as a build records it (read once a process)."""
+    return hashlib.sha256("\0".join(s.read_text() for s in SOURCES + HEADERS).encode()).hexdigest()
 
 
 def describe_cpu_kernels() -> str:

@@ -24,9 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ...layers.cpu_info import cpu_key
-from ...layers.cpu_kernels import kernels_key
-from ...layers.measurement.measurement_cache import cached_measurement, median_seconds
+from ...layers.measurement.measurement_cache import cached_measurement, machine_key, median_seconds
 from ...layers.packed_linear import PackedLinear
 
 logger = logging.getLogger("specexec")
@@ -150,13 +148,8 @@ def cost_cache_key(model: torch.nn.Module) -> str:
     # their row bands one that runs only some row counts on oneDNN
     packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
     bands = sorted({m.describe_kernels() for m in packed})
-    # on the CPU the kernels' build too (a kernel an upgrade made faster is timed again, not read from its
-    # predecessor's curve), and the width torch's kernels were held to (ATEN_CPU_CAPABILITY)
-    where = (
-        f"{cpu_key()}|kernels {kernels_key()}|aten {torch.backends.cpu.get_cpu_capability()}"
-        if param.device.type == "cpu"
-        else torch.cuda.get_device_name(param.device)
-    )
+    # on the CPU what every measurement's key names (`machine_key`: the CPU, torch, the kernels' build)
+    where = machine_key() if param.device.type == "cpu" else torch.cuda.get_device_name(param.device)
     return (
         f"{name}|{num_params}|buffers={buffer_bytes}|packed={len(packed)}|rows={bands}|{param.dtype}"
         f"|{param.device}|{where}|threads={torch.get_num_threads()}"
