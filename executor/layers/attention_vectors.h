@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "lanes8.h"
+
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 #include <immintrin.h>
 #define W_HAS_VECTORS 1
@@ -50,12 +52,9 @@ constexpr int64_t W = 8;
 using vf = __m256;
 inline vf vzero() { return _mm256_setzero_ps(); }
 inline vf vset(float x) { return _mm256_set1_ps(x); }
-inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
-inline vf vload(const c10::BFloat16* p) {
-  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
-}
-inline vf vload(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline vf vload(const float* p) { return specexec_lanes8::load8(p); }
+inline vf vload(const c10::BFloat16* p) { return specexec_lanes8::load8(p); }
+inline vf vload(const c10::Half* p) { return specexec_lanes8::load8(p); }
 inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 inline float vsum(vf a) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -65,11 +64,7 @@ inline float vsum(vf a) {
 }
 inline void vstore(float* p, vf a) { _mm256_storeu_ps(p, a); }
 inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
-inline float vmax_lanes(vf a) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
+inline float vmax_lanes(vf a) { return specexec_lanes8::max_lanes8(a); }
 inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
 inline vf vround(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }

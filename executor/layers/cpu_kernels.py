@@ -59,7 +59,13 @@ SOURCES = tuple(
 #: included by the sources: part of a build's identity
 HEADERS = tuple(
     Path(__file__).parent / name
-    for name in ("float_convert.h", "attention_vectors.h", "attention_bf16_dot.h", "quantized/tile_layout.h")
+    for name in (
+        "float_convert.h",
+        "lanes8.h",
+        "attention_vectors.h",
+        "attention_bf16_dot.h",
+        "quantized/tile_layout.h",
+    )
 )
 #: "0" keeps every CPU op on torch; "1" makes a failed build an error; unset: built where it can be
 SWITCH = "SPECEXEC_CPU_KERNELS"

@@ -39,6 +39,7 @@
 #include <torch/library.h>
 
 #include "../float_convert.h"
+#include "../lanes8.h"
 #include "tile_layout.h"
 
 #include <algorithm>
@@ -74,19 +75,7 @@ struct QuantizedRows {
 };
 
 #if defined(SPECEXEC_SIMD)
-// 8 values of T from p as floats (bfloat16: its bits shifted up, exact)
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::BFloat16* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-inline __m256 load8(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-
-inline float max_lanes(__m256 a) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
+using specexec_lanes8::load8;
 
 inline int32_t sum_lanes(__m256i a) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
@@ -108,7 +97,7 @@ inline bool quantize_block(const T* xb, int8_t* qb, float& d, int32_t halves[2])
     spoiled = _mm256_add_ps(spoiled, _mm256_mul_ps(v[c], _mm256_setzero_ps()));  // NaN from NaN or Inf
   }
   if (_mm256_movemask_ps(_mm256_cmp_ps(spoiled, _mm256_setzero_ps(), _CMP_NEQ_UQ)) != 0) return false;
-  const float top = max_lanes(amax);
+  const float top = specexec_lanes8::max_lanes8(amax);
   d = top / 127.f;
   const __m256 inv = _mm256_set1_ps(top > 0.f ? 127.f / top : 0.f);
   __m256i q[4];
