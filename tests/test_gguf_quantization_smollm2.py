@@ -15,6 +15,7 @@ import torch
 from specexec.executor.layers.quantized.gguf_weights import GGUFFile
 from specexec.executor.layers.quantized.int4_layout import unpack_int4
 from specexec.executor.layers.quantized.q8_block_linear import Int8BlockLinear
+from specexec.executor.layers.quantized.quantized_embedding import QuantizedEmbedding
 from specexec.executor.layers.quantized.quantized_linear import Int4WeightOnlyLinear
 from specexec.executor.model.model_loader import default_model_path, load_model
 
@@ -59,10 +60,22 @@ def test_a_q8_0_head_keeps_the_files_blocks_where_int8_dot_runs():
     dense, _ = converted_and_gguf()
     # bfloat16: the converted head is rounded there, yet the block layer holds the file's own values
     loaded = load_model(None, dtype="bfloat16", progress=False, quantization="gguf", quantized_kernel="auto")
-    assert loaded.quantization.layers == {"Q4_1 -> int4 (exact)": 210, "Q8_0 -> int8 blocks (exact)": 1}
+    assert loaded.quantization.layers == {
+        "Q4_1 -> int4 (exact)": 210,
+        "Q8_0 -> int8 blocks (exact)": 1,
+        "Q8_0 token embedding -> the LM head's int8 blocks": 1,
+    }
     head = loaded.model.lm_head
     assert isinstance(head, Int8BlockLinear)
     assert torch.equal(head.dequantized(torch.float32), dense.lm_head.weight)
+    # the embedding looks its rows up in the head's codes: what the dense bfloat16 table held, no table
+    embedding = loaded.model.get_input_embeddings()
+    assert isinstance(embedding, QuantizedEmbedding) and embedding.codes is head
+    every_id = torch.arange(embedding.num_embeddings)
+    want = dense.get_input_embeddings()(every_id).bfloat16()
+    assert torch.equal(embedding(every_id), want)
+    assert torch.equal(embedding(every_id[::7].reshape(1, -1)), want[::7].unsqueeze(0))
+    assert all(t.numel() < embedding.num_embeddings * 576 // 2 for t in embedding.buffers())
 
 
 def test_every_int4_layer_holds_exactly_the_converted_weights():

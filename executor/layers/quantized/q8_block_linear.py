@@ -11,6 +11,7 @@ from torch import nn
 from .quantized_dot import (
     BLOCK,
     HALF_BLOCK,
+    TILE,
     int8_dot_loads,
     pack_q8,
     q8_dequantize,
@@ -55,6 +56,7 @@ class Int8BlockLinear(WeightOnlyLinear):
         # [out / 8, in / 32 * 8], or None
         self.register_buffer("tiled_offset", None if offset is None else tile_block_scales(offset))
         self.int8_dot_rows = DENSE_FROM_ROWS - 1
+        self.tied_to_embedding = False  #: a tied LM head: its codes are the token embedding's too
 
     def takes_int8_dot(self) -> bool:
         return False  # always on it: nothing for `quantized_kernel` to choose
@@ -90,6 +92,23 @@ class Int8BlockLinear(WeightOnlyLinear):
         if self.tiled_offset is not None:
             weight = weight + untile_block_scales(self.tiled_offset).repeat_interleave(BLOCK, dim=1)
         return weight.to(dtype)
+
+    def weight_rows(self, rows: torch.Tensor) -> torch.Tensor:  # [N] row indices -> [N, in] float32
+        """Some rows of the dequantized weights, read from the tiles (an embedding table's lookup: a
+        Q8_0 token embedding as codes, `quantized_embedding.py`): the values `dequantized_by_torch` gives
+        those rows, without the whole table."""
+        tile, lane = rows // TILE, rows % TILE
+        blocks = self.in_features // BLOCK
+        # a tile's block: 8 vectors of (8 rows x 4 bytes) (`pack_q8`); both indices out -> [N, block, 8, 4]
+        codes = self.tiles.view(-1, blocks, 8, TILE, 4)[tile, :, :, lane, :].reshape(
+            len(rows), self.in_features
+        )
+        scale = self.tiled_scale.view(self.tiled_scale.shape[0], -1, TILE)[tile, :, lane]  # [N, scales]
+        weight = codes.float() * scale.repeat_interleave(self.inputs_per_scale, dim=1)
+        if self.tiled_offset is not None:
+            offset = self.tiled_offset.view(self.tiled_offset.shape[0], -1, TILE)[tile, :, lane]
+            weight = weight + offset.repeat_interleave(BLOCK, dim=1)
+        return weight
 
     def codes(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """What the constructor takes: the int8 codes [out, in], block scales [out, in / inputs_per_scale]

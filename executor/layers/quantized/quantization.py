@@ -11,8 +11,8 @@
   32, where int8_dot runs (exact; `gguf_weights.py` has the layouts) — and the rest dequantized (as
   transformers converts them).
   Torch has no kernel for Q8_0's one scale per 32 values (18 int8 calls of 32 columns each, summed,
-  took 3.8 ms for SmolLM2's head against 4.75 dense), so SmolLM2's Q8_0 token embedding stays dense
-  and the LM head tied to it is run
+  took 3.8 ms for SmolLM2's head against 4.75 dense), so without int8_dot SmolLM2's Q8_0 token
+  embedding stays dense and the LM head tied to it is run
   - in float32 (and float64): dense, dequantized: `gguf` in float32 is the file's model exactly
     (`tests/test_gguf_quantization_smollm2.py`); requantized per row, top-1 agreement with the file
     fell to 97.9% and 1 of 6 greedy chat outputs stayed the same, so float32 keeps the file's values;
@@ -23,7 +23,11 @@
 
   Where specexec's int8_dot kernel runs (``quantized_kernel`` auto or int8_dot, on a CPU where the C++
   kernels load, in float32, bfloat16 or float16), a Q8_0 layer instead keeps the file's codes and block
-  scales exactly (`q8_block_linear.Int8BlockLinear`) in every dtype, and runs on it.
+  scales exactly (`q8_block_linear.Int8BlockLinear`) in every dtype, and runs on it; the token
+  embedding then looks its rows up in those codes (the tied head's, else its own where its type has an
+  int8-block layout: `quantized_embedding.py`) instead of holding a dense table.
+
+After quantization the dense weights' memory goes back to the system (`release_memory.py`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from ..packed_linear import unpack_linears
 from .gguf_weights import INT4_TYPES, INT8_BLOCK_TYPES, GGUFFile, match_rows
 from .q8_block_linear import Int8BlockLinear
 from .quantized_dot import BLOCK, TILE
+from .quantized_embedding import QuantizedEmbedding
 from .quantized_linear import (
     Int4WeightOnlyLinear,
     Int4Weights,
@@ -51,6 +56,7 @@ from .quantized_linear import (
     fits_int4,
     kernel_scheme,
 )
+from .release_memory import own_mapped_tensors, trim_freed_heap
 
 logger = logging.getLogger("specexec")
 
@@ -105,6 +111,8 @@ def quantize_model(
             else:
                 form = "int8" if scheme == "int8" else "int8 (shape not int4-able)"
                 _replace(parent, child_name, Int8WeightOnlyLinear(linear), report, form, count)
+    own_mapped_tensors(model)  # the dense weights' file mapping goes with them (`release_memory.py`)
+    trim_freed_heap()
     report.weight_bytes = _weight_bytes(model)
     logger.info("%s", report.summary())
     return report
@@ -143,6 +151,7 @@ def _install_gguf(model: nn.Module, file: GGUFFile, report: QuantizationReport, 
             # (4-bit codes here: a fused layer mixing them with int8-block types, as a Q4_K_M file's q/k/v
             # where attn_v is Q6_K, or a layer the int4 tiles cannot hold; 8 bits a code, not dense)
             layer = Int8BlockLinear(linear, *_stored_int8_blocks(tensors, linear.weight))
+            layer.tied_to_embedding = linear.weight is getattr(embedding, "weight", None)
             form = f"{'/'.join(sorted(types))} -> int8 blocks (exact)"
             _replace(parent, child_name, layer, report, form, len(sources))
         elif types == {"Q8_0"} and linear.weight.element_size() == 2:
@@ -152,6 +161,33 @@ def _install_gguf(model: nn.Module, file: GGUFFile, report: QuantizationReport, 
         else:
             for tensor in tensors:
                 report.layers[f"{tensor.type_name if tensor else 'unmatched'} -> dense"] += 1
+    if int8_dot and isinstance(embedding, nn.Embedding):
+        _embedding_from_codes(model, embedding, file, report)
+
+
+def _embedding_from_codes(model: nn.Module, embedding: nn.Embedding, file: GGUFFile, report) -> None:
+    """The token embedding looked up from codes (`quantized_embedding.py`) instead of a dense table: the
+    tied LM head's int8 blocks where it has them, else the embedding's own codes where they are an
+    int8-block or 4-bit type the int8_dot tiles hold (each row dequantized exactly as the dense table
+    held it). Anything else stays dense."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    tensor = file.tensor_for(_module_name(model, embedding))
+    if isinstance(head, Int8BlockLinear) and getattr(head, "tied_to_embedding", False):
+        model.set_input_embeddings(QuantizedEmbedding(embedding, head, shared=True))
+        report.layers[f"{tensor.type_name} token embedding -> the LM head's int8 blocks"] += 1
+        return
+    weight = embedding.weight
+    as_linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    as_linear.weight = weight  # [vocab, hidden]: the table as a layer's [out, in] (no copy)
+    if (
+        tensor is None
+        or tensor.type_name not in {*INT8_BLOCK_TYPES, *INT4_TYPES}
+        or not _int8_dot_runs(as_linear)
+    ):
+        return
+    table = Int8BlockLinear(as_linear, *_stored_int8_blocks([tensor], weight))
+    model.set_input_embeddings(QuantizedEmbedding(embedding, table, shared=False))
+    report.layers[f"{tensor.type_name} token embedding -> int8 blocks (exact)"] += 1
 
 
 def _stored_codes(tensors: list, weight) -> Int4Weights:
