@@ -195,6 +195,7 @@ def test_int8_block_layers_with_offsets_run_in_the_op_as_they_run_in_python(fuse
                     setattr(parent, name, Int8BlockLinear(linear, q, scale, offset))
         layer = executor.model.model.layers[0]
         assert fused_layer.fused_args(layer, 1, torch.float32).weights[4] == [Q8_OFFSET_INT8_DOT] * 4
+        assert {m.code_bits for m in layer.modules() if isinstance(m, Int8BlockLinear)} == {5}  # 5-bit tiles
         stacked = forwards(executor)
         assert fused_calls, "the op ran"
         python_only(monkeypatch)

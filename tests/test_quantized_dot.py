@@ -21,11 +21,13 @@ from specexec.executor.layers.quantized.quantized_dot import (
     choice_from_ratios,
     choose_quantized_kernel,
     pack_q4,
+    pack_q5,
     pack_q8,
     q4_linear,
     q8_linear,
     set_int8_dot,
     tile_block_scales,
+    unpack_q5,
     unpack_q8,
     untile_block_scales,
 )
@@ -221,6 +223,59 @@ def test_pack_q8_and_the_tiled_scales_round_trip():
     scale = torch.rand(24, 3, generator=gen)
     assert tile_block_scales(scale)[1, 8 * 2 + 3] == scale[8 + 3, 2]
     assert torch.equal(untile_block_scales(tile_block_scales(scale)), scale)
+
+
+@pytest.mark.parametrize("with_offset", [False, True])
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+def test_5_bit_tiles_give_what_the_same_codes_in_int8_tiles_give(with_offset, dtype):
+    """Q5_0's codes (-16..15) and Q5_1's (0..31, with offsets) at 5 bits: unpacked in registers to the
+    int8 tiles' vectors, so every row count (1..4 a pass, tile pairs from 16 rows) gives the int8 tiles'
+    results bit for bit, and the prefill's dense weights too; the packing round-trips every code."""
+    gen = torch.Generator().manual_seed(3)
+    low = 0 if with_offset else -16
+    codes = torch.randint(low, low + 32, (48, 128), generator=gen, dtype=torch.int8)
+    codes[0, :32] = torch.arange(low, low + 32)  # every code once
+    tiles = pack_q5(codes, with_offset)
+    assert tiles.dtype == torch.uint8 and tiles.shape == (6, 4 * 160)
+    assert torch.equal(unpack_q5(tiles, with_offset), codes)
+    scale = tile_block_scales(torch.rand(48, 4, generator=gen) * 0.01)
+    offset = tile_block_scales(torch.randn(48, 4, generator=gen) * 0.01) if with_offset else None
+    for rows in (1, 2, 3, 4, 5, 16, 19):
+        x = torch.randn(rows, 128, generator=gen).to(dtype)
+        assert torch.equal(q8_linear(x, tiles, scale, offset), q8_linear(x, pack_q8(codes), scale, offset)), (
+            rows
+        )
+    ops = cpu_kernels()
+    assert torch.equal(
+        ops.q8_dequantize(tiles, scale, offset, dtype),
+        ops.q8_dequantize(pack_q8(codes), scale, offset, dtype),
+    )
+
+
+def test_5_bit_tiles_hold_only_codes_of_5_bits_and_a_layer_picks_them_by_its_codes():
+    from specexec.executor.layers.quantized.quantized_dot import holds_five_bits
+
+    assert holds_five_bits(torch.tensor([[-16, 15]]), with_offset=False)
+    assert not holds_five_bits(torch.tensor([[-16, 16]]), with_offset=False)
+    assert holds_five_bits(torch.tensor([[0, 31]]), with_offset=True)
+    assert not holds_five_bits(torch.tensor([[-1, 31]]), with_offset=True)
+    gen = torch.Generator().manual_seed(4)
+    linear = torch.nn.Linear(64, 16, bias=False)
+    scale = torch.rand(16, 2, generator=gen) * 0.01
+    q5 = torch.randint(-16, 16, (16, 64), generator=gen, dtype=torch.int8)
+    q8 = q5.clone()
+    q8[3, 7] = 16  # one code past 5 bits: the layer keeps int8 tiles
+    five, eight = Int8BlockLinear(linear, q5, scale), Int8BlockLinear(linear, q8, scale)
+    assert (five.code_bits, eight.code_bits) == (5, 8)
+    assert five.tiles.numel() * 256 == eight.tiles.numel() * 160
+    for layer, codes in ((five, q5), (eight, q8)):
+        assert torch.equal(layer.codes()[0], codes)
+        want = codes.float() * scale.repeat_interleave(32, 1)
+        assert torch.equal(layer.dequantized_by_torch(torch.float32), want)
+        assert torch.equal(layer.dequantized(torch.float32), want)
+        assert torch.equal(layer.weight_rows(torch.tensor([9, 0, 9])), want[[9, 0, 9]])
+    with pytest.raises(RuntimeError, match="5-bit tiles take one scale per block"):
+        q8_linear(torch.randn(1, 64), five.tiles, torch.rand(16))
 
 
 def test_the_kernels_refuse_shapes_they_cannot_take():
@@ -453,11 +508,15 @@ def test_a_float32_executor_with_torch_keeps_torch_kernels():
 # ---- the AVX2, AVX-VNNI and plain C++ paths, built apart (this CPU may run the AVX-512 one) --------------
 
 ISA_BODY = """
-x, q8, row_scale, block_scale, half_block_scale, q4, block_offset = inputs
+x, q8, row_scale, block_scale, half_block_scale, q4, block_offset, five = inputs
 result = {"isa": ops.quantized_dot_isa(), "q8": ops.q8_linear(x, q8, block_scale),
           "q8_row": ops.q8_linear(x, q8, row_scale), "q8_half": ops.q8_linear(x, q8, half_block_scale),
           "q8_offset": ops.q8_linear(x, q8, half_block_scale, block_offset), "q4": ops.q4_linear(x, q4),
           "dense": ops.q8_dequantize(q8, half_block_scale, block_offset, torch.bfloat16)}
+for name, (tiles, as_int8, offset) in five.items():  # 5-bit tiles against the same codes in int8 tiles
+    result[name] = (ops.q8_linear(x, tiles, block_scale, offset), ops.q8_linear(x, as_int8, block_scale, offset),
+                    ops.q8_dequantize(tiles, block_scale, offset, torch.bfloat16),
+                    ops.q8_dequantize(as_int8, block_scale, offset, torch.bfloat16))
 """
 NAN_ROW = 5  #: the row of `isa_inputs` that holds a NaN
 
@@ -476,6 +535,10 @@ def isa_inputs():
     half_block_scale = torch.rand(40, 6, generator=gen) * 0.01  # GGUF's Q6_K: a scale per 16 inputs
     block_offset = torch.randn(40, 3, generator=gen) * 0.01  # GGUF's Q5_1 and Q5_K: an offset per 32
     weights = random_q4(40, 96, seed=1)
+    five = {}  # Q5_0's codes (-16..15, no offsets) and Q5_1's (0..31, offsets), as 5-bit and int8 tiles
+    for name, low, offset in (("q5", -16, None), ("q5_offset", 0, tile_block_scales(block_offset))):
+        codes = torch.randint(low, low + 32, (40, 96), generator=gen, dtype=torch.int8)
+        five[name] = (pack_q5(codes, offset is not None), pack_q8(codes), offset)
     inputs = (
         x,
         pack_q8(q),
@@ -484,6 +547,7 @@ def isa_inputs():
         tile_block_scales(half_block_scale),
         pack_q4(weights.q, weights.scale, weights.offset),
         tile_block_scales(block_offset),
+        five,
     )
     finite = x[:NAN_ROW]
     half_weights = q.double() * half_block_scale.double().repeat_interleave(16, 1)
@@ -502,6 +566,10 @@ def isa_inputs():
 
 
 def assert_isa_results(got: dict, references: dict) -> None:
+    for name in ("q5", "q5_offset"):  # the same codes at 5 bits and at 8: the same results, bit for bit
+        five, eight, five_dense, eight_dense = got[name]
+        assert torch.equal(five.nan_to_num(7.0), eight.nan_to_num(7.0)) and five[NAN_ROW].isnan().all(), name
+        assert torch.equal(five_dense, eight_dense), name
     for name, want in references.items():
         if name == "dense":
             assert torch.equal(got[name], want), "the dense weights, bit for bit"

@@ -35,9 +35,12 @@ def make_layer(form: str, dtype=torch.float64) -> nn.Module:
     if form == "q6_k":  # codes q - 32, a scale per 16 inputs
         q = torch.randint(-32, 32, (OUT, IN), dtype=torch.int8)
         return Int8BlockLinear(linear, q, torch.rand(OUT, IN // 16) * 0.01)
-    if form == "q5_k":  # codes 0..31 with a scale and an offset per 32 inputs
+    if form == "q5_k":  # codes 0..31 with a scale and an offset per 32 inputs (5-bit tiles)
         q = torch.randint(0, 32, (OUT, IN), dtype=torch.int8)
         return Int8BlockLinear(linear, q, torch.rand(OUT, IN // 32) * 0.01, torch.randn(OUT, IN // 32) * 0.01)
+    if form == "q5_0":  # codes -16..15 with a scale per 32 inputs (5-bit tiles)
+        q = torch.randint(-16, 16, (OUT, IN), dtype=torch.int8)
+        return Int8BlockLinear(linear, q, torch.rand(OUT, IN // 32) * 0.01)
     q = torch.randint(-127, 128, (OUT, IN), dtype=torch.int8)
     return Int8BlockLinear(linear, q, torch.rand(OUT, IN // 32) * 0.01)
 
@@ -48,7 +51,7 @@ def dense_weight(layer: nn.Module) -> torch.Tensor:  # [out, in] float64
     return layer.dequantized(torch.float64)
 
 
-FORMS = ["dense", "int8", "int4", "q8_0", "q6_k", "q5_k"]
+FORMS = ["dense", "int8", "int4", "q8_0", "q6_k", "q5_k", "q5_0"]
 
 
 @pytest.mark.parametrize("form", FORMS)

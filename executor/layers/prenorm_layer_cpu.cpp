@@ -17,7 +17,7 @@
 // layer's own routing for this many rows), the bias last when it has one:
 //   0 dense: weight                          -> at::linear
 //   1 q4 (int8_dot): pack_q4 tiles           -> specexec_cpu::q4_linear
-//   2 q8 (int8_dot): pack_q8 tiles, scale    -> specexec_cpu::q8_linear (a row's or a block's scale)
+//   2 q8 (int8_dot): pack_q8 or pack_q5 tiles, scale -> specexec_cpu::q8_linear (a row's or a block's scale)
 //   3 torch int4: packed weight, table       -> at::_weight_int4pack_mm_for_cpu (groups of 32)
 //   4 torch int8: int8 weight, scale         -> at::_weight_int8pack_mm
 //   5 oneDNN: packed weight                  -> mkldnn::_linear_pointwise (the bias inside, as PackedLinear)

@@ -1,6 +1,6 @@
 """GGUF's Q8_0, Q5_0, Q6_K, Q5_1 and Q5_K tensors as stored: int8 codes with one scale per block of 32
 inputs (Q6_K: per 16), and for Q5_1 and Q5_K an offset per block of 32, run on the int8_dot kernel (torch
-has none for them)."""
+has none for them). Codes that fit 5 bits (the Q5 types') are held at 5 bits (`pack_q5`), the others at 8."""
 
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ from .quantized_dot import (
     BLOCK,
     HALF_BLOCK,
     TILE,
+    holds_five_bits,
     int8_dot_loads,
+    pack_q5,
     pack_q8,
     q8_dequantize,
     q8_linear,
     tile_block_scales,
+    unpack_q5,
     unpack_q8,
     untile_block_scales,
 )
@@ -36,7 +39,10 @@ class Int8BlockLinear(WeightOnlyLinear):
     q * scale + offset (GGUF's Q5_1 and Q5_K: codes 0..31; a fused layer's other types get offset 0).
     Torch has no kernel for it, so every call below `DENSE_FROM_ROWS` rows runs on the int8_dot kernel
     (`quantized_dot.py`; `quantization.py` builds this layer only where that kernel loads), and the rest
-    (prefill chunks, float64) on the dequantized weights, which are exact in float32."""
+    (prefill chunks, float64) on the dequantized weights, which are exact in float32. Codes of 5 bits
+    (-16..15 without offsets, as Q5_0's; 0..31 with them, as Q5_1's and Q5_K's) with a scale per 32 are
+    held in 5-bit tiles (`code_bits` 5: 6 bits a weight with the scales, 7 with offsets, against 9 and
+    10 in int8 tiles), which the kernels unpack in registers to the same int8 codes."""
 
     scheme = "q8_0"
 
@@ -51,7 +57,11 @@ class Int8BlockLinear(WeightOnlyLinear):
         if offset is not None and tuple(offset.shape) != (q.shape[0], q.shape[1] // BLOCK):
             raise ValueError(f"offset {tuple(offset.shape)}: one per 32 inputs of codes {tuple(q.shape)}")
         self.inputs_per_scale = q.shape[1] // scale.shape[1]  #: 32 (Q8_0, Q5_0) or 16 (Q6_K)
-        self.register_buffer("tiles", pack_q8(q))  # [out / 8, in / 32 * 256] int8: `pack_q8`
+        with_offset = offset is not None
+        five = self.inputs_per_scale == BLOCK and holds_five_bits(q, with_offset)
+        self.code_bits = 5 if five else 8  #: bits a code takes in `tiles`
+        # [out / 8, in / 32 * 160] uint8 (`pack_q5`) or [out / 8, in / 32 * 256] int8 (`pack_q8`)
+        self.register_buffer("tiles", pack_q5(q, with_offset) if five else pack_q8(q))
         self.register_buffer("tiled_scale", tile_block_scales(scale))  # [out / 8, in / inputs_per_scale * 8]
         # [out / 8, in / 32 * 8], or None
         self.register_buffer("tiled_offset", None if offset is None else tile_block_scales(offset))
@@ -88,7 +98,7 @@ class Int8BlockLinear(WeightOnlyLinear):
         )  # [out, in]
         # q * scale (+ offset) in float32, rounded as gguf-py's dequantization rounds it (Q8_0's and Q5_0's
         # products are exact: 8 bits times 11)
-        weight = unpack_q8(self.tiles).float() * scale
+        weight = self._codes(self.tiles).float() * scale
         if self.tiled_offset is not None:
             weight = weight + untile_block_scales(self.tiled_offset).repeat_interleave(BLOCK, dim=1)
         return weight.to(dtype)
@@ -98,11 +108,8 @@ class Int8BlockLinear(WeightOnlyLinear):
         Q8_0 token embedding as codes, `quantized_embedding.py`): the values `dequantized_by_torch` gives
         those rows, without the whole table."""
         tile, lane = rows // TILE, rows % TILE
-        blocks = self.in_features // BLOCK
-        # a tile's block: 8 vectors of (8 rows x 4 bytes) (`pack_q8`); both indices out -> [N, block, 8, 4]
-        codes = self.tiles.view(-1, blocks, 8, TILE, 4)[tile, :, :, lane, :].reshape(
-            len(rows), self.in_features
-        )
+        # each row's tile unpacked, then the row's lane of it: [N * 8, in] -> [N, in]
+        codes = self._codes(self.tiles[tile])[torch.arange(len(rows)) * TILE + lane]
         scale = self.tiled_scale.view(self.tiled_scale.shape[0], -1, TILE)[tile, :, lane]  # [N, scales]
         weight = codes.float() * scale.repeat_interleave(self.inputs_per_scale, dim=1)
         if self.tiled_offset is not None:
@@ -114,4 +121,11 @@ class Int8BlockLinear(WeightOnlyLinear):
         """What the constructor takes: the int8 codes [out, in], block scales [out, in / inputs_per_scale]
         and block offsets [out, in / 32] (or None)."""
         offset = None if self.tiled_offset is None else untile_block_scales(self.tiled_offset)
-        return unpack_q8(self.tiles), untile_block_scales(self.tiled_scale), offset
+        return self._codes(self.tiles), untile_block_scales(self.tiled_scale), offset
+
+    def _codes(
+        self, tiles: torch.Tensor
+    ) -> torch.Tensor:  # some of `tiles`' rows [T, ...] -> [T * 8, in] int8
+        if self.code_bits == 5:
+            return unpack_q5(tiles, with_offset=self.tiled_offset is not None)
+        return unpack_q8(tiles)

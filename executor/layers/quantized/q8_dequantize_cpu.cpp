@@ -1,5 +1,5 @@
-// `q8_linear`'s weight tiles (`pack_q8`, with block or half-block scales and optional block offsets) as a
-// dense matrix, for the prefill chunks that multiply by dense weights (`Int8BlockLinear.dequantized`).
+// `q8_linear`'s weight tiles (`pack_q8`, with block or half-block scales and optional block offsets; or
+// `pack_q5`'s 5-bit tiles, with block scales) as a dense matrix, for the prefill chunks that multiply by dense weights (`Int8BlockLinear.dequantized`).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include "../float_convert.h"
+#include "q5_values.h"
 #include "tile_layout.h"
 
 #include <cstdint>
@@ -74,10 +75,12 @@ inline void transpose8x8(__m256i* v) {
 // each row's 32 weights are written as one run. Tiles split over torch's threads.
 at::Tensor q8_dequantize(at::Tensor tiles, at::Tensor scale, std::optional<at::Tensor> offset,
                          at::ScalarType dtype) {
-  TORCH_CHECK(tiles.scalar_type() == at::kChar && tiles.is_contiguous() && tiles.dim() == 2 &&
-                  tiles.size(1) % kQ8Bytes == 0,
-              "q8_dequantize: tiles int8 [N / 8, K / 32 * 256], contiguous");
-  const int64_t T = tiles.size(0), G = tiles.size(1) / kQ8Bytes, K = G * kBlock;
+  const bool five = tiles.scalar_type() == at::kByte;  // `pack_q5`'s tiles
+  const int64_t bytes = five ? kQ5Bytes : kQ8Bytes;
+  TORCH_CHECK((five || tiles.scalar_type() == at::kChar) && tiles.is_contiguous() && tiles.dim() == 2 &&
+                  tiles.size(1) % bytes == 0,
+              "q8_dequantize: tiles int8 [N / 8, K / 32 * 256] or uint8 [N / 8, K / 32 * 160], contiguous");
+  const int64_t T = tiles.size(0), G = tiles.size(1) / bytes, K = G * kBlock;
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.dim() == 2 && scale.size(0) == T &&
                   (scale.size(1) == G * kTile || scale.size(1) == 2 * G * kTile),
               "q8_dequantize: block scales float32 [N / 8, K / 32 * 8] or [N / 8, K / 16 * 8], contiguous");
@@ -87,21 +90,28 @@ at::Tensor q8_dequantize(at::Tensor tiles, at::Tensor scale, std::optional<at::T
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
               "q8_dequantize: dtype float32, bfloat16 or float16");
   const bool per_half = scale.size(1) == 2 * G * kTile;
-  const int8_t* tp = tiles.data_ptr<int8_t>();
+  TORCH_CHECK(!five || !per_half, "q8_dequantize: 5-bit tiles take one scale per block of 32");
+  const uint8_t* tp = static_cast<const uint8_t*>(tiles.data_ptr());
   const float* sp = scale.data_ptr<float>();
   const float* mp = offset.has_value() ? offset->data_ptr<float>() : nullptr;
+  const int centre = five && mp == nullptr ? kQ5Centre : 0;  // 5-bit values less this are the codes
   at::Tensor out = at::empty({T * kTile, K}, tiles.options().dtype(dtype));
   auto run = [&](auto* op) {
     at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         for (int64_t g = 0; g < G; ++g) {
-          const int8_t* block = tp + (t * G + g) * kQ8Bytes;
+          const uint8_t* block = tp + (t * G + g) * bytes;
           const float* first = per_half ? sp + (t * 2 * G + 2 * g) * kTile : sp + (t * G + g) * kTile;
           const float* second = per_half ? first + kTile : first;  // the scales of inputs 16..31
           const float* m = mp == nullptr ? nullptr : mp + (t * G + g) * kTile;
 #if defined(SPECEXEC_SIMD)
           __m256i v[8];
-          for (int c = 0; c < 8; ++c) v[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * c));
+          if (five) {
+            specexec_q5::load_values(block, v);
+            for (int c = 0; c < 8; ++c) v[c] = _mm256_sub_epi8(v[c], _mm256_set1_epi8(static_cast<char>(centre)));
+          } else {
+            for (int c = 0; c < 8; ++c) v[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * c));
+          }
           transpose8x8(v);
           for (int64_t i = 0; i < kTile; ++i) {
             auto* row = op + (t * kTile + i) * K + g * kBlock;
@@ -119,7 +129,9 @@ at::Tensor q8_dequantize(at::Tensor tiles, at::Tensor scale, std::optional<at::T
             for (int64_t i = 0; i < kTile; ++i) {
               auto* row = op + (t * kTile + i) * K + g * kBlock + 4 * c;
               for (int64_t j = 0; j < 4; ++j) {
-                float w = unfused(static_cast<float>(block[32 * c + 4 * i + j]) * (c < 4 ? first : second)[i]);
+                const int code = five ? q5_value(block, c, 4 * i + j) - centre
+                                      : reinterpret_cast<const int8_t*>(block)[32 * c + 4 * i + j];
+                float w = unfused(static_cast<float>(code) * (c < 4 ? first : second)[i]);
                 if (m != nullptr) w = w + m[i];
                 specexec_convert::put(row + j, w);
               }

@@ -103,8 +103,47 @@ def pack_q8(weight: torch.Tensor) -> torch.Tensor:
 
 def unpack_q8(tiles: torch.Tensor) -> torch.Tensor:
     """`pack_q8`'s tiles back to the codes [out, in]."""
-    chunks = tiles.reshape(tiles.shape[0], -1, 8, TILE, 4)  # [tile, block, chunk, row, byte]
-    return chunks.permute(0, 3, 1, 2, 4).reshape(tiles.shape[0] * TILE, -1)
+    blocks = tiles.shape[1] // (8 * TILE * 4)
+    chunks = tiles.reshape(tiles.shape[0], blocks, 8, TILE, 4)  # [tile, block, chunk, row, byte]
+    return chunks.permute(0, 3, 1, 2, 4).reshape(tiles.shape[0] * TILE, blocks * 32)
+
+
+#: what a layer's 5-bit values less this are without offsets (Q5_0's -16..15); with offsets, the values
+Q5_CENTRE = 16
+
+
+def holds_five_bits(codes: torch.Tensor, with_offset: bool) -> bool:
+    """Whether `pack_q5` holds int8 codes [out, in]: -16..15 for a layer without offsets (GGUF's Q5_0),
+    0..31 for one with them (Q5_1, Q5_K, and 4-bit types fused with them)."""
+    low = 0 if with_offset else -Q5_CENTRE
+    return bool(codes.numel()) and int(codes.min()) >= low and int(codes.max()) <= low + 31
+
+
+def pack_q5(codes: torch.Tensor, with_offset: bool) -> torch.Tensor:
+    """int8 codes [out, in] (`holds_five_bits`) -> 5-bit tiles, [out / 8, in / 32 * 160] uint8: per tile of 8
+    weight rows and block of 32 inputs, `pack_q8`'s eight vectors at 5 bits a code (`tile_layout.h`): four
+    32-byte vectors whose low nibbles hold the low 4 bits of vectors 0..3 and high nibbles those of 4..7,
+    then 8 little-endian 32-bit words, word c's bit p holding bit 4 of vector c's byte p."""
+    values = (codes.to(torch.int16) + (0 if with_offset else Q5_CENTRE)).to(torch.uint8)
+    vectors = pack_q8(values).reshape(codes.shape[0] // TILE, -1, 8, 32)  # [tile, block, vector, byte]
+    low = vectors & 0x0F
+    nibbles = (low[:, :, :4] | (low[:, :, 4:] << 4)).flatten(2)  # [tile, block, 128]
+    high = (vectors >> 4).reshape(*vectors.shape[:3], 4, 8)  # [tile, block, vector, word byte, bit]
+    weights = torch.tensor([1 << bit for bit in range(8)], dtype=torch.uint8)
+    words = (high * weights).sum(-1, dtype=torch.uint8).flatten(2)  # [tile, block, 32]
+    return torch.cat([nibbles, words], dim=2).reshape(codes.shape[0] // TILE, -1).contiguous()
+
+
+def unpack_q5(tiles: torch.Tensor, with_offset: bool) -> torch.Tensor:
+    """`pack_q5`'s tiles back to the int8 codes [out, in]."""
+    count = tiles.shape[1] // 160
+    blocks = tiles.reshape(tiles.shape[0], count, 160)
+    nibbles = blocks[:, :, :128].reshape(tiles.shape[0], count, 4, 32)
+    low = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=2)  # [tile, block, vector, byte]
+    words = blocks[:, :, 128:].reshape(tiles.shape[0], count, 8, 4, 1)
+    high = ((words >> torch.arange(8, dtype=torch.uint8)) & 1).reshape(low.shape)
+    values = (low | (high << 4)).reshape(tiles.shape[0], count * 256)
+    return unpack_q8(values).to(torch.int16).sub(0 if with_offset else Q5_CENTRE).to(torch.int8)
 
 
 def tile_block_scales(scale: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,10 @@
 //   m * xd * sum(xq) is added after the dots, as q4_linear adds Q4_1's. With VNNI each code is taken as
 //   the unsigned byte w + 128 (`dpbusd` multiplies unsigned by signed) and 128 * sum(xq) is subtracted,
 //   in integers; on AVX2 by the sign trick (|w| as unsigned times xq carrying w's sign), so no product
-//   pair overflows `maddubs`'s 16-bit sums.
+//   pair overflows `maddubs`'s 16-bit sums. Codes of 5 bits (GGUF's Q5_0, Q5_1, Q5_K) come in 5-bit tiles
+//   (uint8: `tile_layout.h`, 160 bytes a tile's block instead of 256), unpacked in registers into the
+//   vectors an int8 tile's load gives (`q5_values.h`), so the arithmetic after the load is the same and
+//   so are the results, bit for bit; a decode step reads 0.6x the bytes for them.
 //
 // The only rounding beyond the float path's is the activations' int8 step: |error| of a block's dot <=
 // sum(|w|) * xd / 2. A block of x holding NaN or Inf makes its row's outputs NaN, as torch's product
@@ -40,6 +43,7 @@
 
 #include "../float_convert.h"
 #include "../lanes8.h"
+#include "q5_values.h"
 #include "tile_layout.h"
 
 #include <algorithm>
@@ -227,6 +231,19 @@ inline void load_q8_block(const int8_t* block, __m256i* w) {
   }
 }
 
+// a tile's block of 5-bit codes (`tile_layout.h`) as `load_q8_block` gives the int8 codes they stand for:
+// the value less `centre` (16 without offsets, else 0), with VNNI as the unsigned byte code + 128
+inline void load_q5_block(const uint8_t* block, int centre, __m256i* w) {
+  specexec_q5::load_values(block, w);
+#if defined(SPECEXEC_VNNI)
+  const __m256i shift = _mm256_set1_epi8(static_cast<char>(128 - centre));  // (wraps to +128 for centre 0)
+#else
+  const __m256i shift = _mm256_set1_epi8(static_cast<char>(-centre));
+#endif
+#pragma GCC unroll 8
+  for (int c = 0; c < 8; ++c) w[c] = _mm256_add_epi8(w[c], shift);
+}
+
 // the same with w's signs moved onto x (the AVX2 way round: see q8_tile)
 inline __m256i half_tile_dot_signed(const __m256i* w, const int8_t* x) {
   __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
@@ -369,11 +386,21 @@ inline void q4_tile_pair(const uint8_t* tile0, const uint8_t* tile1, const Quant
 }
 #endif
 
+// The int8 code of vector c's byte p in a tile's block: int8 tiles hold it, 5-bit tiles hold it plus
+// `centre` (the plain C++ paths)
+template <bool Five>
+inline int block_code(const uint8_t* block, int centre, int64_t c, int64_t p) {
+  if constexpr (Five) return q5_value(block, c, p) - centre;
+  return reinterpret_cast<const int8_t*>(block)[32 * c + p];
+}
+
 // The same for one int8 tile: wd, the tile's blocks' scales (8 a block; nullptr: one scale a row, applied
-// by the caller)
-template <int R>
-inline void q8_tile(const int8_t* tile, const float* wd, const QuantizedRows& xr, int64_t m0, int64_t rows,
-                    int64_t K, float* out) {
+// by the caller). Five: the codes come from a 5-bit tile (`tile_layout.h`; block scales), each less
+// `centre`, unpacked into the vectors an int8 tile's load gives: the same arithmetic from there on.
+template <int R, bool Five = false>
+inline void q8_tile(const uint8_t* tile, const float* wd, int centre, const QuantizedRows& xr, int64_t m0,
+                    int64_t rows, int64_t K, float* out) {
+  constexpr int64_t kBytes = Five ? kQ5Bytes : kQ8Bytes;
   const int64_t G = K / kBlock;
   const int8_t* xq = xr.q.data() + m0 * K;
   const float* xd = xr.scale.data() + m0 * G;
@@ -384,7 +411,11 @@ inline void q8_tile(const int8_t* tile, const float* wd, const QuantizedRows& xr
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
     __m256i w[8];
-    load_q8_block(tile + g * kQ8Bytes, w);
+    if constexpr (Five) {
+      load_q5_block(tile + g * kBytes, centre, w);
+    } else {
+      load_q8_block(reinterpret_cast<const int8_t*>(tile) + g * kBytes, w);
+    }
     const __m256 scale = wd == nullptr ? _mm256_set1_ps(1.f) : _mm256_loadu_ps(wd + g * kTile);
 #if defined(SPECEXEC_VNNI)
     // sum((w + 128) * xq) - 128 * sum(xq)
@@ -421,11 +452,11 @@ inline void q8_tile(const int8_t* tile, const float* wd, const QuantizedRows& xr
     for (int64_t i = 0; i < kTile; ++i) {
       float total = 0.f;
       for (int64_t g = 0; g < G; ++g) {
-        const int8_t* block = tile + g * kQ8Bytes;
+        const uint8_t* block = tile + g * kBytes;
         const int8_t* x = xq + r * K + g * kBlock;
         int32_t dot = 0;
         for (int64_t c = 0; c < 8; ++c) {
-          for (int64_t j = 0; j < 4; ++j) dot += block[32 * c + 4 * i + j] * x[4 * c + j];
+          for (int64_t j = 0; j < 4; ++j) dot += block_code<Five>(block, centre, c, 4 * i + j) * x[4 * c + j];
         }
         total += static_cast<float>(dot) * ((wd == nullptr ? 1.f : wd[g * kTile + i]) * xd[r * G + g]);
       }
@@ -496,9 +527,10 @@ inline void q8_half_tile(const int8_t* tile, const float* wd, const QuantizedRow
 #if defined(SPECEXEC_TILE_PAIRS)
 // Two int8 tiles side by side, as `q4_tile_pair` does for Q4 (the VNNI build's w + 128 form); wd: both
 // tiles' block scales (nullptr: one scale a row, applied by the caller). out[r * 16 + i].
-template <int R>
-inline void q8_tile_pair(const int8_t* tile0, const int8_t* tile1, const float* wd0, const float* wd1,
+template <int R, bool Five = false>
+inline void q8_tile_pair(const uint8_t* tile0, const uint8_t* tile1, const float* wd0, const float* wd1, int centre,
                          const QuantizedRows& xr, int64_t m0, int64_t K, float* out) {
+  constexpr int64_t kBytes = Five ? kQ5Bytes : kQ8Bytes;
   const int64_t G = K / kBlock;
   const int8_t* xq = xr.q.data() + m0 * K;
   const float* xd = xr.scale.data() + m0 * G;
@@ -507,15 +539,23 @@ inline void q8_tile_pair(const int8_t* tile0, const int8_t* tile1, const float* 
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t g = 0; g < G; ++g) {
-    const int8_t* b0 = tile0 + g * kQ8Bytes;
-    const int8_t* b1 = tile1 + g * kQ8Bytes;
+    const uint8_t* b0 = tile0 + g * kBytes;
+    const uint8_t* b1 = tile1 + g * kBytes;
     __m512i w[8];
+    if constexpr (Five) {  // each tile's vectors already as unsigned code + 128 (a VNNI build's load)
+      __m256i w0[8], w1[8];
+      load_q5_block(b0, centre, w0);
+      load_q5_block(b1, centre, w1);
 #pragma GCC unroll 8
-    for (int c = 0; c < 8; ++c) {
-      const __m512i both = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 32 * c))),
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1 + 32 * c)), 1);
-      w[c] = _mm512_xor_si512(both, bias);
+      for (int c = 0; c < 8; ++c) w[c] = _mm512_inserti64x4(_mm512_castsi256_si512(w0[c]), w1[c], 1);
+    } else {
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        const __m512i both = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 32 * c))),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1 + 32 * c)), 1);
+        w[c] = _mm512_xor_si512(both, bias);
+      }
     }
     const __m512 scale =
         wd0 == nullptr ? _mm512_set1_ps(1.f)
@@ -637,65 +677,82 @@ inline void add_block_offsets(const float* offsets, int64_t t, int64_t count, co
   }
 }
 
-// x [M, K]; tiles [N / 8, K / 32 * 256] int8 (`pack_q8`); scale [N] float32 (one per row),
-// [N / 8, K / 32 * 8] (one per block, tiled as the codes: `tile_block_scales`) or [N / 8, K / 16 * 8] (one
-// per half-block of 16 inputs, tiled the same way); offset: none, or [N / 8, K / 32 * 8] (one per block of
-// 32, tiled as the block scales: weight = code * scale + offset) -> [M, N]
+// x [M, K]; tiles [N / 8, K / 32 * 256] int8 (`pack_q8`) or [N / 8, K / 32 * 160] uint8 (`pack_q5`: 5-bit
+// codes, with block scales); scale [N] float32 (one per row), [N / 8, K / 32 * 8] (one per block, tiled as
+// the codes: `tile_block_scales`) or [N / 8, K / 16 * 8] (one per half-block of 16 inputs, tiled the same
+// way; int8 tiles); offset: none, or [N / 8, K / 32 * 8] (one per block of 32, tiled as the block scales:
+// weight = code * scale + offset; 5-bit codes are their value less 16 without offsets, the value with)
+// -> [M, N]
 at::Tensor q8_linear(at::Tensor x, at::Tensor tiles, at::Tensor scale, std::optional<at::Tensor> offset) {
-  TORCH_CHECK(tiles.scalar_type() == at::kChar && scale.scalar_type() == at::kFloat && tiles.is_contiguous() &&
-                  scale.is_contiguous() && tiles.dim() == 2,
-              "q8_linear: tiles int8 [N / 8, K / 32 * 256] and scale float32, contiguous");
+  const bool five = tiles.scalar_type() == at::kByte;
+  TORCH_CHECK((five || tiles.scalar_type() == at::kChar) && scale.scalar_type() == at::kFloat &&
+                  tiles.is_contiguous() && scale.is_contiguous() && tiles.dim() == 2,
+              "q8_linear: tiles int8 [N / 8, K / 32 * 256] or uint8 [N / 8, K / 32 * 160], scale float32, "
+              "contiguous");
   TORCH_CHECK(x.size(-1) % kBlock == 0, "q8_linear: the input features must be a multiple of ", kBlock);
-  const int64_t T = tiles.size(0), G = x.size(-1) / kBlock;
+  const int64_t T = tiles.size(0), G = x.size(-1) / kBlock, bytes = five ? kQ5Bytes : kQ8Bytes;
   const bool per_block = scale.dim() == 2, per_half = per_block && scale.size(1) == 2 * G * kTile;
-  TORCH_CHECK(tiles.size(1) == G * kQ8Bytes && (per_block || scale.dim() == 1) &&
+  TORCH_CHECK(tiles.size(1) == G * bytes && (per_block || scale.dim() == 1) &&
                   (per_block ? scale.size(0) == T && (per_half || scale.size(1) == G * kTile)
                              : scale.size(0) == T * kTile),
-              "q8_linear: tiles [N / 8, K / 32 * 256], scale [N], [N / 8, K / 32 * 8] or [N / 8, K / 16 * 8] "
-              "for x [M, K]");
+              "q8_linear: tiles [N / 8, K / 32 * 256] (int8) or [N / 8, K / 32 * 160] (uint8), scale [N], "
+              "[N / 8, K / 32 * 8] or [N / 8, K / 16 * 8] for x [M, K]");
+  TORCH_CHECK(!five || (per_block && !per_half), "q8_linear: 5-bit tiles take one scale per block of 32");
   if (offset.has_value()) {
     TORCH_CHECK(per_block && offset->scalar_type() == at::kFloat && offset->is_contiguous() && offset->dim() == 2 &&
                     offset->size(0) == T && offset->size(1) == G * kTile,
                 "q8_linear: offset float32 [N / 8, K / 32 * 8], contiguous, with block scales");
   }
-  const int8_t* tp = tiles.data_ptr<int8_t>();
+  const uint8_t* tp = static_cast<const uint8_t*>(tiles.data_ptr());
   const float* sp = scale.data_ptr<float>();
   const float* mp = offset.has_value() ? offset->data_ptr<float>() : nullptr;
+  const int centre = five && mp == nullptr ? kQ5Centre : 0;
   if (per_half) {  // one tile at a time: no pair variant
     return tiled_linear(
         x, T,
         [&](auto tile_rows, int64_t t, int64_t, const QuantizedRows& xr, int64_t m0, int64_t rows, int64_t K,
             float* result) {
           constexpr int R = decltype(tile_rows)::value;
-          q8_half_tile<R>(tp + t * G * kQ8Bytes, sp + t * 2 * G * kTile, xr, m0, rows, K, result);
+          q8_half_tile<R>(reinterpret_cast<const int8_t*>(tp) + t * G * kQ8Bytes, sp + t * 2 * G * kTile, xr, m0,
+                          rows, K, result);
           if (mp != nullptr) add_block_offsets(mp, t, 1, xr, m0, rows, G, result);
         },
         "q8_linear");
   }
+  auto tile_fn = [&](auto tile_rows, auto five_bits, int64_t t, int64_t count, const QuantizedRows& xr, int64_t m0,
+                     int64_t rows, int64_t K, float* result) {
+    constexpr int R = decltype(tile_rows)::value;
+    constexpr bool Five = decltype(five_bits)::value;
+    const float* wd = per_block ? sp + t * G * kTile : nullptr;
+#if defined(SPECEXEC_TILE_PAIRS)
+    if (count == 2) {
+      const float* wd1 = per_block ? sp + (t + 1) * G * kTile : nullptr;
+      q8_tile_pair<R, Five>(tp + t * G * bytes, tp + (t + 1) * G * bytes, wd, wd1, centre, xr, m0, K, result);
+    } else {
+      q8_tile<R, Five>(tp + t * G * bytes, wd, centre, xr, m0, rows, K, result);
+    }
+#else
+    q8_tile<R, Five>(tp + t * G * bytes, wd, centre, xr, m0, rows, K, result);
+#endif
+    if (mp != nullptr) add_block_offsets(mp, t, count, xr, m0, rows, G, result);
+    if (!per_block) {  // one scale a row
+      const int64_t width = count * kTile;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = 0; i < width; ++i) result[r * width + i] *= sp[t * kTile + i];
+      }
+    }
+  };
+  if (five) {
+    return tiled_linear(
+        x, T,
+        [&](auto tile_rows, int64_t t, int64_t count, const QuantizedRows& xr, int64_t m0, int64_t rows, int64_t K,
+            float* result) { tile_fn(tile_rows, std::true_type{}, t, count, xr, m0, rows, K, result); },
+        "q8_linear", kTilePairs);
+  }
   return tiled_linear(
       x, T,
       [&](auto tile_rows, int64_t t, int64_t count, const QuantizedRows& xr, int64_t m0, int64_t rows, int64_t K,
-          float* result) {
-        constexpr int R = decltype(tile_rows)::value;
-        const float* wd = per_block ? sp + t * G * kTile : nullptr;
-#if defined(SPECEXEC_TILE_PAIRS)
-        if (count == 2) {
-          const float* wd1 = per_block ? sp + (t + 1) * G * kTile : nullptr;
-          q8_tile_pair<R>(tp + t * G * kQ8Bytes, tp + (t + 1) * G * kQ8Bytes, wd, wd1, xr, m0, K, result);
-        } else {
-          q8_tile<R>(tp + t * G * kQ8Bytes, wd, xr, m0, rows, K, result);
-        }
-#else
-        q8_tile<R>(tp + t * G * kQ8Bytes, wd, xr, m0, rows, K, result);
-#endif
-        if (mp != nullptr) add_block_offsets(mp, t, count, xr, m0, rows, G, result);
-        if (!per_block) {  // one scale a row
-          const int64_t width = count * kTile;
-          for (int64_t r = 0; r < rows; ++r) {
-            for (int64_t i = 0; i < width; ++i) result[r * width + i] *= sp[t * kTile + i];
-          }
-        }
-      },
+          float* result) { tile_fn(tile_rows, std::false_type{}, t, count, xr, m0, rows, K, result); },
       "q8_linear", kTilePairs);
 }
 
