@@ -171,6 +171,30 @@ def test_a_quantized_models_shard_keeps_its_layers_quantized():
     assert isinstance(model.model.layers[0].o_proj, Int4WeightOnlyLinear), "the front's model is untouched"
 
 
+def test_an_embedding_looked_up_in_the_tied_heads_codes_keeps_the_whole_table_in_each_shard(cpu_ops_built):
+    """A GGUF's embedding read from its tied head's int8 blocks (`quantized_embedding.py`): each rank's
+    head is its rows, yet its embedding still holds every row of the codes."""
+    from specexec.executor.layers.quantized.q8_block_linear import Int8BlockLinear
+    from specexec.executor.layers.quantized.quantized_embedding import QuantizedEmbedding
+    from specexec.executor.model.decoder.convert import convert_to_own_decoder
+    from specexec.executor.parallel.sharding import shard_model
+
+    _, model = make_tiny_model("llama", **INT4_SHAPES)
+    convert_to_own_decoder(model)
+    vocab, hidden = model.lm_head.out_features, model.lm_head.in_features
+    codes = torch.randint(
+        -127, 128, (vocab, hidden), dtype=torch.int8, generator=torch.Generator().manual_seed(0)
+    )
+    model.lm_head = Int8BlockLinear(model.lm_head, codes, torch.rand(vocab, hidden // 32) * 0.01)
+    model.set_input_embeddings(QuantizedEmbedding(model.get_input_embeddings(), model.lm_head, shared=True))
+    every_id = torch.arange(vocab)
+    want = model.get_input_embeddings()(every_id)
+    for rank in (0, 1):
+        shard = shard_model(model, rank, 2, comm=None)
+        assert shard.lm_head.local.out_features == vocab // 2
+        assert torch.equal(shard.get_input_embeddings()(every_id), want)
+
+
 def test_a_layer_of_a_form_tensor_parallelism_cannot_slice_is_refused_naming_it():
     from specexec.executor.model.decoder.convert import convert_to_own_decoder
     from specexec.executor.parallel.sharding import check_shardable

@@ -115,7 +115,11 @@ def shard_model(model: nn.Module, rank: int, world: int, comm) -> nn.Module:
     its collectives through ``comm``; ``check_shardable`` first. The sharded layers are not copied whole
     on the way: only their slices are made."""
     sharded = [getattr(layer, name) for layer in model.model.layers for name in SHARDED_LINEARS]
-    shard = copy.deepcopy(model, memo={id(m): None for m in [*sharded, model.lm_head]})
+    # the sharded layers are not copied (their slices replace them); nor is the head, which stays the
+    # source's own where anything else refers to it (an embedding looked up in a tied head's codes,
+    # `quantized_embedding.py`: every rank holds the whole table) and is replaced by its rows here
+    memo = {id(m): None for m in sharded} | {id(model.lm_head): model.lm_head}
+    shard = copy.deepcopy(model, memo=memo)
     held_dense = []
     for source, layer in zip(model.model.layers, shard.model.layers, strict=True):
         held_dense += shard_layer(source, layer, rank, world, comm)

@@ -20,9 +20,10 @@ MIB = 2**20
 
 
 def resident_mib() -> float:
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS"):
-            return int(line.split()[1]) / 1024
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 

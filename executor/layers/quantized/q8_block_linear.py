@@ -123,9 +123,8 @@ class Int8BlockLinear(WeightOnlyLinear):
         offset = None if self.tiled_offset is None else untile_block_scales(self.tiled_offset)
         return self._codes(self.tiles), untile_block_scales(self.tiled_scale), offset
 
-    def _codes(
-        self, tiles: torch.Tensor
-    ) -> torch.Tensor:  # some of `tiles`' rows [T, ...] -> [T * 8, in] int8
+    def _codes(self, tiles: torch.Tensor) -> torch.Tensor:
+        """Some of `tiles`' rows [T, ...] as int8 codes [T * 8, in], from 5-bit or int8 tiles."""
         if self.code_bits == 5:
             return unpack_q5(tiles, with_offset=self.tiled_offset is not None)
         return unpack_q8(tiles)

@@ -1,5 +1,6 @@
 // `q8_linear`'s weight tiles (`pack_q8`, with block or half-block scales and optional block offsets; or
-// `pack_q5`'s 5-bit tiles, with block scales) as a dense matrix, for the prefill chunks that multiply by dense weights (`Int8BlockLinear.dequantized`).
+// `pack_q5`'s 5-bit tiles, with block scales) as a dense matrix, for the prefill chunks that multiply by
+// dense weights (`Int8BlockLinear.dequantized`).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>

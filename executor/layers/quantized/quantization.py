@@ -172,9 +172,10 @@ def _embedding_from_codes(model: nn.Module, embedding: nn.Embedding, file: GGUFF
     held it). Anything else stays dense."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     tensor = file.tensor_for(_module_name(model, embedding))
-    if isinstance(head, Int8BlockLinear) and getattr(head, "tied_to_embedding", False):
+    if isinstance(head, Int8BlockLinear) and head.tied_to_embedding:
         model.set_input_embeddings(QuantizedEmbedding(embedding, head, shared=True))
-        report.layers[f"{tensor.type_name} token embedding -> the LM head's int8 blocks"] += 1
+        type_name = tensor.type_name if tensor is not None else "unmatched"
+        report.layers[f"{type_name} token embedding -> the LM head's int8 blocks"] += 1
         return
     weight = embedding.weight
     as_linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
