@@ -11,7 +11,9 @@
   twice the bytes to read), then the LM head (a GGUF's Q8_0
   head in int8 blocks on int8_dot, as loaded, where int8_dot runs) — runs in
   both dtypes for 1 and 4 new tokens, on enough distinct weights to stream from memory as the real
-  forward does; bfloat16 wins when it takes under `BF16_MARGIN` of float32's time. The answer is cached
+  forward does, the two dtypes taking turns (so the machine's drift falls on both alike); bfloat16 wins
+  when its median turn takes under `BF16_MARGIN` of float32's time and every turn took less than
+  float32's (a difference the noise between turns does not cover), else float32. The answer is cached
   per CPU, torch version, thread count and model shape (like the forward-cost curve), so it is measured
   once per machine.
 """
@@ -38,7 +40,7 @@ from .quantized.quantized_linear import Int4WeightOnlyLinear, Int8WeightOnlyLine
 logger = logging.getLogger("specexec")
 
 MEASUREMENT_VERSION = (
-    8  #: bump when the measured work changes (attention path, quantization, int8_dot): old answers are stale
+    9  #: bump when the measured work changes (attention path, quantization, int8_dot): old answers are stale
 )
 BF16_MARGIN = 0.9  #: bfloat16 must take under this fraction of float32's time to be chosen
 #: a dtype whose warm-up step takes this many times the other's is not timed again (see measure_bf16_ratio)
@@ -77,6 +79,23 @@ class ModelShape:
 
 
 @dataclass(frozen=True, slots=True)
+class Bf16Timing:
+    """bfloat16's time over float32's: the median over the measurement's turns, and each turn's."""
+
+    ratio: float
+    turns: tuple[float, ...]
+
+    @property
+    def every_turn_faster(self) -> bool:
+        """Whether bfloat16 took less time than float32 in every turn (the noise did not cover it)."""
+        return all(turn < 1.0 for turn in self.turns)
+
+    def describe(self) -> str:
+        spread = f" ({min(self.turns):.2f}-{max(self.turns):.2f}x over {len(self.turns)} turns)"
+        return f"bfloat16 took {self.ratio:.2f}x float32's time" + (spread if len(self.turns) > 1 else "")
+
+
+@dataclass(frozen=True, slots=True)
 class DtypeChoice:
     dtype: str  #: float32, bfloat16, ...
     reason: str  #: one line: why (printed by `specexec run`)
@@ -99,39 +118,44 @@ def choose_dtype(
         return DtypeChoice("float32", "auto: the model's shape could not be read before loading")
     shape = ModelShape.from_config(shape_config)
     int8_dot = quantization is not None and quantized_kernel != "torch" and int8_dot_loads()
-    ratio = _cached_bf16_ratio(shape, cache_dir, quantization, int8_dot)
-    verdict = "bfloat16" if ratio < BF16_MARGIN else "float32"
+    timing = _cached_bf16_ratio(shape, cache_dir, quantization, int8_dot)
+    verdict = "bfloat16" if timing.ratio < BF16_MARGIN and timing.every_turn_faster else "float32"
     weights = f" with {quantization} weights" if quantization else ""
-    return DtypeChoice(
-        verdict, f"auto: bfloat16 took {ratio:.2f}x float32's time{weights} on {describe_cpu()}"
-    )
+    unclear = "; not faster in every turn" if timing.ratio < BF16_MARGIN and verdict == "float32" else ""
+    return DtypeChoice(verdict, f"auto: {timing.describe()}{weights} on {describe_cpu()}{unclear}")
 
 
 def _cached_bf16_ratio(
     shape: ModelShape, cache_dir: Path | None, quantization: str | None, int8_dot: bool = False
-) -> float:
+) -> Bf16Timing:
     key = f"v{MEASUREMENT_VERSION}|{machine_key()}|{shape}|quantization={quantization}|int8_dot={int8_dot}"
+
+    def measure() -> dict:
+        timing = measure_bf16_ratio(shape, quantization, int8_dot=int8_dot)
+        return {"bf16_ratio": timing.ratio, "bf16_turns": list(timing.turns)}
+
     data = cached_measurement(
         cache_dir,
         "dtype-choice",
         key,
-        lambda: {"bf16_ratio": measure_bf16_ratio(shape, quantization, int8_dot=int8_dot)},
+        measure,
         "dtype auto: timing bfloat16 against float32 on this CPU",
-        ("bf16_ratio",),
+        ("bf16_ratio", "bf16_turns"),
     )
     try:
-        return float(data["bf16_ratio"])
+        return Bf16Timing(float(data["bf16_ratio"]), tuple(float(t) for t in data["bf16_turns"]))
     except (TypeError, ValueError):  # a damaged cache file: measure again, uncached
         return measure_bf16_ratio(shape, quantization, int8_dot=int8_dot)
 
 
 def measure_bf16_ratio(
     shape: ModelShape, quantization: str | None = None, repeats: int = 5, int8_dot: bool = False
-) -> float:
-    """bfloat16's time over float32's for one decode step's work at 1 and 4 new tokens (summed). Where
-    one dtype's first (warm-up) step takes over `CLEARLY_SLOWER` times the other's, the answer is clear
-    and the warm-ups' ratio is kept: no repeats of the slow one (float32 with int4 weights took 16x
-    bfloat16's time on the AVX512-BF16 EPYC, and its repeats were most of the start-up)."""
+) -> Bf16Timing:
+    """bfloat16's time over float32's for one decode step's work at 1 and 4 new tokens (summed), in
+    ``repeats`` turns, each dtype's step once a turn. Where one dtype's first (warm-up) step takes over
+    `CLEARLY_SLOWER` times the other's, the answer is clear and the warm-ups' ratio is kept: no repeats of
+    the slow one (float32 with int4 weights took 16x bfloat16's time on the AVX512-BF16 EPYC, and its
+    repeats were most of the start-up)."""
     steps, warm = {}, {}
     for dtype in (torch.float32, torch.bfloat16):
         steps[dtype] = DecodeStepWork(shape, dtype, quantization, int8_dot)
@@ -140,12 +164,15 @@ def measure_bf16_ratio(
         warm[dtype] = time.perf_counter() - started
     ratio = warm[torch.bfloat16] / warm[torch.float32]
     if not 1 / CLEARLY_SLOWER < ratio < CLEARLY_SLOWER:
-        return ratio
-    seconds = {
-        dtype: sum(median_seconds(lambda n=n, run=step.run: run(n), repeats) for n in (1, 4))
-        for dtype, step in steps.items()
-    }
-    return seconds[torch.bfloat16] / seconds[torch.float32]
+        return Bf16Timing(ratio, (ratio,))
+    turns = []
+    for _ in range(repeats):  # the dtypes take turns: a drift of the machine falls on both alike
+        seconds = {
+            dtype: sum(median_seconds(lambda n=n, run=step.run: run(n), 1) for n in (1, 4))
+            for dtype, step in steps.items()
+        }
+        turns.append(seconds[torch.bfloat16] / seconds[torch.float32])
+    return Bf16Timing(sorted(turns)[len(turns) // 2], tuple(turns))
 
 
 class DecodeStepWork:
