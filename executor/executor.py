@@ -19,6 +19,7 @@ from .engine.inputs import InvalidRequestError, as_request, check_length, check_
 from .engine.request import FinishReason, Prompt, Request, RequestOutput, RequestState, TokenEvent
 from .engine.scratch_forward import scratch_forward
 from .engine_setup import build_engine_core, check_before_loading, resolve_dtype
+from .layers.quantized.release_memory import trim_freed_heap
 from .warmup import warm_up
 
 
@@ -47,6 +48,7 @@ class Executor:
         self.core = build_engine_core(model, config, tokenizer, drafter, plugins, self.dtype_choice.dtype)
         #: seconds the start-up warm-up took (``warmup: true``), else None
         self.warmup_seconds = warm_up(self.core) if config.warmup else None
+        trim_freed_heap()  # what the start-up measurements and the warm-up freed goes back to the system
         self._loop = CallerLoop(self.core)
         self._direct = Caller()  # requests submitted with add_request(), whose events step() returns
         self._ids = itertools.count()

@@ -278,6 +278,38 @@ def test_5_bit_tiles_hold_only_codes_of_5_bits_and_a_layer_picks_them_by_its_cod
         q8_linear(torch.randn(1, 64), five.tiles, torch.rand(16))
 
 
+def test_an_int4_layer_on_int8_dot_for_every_call_drops_torchs_copy_and_packs_it_again_when_asked():
+    """int8_dot taking every row count (`MAX_ROWS`), torch's packed codes and kernel tables are dropped
+    (the tiles hold the codes); the codes, the dequantized weights and every kernel's results stay what
+    they were, and torch's kernel, asked for again, gets its codes packed again from the tiles."""
+    gen = torch.Generator().manual_seed(5)
+    linear = torch.nn.Linear(128, 48, bias=True)
+    weights = random_q4(48, 128, seed=6)
+    layer = Int4WeightOnlyLinear(linear, weights)
+    x = torch.randn(3, 128, generator=gen)
+    torch_result = layer._matmul(x)  # builds the float32 kernel table
+    assert layer._scales_and_zeros
+    layer.set_int8_dot_rows(16)
+    packed, int8_dot_result = layer.packed.clone(), layer(x)
+    layer.set_int8_dot_rows(MAX_ROWS)
+    assert layer.packed is None and not layer._scales_and_zeros
+    assert layer.scale is None and layer.offset is None  # float16 values (`random_q4`): the tiles hold them
+    assert torch.equal(layer.codes().q, weights.q)
+    assert torch.equal(layer.dequantized(torch.float32), weights.dequantize())
+    assert torch.equal(layer(x), int8_dot_result)
+    assert torch.equal(layer.without_int8_dot(x), torch_result)  # torch's kernel: packed again
+    assert torch.equal(layer.packed, packed)
+    layer.set_int8_dot_rows(MAX_ROWS)
+    layer.set_int8_dot_rows(0)  # back on torch's kernel for every call: its codes are there
+    assert torch.equal(layer.packed, packed) and torch.equal(layer(x), torch_result + linear.bias.detach())
+    assert torch.equal(layer.scale, weights.scale) and torch.equal(layer.offset, weights.offset)
+    # scales float16 does not hold (specexec's int4, Q4_K's d * scale) stay float32 beside the tiles
+    exact = Int4WeightOnlyLinear(linear, Int4Weights(weights.q, weights.scale * (1 + 2**-13), weights.offset))
+    exact.set_int8_dot_rows(MAX_ROWS)
+    assert exact.packed is None and exact.scale is not None
+    assert torch.equal(exact.codes().scale, weights.scale * (1 + 2**-13))
+
+
 def test_the_kernels_refuse_shapes_they_cannot_take():
     with pytest.raises(RuntimeError, match="multiple of 32"):
         q8_linear(torch.randn(1, 48), torch.zeros(1, 256, dtype=torch.int8), torch.ones(8))

@@ -93,6 +93,23 @@ def pack_q4(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch
     return torch.cat([codes, *halves], dim=2).reshape(tiles, -1).contiguous()  # 16 bytes each a tile's block
 
 
+def unpack_q4_codes(tiles: torch.Tensor) -> torch.Tensor:
+    """`pack_q4`'s tiles back to the 4-bit codes [out, in] uint8 (the scales and offsets left out)."""
+    count = tiles.shape[1] // 160
+    nibbles = tiles.reshape(tiles.shape[0], count, 160)[:, :, :128].reshape(tiles.shape[0], count, 4, TILE, 4)
+    chunks = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=2)  # [tile, block, chunk, row, byte]
+    return chunks.permute(0, 3, 1, 2, 4).reshape(tiles.shape[0] * TILE, count * 32)
+
+
+def unpack_q4_scales(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`pack_q4`'s tiles' scales and offsets back, [out, in / 32] float32 each (their float16 values)."""
+    count = tiles.shape[1] // 160
+    halves = tiles.reshape(tiles.shape[0], count, 160)[:, :, 128:].contiguous().view(torch.float16)
+    per_row = halves.reshape(tiles.shape[0], count, 2, TILE).permute(2, 0, 3, 1)  # [which, tile, row, block]
+    scale, offset = per_row.reshape(2, tiles.shape[0] * TILE, count).float()
+    return scale, offset
+
+
 def pack_q8(weight: torch.Tensor) -> torch.Tensor:
     """int8 codes [out, in] -> the kernel's tiles, [out / 8, in / 32 * 256] int8: per tile of 8 weight rows
     and block of 32 inputs, eight 32-byte vectors, vector c's byte 4i + j holding row i's input 4c + j."""

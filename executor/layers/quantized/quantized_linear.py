@@ -25,7 +25,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from .int4_layout import GROUP_SIZE, cpu_layout_is_known, pack_int4, unpack_cpu_layout, unpack_int4
-from .quantized_dot import BLOCK, TILE, pack_q4, pack_q8, q4_linear, q8_linear
+from .quantized_dot import (
+    BLOCK,
+    MAX_ROWS,
+    TILE,
+    pack_q4,
+    pack_q8,
+    q4_linear,
+    q8_linear,
+    unpack_q4_codes,
+    unpack_q4_scales,
+)
 
 INT4_ROWS_MULTIPLE = 16  #: the CPU int4 packing needs the output features in multiples of this
 CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -266,20 +276,48 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
         return super().takes_int8_dot() and self.group_size == BLOCK
 
     def set_int8_dot_rows(self, rows: int) -> None:
+        """As the base class; where int8_dot then takes every call (``rows`` `MAX_ROWS`) on the CPU,
+        torch's packed codes and kernel tables are dropped (the codes twice over otherwise: 4 bits a
+        weight beside the tiles' 5), and so are the float32 scales and offsets where the tiles' float16
+        hold them exactly (GGUF's Q4_0 and Q4_1: 2 bits a weight); all are made again from the tiles
+        when torch's kernel or the dequantized weights are asked for."""
         super().set_int8_dot_rows(rows)
+        if self.int8_dot_rows < MAX_ROWS:
+            self._packed_codes()  # torch's kernel takes some calls: its codes are there before they come
         if self.int8_dot_rows == 0:
+            self.scale, self.offset = self._scale_and_offset()  # before the tiles that may hold them go
             self._q4_codes = None
         elif self._q4_codes is None:
-            self._q4_codes = pack_q4(self._unpacked_codes(), self.scale, self.offset)
+            self._q4_codes = pack_q4(self._unpacked_codes(), *self._scale_and_offset())
+        if self.int8_dot_rows >= MAX_ROWS and self.packed_for == "cpu":
+            self.packed = None
+            self._scales_and_zeros.clear()
+            scale, offset = self._scale_and_offset()
+            if all(torch.equal(t.half().float(), t) for t in (scale, offset)):
+                self.scale = self.offset = None  # the tiles' float16 are the same values
+
+    def _scale_and_offset(self) -> tuple[torch.Tensor, torch.Tensor]:  # [out, groups] float32 each
+        """The groups' scales and offsets (read from the int8_dot tiles' float16 where they were dropped)."""
+        if self.scale is not None:
+            return self.scale, self.offset
+        return unpack_q4_scales(self._q4_codes)
+
+    def _packed_codes(self) -> torch.Tensor:
+        """torch's packed codes (packed again from the int8_dot tiles where they were dropped)."""
+        if self.packed is None:
+            self.packed = pack_int4(self._unpacked_codes())
+        return self.packed
 
     def _int8_dot(self, flat: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
         return q4_linear(flat, self._q4_codes)
 
     def codes(self) -> Int4Weights:
         """The 4-bit codes, scales and offsets as held (what the constructor's ``weights`` takes)."""
-        return Int4Weights(self._unpacked_codes(), self.scale, self.offset, self.group_size)
+        return Int4Weights(self._unpacked_codes(), *self._scale_and_offset(), self.group_size)
 
     def _unpacked_codes(self) -> torch.Tensor:  # [out, in] uint8
+        if self.packed is None:  # dropped: int8_dot takes every call (`set_int8_dot_rows`)
+            return unpack_q4_codes(self._q4_codes)
         if self.can_dequantize_fast:
             return unpack_cpu_layout(self.packed, self.out_features, self.in_features)
         return unpack_int4(self.packed, self.out_features, self.in_features)
@@ -293,27 +331,31 @@ class Int4WeightOnlyLinear(WeightOnlyLinear):
         table = self._scales_and_zeros.get(dtype)
         if table is None:
             table = self._scales_and_zeros[dtype] = self.scales_and_zeros(dtype)
-        return TORCH_INT4, [self.packed, table]
+        return TORCH_INT4, [self._packed_codes(), table]
 
     def _matmul(self, flat: torch.Tensor) -> torch.Tensor:
         table = self._scales_and_zeros.get(flat.dtype)
         if table is None:
             table = self._scales_and_zeros[flat.dtype] = self.scales_and_zeros(flat.dtype)
         if flat.device.type == "cpu":
-            return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size, table)
-        return torch.ops.aten._weight_int4pack_mm(flat, self.packed, self.group_size, table)
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(
+                flat, self._packed_codes(), self.group_size, table
+            )
+        return torch.ops.aten._weight_int4pack_mm(flat, self._packed_codes(), self.group_size, table)
 
     def scales_and_zeros(self, dtype: torch.dtype) -> torch.Tensor:  # [groups, out, 2]
         """The kernels' table: (q - 8) * scale + zero == q * scale + offset with zero = offset + 8 * scale."""
-        zero = self.offset + 8 * self.scale
-        return torch.stack([self.scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
+        scale, offset = self._scale_and_offset()
+        zero = offset + 8 * scale
+        return torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in]
         """q * scale + offset computed in ``dtype`` (float32: exactly the stored values, as the q * scale
         product is exact; bfloat16: scale and offset rounded first, as the kernel rounds them)."""
         q = self._unpacked_codes()
-        scale = self.scale.to(dtype).repeat_interleave(self.group_size, dim=1)  # [out, in]
-        offset = self.offset.to(dtype).repeat_interleave(self.group_size, dim=1)  # [out, in]
+        scale, offset = (  # [out, in] each
+            t.to(dtype).repeat_interleave(self.group_size, dim=1) for t in self._scale_and_offset()
+        )
         return torch.addcmul(offset, q.to(dtype), scale)
 
 
