@@ -12,8 +12,9 @@
   head in int8 blocks on int8_dot, as loaded, where int8_dot runs) — runs in
   both dtypes for 1 and 4 new tokens, on enough distinct weights to stream from memory as the real
   forward does, the two dtypes taking turns (so the machine's drift falls on both alike); bfloat16 wins
-  when its median turn takes under `BF16_MARGIN` of float32's time and every turn took less than
-  float32's (a difference the noise between turns does not cover), else float32. The answer is cached
+  when it takes under `BF16_MARGIN` of float32's time in every turn (a difference the noise between
+  turns does not cover: a model near the margin keeps the default, float32, rather than flipping
+  between starts), else float32. The answer is cached
   per CPU, torch version, thread count and model shape (like the forward-cost curve), so it is measured
   once per machine.
 """
@@ -42,7 +43,7 @@ logger = logging.getLogger("specexec")
 MEASUREMENT_VERSION = (
     9  #: bump when the measured work changes (attention path, quantization, int8_dot): old answers are stale
 )
-BF16_MARGIN = 0.9  #: bfloat16 must take under this fraction of float32's time to be chosen
+BF16_MARGIN = 0.9  #: bfloat16 must take under this fraction of float32's time in every turn to be chosen
 #: a dtype whose warm-up step takes this many times the other's is not timed again (see measure_bf16_ratio)
 CLEARLY_SLOWER = 4.0
 CONTEXT = 1024  #: cached keys each measured attention call reads
@@ -85,10 +86,9 @@ class Bf16Timing:
     ratio: float
     turns: tuple[float, ...]
 
-    @property
-    def every_turn_faster(self) -> bool:
-        """Whether bfloat16 took less time than float32 in every turn (the noise did not cover it)."""
-        return all(turn < 1.0 for turn in self.turns)
+    def every_turn_under(self, margin: float) -> bool:
+        """Whether bfloat16 took under ``margin`` of float32's time in every turn."""
+        return all(turn < margin for turn in self.turns)
 
     def describe(self) -> str:
         spread = f" ({min(self.turns):.2f}-{max(self.turns):.2f}x over {len(self.turns)} turns)"
@@ -119,9 +119,11 @@ def choose_dtype(
     shape = ModelShape.from_config(shape_config)
     int8_dot = quantization is not None and quantized_kernel != "torch" and int8_dot_loads()
     timing = _cached_bf16_ratio(shape, cache_dir, quantization, int8_dot)
-    verdict = "bfloat16" if timing.ratio < BF16_MARGIN and timing.every_turn_faster else "float32"
+    verdict = "bfloat16" if timing.every_turn_under(BF16_MARGIN) else "float32"
     weights = f" with {quantization} weights" if quantization else ""
-    unclear = "; not faster in every turn" if timing.ratio < BF16_MARGIN and verdict == "float32" else ""
+    unclear = (
+        f"; not under {BF16_MARGIN}x in every turn" if timing.ratio < BF16_MARGIN <= max(timing.turns) else ""
+    )
     return DtypeChoice(verdict, f"auto: {timing.describe()}{weights} on {describe_cpu()}{unclear}")
 
 
