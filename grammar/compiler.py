@@ -198,7 +198,12 @@ class GrammarCompilerPool:
         self._workers.shutdown()
 
     def __del__(self) -> None:
-        self._workers.shutdown()  # its threads hold only the workers' queue
+        # at interpreter exit the modules' globals (queue's, contextlib's) may be gone before this runs:
+        # then there is nothing left to stop, and no noise to print about it
+        try:  # noqa: SIM105
+            self._workers.shutdown()  # its threads hold only the workers' queue
+        except Exception:
+            pass
 
     def _compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         t0 = time.perf_counter()
