@@ -14,7 +14,7 @@ shipped=$(python -c "import importlib.util, pathlib; print(next(pathlib.Path(imp
 for file in /opt/gguf/smollm2-135m-instruct-q4_k_m.gguf /opt/gguf/random-llama-0.5b-q4_k_m.gguf "$shipped"; do
   python "$here/memory.py" "$file" 2>&1 | grep -v -i warn >> "$here/memory.txt"
 done
-for name in smollm2-135m-instruct-q4_k_m random-llama-0.5b-q4_k_m; do
+for name in smollm2-135m-instruct-q4_k_m random-llama-0.5b-q4_k_m smollm2-135m-instruct-q4_0; do
   file=/opt/gguf/$name.gguf
   /opt/llamacpp-build/bin/llama-bench -m "$file" -p 0 -n 128 -t 2 -r 5 > "$here/llama_bench_${name}_before.txt" 2>&1
   specexec bench --model "$file" --config "$here/configs.yaml" --baseline llamacpp \
