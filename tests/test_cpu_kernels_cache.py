@@ -108,6 +108,18 @@ def test_the_build_key_records_the_compilers_expansion_of_march_native(monkeypat
     assert record["cflags"] == " ".join(kernels_module.CFLAGS)
 
 
+def test_every_header_the_sources_include_is_part_of_a_builds_identity():
+    """A header missing from `HEADERS` could change without a rebuild: the old build would be loaded."""
+    import re
+
+    included = set()
+    for source in (*kernels_module.SOURCES, *kernels_module.HEADERS):
+        for name in re.findall(r'^#include "([^"]+)"', source.read_text(), flags=re.MULTILINE):
+            included.add((source.parent / name).resolve())
+    assert included, "the sources include headers of their own"
+    assert included <= {header.resolve() for header in kernels_module.HEADERS}
+
+
 def test_the_build_folder_is_the_same_from_run_to_run(tmp_path):
     """Nothing in the key changes between runs on one machine (the working folder, a process id): a
     second run loads the first one's build instead of spending half a minute building again."""

@@ -65,6 +65,7 @@ HEADERS = tuple(
         "attention_vectors.h",
         "attention_bf16_dot.h",
         "quantized/tile_layout.h",
+        "quantized/q5_values.h",
     )
 )
 #: "0" keeps every CPU op on torch; "1" makes a failed build an error; unset: built where it can be
