@@ -130,8 +130,7 @@ at::Tensor q8_dequantize(at::Tensor tiles, at::Tensor scale, std::optional<at::T
             for (int64_t i = 0; i < kTile; ++i) {
               auto* row = op + (t * kTile + i) * K + g * kBlock + 4 * c;
               for (int64_t j = 0; j < 4; ++j) {
-                const int code = five ? q5_value(block, c, 4 * i + j) - centre
-                                      : reinterpret_cast<const int8_t*>(block)[32 * c + 4 * i + j];
+                const int code = block_code(block, five, centre, c, 4 * i + j);
                 float w = unfused(static_cast<float>(code) * (c < 4 ? first : second)[i]);
                 if (m != nullptr) w = w + m[i];
                 specexec_convert::put(row + j, w);

@@ -386,14 +386,6 @@ inline void q4_tile_pair(const uint8_t* tile0, const uint8_t* tile1, const Quant
 }
 #endif
 
-// The int8 code of vector c's byte p in a tile's block: int8 tiles hold it, 5-bit tiles hold it plus
-// `centre` (the plain C++ paths)
-template <bool Five>
-inline int block_code(const uint8_t* block, int centre, int64_t c, int64_t p) {
-  if constexpr (Five) return q5_value(block, c, p) - centre;
-  return reinterpret_cast<const int8_t*>(block)[32 * c + p];
-}
-
 // The same for one int8 tile: wd, the tile's blocks' scales (8 a block; nullptr: one scale a row, applied
 // by the caller). Five: the codes come from a 5-bit tile (`tile_layout.h`; block scales), each less
 // `centre`, unpacked into the vectors an int8 tile's load gives: the same arithmetic from there on.
@@ -456,7 +448,7 @@ inline void q8_tile(const uint8_t* tile, const float* wd, int centre, const Quan
         const int8_t* x = xq + r * K + g * kBlock;
         int32_t dot = 0;
         for (int64_t c = 0; c < 8; ++c) {
-          for (int64_t j = 0; j < 4; ++j) dot += block_code<Five>(block, centre, c, 4 * i + j) * x[4 * c + j];
+          for (int64_t j = 0; j < 4; ++j) dot += block_code(block, Five, centre, c, 4 * i + j) * x[4 * c + j];
         }
         total += static_cast<float>(dot) * ((wd == nullptr ? 1.f : wd[g * kTile + i]) * xd[r * G + g]);
       }
@@ -719,41 +711,35 @@ at::Tensor q8_linear(at::Tensor x, at::Tensor tiles, at::Tensor scale, std::opti
         },
         "q8_linear");
   }
-  auto tile_fn = [&](auto tile_rows, auto five_bits, int64_t t, int64_t count, const QuantizedRows& xr, int64_t m0,
-                     int64_t rows, int64_t K, float* result) {
-    constexpr int R = decltype(tile_rows)::value;
+  auto run = [&](auto five_bits) {  // five_bits: std::true_type for 5-bit tiles, a constant in the kernels
     constexpr bool Five = decltype(five_bits)::value;
-    const float* wd = per_block ? sp + t * G * kTile : nullptr;
-#if defined(SPECEXEC_TILE_PAIRS)
-    if (count == 2) {
-      const float* wd1 = per_block ? sp + (t + 1) * G * kTile : nullptr;
-      q8_tile_pair<R, Five>(tp + t * G * bytes, tp + (t + 1) * G * bytes, wd, wd1, centre, xr, m0, K, result);
-    } else {
-      q8_tile<R, Five>(tp + t * G * bytes, wd, centre, xr, m0, rows, K, result);
-    }
-#else
-    q8_tile<R, Five>(tp + t * G * bytes, wd, centre, xr, m0, rows, K, result);
-#endif
-    if (mp != nullptr) add_block_offsets(mp, t, count, xr, m0, rows, G, result);
-    if (!per_block) {  // one scale a row
-      const int64_t width = count * kTile;
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t i = 0; i < width; ++i) result[r * width + i] *= sp[t * kTile + i];
-      }
-    }
-  };
-  if (five) {
     return tiled_linear(
         x, T,
         [&](auto tile_rows, int64_t t, int64_t count, const QuantizedRows& xr, int64_t m0, int64_t rows, int64_t K,
-            float* result) { tile_fn(tile_rows, std::true_type{}, t, count, xr, m0, rows, K, result); },
+            float* result) {
+          constexpr int R = decltype(tile_rows)::value;
+          const float* wd = per_block ? sp + t * G * kTile : nullptr;
+#if defined(SPECEXEC_TILE_PAIRS)
+          if (count == 2) {
+            const float* wd1 = per_block ? sp + (t + 1) * G * kTile : nullptr;
+            q8_tile_pair<R, Five>(tp + t * G * bytes, tp + (t + 1) * G * bytes, wd, wd1, centre, xr, m0, K, result);
+          } else {
+            q8_tile<R, Five>(tp + t * G * bytes, wd, centre, xr, m0, rows, K, result);
+          }
+#else
+          q8_tile<R, Five>(tp + t * G * bytes, wd, centre, xr, m0, rows, K, result);
+#endif
+          if (mp != nullptr) add_block_offsets(mp, t, count, xr, m0, rows, G, result);
+          if (!per_block) {  // one scale a row
+            const int64_t width = count * kTile;
+            for (int64_t r = 0; r < rows; ++r) {
+              for (int64_t i = 0; i < width; ++i) result[r * width + i] *= sp[t * kTile + i];
+            }
+          }
+        },
         "q8_linear", kTilePairs);
-  }
-  return tiled_linear(
-      x, T,
-      [&](auto tile_rows, int64_t t, int64_t count, const QuantizedRows& xr, int64_t m0, int64_t rows, int64_t K,
-          float* result) { tile_fn(tile_rows, std::false_type{}, t, count, xr, m0, rows, K, result); },
-      "q8_linear", kTilePairs);
+  };
+  return five ? run(std::true_type{}) : run(std::false_type{});
 }
 
 // Which integer dot product this build runs: "avx512_vnni", "avx_vnni", "avx2" or "scalar".

@@ -27,4 +27,10 @@ inline int q5_value(const uint8_t* block, int64_t c, int64_t p) {
   return (c < 4 ? packed & 0x0F : packed >> 4) | (((word_byte >> (p % 8)) & 1) << 4);
 }
 
+// the int8 code of vector c's byte p in a tile's block of int8 codes, or of 5-bit codes (`five`: its
+// value less `centre`) (the plain C++ paths)
+inline int block_code(const uint8_t* block, bool five, int centre, int64_t c, int64_t p) {
+  return five ? q5_value(block, c, p) - centre : reinterpret_cast<const int8_t*>(block)[32 * c + p];
+}
+
 }  // namespace specexec_tiles
