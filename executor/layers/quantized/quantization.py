@@ -55,6 +55,7 @@ from .quantized_linear import (
     check_kernel,
     fits_int4,
     kernel_scheme,
+    linear_shape,
 )
 from .release_memory import own_mapped_tensors, trim_freed_heap
 
@@ -177,9 +178,8 @@ def _embedding_from_codes(model: nn.Module, embedding: nn.Embedding, file: GGUFF
         type_name = tensor.type_name if tensor is not None else "unmatched"
         report.layers[f"{type_name} token embedding -> the LM head's int8 blocks"] += 1
         return
-    weight = embedding.weight
-    as_linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
-    as_linear.weight = weight  # [vocab, hidden]: the table as a layer's [out, in] (no copy)
+    weight = embedding.weight  # [vocab, hidden]: the table as a layer's [out, in]
+    as_linear = linear_shape(weight.shape[1], weight.shape[0], None, weight.device, weight.dtype)
     if (
         tensor is None
         or tensor.type_name not in {*INT8_BLOCK_TYPES, *INT4_TYPES}

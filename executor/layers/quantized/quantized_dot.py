@@ -93,12 +93,18 @@ def pack_q4(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch
     return torch.cat([codes, *halves], dim=2).reshape(tiles, -1).contiguous()  # 16 bytes each a tile's block
 
 
+def _nibble_vectors(tiles: torch.Tensor) -> torch.Tensor:
+    """The low 4 bits of each block's eight `pack_q8` vectors, [tiles, blocks, 8, 32] uint8, from tiles of
+    160-byte blocks whose first 128 bytes hold vectors 0..3 in their low nibbles and 4..7 in their high
+    ones (`pack_q4`'s codes, `pack_q5`'s low bits)."""
+    blocks = tiles.shape[1] // 160
+    nibbles = tiles.reshape(tiles.shape[0], blocks, 160)[:, :, :128].reshape(tiles.shape[0], blocks, 4, 32)
+    return torch.cat([nibbles & 0x0F, nibbles >> 4], dim=2)
+
+
 def unpack_q4_codes(tiles: torch.Tensor) -> torch.Tensor:
     """`pack_q4`'s tiles back to the 4-bit codes [out, in] uint8 (the scales and offsets left out)."""
-    count = tiles.shape[1] // 160
-    nibbles = tiles.reshape(tiles.shape[0], count, 160)[:, :, :128].reshape(tiles.shape[0], count, 4, TILE, 4)
-    chunks = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=2)  # [tile, block, chunk, row, byte]
-    return chunks.permute(0, 3, 1, 2, 4).reshape(tiles.shape[0] * TILE, count * 32)
+    return unpack_q8(_nibble_vectors(tiles).flatten(1))
 
 
 def unpack_q4_scales(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,13 +159,10 @@ def pack_q5(codes: torch.Tensor, with_offset: bool) -> torch.Tensor:
 
 def unpack_q5(tiles: torch.Tensor, with_offset: bool) -> torch.Tensor:
     """`pack_q5`'s tiles back to the int8 codes [out, in]."""
-    count = tiles.shape[1] // 160
-    blocks = tiles.reshape(tiles.shape[0], count, 160)
-    nibbles = blocks[:, :, :128].reshape(tiles.shape[0], count, 4, 32)
-    low = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=2)  # [tile, block, vector, byte]
-    words = blocks[:, :, 128:].reshape(tiles.shape[0], count, 8, 4, 1)
+    low = _nibble_vectors(tiles)  # [tile, block, vector, byte]
+    words = tiles.reshape(*low.shape[:2], 160)[:, :, 128:].reshape(*low.shape[:2], 8, 4, 1)
     high = ((words >> torch.arange(8, dtype=torch.uint8)) & 1).reshape(low.shape)
-    values = (low | (high << 4)).reshape(tiles.shape[0], count * 256)
+    values = (low | (high << 4)).flatten(1)  # [tile, blocks * 256]: `pack_q8`'s tiles of the values
     return unpack_q8(values).to(torch.int16).sub(0 if with_offset else Q5_CENTRE).to(torch.int8)
 
 
