@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .gguf_index import GGUFFormatError, read_gguf_index
 from .quantized_linear import Int4Weights, QuantizationError
 
 BLOCK = 32
@@ -190,12 +191,15 @@ class GGUFFile:
         import gguf
 
         self.path = Path(path)
-        reader = gguf.GGUFReader(str(self.path))
+        try:
+            index = read_gguf_index(self.path)
+        except GGUFFormatError as exc:
+            raise QuantizationError(str(exc)) from exc
         self.tensors = {
-            t.name: GGUFTensor(t.name, t.tensor_type.name, tuple(int(n) for n in reversed(t.shape)), t.data)
-            for t in reader.tensors
+            t.name: GGUFTensor(t.name, t.type_name, tuple(reversed(t.dims)), t.data)
+            for t in index.tensors.values()
         }
-        arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+        arch = index.architecture
         arch_id = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), None)
         if arch_id is None:
             raise QuantizationError(f"{self.path}: architecture {arch!r} is unknown to gguf-py")
