@@ -27,8 +27,11 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from ..layers.measurement.cache_folder import resolve_cache_dir
+from ..layers.quantized.gguf_sources import find_sources, materialize_placeholders
 from ..layers.quantized.quantization import QuantizationReport, check_quantization, quantize_model
+from ..layers.quantized.release_memory import trim_freed_heap
 from .decoder.convert import ModelImplChoice, resolve_model_impl
+from .gguf_codes import CODES_CACHE_VERSION, load_codes_cache, save_codes_cache
 from .gguf_metadata import GGUFMetadata, apply_llama_cpp_config_inplace, end_of_generation_ids
 
 logger = logging.getLogger("specexec")
@@ -111,7 +114,11 @@ def load_model(
             loaded = _load_dir(path, DTYPES[dtype], device_map, str(path))
         else:
             _check_gguf_magic(path)
-            loaded = _load_gguf(path.resolve(), DTYPES[dtype], device_map, resolve_cache_dir(cache_dir))
+            # the `gguf` scheme's cache keeps the file's codes where quantization takes them (`gguf_codes`)
+            codes = quantization == "gguf" and device == "cpu" and device_map is None
+            loaded = _load_gguf(
+                path.resolve(), DTYPES[dtype], device_map, resolve_cache_dir(cache_dir), codes
+            )
     if device_map is None:
         loaded.model.to(device)  # type: ignore[arg-type]  # transformers' wrapped .to() stub
     loaded.model.eval()
@@ -122,6 +129,8 @@ def load_model(
         loaded.model_impl = resolve_model_impl(loaded.model, model_impl)
     if quantization is not None:
         loaded.quantization = quantize_model(loaded.model, quantization, loaded.gguf_path, quantized_kernel)
+    if materialize_placeholders(loaded.model):  # the layers that stayed dense, from the file's values
+        trim_freed_heap()
     return loaded
 
 
@@ -188,20 +197,38 @@ def _cache_valid(target: Path) -> bool:
     )
 
 
-def _load_gguf(path: Path, dtype: torch.dtype, device_map: str | dict | None, root: Path) -> LoadedModel:
+def _load_gguf(
+    path: Path, dtype: torch.dtype, device_map: str | dict | None, root: Path, codes: bool
+) -> LoadedModel:
+    """``codes``: the cache keeps the weights that are the file's rows by reference (`gguf_codes.py`),
+    else it holds the dense float32 model."""
     stat = path.stat()
-    key_text = f"v{CACHE_FORMAT_VERSION}\0{path}\0{stat.st_size}\0{stat.st_mtime_ns}"
-    target = root / f"{path.stem}-{hashlib.sha256(key_text.encode()).hexdigest()[:16]}"
+    kind = f"codes{CODES_CACHE_VERSION}\0" if codes else ""
+    key_text = f"v{CACHE_FORMAT_VERSION}\0{kind}{path}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    name = f"{path.stem}-codes" if codes else path.stem
+    target = root / f"{name}-{hashlib.sha256(key_text.encode()).hexdigest()[:16]}"
+
+    def load(source: str) -> LoadedModel:
+        if not codes:
+            return _load_dir(target, dtype, device_map, source)
+        try:
+            return LoadedModel(*load_codes_cache(target, dtype, path), source)
+        except Exception as exc:
+            raise ModelLoadError(
+                f"cannot load the cached conversion at {target}: {type(exc).__name__}: {exc}"
+            ) from exc
+
     if _cache_valid(target):
         try:
             with _progress_bars(False):  # under a second: quiet after the first conversion
-                return _load_dir(target, dtype, device_map, f"{path} (cached conversion at {target})")
+                return load(f"{path} (cached conversion at {target})")
         except ModelLoadError as exc:
             logger.warning("cached conversion at %s is unreadable (%s); rebuilding it", target, exc)
-    loading_logger.info("converting %s to float32 once; the converted copy goes to %s", path.name, target)
+    what = "its codes' row orders and the other weights" if codes else "the converted copy"
+    loading_logger.info("converting %s to float32 once; %s go to %s", path.name, what, target)
     model, tokenizer = _convert_gguf(path)
     try:
-        _write_cache(model, tokenizer, target, key_text)
+        _write_cache(model, tokenizer, target, key_text, find_sources(model, path) if codes else None)
     except OSError as exc:
         if device_map is not None:
             raise ModelLoadError(
@@ -215,7 +242,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, device_map: str | dict | None, ro
         )
     del model
     with _progress_bars(False):
-        loaded = _load_dir(target, dtype, device_map, f"{path} (converted now, saved to cache at {target})")
+        loaded = load(f"{path} (converted now, saved to cache at {target})")
     try:
         check_tokenizer_round_trip(tokenizer, loaded.tokenizer)
     except ModelLoadError:
@@ -270,15 +297,25 @@ def _convert_gguf(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]
     return model, tokenizer
 
 
-def _write_cache(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path, key: str) -> None:
-    """Save model + tokenizer into a temp dir next to `target`, then atomically rename it into place."""
+def _write_cache(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    target: Path,
+    key: str,
+    sources: dict[str, tuple[str, torch.Tensor]] | None = None,
+) -> None:
+    """Save model + tokenizer into a temp dir next to `target`, then atomically rename it into place
+    (``sources``: the codes cache's weights kept in the GGUF, `gguf_codes.py`; None: all saved dense)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         model.hf_quantizer = None  # type: ignore[assignment]  # save_pretrained refuses GGUF-quantized models otherwise
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        model.save_pretrained(tmp)
+        if sources is None:
+            model.save_pretrained(tmp)
+        else:
+            save_codes_cache(model, sources, tmp)
         if model.generation_config is not None:
             model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

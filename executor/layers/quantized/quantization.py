@@ -42,6 +42,7 @@ from torch import nn
 
 from ..cpu_kernels import fused_ops_take
 from ..packed_linear import unpack_linears
+from .gguf_sources import dense, source_of
 from .gguf_weights import INT4_TYPES, INT8_BLOCK_TYPES, GGUFFile, match_rows
 from .q8_block_linear import Int8BlockLinear
 from .quantized_dot import BLOCK, TILE
@@ -156,6 +157,7 @@ def _install_gguf(model: nn.Module, file: GGUFFile, report: QuantizationReport, 
             form = f"{'/'.join(sorted(types))} -> int8 blocks (exact)"
             _replace(parent, child_name, layer, report, form, len(sources))
         elif types == {"Q8_0"} and linear.weight.element_size() == 2:
+            linear.weight = nn.Parameter(dense(linear.weight), requires_grad=False)  # requantized per row
             _replace(
                 parent, child_name, Int8WeightOnlyLinear(linear), report, "Q8_0 -> int8 per row", len(sources)
             )
@@ -247,7 +249,8 @@ def _stacked(tensors: list, weight, decode) -> tuple[torch.Tensor, ...]:
     for tensor in tensors:
         dequantized, *stored = decode(tensor)
         rows = slice(start, start + dequantized.shape[0])
-        order = match_rows(dequantized, weight[rows], tensor.name)
+        source = source_of(weight)  # a weight the conversion cache left in the file knows its order
+        order = source.order_of(tensor.name) if source else match_rows(dequantized, weight[rows], tensor.name)
         parts.append([part[order] for part in stored])
         start = rows.stop
     return tuple(torch.cat(column) for column in zip(*parts))

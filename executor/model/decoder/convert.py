@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ...layers.norm import RMSNorm
+from ...layers.quantized.gguf_sources import dense, stacked_placeholder
 from ...layers.rotary import RotaryTable
 from .layers import AttentionSpec, DecoderLayer, PreNormLayer, SandwichNormLayer
 
@@ -158,7 +159,11 @@ def fuse_linears(linears: list[nn.Linear]) -> nn.Linear:
         raise ValueError("cannot fuse linear layers where only some have a bias")
     out_features = sum(lin.out_features for lin in linears)
     fused = nn.Linear(first.in_features, out_features, bias=all(has_bias), device="meta")
-    fused.weight = nn.Parameter(torch.cat([lin.weight for lin in linears]), requires_grad=False)
+    weights = [lin.weight for lin in linears]  # placeholders of a GGUF's weights stay placeholders
+    stacked = stacked_placeholder(weights)
+    if stacked is None:
+        stacked = nn.Parameter(torch.cat([dense(w) for w in weights]), requires_grad=False)
+    fused.weight = stacked
     if all(has_bias):
         fused.bias = nn.Parameter(torch.cat([lin.bias for lin in linears]), requires_grad=False)
     return fused

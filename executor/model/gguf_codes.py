@@ -1,0 +1,78 @@
+"""The ``gguf`` quantization's conversion cache: a GGUF's converted model without a dense copy of the
+weights the file holds.
+
+Quantizing a GGUF takes its layers' codes from the file itself, so a dense float32 copy of them (4x-8x the
+file, on disk and while loading) is only needed to find which converted rows each GGUF row became. This
+cache keeps that answer instead: per weight that is exactly a GGUF tensor's rows reordered
+(`gguf_sources.find_sources`), the tensor's name and the order; the other tensors (norms, biases,
+whatever transformers' conversion changed) dense in ``dense.safetensors``; the config, generation
+config and tokenizer as the dense cache keeps them. Loading builds the model without weights, puts the
+dense tensors in, and gives the rest placeholders that quantization fills from the file's codes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from accelerate import init_empty_weights
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
+
+from ..layers.quantized.gguf_sources import GGUFSource, placeholder
+
+#: 1: the first layout (weights by reference in ``gguf_rows.safetensors``, the rest in ``dense.safetensors``)
+CODES_CACHE_VERSION = 1
+_DENSE, _ROWS = "dense.safetensors", "gguf_rows.safetensors"
+
+
+def save_codes_cache(
+    model: PreTrainedModel, sources: dict[str, tuple[str, torch.Tensor]], folder: Path
+) -> None:
+    """Write ``model``'s config, its tensors but those in ``sources`` (parameter name -> GGUF tensor
+    name, row order) and the sources into ``folder``."""
+    model.config.save_pretrained(folder)
+    by_reference = {model.get_parameter(name).data_ptr() for name in sources}
+    kept: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in model.state_dict().items():  # a tied weight once, under its first name
+        if tensor.data_ptr() in by_reference or tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        kept[name] = tensor.detach().contiguous()
+    save_file(kept, folder / _DENSE)
+    orders = {name: order.to(torch.int64).contiguous() for name, (_, order) in sources.items()}
+    save_file(orders, folder / _ROWS, metadata={name: tensor for name, (tensor, _) in sources.items()})
+
+
+def load_codes_cache(folder: Path, dtype: torch.dtype, gguf_path: Path) -> tuple[PreTrainedModel, object]:
+    """The model (the weights the file holds as placeholders, `gguf_sources.py`) and the tokenizer saved
+    in ``folder``; raises what reading it raised, or ValueError for a parameter left without values."""
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    with init_empty_weights(include_buffers=False):  # parameters on "meta": no memory, no init
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with safe_open(folder / _DENSE, framework="pt") as dense:
+        state = {name: dense.get_tensor(name).to(dtype) for name in dense.keys()}  # noqa: SIM118
+    model.load_state_dict(state, strict=False, assign=True)
+    with safe_open(folder / _ROWS, framework="pt") as rows:
+        names = rows.metadata() or {}
+        for name in rows.keys():  # noqa: SIM118
+            module, _, leaf = name.rpartition(".")
+            shape = model.get_parameter(name).shape
+            parts = ((names[name], rows.get_tensor(name)),)
+            setattr(
+                model.get_submodule(module), leaf, placeholder(shape, dtype, GGUFSource(gguf_path, parts))
+            )
+    model.tie_weights()
+    missing = [name for name, parameter in model.named_parameters() if parameter.is_meta]
+    if missing:
+        raise ValueError(f"no values for {missing[:4]}")
+    model.generation_config = GenerationConfig.from_pretrained(folder, local_files_only=True)
+    return model, AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+def sources_in(folder: Path) -> dict[str, str]:
+    """Parameter name -> GGUF tensor name of the weights a codes cache keeps by reference."""
+    with safe_open(folder / _ROWS, framework="pt") as rows:
+        return dict(rows.metadata() or {})
