@@ -42,7 +42,11 @@ def save_codes_cache(
         seen.add(tensor.data_ptr())
         kept[name] = tensor.detach().contiguous()
     save_file(kept, folder / _DENSE)
-    orders = {name: order.to(torch.int64).contiguous() for name, (_, order) in sources.items()}
+    orders = {  # most are in the file's order: those are kept as their names alone
+        name: order.to(torch.int64).contiguous()
+        for name, (_, order) in sources.items()
+        if not torch.equal(order, torch.arange(len(order)))
+    }
     save_file(orders, folder / _ROWS, metadata={name: tensor for name, (tensor, _) in sources.items()})
 
 
@@ -56,11 +60,12 @@ def load_codes_cache(folder: Path, dtype: torch.dtype, gguf_path: Path) -> tuple
         state = {name: dense.get_tensor(name).to(dtype) for name in dense.keys()}  # noqa: SIM118
     model.load_state_dict(state, strict=False, assign=True)
     with safe_open(folder / _ROWS, framework="pt") as rows:
-        names = rows.metadata() or {}
-        for name in rows.keys():  # noqa: SIM118
+        reordered = set(rows.keys())
+        for name, tensor_name in (rows.metadata() or {}).items():
             module, _, leaf = name.rpartition(".")
             shape = model.get_parameter(name).shape
-            parts = ((names[name], rows.get_tensor(name)),)
+            order = rows.get_tensor(name) if name in reordered else torch.arange(shape[0])
+            parts = ((tensor_name, order),)
             setattr(
                 model.get_submodule(module), leaf, placeholder(shape, dtype, GGUFSource(gguf_path, parts))
             )
