@@ -540,7 +540,7 @@ def test_a_float32_executor_with_torch_keeps_torch_kernels():
 # ---- the AVX2, AVX-VNNI and plain C++ paths, built apart (this CPU may run the AVX-512 one) --------------
 
 ISA_BODY = """
-x, q8, row_scale, block_scale, half_block_scale, q4, block_offset, five = inputs
+x, q8, row_scale, block_scale, half_block_scale, q4, block_offset, five, float16_cases = inputs
 result = {"isa": ops.quantized_dot_isa(), "q8": ops.q8_linear(x, q8, block_scale),
           "q8_row": ops.q8_linear(x, q8, row_scale), "q8_half": ops.q8_linear(x, q8, half_block_scale),
           "q8_offset": ops.q8_linear(x, q8, half_block_scale, block_offset), "q4": ops.q4_linear(x, q4),
@@ -549,6 +549,10 @@ for name, (tiles, as_int8, offset) in five.items():  # 5-bit tiles against the s
     result[name] = (ops.q8_linear(x, tiles, block_scale, offset), ops.q8_linear(x, as_int8, block_scale, offset),
                     ops.q8_dequantize(tiles, block_scale, offset, torch.bfloat16),
                     ops.q8_dequantize(as_int8, block_scale, offset, torch.bfloat16))
+result["float16_scales"] = {  # float16 block scales against the same values in float32
+    name: (ops.q8_linear(x, t, s, o), ops.q8_linear(x, t, s.float(), o),
+           ops.q8_dequantize(t, s, o, torch.bfloat16), ops.q8_dequantize(t, s.float(), o, torch.bfloat16))
+    for name, (x, t, s, o) in float16_cases.items()}
 """
 NAN_ROW = 5  #: the row of `isa_inputs` that holds a NaN
 
@@ -580,6 +584,7 @@ def isa_inputs():
         pack_q4(weights.q, weights.scale, weights.offset),
         tile_block_scales(block_offset),
         five,
+        float16_scale_cases(x, q, five, gen),
     )
     finite = x[:NAN_ROW]
     half_weights = q.double() * half_block_scale.double().repeat_interleave(16, 1)
@@ -597,7 +602,28 @@ def isa_inputs():
     return inputs, references
 
 
+def float16_scale_cases(x, q, five, gen) -> dict:
+    """(x, tiles, float16 block scales, offsets) for int8 and 5-bit tiles, with and without offsets, at 6
+    rows and at 17 (AVX-512 builds take tile pairs from 16 rows)."""
+    scale = (torch.rand(40, 3, generator=gen) * 0.01).half()  # every value exact in float16, as GGUF's d
+    x17 = torch.cat([x, torch.randn(11, 96, generator=gen)])
+    cases = {}
+    for rows, activations in (("6", x), ("17", x17)):
+        cases[f"int8, {rows} rows"] = (activations, pack_q8(q), tile_block_scales(scale).half(), None)
+        for name, (tiles, _, offset) in five.items():
+            cases[f"{name}, {rows} rows"] = (activations, tiles, tile_block_scales(scale).half(), offset)
+    return cases
+
+
+def assert_float16_scales_give_the_float32_results(cases: dict) -> None:
+    for name, (with_half, with_float, dense_half, dense_float) in cases.items():
+        assert torch.equal(with_half.nan_to_num(7.0), with_float.nan_to_num(7.0)), name
+        assert with_half[NAN_ROW].isnan().all(), name
+        assert torch.equal(dense_half, dense_float), name
+
+
 def assert_isa_results(got: dict, references: dict) -> None:
+    assert_float16_scales_give_the_float32_results(got["float16_scales"])
     for name in ("q5", "q5_offset"):  # the same codes at 5 bits and at 8: the same results, bit for bit
         five, eight, five_dense, eight_dense = got[name]
         assert torch.equal(five.nan_to_num(7.0), eight.nan_to_num(7.0)) and five[NAN_ROW].isnan().all(), name
@@ -610,6 +636,36 @@ def assert_isa_results(got: dict, references: dict) -> None:
             got[name][:NAN_ROW].double(), want, rtol=1e-5, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}"
         )
         assert got[name][NAN_ROW].isnan().all(), f"{name}: the NaN row must come out NaN"
+
+
+def test_float16_block_scales_give_the_float32_results_bit_for_bit_on_this_build():
+    ops = cpu_kernels()  # (built: the file's fixture fails where they do not)
+    *_, float16_cases = isa_inputs()[0]
+    cases = {
+        name: (
+            ops.q8_linear(x, t, s, o),
+            ops.q8_linear(x, t, s.float(), o),
+            ops.q8_dequantize(t, s, o, torch.bfloat16),
+            ops.q8_dequantize(t, s.float(), o, torch.bfloat16),
+        )
+        for name, (x, t, s, o) in float16_cases.items()
+    }
+    assert_float16_scales_give_the_float32_results(cases)
+
+
+def test_float16_scales_are_kept_only_where_they_hold_every_scale_exactly():
+    linear = random_linear(out_features=16, in_features=64)
+    q = torch.randint(-16, 16, (16, 64), generator=torch.Generator().manual_seed(2), dtype=torch.int8)
+    exact = torch.full((16, 2), 2.0**-10)
+    assert Int8BlockLinear(linear, q, exact).tiled_scale.dtype == torch.float16
+    assert Int8BlockLinear(linear, q, exact + 1e-7).tiled_scale.dtype == torch.float32
+    assert (
+        Int8BlockLinear(linear, q, torch.full((16, 4), 2.0**-10)).tiled_scale.dtype == torch.float32
+    )  # per 16
+    layer = Int8BlockLinear(linear, q, exact)
+    assert layer.codes()[1].dtype == torch.float32 and torch.equal(layer.codes()[1], exact)
+    assert torch.equal(layer.dequantized_by_torch(torch.float32), q.float() * 2.0**-10)
+    assert torch.equal(layer.weight_rows(torch.tensor([3, 11])), q[[3, 11]].float() * 2.0**-10)
 
 
 @pytest.mark.slow

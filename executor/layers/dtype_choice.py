@@ -268,4 +268,6 @@ def _q8_0_head(vocab: int, hidden: int, dtype: torch.dtype) -> Int8BlockLinear:
     """A GGUF's Q8_0 LM head as `quantization.py` loads it where int8_dot runs: random int8 blocks."""
     linear = torch.nn.utils.skip_init(nn.Linear, hidden, vocab, bias=False, dtype=dtype).requires_grad_(False)
     q = torch.randint(-127, 128, (vocab, hidden), dtype=torch.int8)
-    return Int8BlockLinear(linear, q, torch.full((vocab, hidden // BLOCK), 1e-3))
+    return Int8BlockLinear(
+        linear, q, torch.full((vocab, hidden // BLOCK), 2.0**-10)
+    )  # a float16 d, as Q8_0's

@@ -62,7 +62,11 @@ class Int8BlockLinear(WeightOnlyLinear):
         self.code_bits = 5 if five else 8  #: bits a code takes in `tiles`
         # [out / 8, in / 32 * 160] uint8 (`pack_q5`) or [out / 8, in / 32 * 256] int8 (`pack_q8`)
         self.register_buffer("tiles", pack_q5(q, with_offset) if five else pack_q8(q))
-        self.register_buffer("tiled_scale", tile_block_scales(scale))  # [out / 8, in / inputs_per_scale * 8]
+        # [out / 8, in / inputs_per_scale * 8]; in float16 where that holds every scale exactly (GGUF's
+        # Q8_0 and Q5_0 store d in float16): the kernels widen them in registers, half the bytes
+        tiled = tile_block_scales(scale)
+        exact_in_half = self.inputs_per_scale == BLOCK and torch.equal(tiled.half().float(), tiled)
+        self.register_buffer("tiled_scale", tiled.half() if exact_in_half else tiled)
         # [out / 8, in / 32 * 8], or None
         self.register_buffer("tiled_offset", None if offset is None else tile_block_scales(offset))
         self.int8_dot_rows = DENSE_FROM_ROWS - 1
@@ -93,7 +97,7 @@ class Int8BlockLinear(WeightOnlyLinear):
         return self.dequantized_by_torch(dtype)
 
     def dequantized_by_torch(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in]: float64 too
-        scale = untile_block_scales(self.tiled_scale).repeat_interleave(
+        scale = untile_block_scales(self.tiled_scale.float()).repeat_interleave(
             self.inputs_per_scale, dim=1
         )  # [out, in]
         # q * scale (+ offset) in float32, rounded as gguf-py's dequantization rounds it (Q8_0's and Q5_0's
@@ -110,7 +114,9 @@ class Int8BlockLinear(WeightOnlyLinear):
         tile, lane = rows // TILE, rows % TILE
         # each row's tile unpacked, then the row's lane of it: [N * 8, in] -> [N, in]
         codes = self._codes(self.tiles[tile])[torch.arange(len(rows)) * TILE + lane]
-        scale = self.tiled_scale.view(self.tiled_scale.shape[0], -1, TILE)[tile, :, lane]  # [N, scales]
+        scale = self.tiled_scale.view(self.tiled_scale.shape[0], -1, TILE)[
+            tile, :, lane
+        ].float()  # [N, scales]
         weight = codes.float() * scale.repeat_interleave(self.inputs_per_scale, dim=1)
         if self.tiled_offset is not None:
             offset = self.tiled_offset.view(self.tiled_offset.shape[0], -1, TILE)[tile, :, lane]
@@ -119,9 +125,9 @@ class Int8BlockLinear(WeightOnlyLinear):
 
     def codes(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """What the constructor takes: the int8 codes [out, in], block scales [out, in / inputs_per_scale]
-        and block offsets [out, in / 32] (or None)."""
+        and block offsets [out, in / 32] (or None), in float32."""
         offset = None if self.tiled_offset is None else untile_block_scales(self.tiled_offset)
-        return self._codes(self.tiles), untile_block_scales(self.tiled_scale), offset
+        return self._codes(self.tiles), untile_block_scales(self.tiled_scale.float()), offset
 
     def _codes(self, tiles: torch.Tensor) -> torch.Tensor:
         """Some of `tiles`' rows [T, ...] as int8 codes [T * 8, in], from 5-bit or int8 tiles."""

@@ -74,8 +74,10 @@ inline void transpose8x8(__m256i* v) {
 // dtype: what torch's `codes.float() * scale + offset` and `.to(dtype)` give, bit for bit (the product
 // rounded before the add: `unfused`). A tile's block is transposed in registers into its rows' codes, so
 // each row's 32 weights are written as one run. Tiles split over torch's threads.
-at::Tensor q8_dequantize(at::Tensor tiles, at::Tensor scale, std::optional<at::Tensor> offset,
+at::Tensor q8_dequantize(at::Tensor tiles, at::Tensor scale_in, std::optional<at::Tensor> offset,
                          at::ScalarType dtype) {
+  // float16 block scales (exact ones: `q8_linear` reads them in place) widened once, exactly
+  const at::Tensor scale = scale_in.scalar_type() == at::kHalf ? scale_in.to(at::kFloat) : scale_in;
   const bool five = tiles.scalar_type() == at::kByte;  // `pack_q5`'s tiles
   const int64_t bytes = five ? kQ5Bytes : kQ8Bytes;
   TORCH_CHECK((five || tiles.scalar_type() == at::kChar) && tiles.is_contiguous() && tiles.dim() == 2 &&
@@ -84,7 +86,7 @@ at::Tensor q8_dequantize(at::Tensor tiles, at::Tensor scale, std::optional<at::T
   const int64_t T = tiles.size(0), G = tiles.size(1) / bytes, K = G * kBlock;
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.dim() == 2 && scale.size(0) == T &&
                   (scale.size(1) == G * kTile || scale.size(1) == 2 * G * kTile),
-              "q8_dequantize: block scales float32 [N / 8, K / 32 * 8] or [N / 8, K / 16 * 8], contiguous");
+              "q8_dequantize: block scales float32 (or float16) [N / 8, K / 32 * 8] or [N / 8, K / 16 * 8], contiguous");
   TORCH_CHECK(!offset.has_value() || (offset->scalar_type() == at::kFloat && offset->is_contiguous() &&
                                       offset->dim() == 2 && offset->size(0) == T && offset->size(1) == G * kTile),
               "q8_dequantize: offset float32 [N / 8, K / 32 * 8], contiguous");

@@ -20,7 +20,9 @@
 //   nibbles vectors 4..7, then the 8 rows' scales and their offsets in float16 (Q4_1's 20 bytes a row).
 // - q8_linear: int8 codes, -128..127 (specexec's int8 uses -127..127; GGUF's Q8_0 may hold -128), with a
 //   float scale per output row (specexec's int8), per block of 32 inputs (GGUF's Q8_0, tiled as the
-//   codes: 8 floats a tile's block), or per 16 inputs (GGUF's Q6_K: 16 floats a tile's block). A tile's
+//   codes: 8 floats a tile's block, in float32 or, where float16 holds them exactly as it holds Q8_0's
+//   and Q5_0's d, in float16: half the bytes, widened in registers), or per 16 inputs (GGUF's Q6_K:
+//   16 floats a tile's block). A tile's
 //   block is 256 bytes. With an offset per block of 32 (weight = code * scale + offset: GGUF's Q5_1 and
 //   Q5_K, codes 0..31, and 4-bit codes fused with int8-block types) each block's offset term
 //   m * xd * sum(xq) is added after the dots, as q4_linear adds Q4_1's. With VNNI each code is taken as
@@ -262,6 +264,16 @@ inline float half_to_float(const uint8_t* p) {
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
 }
 
+// A tile block's 8 weight scales, held in float32 or float16, as floats (float16 -> float32 is exact).
+inline float scale_at(const float* scales, int64_t i) { return scales[i]; }
+inline float scale_at(const c10::Half* scales, int64_t i) { return static_cast<float>(scales[i]); }
+#if defined(SPECEXEC_SIMD)
+inline __m256 load_scales(const float* scales) { return _mm256_loadu_ps(scales); }
+inline __m256 load_scales(const c10::Half* scales) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+}
+#endif
+
 // out[r * 8 + i] = activation row m0 + r times weight row i of one Q4 tile, r < R (a constant: the
 // accumulators stay in registers); `rows` of them are real (the scalar path computes only those)
 template <int R>
@@ -389,8 +401,8 @@ inline void q4_tile_pair(const uint8_t* tile0, const uint8_t* tile1, const Quant
 // The same for one int8 tile: wd, the tile's blocks' scales (8 a block; nullptr: one scale a row, applied
 // by the caller). Five: the codes come from a 5-bit tile (`tile_layout.h`; block scales), each less
 // `centre`, unpacked into the vectors an int8 tile's load gives: the same arithmetic from there on.
-template <int R, bool Five = false>
-inline void q8_tile(const uint8_t* tile, const float* wd, int centre, const QuantizedRows& xr, int64_t m0,
+template <int R, bool Five = false, typename S = float>
+inline void q8_tile(const uint8_t* tile, const S* wd, int centre, const QuantizedRows& xr, int64_t m0,
                     int64_t rows, int64_t K, float* out) {
   constexpr int64_t kBytes = Five ? kQ5Bytes : kQ8Bytes;
   const int64_t G = K / kBlock;
@@ -408,7 +420,7 @@ inline void q8_tile(const uint8_t* tile, const float* wd, int centre, const Quan
     } else {
       load_q8_block(reinterpret_cast<const int8_t*>(tile) + g * kBytes, w);
     }
-    const __m256 scale = wd == nullptr ? _mm256_set1_ps(1.f) : _mm256_loadu_ps(wd + g * kTile);
+    const __m256 scale = wd == nullptr ? _mm256_set1_ps(1.f) : load_scales(wd + g * kTile);
 #if defined(SPECEXEC_VNNI)
     // sum((w + 128) * xq) - 128 * sum(xq)
 #pragma GCC unroll 4
@@ -450,7 +462,7 @@ inline void q8_tile(const uint8_t* tile, const float* wd, int centre, const Quan
         for (int64_t c = 0; c < 8; ++c) {
           for (int64_t j = 0; j < 4; ++j) dot += block_code(block, Five, centre, c, 4 * i + j) * x[4 * c + j];
         }
-        total += static_cast<float>(dot) * ((wd == nullptr ? 1.f : wd[g * kTile + i]) * xd[r * G + g]);
+        total += static_cast<float>(dot) * ((wd == nullptr ? 1.f : scale_at(wd, g * kTile + i)) * xd[r * G + g]);
       }
       out[r * kTile + i] = total;
     }
@@ -519,8 +531,8 @@ inline void q8_half_tile(const int8_t* tile, const float* wd, const QuantizedRow
 #if defined(SPECEXEC_TILE_PAIRS)
 // Two int8 tiles side by side, as `q4_tile_pair` does for Q4 (the VNNI build's w + 128 form); wd: both
 // tiles' block scales (nullptr: one scale a row, applied by the caller). out[r * 16 + i].
-template <int R, bool Five = false>
-inline void q8_tile_pair(const uint8_t* tile0, const uint8_t* tile1, const float* wd0, const float* wd1, int centre,
+template <int R, bool Five = false, typename S = float>
+inline void q8_tile_pair(const uint8_t* tile0, const uint8_t* tile1, const S* wd0, const S* wd1, int centre,
                          const QuantizedRows& xr, int64_t m0, int64_t K, float* out) {
   constexpr int64_t kBytes = Five ? kQ5Bytes : kQ8Bytes;
   const int64_t G = K / kBlock;
@@ -551,8 +563,8 @@ inline void q8_tile_pair(const uint8_t* tile0, const uint8_t* tile1, const float
     }
     const __m512 scale =
         wd0 == nullptr ? _mm512_set1_ps(1.f)
-                       : _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(wd0 + g * kTile)),
-                                            _mm256_loadu_ps(wd1 + g * kTile), 1);
+                       : _mm512_insertf32x8(_mm512_castps256_ps512(load_scales(wd0 + g * kTile)),
+                                            load_scales(wd1 + g * kTile), 1);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m512i biased = tile_pair_dot(w, xq + r * K + g * kBlock);
@@ -671,16 +683,16 @@ inline void add_block_offsets(const float* offsets, int64_t t, int64_t count, co
 
 // x [M, K]; tiles [N / 8, K / 32 * 256] int8 (`pack_q8`) or [N / 8, K / 32 * 160] uint8 (`pack_q5`: 5-bit
 // codes, with block scales); scale [N] float32 (one per row), [N / 8, K / 32 * 8] (one per block, tiled as
-// the codes: `tile_block_scales`) or [N / 8, K / 16 * 8] (one per half-block of 16 inputs, tiled the same
+// the codes: `tile_block_scales`; float32 or float16) or [N / 8, K / 16 * 8] (one per half-block of 16 inputs, tiled the same
 // way; int8 tiles); offset: none, or [N / 8, K / 32 * 8] (one per block of 32, tiled as the block scales:
 // weight = code * scale + offset; 5-bit codes are their value less 16 without offsets, the value with)
 // -> [M, N]
 at::Tensor q8_linear(at::Tensor x, at::Tensor tiles, at::Tensor scale, std::optional<at::Tensor> offset) {
-  const bool five = tiles.scalar_type() == at::kByte;
-  TORCH_CHECK((five || tiles.scalar_type() == at::kChar) && scale.scalar_type() == at::kFloat &&
+  const bool five = tiles.scalar_type() == at::kByte, half_scales = scale.scalar_type() == at::kHalf;
+  TORCH_CHECK((five || tiles.scalar_type() == at::kChar) && (half_scales || scale.scalar_type() == at::kFloat) &&
                   tiles.is_contiguous() && scale.is_contiguous() && tiles.dim() == 2,
-              "q8_linear: tiles int8 [N / 8, K / 32 * 256] or uint8 [N / 8, K / 32 * 160], scale float32, "
-              "contiguous");
+              "q8_linear: tiles int8 [N / 8, K / 32 * 256] or uint8 [N / 8, K / 32 * 160], scale float32 (or "
+              "float16 block scales), contiguous");
   TORCH_CHECK(x.size(-1) % kBlock == 0, "q8_linear: the input features must be a multiple of ", kBlock);
   const int64_t T = tiles.size(0), G = x.size(-1) / kBlock, bytes = five ? kQ5Bytes : kQ8Bytes;
   const bool per_block = scale.dim() == 2, per_half = per_block && scale.size(1) == 2 * G * kTile;
@@ -690,13 +702,14 @@ at::Tensor q8_linear(at::Tensor x, at::Tensor tiles, at::Tensor scale, std::opti
               "q8_linear: tiles [N / 8, K / 32 * 256] (int8) or [N / 8, K / 32 * 160] (uint8), scale [N], "
               "[N / 8, K / 32 * 8] or [N / 8, K / 16 * 8] for x [M, K]");
   TORCH_CHECK(!five || (per_block && !per_half), "q8_linear: 5-bit tiles take one scale per block of 32");
+  TORCH_CHECK(!half_scales || (per_block && !per_half), "q8_linear: float16 scales are one per block of 32");
   if (offset.has_value()) {
     TORCH_CHECK(per_block && offset->scalar_type() == at::kFloat && offset->is_contiguous() && offset->dim() == 2 &&
                     offset->size(0) == T && offset->size(1) == G * kTile,
                 "q8_linear: offset float32 [N / 8, K / 32 * 8], contiguous, with block scales");
   }
   const uint8_t* tp = static_cast<const uint8_t*>(tiles.data_ptr());
-  const float* sp = scale.data_ptr<float>();
+  const float* sp = half_scales ? nullptr : scale.data_ptr<float>();
   const float* mp = offset.has_value() ? offset->data_ptr<float>() : nullptr;
   const int centre = five && mp == nullptr ? kQ5Centre : 0;
   if (per_half) {  // one tile at a time: no pair variant
@@ -711,17 +724,19 @@ at::Tensor q8_linear(at::Tensor x, at::Tensor tiles, at::Tensor scale, std::opti
         },
         "q8_linear");
   }
-  auto run = [&](auto five_bits) {  // five_bits: std::true_type for 5-bit tiles, a constant in the kernels
+  // five_bits: std::true_type for 5-bit tiles, a constant in the kernels; scales: the block scales'
+  // first element, float or c10::Half (nullptr with one scale a row)
+  auto run = [&](auto five_bits, const auto* scales) {
     constexpr bool Five = decltype(five_bits)::value;
     return tiled_linear(
         x, T,
         [&](auto tile_rows, int64_t t, int64_t count, const QuantizedRows& xr, int64_t m0, int64_t rows, int64_t K,
             float* result) {
           constexpr int R = decltype(tile_rows)::value;
-          const float* wd = per_block ? sp + t * G * kTile : nullptr;
+          const auto* wd = per_block ? scales + t * G * kTile : nullptr;
 #if defined(SPECEXEC_TILE_PAIRS)
           if (count == 2) {
-            const float* wd1 = per_block ? sp + (t + 1) * G * kTile : nullptr;
+            const auto* wd1 = per_block ? scales + (t + 1) * G * kTile : nullptr;
             q8_tile_pair<R, Five>(tp + t * G * bytes, tp + (t + 1) * G * bytes, wd, wd1, centre, xr, m0, K, result);
           } else {
             q8_tile<R, Five>(tp + t * G * bytes, wd, centre, xr, m0, rows, K, result);
@@ -739,7 +754,11 @@ at::Tensor q8_linear(at::Tensor x, at::Tensor tiles, at::Tensor scale, std::opti
         },
         "q8_linear", kTilePairs);
   };
-  return five ? run(std::true_type{}) : run(std::false_type{});
+  if (half_scales) {
+    const c10::Half* hp = scale.data_ptr<c10::Half>();
+    return five ? run(std::true_type{}, hp) : run(std::false_type{}, hp);
+  }
+  return five ? run(std::true_type{}, sp) : run(std::false_type{}, sp);
 }
 
 // Which integer dot product this build runs: "avx512_vnni", "avx_vnni", "avx2" or "scalar".
