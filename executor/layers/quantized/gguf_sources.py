@@ -50,7 +50,7 @@ def find_sources(model: nn.Module, path: Path) -> dict[str, tuple[str, torch.Ten
         try:
             order = match_rows(stored, parameter.detach(), name)
         except QuantizationError:
-            continue  # transformers changed its values (as Gemma's norms): kept dense
+            continue  # not the file's rows as they are (transformers changed the values): kept dense
         sources[name] = (tensor.name, order)
     return sources
 

@@ -41,8 +41,9 @@ class Int8BlockLinear(WeightOnlyLinear):
     (`quantized_dot.py`; `quantization.py` builds this layer only where that kernel loads), and the rest
     (prefill chunks, float64) on the dequantized weights, which are exact in float32. Codes of 5 bits
     (-16..15 without offsets, as Q5_0's; 0..31 with them, as Q5_1's and Q5_K's) with a scale per 32 are
-    held in 5-bit tiles (`code_bits` 5: 6 bits a weight with the scales, 7 with offsets, against 9 and
-    10 in int8 tiles), which the kernels unpack in registers to the same int8 codes."""
+    held in 5-bit tiles (`code_bits` 5: 6 bits a weight with float32 scales, 5.5 with the float16 ones
+    that hold Q5_0's d exactly, 7 with offsets, against 9 and 10 in int8 tiles), which the kernels
+    unpack in registers to the same int8 codes."""
 
     scheme = "q8_0"
 

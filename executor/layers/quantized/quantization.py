@@ -157,7 +157,8 @@ def _install_gguf(model: nn.Module, file: GGUFFile, report: QuantizationReport, 
             form = f"{'/'.join(sorted(types))} -> int8 blocks (exact)"
             _replace(parent, child_name, layer, report, form, len(sources))
         elif types == {"Q8_0"} and linear.weight.element_size() == 2:
-            linear.weight = nn.Parameter(dense(linear.weight), requires_grad=False)  # requantized per row
+            if source_of(linear.weight) is not None:  # requantized per row from the values
+                linear.weight = nn.Parameter(dense(linear.weight), requires_grad=False)
             _replace(
                 parent, child_name, Int8WeightOnlyLinear(linear), report, "Q8_0 -> int8 per row", len(sources)
             )

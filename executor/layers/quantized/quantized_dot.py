@@ -193,7 +193,8 @@ def q4_linear(x, tiles) -> torch.Tensor:
 
 def q8_linear(x, tiles, scale, offset=None) -> torch.Tensor:
     """x [M, in] @ (weight * scale + offset)^T with int8 activations (``tiles``: `pack_q8`; ``scale``: one
-    per row [out], or one per block of 32 or 16 inputs tiled by `tile_block_scales`; ``offset``: none, or
+    per row [out], or one per block of 32 or 16 inputs tiled by `tile_block_scales`, in float32 (or
+    float16, one per block of 32: widened exactly in the kernel); ``offset``: none, or
     one per block of 32 tiled the same way, with block scales): [M, out] in x's dtype."""
     return cpu_kernels().q8_linear(x, tiles, scale, offset)
 
