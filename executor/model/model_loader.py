@@ -224,8 +224,8 @@ def _load_gguf(
                 return load(f"{path} (cached conversion at {target})")
         except ModelLoadError as exc:
             logger.warning("cached conversion at %s is unreadable (%s); rebuilding it", target, exc)
-    what = "its codes' row orders and the other weights" if codes else "the converted copy"
-    loading_logger.info("converting %s to float32 once; %s go to %s", path.name, what, target)
+    what = "its weights' row orders and what else it holds go" if codes else "the converted copy goes"
+    loading_logger.info("converting %s to float32 once; %s to %s", path.name, what, target)
     model, tokenizer = _convert_gguf(path)
     try:
         _write_cache(model, tokenizer, target, key_text, find_sources(model, path) if codes else None)
