@@ -6,6 +6,8 @@ the layers that stay dense read back from the file; no placeholder outlives the 
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,9 +22,8 @@ PROMPT = [1, 504, 3365, 314, 260, 1977, 28, 3158, 11, 284, 46]
 TINY_PROMPT = [72, 101, 108, 108, 111, 44, 32, 119]  #: within the family files' byte-level vocabularies
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("conversions")
+#: the shipped model's conversions go to the default cache folder, which the suite's other tests share
+SHARED_CACHE = None
 
 
 def _logits(model, ids=PROMPT) -> torch.Tensor:
@@ -50,12 +51,19 @@ def _codes_folder(cache_dir):
     return folder
 
 
+def _cache_folder_of(loaded) -> Path:
+    """The cache folder a load used, from its source line ("... (cached conversion at FOLDER)")."""
+    match = re.search(r" at (.+)\)$", loaded.source)
+    assert match, loaded.source
+    return Path(match[1])
+
+
 @pytest.mark.parametrize(
     ("dtype", "kernel", "model_impl"),
     [("float32", "auto", "specexec"), ("bfloat16", "auto", None), ("bfloat16", "torch", "specexec")],
 )
-def test_the_shipped_model_from_the_codes_cache_equals_the_dense_path(cache_dir, dtype, kernel, model_impl):
-    reference, report = _dense_path(None, dtype, kernel, model_impl, cache_dir)
+def test_the_shipped_model_from_the_codes_cache_equals_the_dense_path(dtype, kernel, model_impl):
+    reference, report = _dense_path(None, dtype, kernel, model_impl, SHARED_CACHE)
     for _ in range(2):  # the first may convert, the second reads the cache
         loaded = load_model(
             None,
@@ -63,7 +71,7 @@ def test_the_shipped_model_from_the_codes_cache_equals_the_dense_path(cache_dir,
             quantization="gguf",
             quantized_kernel=kernel,
             model_impl=model_impl,
-            cache_dir=cache_dir,
+            cache_dir=SHARED_CACHE,
             progress=False,
         )
         assert "cached conversion" in loaded.source or "converted now" in loaded.source
@@ -78,10 +86,11 @@ def test_the_shipped_model_from_the_codes_cache_equals_the_dense_path(cache_dir,
     assert "cached conversion" in loaded.source
 
 
-def test_the_codes_cache_holds_no_matrix(cache_dir):
+def test_the_codes_cache_holds_no_matrix():
     """Every linear weight and the embedding are the file's by reference; only norms are stored."""
-    load_model(None, dtype="float32", quantization="gguf", cache_dir=cache_dir, progress=False)
-    folder = _codes_folder(cache_dir)
+    loaded = load_model(None, dtype="float32", quantization="gguf", cache_dir=SHARED_CACHE, progress=False)
+    folder = _cache_folder_of(loaded)
+    assert "-codes-" in folder.name
     with safe_open(folder / "dense.safetensors", framework="pt") as dense:
         shapes = {name: dense.get_slice(name).get_shape() for name in dense.keys()}  # noqa: SIM118
     assert shapes and all(len(shape) == 1 for shape in shapes.values()), shapes
