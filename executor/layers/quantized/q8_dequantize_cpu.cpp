@@ -86,7 +86,8 @@ at::Tensor q8_dequantize(at::Tensor tiles, at::Tensor scale_in, std::optional<at
   const int64_t T = tiles.size(0), G = tiles.size(1) / bytes, K = G * kBlock;
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.dim() == 2 && scale.size(0) == T &&
                   (scale.size(1) == G * kTile || scale.size(1) == 2 * G * kTile),
-              "q8_dequantize: block scales float32 (or float16) [N / 8, K / 32 * 8] or [N / 8, K / 16 * 8], contiguous");
+              "q8_dequantize: block scales float32 (or float16) [N / 8, K / 32 * 8] or [N / 8, K / 16 * 8], "
+              "contiguous");
   TORCH_CHECK(!offset.has_value() || (offset->scalar_type() == at::kFloat && offset->is_contiguous() &&
                                       offset->dim() == 2 && offset->size(0) == T && offset->size(1) == G * kTile),
               "q8_dequantize: offset float32 [N / 8, K / 32 * 8], contiguous");

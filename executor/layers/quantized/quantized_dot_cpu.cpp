@@ -22,10 +22,10 @@
 //   float scale per output row (specexec's int8), per block of 32 inputs (GGUF's Q8_0, tiled as the
 //   codes: 8 floats a tile's block, in float32 or, where float16 holds them exactly as it holds Q8_0's
 //   and Q5_0's d, in float16: half the bytes, widened in registers), or per 16 inputs (GGUF's Q6_K:
-//   16 floats a tile's block). A tile's
-//   block is 256 bytes. With an offset per block of 32 (weight = code * scale + offset: GGUF's Q5_1 and
-//   Q5_K, codes 0..31, and 4-bit codes fused with int8-block types) each block's offset term
-//   m * xd * sum(xq) is added after the dots, as q4_linear adds Q4_1's. With VNNI each code is taken as
+//   16 floats a tile's block). A tile's block is 256 bytes. With an offset per block of 32 (weight =
+//   code * scale + offset: GGUF's Q5_1 and Q5_K, codes 0..31, and 4-bit codes fused with int8-block
+//   types) each block's offset term m * xd * sum(xq) is added after the dots, as q4_linear adds Q4_1's.
+//   With VNNI each code is taken as
 //   the unsigned byte w + 128 (`dpbusd` multiplies unsigned by signed) and 128 * sum(xq) is subtracted,
 //   in integers; on AVX2 by the sign trick (|w| as unsigned times xq carrying w's sign), so no product
 //   pair overflows `maddubs`'s 16-bit sums. Codes of 5 bits (GGUF's Q5_0, Q5_1, Q5_K) come in 5-bit tiles
@@ -683,10 +683,10 @@ inline void add_block_offsets(const float* offsets, int64_t t, int64_t count, co
 
 // x [M, K]; tiles [N / 8, K / 32 * 256] int8 (`pack_q8`) or [N / 8, K / 32 * 160] uint8 (`pack_q5`: 5-bit
 // codes, with block scales); scale [N] float32 (one per row), [N / 8, K / 32 * 8] (one per block, tiled as
-// the codes: `tile_block_scales`; float32 or float16) or [N / 8, K / 16 * 8] (one per half-block of 16 inputs, tiled the same
-// way; int8 tiles); offset: none, or [N / 8, K / 32 * 8] (one per block of 32, tiled as the block scales:
-// weight = code * scale + offset; 5-bit codes are their value less 16 without offsets, the value with)
-// -> [M, N]
+// the codes: `tile_block_scales`; float32 or float16) or [N / 8, K / 16 * 8] (one per half-block of 16
+// inputs, tiled the same way; int8 tiles); offset: none, or [N / 8, K / 32 * 8] (one per block of 32,
+// tiled as the block scales: weight = code * scale + offset; 5-bit codes are their value less 16 without
+// offsets, the value with) -> [M, N]
 at::Tensor q8_linear(at::Tensor x, at::Tensor tiles, at::Tensor scale, std::optional<at::Tensor> offset) {
   const bool five = tiles.scalar_type() == at::kByte, half_scales = scale.scalar_type() == at::kHalf;
   TORCH_CHECK((five || tiles.scalar_type() == at::kChar) && (half_scales || scale.scalar_type() == at::kFloat) &&
