@@ -199,7 +199,7 @@ def _stored_codes(tensors: list, weight) -> Int4Weights:
 
     def decode(tensor):
         codes = tensor.decode()
-        return codes.dequantize(), codes.q, codes.scale, codes.offset
+        return codes.dequantize, codes.q, codes.scale, codes.offset
 
     return Int4Weights(*_stacked(tensors, weight, decode), BLOCK)
 
@@ -226,13 +226,17 @@ def _stored_int8_blocks(tensors: list, weight) -> tuple[torch.Tensor, torch.Tens
             q, scale, offset = tensor.decode_int8_blocks()
         if per_half and scale.shape[1] * BLOCK == q.shape[1]:
             scale = scale.repeat_interleave(2, dim=1)
-        dequantized = q.float() * scale.repeat_interleave(q.shape[1] // scale.shape[1], dim=1)
-        if offset is not None:  # q * scale + offset: gguf-py's rounding, so the rows match exactly
-            dequantized = dequantized + offset.repeat_interleave(BLOCK, dim=1)
+
+        def dequantize() -> torch.Tensor:  # [rows, in]
+            dequantized = q.float() * scale.repeat_interleave(q.shape[1] // scale.shape[1], dim=1)
+            if offset is not None:  # q * scale + offset: gguf-py's rounding, so the rows match exactly
+                dequantized = dequantized + offset.repeat_interleave(BLOCK, dim=1)
+            return dequantized
+
         if not with_offset:
-            return dequantized, q, scale
+            return dequantize, q, scale
         return (
-            dequantized,
+            dequantize,
             q,
             scale,
             torch.zeros(q.shape[0], q.shape[1] // BLOCK) if offset is None else offset,
@@ -243,15 +247,19 @@ def _stored_int8_blocks(tensors: list, weight) -> tuple[torch.Tensor, torch.Tens
 
 
 def _stacked(tensors: list, weight, decode) -> tuple[torch.Tensor, ...]:
-    """What ``decode(tensor)`` stores of each of ``tensors`` (after its dequantized weights [rows, in]:
-    tensors of one row per weight row), stacked in row order, each tensor's rows reordered onto the
-    converted ``weight``'s rows [out, in] (a fused layer holds several tensors one after another)."""
+    """What ``decode(tensor)`` stores of each of ``tensors`` (after a function giving its dequantized
+    weights [rows, in]; the first stored tensor has one row per weight row), stacked in row order, each
+    tensor's rows reordered onto the converted ``weight``'s rows [out, in] (a fused layer holds several
+    tensors one after another). A weight the conversion cache left in the file knows its orders, so its
+    tensors are not dequantized to find them."""
+    source = source_of(weight)
     parts, start = [], 0
     for tensor in tensors:
-        dequantized, *stored = decode(tensor)
-        rows = slice(start, start + dequantized.shape[0])
-        source = source_of(weight)  # a weight the conversion cache left in the file knows its order
-        order = source.order_of(tensor.name) if source else match_rows(dequantized, weight[rows], tensor.name)
+        dequantize, *stored = decode(tensor)
+        rows = slice(start, start + stored[0].shape[0])
+        order = (
+            source.order_of(tensor.name) if source else match_rows(dequantize(), weight[rows], tensor.name)
+        )
         parts.append([part[order] for part in stored])
         start = rows.stop
     return tuple(torch.cat(column) for column in zip(*parts))
