@@ -53,6 +53,26 @@ class NGramOptions:
         NGramConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})  # checks values
 
 
+@reject_unknown_keys
+@dataclass(slots=True)
+class SuffixOptions:
+    """Suffix decoding's own options (vLLM's ``suffix_decoding_*`` names without the prefix);
+    `SuffixConfig` documents each one."""
+
+    option_label = "Suffix option"  #: (not a field) for the unknown-option error
+    max_tree_depth: int = 24
+    max_cached_requests: int = 1000
+    max_spec_factor: float = 1.0
+    max_spec_offset: float = 0.0
+    min_token_prob: float = 0.1
+    max_occurrences: int = 64
+
+    def __post_init__(self) -> None:
+        from .retrieval.suffix import SuffixConfig
+
+        SuffixConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})  # checks values
+
+
 @dataclass(slots=True)
 class _DraftModelOptions:
     """The keys of the drafters that run a model of their own."""
@@ -145,6 +165,15 @@ def make_ngram(spec_config, context: DrafterContext) -> Drafter:
     opts = parse_options(NGramOptions, spec_config.options)
     fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
     return NGramDrafter(NGramConfig(max_draft_len=spec_config.max_draft_len, **fields))
+
+
+@declare_options(SuffixOptions)
+def make_suffix(spec_config, context: DrafterContext) -> Drafter:
+    from .retrieval.suffix import SuffixConfig, SuffixDrafter
+
+    opts = parse_options(SuffixOptions, spec_config.options)
+    fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
+    return SuffixDrafter(SuffixConfig(max_draft_len=spec_config.max_draft_len, **fields))
 
 
 @declare_options(DraftTargetOptions)
@@ -294,6 +323,7 @@ def make_user_provided(spec_config, context: DrafterContext) -> Drafter:
 def specexec_drafter_factories() -> dict:
     return {
         "NGram": make_ngram,
+        "Suffix": make_suffix,
         "DraftTarget": make_draft_target,
         "Eagle": make_eagle3,
         "Eagle3": make_eagle3,

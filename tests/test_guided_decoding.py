@@ -43,6 +43,7 @@ EAGLE3_HEAD = make_head_dir(
 SPECS = {
     "none": None,
     "ngram": {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2},
+    "suffix": {"decoding_type": "Suffix", "max_draft_len": 6},
     "self-int8": {"decoding_type": "DraftTarget", "max_draft_len": 3},
     "eagle3": {"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model": EAGLE3_HEAD},
 }
@@ -99,7 +100,7 @@ def test_every_finished_guided_output_validates(spec_name, temperature):
     assert_all_pages_free(executor)
 
 
-@pytest.mark.parametrize("spec_name", ["ngram", "self-int8", "eagle3", "random"])
+@pytest.mark.parametrize("spec_name", ["ngram", "suffix", "self-int8", "eagle3", "random"])
 def test_greedy_guided_speculation_is_token_identical(spec_name):
     baseline = [o.token_ids for o in make_executor().run(make_requests(4))]
     drafter = RandomDrafter() if spec_name == "random" else None

@@ -15,6 +15,7 @@ from test_speculative_identity import SELF_DRAFT_SPEC, assert_all_pages_free, ma
 from tiny_models import make_prompts, make_tiny_model
 
 NGRAM = {"decoding_type": "NGram", "max_draft_len": 3}
+SUFFIX = {"decoding_type": "Suffix", "max_draft_len": 4}
 BASE = make_prompts(1, [40], seed=3)[0]
 #: five prompts over one 40-token prefix, one that is the prefix's first 20 tokens, one repetitive
 PROMPTS = [BASE + make_prompts(1, [k], seed=10 + k)[0] for k in (3, 9, 1, 17, 6)] + [
@@ -131,10 +132,10 @@ def run(spec=None, cache=False, rounds=2, **overrides) -> tuple[list, Executor]:
     return outputs, executor
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram", "self-draft"])
+@pytest.mark.parametrize("drafter", ["none", "ngram", "suffix", "self-draft"])
 @pytest.mark.parametrize("setting", ["plain", "preemption"])
 def test_greedy_outputs_are_the_same_with_and_without_the_cache(drafter, setting):
-    spec = {"none": None, "ngram": NGRAM, "self-draft": SELF_DRAFT_SPEC}[drafter]
+    spec = {"none": None, "ngram": NGRAM, "suffix": SUFFIX, "self-draft": SELF_DRAFT_SPEC}[drafter]
     overrides = {"num_kv_blocks": 22} if setting == "preemption" else {}
     want, _ = run(spec, False, **overrides)
     got, executor = run(spec, True, **overrides)

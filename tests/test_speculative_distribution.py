@@ -28,6 +28,7 @@ from specexec.drafters.draft_target import DraftTargetDrafter
 from specexec.drafters.eagle3.drafter import Eagle3Drafter
 from specexec.drafters.eagle3.head import load_head
 from specexec.drafters.ngram import NGramConfig, NGramDrafter
+from specexec.drafters.retrieval.suffix import SuffixConfig, SuffixDrafter
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.engine.request import Request
 from specexec.executor.executor import Executor
@@ -195,6 +196,8 @@ def make_drafter(kind: str) -> tuple[Drafter | None, dict | None]:
         return FixedTokenDrafter(MAX_DRAFT_LEN, likeliest_second_token()), None
     if kind == "ngram":
         return NGramDrafter(NGramConfig(max_draft_len=MAX_DRAFT_LEN)), None
+    if kind == "suffix":  # one-token matches draft too, so that short samples see drafts
+        return SuffixDrafter(SuffixConfig(max_draft_len=MAX_DRAFT_LEN, max_spec_offset=2.0)), None
     if kind == "int8-self-draft-q":
         spec = {"decoding_type": "DraftTarget", "max_draft_len": MAX_DRAFT_LEN, "sample_drafts": True}
         return None, spec
@@ -224,6 +227,7 @@ def make_drafter(kind: str) -> tuple[Drafter | None, dict | None]:
 DRAFTERS = [
     "fixed-token",
     "ngram",
+    "suffix",
     "int8-self-draft-q",
     "independent-draft-q",
     "eagle3-reduced-vocab-q",
@@ -296,7 +300,7 @@ def test_speculative_sampling_matches_the_target_distribution(kind):
     )
 
 
-@pytest.mark.parametrize("kind", ["fixed-token", "ngram"])
+@pytest.mark.parametrize("kind", ["fixed-token", "ngram", "suffix"])
 def test_deterministic_drafts_reproduce_the_plain_samples_seed_for_seed(kind):
     """Deterministic drafts are verified by drawing x_i ~ p_i with the request's generator, one draw
     per emitted token as plain sampling does; so a seeded request gets the very same tokens with or

@@ -20,6 +20,7 @@ from specexec.drafters.base import Drafter, DraftProposal
 from specexec.drafters.draft_target import DraftTargetDrafter
 from specexec.drafters.ngram import NGramConfig, NGramDrafter
 from specexec.drafters.quantize import quantized_copy
+from specexec.drafters.retrieval.suffix import SuffixConfig, SuffixDrafter
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
@@ -427,15 +428,33 @@ def test_drafter_that_raises_in_its_other_hooks_costs_only_drafts(hook, caplog):
 # ---- page pressure and chunked prefill ---------------------------------------------------------------------
 
 
+# ---- Suffix ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("max_cached_requests", [0, 1000], ids=["own-text", "shared"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_suffix_drafts_keep_greedy_output_identical(arch, max_cached_requests, batch):
+    spec = {"decoding_type": "Suffix", "max_draft_len": 6, "max_cached_requests": max_cached_requests}
+    executor, outputs = run_speculative(arch, BATCHES[batch], speculative_config=spec)
+    assert num_accepted(outputs) > 0, "no Suffix draft was accepted: the test no longer exercises acceptance"
+    assert max(len(o.metrics.proposed_per_position) for o in outputs) <= 6
+    drafter = executor.speculation.drafter
+    assert not drafter._local and not drafter._outputs, "a finished request's own index was kept"
+    assert drafter.num_cached_requests() == (len(outputs) if max_cached_requests else 0)
+
+
 def _draft_target_cases(kind: str) -> Drafter | None:
     if kind == "ngram":
         return NGramDrafter(NGramConfig(max_draft_len=4))
+    if kind == "suffix":
+        return SuffixDrafter(SuffixConfig(max_draft_len=4))
     if kind == "int8-self-draft":
         return None  # built from speculative_config
     return DraftTargetDrafter(make_independent_draft_model(), 4, VOCAB, num_kv_blocks=128, block_size=4)
 
 
-DRAFTER_KINDS = ["ngram", "int8-self-draft", "independent-draft"]
+DRAFTER_KINDS = ["ngram", "suffix", "int8-self-draft", "independent-draft"]
 
 
 @pytest.mark.parametrize("kind", DRAFTER_KINDS)

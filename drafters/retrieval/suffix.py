@@ -1,0 +1,126 @@
+"""Suffix decoding: drafts from the request's own text and from earlier requests' outputs.
+
+Each request's prompt and output are indexed as it goes (its *local* index); every request's output is
+also indexed in one store shared by all requests (the *global* index: the outputs of running requests and
+of the last ``max_cached_requests`` finished ones, the oldest evicted first). Each step both indexes
+speculate (`suffix_index.py`: longest match, frequency-scored, a draft as long as the match earns) and
+the chain with the higher expected acceptance is drafted. Repeated tool calls, multi-turn chat and edits
+of code already in the prompt are where it pays. The options are vLLM's ``suffix_decoding_*`` options
+(without the prefix); the index is specexec's own (see `bench/reports/2026-11-29-arctic-suffix-eval/` for
+why arctic-inference's tree is not a dependency).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .retrieval_drafter import RetrievalDrafter, check_number
+from .suffix_index import Speculation, SpeculationLimits, SuffixIndex
+
+
+@dataclass(slots=True)
+class SuffixConfig:
+    max_draft_len: int = 8  #: most tokens proposed per step (1..32); a short match proposes fewer
+    max_tree_depth: int = 24  #: longest context suffix matched (vLLM: suffix_decoding_max_tree_depth)
+    #: finished requests whose outputs stay in the shared index (0: each request drafts from itself only)
+    max_cached_requests: int = 1000
+    max_spec_factor: float = 1.0  #: drafts per matched token
+    max_spec_offset: float = 0.0  #: drafts added to that (may be negative)
+    min_token_prob: float = 0.1  #: a chain stops once its estimated acceptance falls below this
+    max_occurrences: int = 64  #: a key's most recent places read per lookup (bounds a step's work)
+
+    def __post_init__(self) -> None:
+        check_number("max_draft_len", self.max_draft_len, 1, 32, integer=True)
+        check_number("max_tree_depth", self.max_tree_depth, 1, 1024, integer=True)
+        check_number("max_cached_requests", self.max_cached_requests, 0, None, integer=True)
+        check_number("max_spec_factor", self.max_spec_factor, 0.0, 1024.0)
+        check_number("max_spec_offset", self.max_spec_offset, -1024.0, 1024.0)
+        check_number("min_token_prob", self.min_token_prob, 0.0, 1.0)
+        check_number("max_occurrences", self.max_occurrences, 1, None, integer=True)
+
+    def limits(self) -> SpeculationLimits:
+        return SpeculationLimits(
+            self.max_tree_depth,
+            self.max_spec_factor,
+            self.max_spec_offset,
+            self.min_token_prob,
+            self.max_occurrences,
+        )
+
+
+class SuffixDrafter(RetrievalDrafter):
+    """Suffix decoding over each request's text and a bounded store of outputs; see the module docstring."""
+
+    def __init__(self, config: SuffixConfig | None = None, **options) -> None:
+        if config is None:
+            config = SuffixConfig(**options)
+        elif options:
+            raise TypeError("pass either a SuffixConfig or its fields as keyword arguments, not both")
+        super().__init__(config.max_draft_len, config.limits())
+        self.config = config
+        self.shared = SuffixIndex()  #: outputs: of running requests, and of finished ones up to the bound
+        self._local: dict[str, SuffixIndex] = {}  #: request id -> index of its prompt and output
+        self._outputs: dict[str, tuple[int, list[int]]] = {}  #: request id -> (shared id, its output)
+        self._finished: deque[int] = deque()  #: shared ids of finished requests' outputs, oldest first
+
+    # ---- indexing -------------------------------------------------------------------------------
+    def _update(self, request) -> SuffixIndex:
+        """Index the request's tokens appended since the last call; returns its local index."""
+        rid, tokens = request.request_id, request.token_ids
+        local = self._local.get(rid)
+        if local is not None and local.indexed[0] > len(tokens):  # shorter: start again
+            self._forget(rid)
+            local = None
+        if local is None:
+            local = self._local[rid] = SuffixIndex()
+            local.add(tokens)  # (sequence id 0; the request's own list, read as it grows)
+        else:
+            local.extend(0)
+        if self.config.max_cached_requests > 0:
+            shared_id, output = self._outputs.get(rid) or self._start_output(rid)
+            output.extend(tokens[request.num_prompt_tokens + len(output) :])
+            self.shared.extend(shared_id)
+        return local
+
+    def _start_output(self, rid: str) -> tuple[int, list[int]]:
+        output: list[int] = []
+        entry = self._outputs[rid] = (self.shared.add(output), output)
+        return entry
+
+    def _forget(self, rid: str) -> None:
+        self._local.pop(rid, None)
+        entry = self._outputs.pop(rid, None)
+        if entry is not None:
+            self.shared.remove(entry[0])
+
+    # ---- drafting -------------------------------------------------------------------------------
+    def speculations(self, request, num_slots: int) -> list[Speculation]:
+        local = self._update(request)
+        context = request.token_ids
+        found = [local.speculate(context, num_slots, self.limits)]
+        if len(self.shared):
+            found.append(self.shared.speculate(context, num_slots, self.limits))
+        return found
+
+    def release(self, request) -> None:
+        """Forget the request's own index. A request that finished (not with an error) leaves its output
+        in the shared index, where the oldest finished outputs beyond ``max_cached_requests`` are
+        evicted; a preempted or failed one takes its output out."""
+        super().release(request)
+        rid = request.request_id
+        finished = getattr(request, "finish_reason", None) not in (None, "error")
+        if finished and rid in self._outputs:
+            self._update(request)  # its last tokens
+            self._local.pop(rid, None)
+            shared_id, _ = self._outputs.pop(rid)
+            self._finished.append(shared_id)
+            while len(self._finished) > self.config.max_cached_requests:
+                self.shared.remove(self._finished.popleft())
+        else:
+            self._forget(rid)
+
+    # ---- introspection --------------------------------------------------------------------------
+    def num_cached_requests(self) -> int:
+        """Finished requests whose outputs are in the shared index."""
+        return len(self._finished)
