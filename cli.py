@@ -120,6 +120,13 @@ def _build_parser() -> argparse.ArgumentParser:
     from .drafters.eagle3.training.command import add_arguments as add_train_arguments
 
     add_train_arguments(train)
+    datastore = sub.add_parser(
+        "build-datastore",
+        help="tokenize a text corpus into a datastore for REST drafting (decoding_type REST)",
+    )
+    from .drafters.retrieval.datastore_command import add_arguments as add_datastore_arguments
+
+    add_datastore_arguments(datastore)
     return parser
 
 
@@ -262,6 +269,12 @@ def _cmd_train_eagle3(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_build_datastore(args: argparse.Namespace) -> int:
+    from .drafters.retrieval.datastore_command import run
+
+    return run(args)
+
+
 def _print_metrics(output) -> None:
     m = output.metrics
     parts = [
@@ -340,6 +353,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             "run": _cmd_run,
             "bench": _cmd_bench,
             "train-eagle3": _cmd_train_eagle3,
+            "build-datastore": _cmd_build_datastore,
             "serve": _cmd_serve,
             "drafters": _cmd_drafters,
         }

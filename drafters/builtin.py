@@ -19,6 +19,7 @@ from ..executor.engine.options import parse_options, reject_unknown_keys
 from ..executor.layers.quantized.quantization import check_quantization
 from ..plugins import hookimpl
 from .base import Drafter, DrafterContext, declare_options
+from .retrieval.suffix_index import DEFAULT_LIMITS
 
 logger = logging.getLogger("specexec")
 
@@ -60,17 +61,41 @@ class SuffixOptions:
     `SuffixConfig` documents each one."""
 
     option_label = "Suffix option"  #: (not a field) for the unknown-option error
-    max_tree_depth: int = 24
+    max_tree_depth: int = DEFAULT_LIMITS.max_depth
     max_cached_requests: int = 1000
-    max_spec_factor: float = 1.0
-    max_spec_offset: float = 0.0
-    min_token_prob: float = 0.1
-    max_occurrences: int = 64
+    max_spec_factor: float = DEFAULT_LIMITS.max_spec_factor
+    max_spec_offset: float = DEFAULT_LIMITS.max_spec_offset
+    min_token_prob: float = DEFAULT_LIMITS.min_token_prob
+    max_occurrences: int = DEFAULT_LIMITS.max_occurrences
 
     def __post_init__(self) -> None:
         from .retrieval.suffix import SuffixConfig
 
         SuffixConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})  # checks values
+
+
+@reject_unknown_keys
+@dataclass(slots=True)
+class RestOptions:
+    """REST's options: the datastore, and the lookup's limits as Suffix names them; `RestConfig`
+    documents each one."""
+
+    option_label = "REST option"  #: (not a field) for the unknown-option error
+    datastore: str | None = None
+    max_tree_depth: int = DEFAULT_LIMITS.max_depth
+    max_spec_factor: float = DEFAULT_LIMITS.max_spec_factor
+    max_spec_offset: float = DEFAULT_LIMITS.max_spec_offset
+    min_token_prob: float = DEFAULT_LIMITS.min_token_prob
+    max_occurrences: int = DEFAULT_LIMITS.max_occurrences
+
+    def __post_init__(self) -> None:
+        from .retrieval.rest import RestConfig
+
+        RestConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})  # checks values
+        if not Path(self.datastore).expanduser().is_file():
+            raise ValueError(
+                f"datastore: {self.datastore!r} is not a file (build one with `specexec build-datastore`)"
+            )
 
 
 @dataclass(slots=True)
@@ -174,6 +199,16 @@ def make_suffix(spec_config, context: DrafterContext) -> Drafter:
     opts = parse_options(SuffixOptions, spec_config.options)
     fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
     return SuffixDrafter(SuffixConfig(max_draft_len=spec_config.max_draft_len, **fields))
+
+
+@declare_options(RestOptions)
+def make_rest(spec_config, context: DrafterContext) -> Drafter:
+    from .retrieval.rest import RestConfig, RestDrafter
+
+    opts = parse_options(RestOptions, spec_config.options)
+    fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
+    config = RestConfig(max_draft_len=spec_config.max_draft_len, **fields)
+    return RestDrafter(config, context.tokenizer, context.vocab_size)
 
 
 @declare_options(DraftTargetOptions)
@@ -324,6 +359,7 @@ def specexec_drafter_factories() -> dict:
     return {
         "NGram": make_ngram,
         "Suffix": make_suffix,
+        "REST": make_rest,
         "DraftTarget": make_draft_target,
         "Eagle": make_eagle3,
         "Eagle3": make_eagle3,

@@ -34,6 +34,10 @@ def make_request(token_ids) -> FakeRequest:
     return FakeRequest(f"r{next(_ids)}", list(token_ids), len(token_ids))
 
 
+#: vLLM's default limits: a draft per matched token (the tests below count drafts by them)
+PER_MATCHED_TOKEN = {"max_spec_factor": 1.0, "max_spec_offset": 0.0}
+
+
 def drafts(drafter: SuffixDrafter, request: FakeRequest) -> list[int]:
     slots = drafter.num_draft_slots(request)
     proposal = drafter.propose(request, slots)
@@ -46,7 +50,7 @@ def drafts(drafter: SuffixDrafter, request: FakeRequest) -> list[int]:
 
 def reference_speculation(sequences, context, num_slots, limits: SpeculationLimits):
     """By definition: the longest context suffix (at most max_depth) that occurred with a token after it;
-    from all its occurrences, the most frequent next token (a tie: the newest occurrence's) while the
+    from all its occurrences, the most frequent next token (a tie: the oldest occurrence's) while the
     product of count / occurrences stays at least min_token_prob, within factor * match + offset."""
     places = [(s, e) for s in sequences for e in range(len(s))]  # e: the token after the occurrence
     for length in range(min(limits.max_depth, len(context)), 0, -1):
@@ -61,8 +65,7 @@ def reference_speculation(sequences, context, num_slots, limits: SpeculationLimi
         nexts = [s[e] for s, e in node if e < len(s)]
         if not nexts:
             break
-        last_seen = {t: i for i, t in enumerate(nexts)}
-        token = max(set(nexts), key=lambda t: (nexts.count(t), last_seen[t]))
+        token = max(set(nexts), key=lambda t: (nexts.count(t), -nexts.index(t)))
         chance *= nexts.count(token) / len(node)
         if chance < limits.min_token_prob:
             break
@@ -113,11 +116,12 @@ def test_a_long_match_earns_a_long_chain_and_a_short_one_a_short_chain():
     text = list(range(100, 140))
     index = SuffixIndex()
     index.add(text)
-    limits = SpeculationLimits()
+    limits = SpeculationLimits(max_spec_factor=1.0, max_spec_offset=0.0)  # vLLM's: a draft per matched token
     long = index.speculate([7, *text[:20]], 32, limits)
     assert long.match_len == 20 and long.token_ids == text[20:40]
     short = index.speculate([7, text[5]], 32, limits)
     assert short.match_len == 1 and short.token_ids == [text[6]]
+    assert index.speculate([7, text[5]], 32, SpeculationLimits()).token_ids == text[6:9]  # 2 * 1 + 1
     assert index.speculate([7, 8], 32, limits).token_ids == []
 
 
@@ -151,7 +155,7 @@ def test_removed_sequences_stop_matching_and_the_index_shrinks_back():
 
 
 def test_drafts_from_the_requests_own_prompt_and_output():
-    drafter = SuffixDrafter(max_draft_len=8, max_cached_requests=0)
+    drafter = SuffixDrafter(max_draft_len=8, max_cached_requests=0, **PER_MATCHED_TOKEN)
     request = make_request([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3])
     assert drafts(drafter, request) == [4, 5, 6]  # a 3-token match earns 3 drafts
     request.token_ids += [4, 5, 6, 7]
@@ -160,7 +164,7 @@ def test_drafts_from_the_requests_own_prompt_and_output():
 
 
 def test_a_finished_requests_output_drafts_for_later_requests():
-    drafter = SuffixDrafter(max_draft_len=8)
+    drafter = SuffixDrafter(max_draft_len=8, **PER_MATCHED_TOKEN)
     first = make_request([1, 2])
     drafts(drafter, first)
     first.token_ids += [30, 31, 32, 33, 34, 35, 36, 37]  # its output
@@ -203,7 +207,7 @@ def test_failed_or_preempted_requests_leave_nothing_and_the_store_keeps_its_boun
 
 
 def test_a_sequence_that_got_shorter_is_indexed_again():
-    drafter = SuffixDrafter(max_draft_len=8, max_cached_requests=0)
+    drafter = SuffixDrafter(max_draft_len=8, max_cached_requests=0, **PER_MATCHED_TOKEN)
     request = make_request([1, 2, 3, 1, 2, 3, 1, 2])
     assert drafts(drafter, request) == [3, 1, 2]  # 5 matched; the text ends 3 tokens on
     request.token_ids = [7, 8, 9, 7, 8]
@@ -227,7 +231,7 @@ class PrefixGrammar:
 
 
 def test_a_guided_requests_chain_is_cut_at_its_first_refused_token():
-    drafter = SuffixDrafter(max_draft_len=8, max_cached_requests=0)
+    drafter = SuffixDrafter(max_draft_len=8, max_cached_requests=0, **PER_MATCHED_TOKEN)
     request = make_request([1, 2, 3, 4, 50, 6, 7, 1, 2, 3, 4])
     request.drafting_grammar = PrefixGrammar(limit=40)
     assert drafts(drafter, request) == []  # the first draft, 50, is refused

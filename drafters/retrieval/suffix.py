@@ -16,19 +16,22 @@ from collections import deque
 from dataclasses import dataclass
 
 from .retrieval_drafter import RetrievalDrafter, check_number
-from .suffix_index import Speculation, SpeculationLimits, SuffixIndex
+from .suffix_index import DEFAULT_LIMITS, Speculation, SpeculationLimits, SuffixIndex
 
 
 @dataclass(slots=True)
 class SuffixConfig:
     max_draft_len: int = 8  #: most tokens proposed per step (1..32); a short match proposes fewer
-    max_tree_depth: int = 24  #: longest context suffix matched (vLLM: suffix_decoding_max_tree_depth)
+    max_tree_depth: int = DEFAULT_LIMITS.max_depth  #: longest context suffix matched
     #: finished requests whose outputs stay in the shared index (0: each request drafts from itself only)
     max_cached_requests: int = 1000
-    max_spec_factor: float = 1.0  #: drafts per matched token
-    max_spec_offset: float = 0.0  #: drafts added to that (may be negative)
-    min_token_prob: float = 0.1  #: a chain stops once its estimated acceptance falls below this
-    max_occurrences: int = 64  #: a key's most recent places read per lookup (bounds a step's work)
+    max_spec_factor: float = DEFAULT_LIMITS.max_spec_factor  #: drafts per matched token
+    max_spec_offset: float = DEFAULT_LIMITS.max_spec_offset  #: drafts added to that (may be negative)
+    #: a chain stops once its estimated acceptance falls below this
+    min_token_prob: float = DEFAULT_LIMITS.min_token_prob
+    max_occurrences: int = (
+        DEFAULT_LIMITS.max_occurrences
+    )  #: a key's most recent places read per lookup (bounds a step's work)
 
     def __post_init__(self) -> None:
         check_number("max_draft_len", self.max_draft_len, 1, 32, integer=True)
@@ -61,7 +64,8 @@ class SuffixDrafter(RetrievalDrafter):
         self.config = config
         self.shared = SuffixIndex()  #: outputs: of running requests, and of finished ones up to the bound
         self._local: dict[str, SuffixIndex] = {}  #: request id -> index of its prompt and output
-        self._outputs: dict[str, tuple[int, list[int]]] = {}  #: request id -> (shared id, its output)
+        #: request id -> (shared id, where its shared sequence starts in its tokens, that sequence)
+        self._outputs: dict[str, tuple[int, int, list[int]]] = {}
         self._finished: deque[int] = deque()  #: shared ids of finished requests' outputs, oldest first
 
     # ---- indexing -------------------------------------------------------------------------------
@@ -78,14 +82,18 @@ class SuffixDrafter(RetrievalDrafter):
         else:
             local.extend(0)
         if self.config.max_cached_requests > 0:
-            shared_id, output = self._outputs.get(rid) or self._start_output(rid)
-            output.extend(tokens[request.num_prompt_tokens + len(output) :])
+            entry = self._outputs.get(rid) or self._start_output(request)
+            shared_id, start, output = entry
+            output.extend(tokens[start + len(output) :])
             self.shared.extend(shared_id)
         return local
 
-    def _start_output(self, rid: str) -> tuple[int, list[int]]:
-        output: list[int] = []
-        entry = self._outputs[rid] = (self.shared.add(output), output)
+    def _start_output(self, request) -> tuple[int, int, list[int]]:
+        """The request's sequence in the shared index: its output, after the last ``max_tree_depth`` tokens
+        of its prompt (so that how answers begin after a prompt's closing tokens is learnt too)."""
+        start = max(0, request.num_prompt_tokens - self.config.max_tree_depth)
+        output = list(request.token_ids[start : request.num_prompt_tokens])
+        entry = self._outputs[request.request_id] = (self.shared.add(output), start, output)
         return entry
 
     def _forget(self, rid: str) -> None:
@@ -113,7 +121,7 @@ class SuffixDrafter(RetrievalDrafter):
         if finished and rid in self._outputs:
             self._update(request)  # its last tokens
             self._local.pop(rid, None)
-            shared_id, _ = self._outputs.pop(rid)
+            shared_id, _, _ = self._outputs.pop(rid)
             self._finished.append(shared_id)
             while len(self._finished) > self.config.max_cached_requests:
                 self.shared.remove(self._finished.popleft())

@@ -1,0 +1,76 @@
+"""REST (retrieval-based speculative decoding, arXiv 2311.08252): drafts looked up in a datastore of text.
+
+The datastore is a corpus tokenized once by ``specexec build-datastore`` (`datastore.py`). At start-up
+each of its documents becomes a sequence of a `SuffixIndex`, and each step the request's context is
+matched against it as suffix decoding matches (longest suffix, the most frequent continuation, a draft as
+long as the match earns); REST's own lookup is a suffix array over the same text. The index is built
+once and never changes: the requests' own text is suffix decoding's (``decoding_type: Suffix``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from .datastore import load_datastore
+from .retrieval_drafter import RetrievalDrafter, check_number
+from .suffix_index import DEFAULT_LIMITS, Speculation, SpeculationLimits, SuffixIndex
+
+logger = logging.getLogger("specexec")
+
+
+@dataclass(slots=True)
+class RestConfig:
+    datastore: str  #: the ``.npz`` file `specexec build-datastore` wrote for this target's tokenizer
+    max_draft_len: int = 8  #: most tokens proposed per step (1..32); a short match proposes fewer
+    max_tree_depth: int = DEFAULT_LIMITS.max_depth  #: longest context suffix matched
+    max_spec_factor: float = DEFAULT_LIMITS.max_spec_factor  #: drafts per matched token
+    max_spec_offset: float = DEFAULT_LIMITS.max_spec_offset  #: drafts added to that (may be negative)
+    #: a chain stops once its estimated acceptance falls below this
+    min_token_prob: float = DEFAULT_LIMITS.min_token_prob
+    max_occurrences: int = DEFAULT_LIMITS.max_occurrences  #: a key's most recent places read per lookup
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.datastore, str) or not self.datastore:
+            raise ValueError(
+                f"REST needs option datastore: the .npz file `specexec build-datastore` wrote, got {self.datastore!r}"
+            )
+        check_number("max_draft_len", self.max_draft_len, 1, 32, integer=True)
+        check_number("max_tree_depth", self.max_tree_depth, 1, 1024, integer=True)
+        check_number("max_spec_factor", self.max_spec_factor, 0.0, 1024.0)
+        check_number("max_spec_offset", self.max_spec_offset, -1024.0, 1024.0)
+        check_number("min_token_prob", self.min_token_prob, 0.0, 1.0)
+        check_number("max_occurrences", self.max_occurrences, 1, None, integer=True)
+
+    def limits(self) -> SpeculationLimits:
+        return SpeculationLimits(
+            self.max_tree_depth,
+            self.max_spec_factor,
+            self.max_spec_offset,
+            self.min_token_prob,
+            self.max_occurrences,
+        )
+
+
+class RestDrafter(RetrievalDrafter):
+    """Drafts from a datastore built by ``specexec build-datastore``; see the module docstring."""
+
+    def __init__(self, config: RestConfig, tokenizer=None, vocab_size: int | None = None) -> None:
+        super().__init__(config.max_draft_len, config.limits())
+        self.config = config
+        started = time.perf_counter()
+        store = load_datastore(config.datastore, tokenizer, vocab_size)
+        self.index = SuffixIndex()
+        for document in store.documents():
+            self.index.add(document)
+        logger.info(
+            "REST datastore %s: %d documents, %d tokens, indexed in %.1f s",
+            config.datastore,
+            store.num_documents,
+            len(store.tokens),
+            time.perf_counter() - started,
+        )
+
+    def speculations(self, request, num_slots: int) -> list[Speculation]:
+        return [self.index.speculate(request.token_ids, num_slots, self.limits)]
