@@ -140,5 +140,10 @@ def test_build_datastore_command_reads_text_and_jsonl_files(tokenizer, tmp_path,
     assert store.meta["tokenizer_fingerprint"] == tokenizer_fingerprint(tokenizer)
     assert main([*args, "--model", str(model), "--field", "body"]) == 2
     assert "no field 'body'" in capsys.readouterr().err
-    assert main(["build-datastore", str(model / "tokenizer.json"), "--output", str(out)]) == 2
-    assert "only .txt and .jsonl" in capsys.readouterr().err
+    (tmp_path / "c.bin").write_bytes(b"\xff\xfe binary")
+    assert (
+        main(["build-datastore", str(tmp_path / "c.bin"), "--output", str(out), "--model", str(model)]) == 2
+    )
+    assert "c.bin is not UTF-8 text" in capsys.readouterr().err
+    assert main(["build-datastore", str(tmp_path), "--output", str(out)]) == 2
+    assert "is not a file" in capsys.readouterr().err

@@ -214,6 +214,14 @@ def test_a_sequence_that_got_shorter_is_indexed_again():
     assert drafts(drafter, request) == [9, 7]
 
 
+def test_a_new_token_list_is_indexed_again():
+    drafter = SuffixDrafter(max_draft_len=8, max_cached_requests=0, **PER_MATCHED_TOKEN)
+    request = make_request([1, 2, 3, 4, 1, 2])
+    assert drafts(drafter, request) == [3, 4]
+    request.token_ids = [5, 6, 7, 8, 5, 6, 7]  # another list, longer: the old one's index must go
+    assert drafts(drafter, request) == [8, 5, 6]
+
+
 class PrefixGrammar:
     """Accepts tokens below ``limit`` only (the stand-in for a request's grammar snapshot)."""
 

@@ -1,7 +1,8 @@
 """``specexec build-datastore``: tokenize a text corpus for REST drafting (`rest.py`).
 
-Inputs are ``.txt`` files (each one document) and ``.jsonl`` files (per record, the ``--field`` value:
-a string, or a list of strings or of chat messages, each ``content`` a document).
+Inputs are ``.jsonl`` files (per record, the ``--field`` value: a string, or a list of strings or of
+chat messages, each ``content`` a document) and any other UTF-8 text files (``.txt``, source code: each
+one document).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("inputs", nargs="+", help=".txt files (one document each) or .jsonl files")
+    parser.add_argument(
+        "inputs", nargs="+", help=".jsonl files, or text files (.txt, source code: one document each)"
+    )
     parser.add_argument("--output", required=True, help="the datastore file to write (.npz)")
     parser.add_argument(
         "--model",
@@ -76,7 +79,10 @@ def read_texts(paths: list[Path], field: str) -> Iterator[str]:
                         raise DatastoreError(f"{where}: no field {field!r} (choose it with --field)")
                     yield from _texts_of(record[field], where)
         else:
-            yield path.read_text(encoding="utf-8")
+            try:
+                yield path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatastoreError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,8 +92,6 @@ def run(args: argparse.Namespace) -> int:
     for path in paths:
         if not path.is_file():
             raise ValueError(f"input {path} is not a file")
-        if path.suffix not in (".txt", ".jsonl"):
-            raise ValueError(f"input {path}: only .txt and .jsonl files are read")
     tokenizer = load_tokenizer(args.model)
 
     def progress(num_documents: int, num_tokens: int) -> None:

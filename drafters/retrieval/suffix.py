@@ -73,20 +73,22 @@ class SuffixDrafter(RetrievalDrafter):
         """Index the request's tokens appended since the last call; returns its local index."""
         rid, tokens = request.request_id, request.token_ids
         local = self._local.get(rid)
-        if local is not None and local.indexed[0] > len(tokens):  # shorter: start again
-            self._forget(rid)
+        if local is not None and (local.sequences[0] is not tokens or local.indexed[0] > len(tokens)):
+            self._forget(rid)  # a new token list, or a shorter one: what was indexed may not hold
             local = None
         if local is None:
             local = self._local[rid] = SuffixIndex()
-            local.add(tokens)  # (sequence id 0; the request's own list, read as it grows)
+            local.add(tokens)  # (sequence id 0: the request's own list, read as it grows)
         else:
             local.extend(0)
-        if self.config.max_cached_requests > 0:
-            entry = self._outputs.get(rid) or self._start_output(request)
-            shared_id, start, output = entry
-            output.extend(tokens[start + len(output) :])
-            self.shared.extend(shared_id)
+        self._update_shared(request)
         return local
+
+    def _update_shared(self, request) -> None:
+        if self.config.max_cached_requests > 0:
+            shared_id, start, output = self._outputs.get(request.request_id) or self._start_output(request)
+            output.extend(request.token_ids[start + len(output) :])
+            self.shared.extend(shared_id)
 
     def _start_output(self, request) -> tuple[int, int, list[int]]:
         """The request's sequence in the shared index: its output, after the last ``max_tree_depth`` tokens
@@ -119,7 +121,7 @@ class SuffixDrafter(RetrievalDrafter):
         rid = request.request_id
         finished = getattr(request, "finish_reason", None) not in (None, "error")
         if finished and rid in self._outputs:
-            self._update(request)  # its last tokens
+            self._update_shared(request)  # its last tokens
             self._local.pop(rid, None)
             shared_id, _, _ = self._outputs.pop(rid)
             self._finished.append(shared_id)
