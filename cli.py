@@ -51,7 +51,7 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 def _add_drafter_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--decoding-type",
-        help="speculative drafter: NGram, DraftTarget, Eagle, UserProvided or a plugin's name "
+        help="speculative drafter: NGram, Suffix, REST, DraftTarget, Eagle, UserProvided or a plugin's name "
         "(`specexec drafters` lists the installed ones; default off)",
     )
     parser.add_argument("--max-draft-len", type=int, default=None, help="draft tokens per step (default 3)")

@@ -19,6 +19,7 @@ from ..executor.engine.options import parse_options, reject_unknown_keys
 from ..executor.layers.quantized.quantization import check_quantization
 from ..plugins import hookimpl
 from .base import Drafter, DrafterContext, declare_options
+from .retrieval.rest import REST_SPEC_FACTOR, REST_SPEC_OFFSET
 from .retrieval.suffix_index import DEFAULT_LIMITS
 
 logger = logging.getLogger("specexec")
@@ -83,8 +84,8 @@ class RestOptions:
     option_label = "REST option"  #: (not a field) for the unknown-option error
     datastore: str | None = None
     max_tree_depth: int = DEFAULT_LIMITS.max_depth
-    max_spec_factor: float = DEFAULT_LIMITS.max_spec_factor
-    max_spec_offset: float = DEFAULT_LIMITS.max_spec_offset
+    max_spec_factor: float = REST_SPEC_FACTOR
+    max_spec_offset: float = REST_SPEC_OFFSET
     min_token_prob: float = DEFAULT_LIMITS.min_token_prob
     max_occurrences: int = DEFAULT_LIMITS.max_occurrences
 

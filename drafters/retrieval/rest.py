@@ -19,14 +19,21 @@ from .suffix_index import DEFAULT_LIMITS, Speculation, SpeculationLimits, Suffix
 
 logger = logging.getLogger("specexec")
 
+REST_SPEC_FACTOR = 1.0
+REST_SPEC_OFFSET = 0.0
+
 
 @dataclass(slots=True)
 class RestConfig:
     datastore: str  #: the ``.npz`` file `specexec build-datastore` wrote for this target's tokenizer
     max_draft_len: int = 8  #: most tokens proposed per step (1..32); a short match proposes fewer
     max_tree_depth: int = DEFAULT_LIMITS.max_depth  #: longest context suffix matched
-    max_spec_factor: float = DEFAULT_LIMITS.max_spec_factor  #: drafts per matched token
-    max_spec_offset: float = DEFAULT_LIMITS.max_spec_offset  #: drafts added to that (may be negative)
+    #: drafts per matched token, and drafts added to that (may be negative): 1 and 0, not Suffix's 2 and 1.
+    #: A large corpus matches short suffixes anywhere; on HumanEval over Python's standard library the
+    #: longer drafts doubled the drafts for the same accepted tokens
+    #: (`bench/reports/2026-11-29-suffix-decoding/`)
+    max_spec_factor: float = REST_SPEC_FACTOR
+    max_spec_offset: float = REST_SPEC_OFFSET
     #: a chain stops once its estimated acceptance falls below this
     min_token_prob: float = DEFAULT_LIMITS.min_token_prob
     max_occurrences: int = DEFAULT_LIMITS.max_occurrences  #: a key's most recent places read per lookup
