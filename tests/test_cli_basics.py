@@ -72,7 +72,8 @@ def test_run_help_names_every_built_in_drafter(capsys):
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "NGram, DraftTarget, Eagle, UserProvided" in help_text and "specexec drafters" in help_text
+    assert "NGram, Suffix, REST, DraftTarget, Eagle, UserProvided" in help_text
+    assert "specexec drafters" in help_text
 
 
 def test_progress_false_loads_a_model_without_progress_bars(tmp_path, capfd):

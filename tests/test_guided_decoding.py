@@ -10,6 +10,7 @@ import tempfile
 import jsonschema
 import pytest
 import torch
+from rest_stores import text_datastore_file
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.drafters import Drafter, DraftProposal
 from test_eagle3 import make_head_dir
@@ -44,6 +45,15 @@ SPECS = {
     "none": None,
     "ngram": {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2},
     "suffix": {"decoding_type": "Suffix", "max_draft_len": 6},
+    # REST over compact JSON like the schema's, and text that is not (its drafts are cut by the grammar)
+    "rest": {
+        "decoding_type": "REST",
+        "max_draft_len": 6,
+        "datastore": text_datastore_file(
+            ['{"name":"Rex","age":3,"kind":"dog"}', '{"name":"Tom","age":12,"kind":"cat"}', "Describe pets."],
+            smollm2_tokenizer(),
+        ),
+    },
     "self-int8": {"decoding_type": "DraftTarget", "max_draft_len": 3},
     "eagle3": {"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model": EAGLE3_HEAD},
 }
@@ -100,7 +110,7 @@ def test_every_finished_guided_output_validates(spec_name, temperature):
     assert_all_pages_free(executor)
 
 
-@pytest.mark.parametrize("spec_name", ["ngram", "suffix", "self-int8", "eagle3", "random"])
+@pytest.mark.parametrize("spec_name", ["ngram", "suffix", "rest", "self-int8", "eagle3", "random"])
 def test_greedy_guided_speculation_is_token_identical(spec_name):
     baseline = [o.token_ids for o in make_executor().run(make_requests(4))]
     drafter = RandomDrafter() if spec_name == "random" else None

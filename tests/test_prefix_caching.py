@@ -5,9 +5,11 @@ chunked prefill), and a soak over shared prefixes with aborts that leaks and dou
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
+from rest_stores import token_datastore_file
 from specexec import Executor, Request, SamplingParams
 from specexec.executor.engine.block_manager import BlockManager
 from test_eagle3 import eagle_spec, make_head_dir
@@ -118,6 +120,14 @@ def test_a_duplicate_page_is_not_registered():
     bm.check_references()
 
 
+@functools.cache
+def rest_spec() -> dict:
+    """REST over a datastore of the first halves of the greedy answers (text like the model's own)."""
+    (answers,), _ = run(None, False, rounds=1)
+    store = token_datastore_file([o.token_ids[: len(o.token_ids) // 2] for o in answers])
+    return {"decoding_type": "REST", "max_draft_len": 4, "datastore": store}
+
+
 def run(spec=None, cache=False, rounds=2, **overrides) -> tuple[list, Executor]:
     _, model = make_tiny_model("llama")
     settings = dict(max_num_tokens=32, max_batch_size=4, enable_prefix_caching=cache)
@@ -132,10 +142,13 @@ def run(spec=None, cache=False, rounds=2, **overrides) -> tuple[list, Executor]:
     return outputs, executor
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram", "suffix", "self-draft"])
+@pytest.mark.parametrize("drafter", ["none", "ngram", "suffix", "rest", "self-draft"])
 @pytest.mark.parametrize("setting", ["plain", "preemption"])
 def test_greedy_outputs_are_the_same_with_and_without_the_cache(drafter, setting):
-    spec = {"none": None, "ngram": NGRAM, "suffix": SUFFIX, "self-draft": SELF_DRAFT_SPEC}[drafter]
+    if drafter == "rest":
+        spec = rest_spec()
+    else:
+        spec = {"none": None, "ngram": NGRAM, "suffix": SUFFIX, "self-draft": SELF_DRAFT_SPEC}[drafter]
     overrides = {"num_kv_blocks": 22} if setting == "preemption" else {}
     want, _ = run(spec, False, **overrides)
     got, executor = run(spec, True, **overrides)

@@ -8,10 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from rest_stores import token_store
 from specexec.cli import main
 from specexec.drafters.retrieval.datastore import (
-    FORMAT,
-    Datastore,
     DatastoreError,
     build_datastore,
     load_datastore,
@@ -39,13 +38,6 @@ class FakeRequest:
 @pytest.fixture(scope="module")
 def tokenizer():
     return smollm2_tokenizer()
-
-
-def token_store(documents: list[list[int]]) -> Datastore:
-    """A datastore of token ids (no tokenizer: for the tiny models)."""
-    offsets = np.cumsum([0] + [len(d) for d in documents])
-    meta = {"format": FORMAT, "tokenizer_fingerprint": None, "sources": ["test"]}
-    return Datastore(np.concatenate([np.asarray(d, np.int32) for d in documents]), offsets, meta)
 
 
 def test_datastore_round_trip_and_its_counts(tokenizer, tmp_path):

@@ -23,11 +23,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from rest_stores import token_datastore_file
 from specexec.drafters.base import Drafter, DraftProposal
 from specexec.drafters.draft_target import DraftTargetDrafter
 from specexec.drafters.eagle3.drafter import Eagle3Drafter
 from specexec.drafters.eagle3.head import load_head
 from specexec.drafters.ngram import NGramConfig, NGramDrafter
+from specexec.drafters.retrieval.rest import RestConfig, RestDrafter
 from specexec.drafters.retrieval.suffix import SuffixConfig, SuffixDrafter
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.engine.request import Request
@@ -198,6 +200,10 @@ def make_drafter(kind: str) -> tuple[Drafter | None, dict | None]:
         return NGramDrafter(NGramConfig(max_draft_len=MAX_DRAFT_LEN)), None
     if kind == "suffix":  # one-token matches draft too, so that short samples see drafts
         return SuffixDrafter(SuffixConfig(max_draft_len=MAX_DRAFT_LEN, max_spec_offset=2.0)), None
+    if kind == "rest":  # a datastore of the prompt and some of the likeliest sequences after it
+        likeliest = sorted(exact_distribution().items(), key=lambda item: -item[1])[:20]
+        store = token_datastore_file([PROMPT] + [PROMPT + list(seq) for seq, _ in likeliest])
+        return RestDrafter(RestConfig(store, max_draft_len=MAX_DRAFT_LEN, max_spec_offset=2.0)), None
     if kind == "int8-self-draft-q":
         spec = {"decoding_type": "DraftTarget", "max_draft_len": MAX_DRAFT_LEN, "sample_drafts": True}
         return None, spec
@@ -228,6 +234,7 @@ DRAFTERS = [
     "fixed-token",
     "ngram",
     "suffix",
+    "rest",
     "int8-self-draft-q",
     "independent-draft-q",
     "eagle3-reduced-vocab-q",
@@ -300,7 +307,7 @@ def test_speculative_sampling_matches_the_target_distribution(kind):
     )
 
 
-@pytest.mark.parametrize("kind", ["fixed-token", "ngram", "suffix"])
+@pytest.mark.parametrize("kind", ["fixed-token", "ngram", "suffix", "rest"])
 def test_deterministic_drafts_reproduce_the_plain_samples_seed_for_seed(kind):
     """Deterministic drafts are verified by drawing x_i ~ p_i with the request's generator, one draw
     per emitted token as plain sampling does; so a seeded request gets the very same tokens with or

@@ -16,10 +16,12 @@ import logging
 import numpy as np
 import pytest
 import torch
+from rest_stores import token_datastore_file
 from specexec.drafters.base import Drafter, DraftProposal
 from specexec.drafters.draft_target import DraftTargetDrafter
 from specexec.drafters.ngram import NGramConfig, NGramDrafter
 from specexec.drafters.quantize import quantized_copy
+from specexec.drafters.retrieval.rest import RestConfig, RestDrafter
 from specexec.drafters.retrieval.suffix import SuffixConfig, SuffixDrafter
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.engine.request import FinishReason, Request
@@ -444,24 +446,28 @@ def test_suffix_drafts_keep_greedy_output_identical(arch, max_cached_requests, b
     assert drafter.num_cached_requests() == (len(outputs) if max_cached_requests else 0)
 
 
-def _draft_target_cases(kind: str) -> Drafter | None:
+def _draft_target_cases(kind: str, arch: str) -> Drafter | None:
     if kind == "ngram":
         return NGramDrafter(NGramConfig(max_draft_len=4))
     if kind == "suffix":
         return SuffixDrafter(SuffixConfig(max_draft_len=4))
+    if kind == "rest":  # a datastore of text like the model's own: the first halves of its answers
+        answers = reference(arch, BATCHES["batch8"])
+        store = token_datastore_file([a[: len(a) // 2] for a in answers])
+        return RestDrafter(RestConfig(store, max_draft_len=4))
     if kind == "int8-self-draft":
         return None  # built from speculative_config
     return DraftTargetDrafter(make_independent_draft_model(), 4, VOCAB, num_kv_blocks=128, block_size=4)
 
 
-DRAFTER_KINDS = ["ngram", "suffix", "int8-self-draft", "independent-draft"]
+DRAFTER_KINDS = ["ngram", "suffix", "rest", "int8-self-draft", "independent-draft"]
 
 
 @pytest.mark.parametrize("kind", DRAFTER_KINDS)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_preemption_while_drafting_keeps_greedy_output_identical(arch, kind):
     # 40 pages of 4 tokens: the 8 requests need ~96 prompt + 128 output tokens plus draft slots
-    drafter = _draft_target_cases(kind)
+    drafter = _draft_target_cases(kind, arch)
     spec = SELF_DRAFT_SPEC if drafter is None else None
     executor, outputs = run_speculative(
         arch, BATCHES["batch8"], drafter=drafter, speculative_config=spec, num_kv_blocks=40
@@ -486,7 +492,7 @@ def test_full_draft_model_pool_ends_drafting_early_without_leaks(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_chunked_prefill_keeps_greedy_output_identical(arch, kind):
     # 16 tokens per forward: the 30-, 20-, 17-token prompts are prefilled in chunks
-    drafter = _draft_target_cases(kind)
+    drafter = _draft_target_cases(kind, arch)
     spec = SELF_DRAFT_SPEC if drafter is None else None
     forwards = []
 
