@@ -4,7 +4,6 @@ round trip and what it refuses, drafting from it, and greedy identity on the tin
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -19,20 +18,13 @@ from specexec.drafters.retrieval.datastore import (
 )
 from specexec.drafters.retrieval.rest import RestConfig, RestDrafter
 from test_grammar_support import smollm2_tokenizer
+from test_ngram_drafter import FakeRequest
 from test_speculative_identity import BATCHES, num_accepted, reference, run_speculative
 
 DOCUMENTS = [
     "def add(a, b):\n    return a + b\n",
     "Once upon a time. The quick brown fox jumps over the lazy dog.",
 ]
-
-
-@dataclass(eq=False)
-class FakeRequest:
-    request_id: str
-    token_ids: list[int]
-    num_prompt_tokens: int
-    finish_reason: str | None = None
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +70,7 @@ def test_a_datastore_of_another_tokenizer_or_a_damaged_file_is_refused(tokenizer
 
 def test_rest_drafts_what_followed_the_match_in_the_corpus(tokenizer, tmp_path):
     path = save_datastore(build_datastore(DOCUMENTS, tokenizer, ["a.txt"]), tmp_path / "store.npz")
-    drafter = RestDrafter(RestConfig(str(path), max_draft_len=8), tokenizer, len(tokenizer))
+    drafter = RestDrafter(RestConfig(datastore=str(path), max_draft_len=8), tokenizer, len(tokenizer))
     context = tokenizer.encode("Say it. The quick brown fox", add_special_tokens=False)
     request = FakeRequest("r0", context, len(context))
     slots = drafter.num_draft_slots(request)

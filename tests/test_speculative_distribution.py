@@ -203,7 +203,9 @@ def make_drafter(kind: str) -> tuple[Drafter | None, dict | None]:
     if kind == "rest":  # a datastore of the prompt and some of the likeliest sequences after it
         likeliest = sorted(exact_distribution().items(), key=lambda item: -item[1])[:20]
         store = token_datastore_file([PROMPT] + [PROMPT + list(seq) for seq, _ in likeliest])
-        return RestDrafter(RestConfig(store, max_draft_len=MAX_DRAFT_LEN, max_spec_offset=2.0)), None
+        return RestDrafter(
+            RestConfig(datastore=store, max_draft_len=MAX_DRAFT_LEN, max_spec_offset=2.0)
+        ), None
     if kind == "int8-self-draft-q":
         spec = {"decoding_type": "DraftTarget", "max_draft_len": MAX_DRAFT_LEN, "sample_drafts": True}
         return None, spec

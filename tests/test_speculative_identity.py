@@ -454,7 +454,7 @@ def _draft_target_cases(kind: str, arch: str) -> Drafter | None:
     if kind == "rest":  # a datastore of text like the model's own: the first halves of its answers
         answers = reference(arch, BATCHES["batch8"])
         store = token_datastore_file([a[: len(a) // 2] for a in answers])
-        return RestDrafter(RestConfig(store, max_draft_len=4))
+        return RestDrafter(RestConfig(datastore=store, max_draft_len=4))
     if kind == "int8-self-draft":
         return None  # built from speculative_config
     return DraftTargetDrafter(make_independent_draft_model(), 4, VOCAB, num_kv_blocks=128, block_size=4)

@@ -2,37 +2,21 @@
 (places read per lookup, removal), and the drafter's own and shared indexes, eviction, guided cuts and
 options.
 
-Requests are minimal stand-ins with the fields the drafter reads (`request_id`, `token_ids`,
-`num_prompt_tokens`, `finish_reason`); tokens are appended to them as the executor would.
+Requests are NGram's tests' minimal stand-ins (`FakeRequest`); tokens are appended to them as the
+executor would.
 """
 
 from __future__ import annotations
 
-import itertools
 import random
-from dataclasses import dataclass
 
 import pytest
 from specexec.drafters.retrieval.suffix import SuffixConfig, SuffixDrafter
 from specexec.drafters.retrieval.suffix_index import SpeculationLimits, SuffixIndex
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
+from test_ngram_drafter import FakeRequest, make_request
 from tiny_models import make_tiny_model
-
-_ids = itertools.count()
-
-
-@dataclass(eq=False)
-class FakeRequest:
-    request_id: str
-    token_ids: list[int]
-    num_prompt_tokens: int
-    finish_reason: str | None = None
-
-
-def make_request(token_ids) -> FakeRequest:
-    return FakeRequest(f"r{next(_ids)}", list(token_ids), len(token_ids))
-
 
 #: vLLM's default limits: a draft per matched token (the tests below count drafts by them)
 PER_MATCHED_TOKEN = {"max_spec_factor": 1.0, "max_spec_offset": 0.0}

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 
 from .datastore import load_datastore
-from .retrieval_drafter import RetrievalDrafter, check_number
-from .suffix_index import DEFAULT_LIMITS, Speculation, SpeculationLimits, SuffixIndex
+from .retrieval_drafter import LookupConfig, RetrievalDrafter
+from .suffix_index import Speculation, SuffixIndex
 
 logger = logging.getLogger("specexec")
 
@@ -24,40 +24,21 @@ REST_SPEC_OFFSET = 0.0
 
 
 @dataclass(slots=True)
-class RestConfig:
-    datastore: str  #: the ``.npz`` file `specexec build-datastore` wrote for this target's tokenizer
-    max_draft_len: int = 8  #: most tokens proposed per step (1..32); a short match proposes fewer
-    max_tree_depth: int = DEFAULT_LIMITS.max_depth  #: longest context suffix matched
+class RestConfig(LookupConfig):
+    datastore: str = ""  #: the ``.npz`` file `specexec build-datastore` wrote for this target's tokenizer
     #: drafts per matched token, and drafts added to that (may be negative): 1 and 0, not Suffix's 2 and 1.
     #: A large corpus matches short suffixes anywhere; on HumanEval over Python's standard library the
     #: longer drafts doubled the drafts for the same accepted tokens
     #: (`bench/reports/2026-11-29-suffix-decoding/`)
     max_spec_factor: float = REST_SPEC_FACTOR
     max_spec_offset: float = REST_SPEC_OFFSET
-    #: a chain stops once its estimated acceptance falls below this
-    min_token_prob: float = DEFAULT_LIMITS.min_token_prob
-    max_occurrences: int = DEFAULT_LIMITS.max_occurrences  #: a key's most recent places read per lookup
 
     def __post_init__(self) -> None:
         if not isinstance(self.datastore, str) or not self.datastore:
             raise ValueError(
                 f"REST needs option datastore: the .npz file `specexec build-datastore` wrote, got {self.datastore!r}"
             )
-        check_number("max_draft_len", self.max_draft_len, 1, 32, integer=True)
-        check_number("max_tree_depth", self.max_tree_depth, 1, 1024, integer=True)
-        check_number("max_spec_factor", self.max_spec_factor, 0.0, 1024.0)
-        check_number("max_spec_offset", self.max_spec_offset, -1024.0, 1024.0)
-        check_number("min_token_prob", self.min_token_prob, 0.0, 1.0)
-        check_number("max_occurrences", self.max_occurrences, 1, None, integer=True)
-
-    def limits(self) -> SpeculationLimits:
-        return SpeculationLimits(
-            self.max_tree_depth,
-            self.max_spec_factor,
-            self.max_spec_offset,
-            self.min_token_prob,
-            self.max_occurrences,
-        )
+        LookupConfig.__post_init__(self)
 
 
 class RestDrafter(RetrievalDrafter):

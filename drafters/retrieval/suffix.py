@@ -15,41 +15,18 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .retrieval_drafter import RetrievalDrafter, check_number
-from .suffix_index import DEFAULT_LIMITS, Speculation, SpeculationLimits, SuffixIndex
+from .retrieval_drafter import LookupConfig, RetrievalDrafter, check_number
+from .suffix_index import Speculation, SuffixIndex
 
 
 @dataclass(slots=True)
-class SuffixConfig:
-    max_draft_len: int = 8  #: most tokens proposed per step (1..32); a short match proposes fewer
-    max_tree_depth: int = DEFAULT_LIMITS.max_depth  #: longest context suffix matched
+class SuffixConfig(LookupConfig):
     #: finished requests whose outputs stay in the shared index (0: each request drafts from itself only)
     max_cached_requests: int = 1000
-    max_spec_factor: float = DEFAULT_LIMITS.max_spec_factor  #: drafts per matched token
-    max_spec_offset: float = DEFAULT_LIMITS.max_spec_offset  #: drafts added to that (may be negative)
-    #: a chain stops once its estimated acceptance falls below this
-    min_token_prob: float = DEFAULT_LIMITS.min_token_prob
-    max_occurrences: int = (
-        DEFAULT_LIMITS.max_occurrences
-    )  #: a key's most recent places read per lookup (bounds a step's work)
 
     def __post_init__(self) -> None:
-        check_number("max_draft_len", self.max_draft_len, 1, 32, integer=True)
-        check_number("max_tree_depth", self.max_tree_depth, 1, 1024, integer=True)
+        LookupConfig.__post_init__(self)
         check_number("max_cached_requests", self.max_cached_requests, 0, None, integer=True)
-        check_number("max_spec_factor", self.max_spec_factor, 0.0, 1024.0)
-        check_number("max_spec_offset", self.max_spec_offset, -1024.0, 1024.0)
-        check_number("min_token_prob", self.min_token_prob, 0.0, 1.0)
-        check_number("max_occurrences", self.max_occurrences, 1, None, integer=True)
-
-    def limits(self) -> SpeculationLimits:
-        return SpeculationLimits(
-            self.max_tree_depth,
-            self.max_spec_factor,
-            self.max_spec_offset,
-            self.min_token_prob,
-            self.max_occurrences,
-        )
 
 
 class SuffixDrafter(RetrievalDrafter):
