@@ -86,8 +86,8 @@ def save_datastore(store: Datastore, path: str | Path) -> Path:
 
 
 def load_datastore(path: str | Path, tokenizer=None, vocab_size: int | None = None) -> Datastore:
-    """Read a datastore, checking it against the target's ``tokenizer`` (its fingerprint) and
-    ``vocab_size`` (every id below it)."""
+    """Read a datastore, checking it against the target's ``tokenizer`` (its fingerprint; a target
+    without a tokenizer cannot be checked so) and ``vocab_size`` (every id below it)."""
     path = Path(path).expanduser()
     try:
         with np.load(path, allow_pickle=False) as data:

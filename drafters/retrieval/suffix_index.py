@@ -19,7 +19,8 @@ builds the tree) without building one:
 3. **Score.** The sum of the chain's probabilities: the number of drafts expected to be accepted, which
    chooses between two indexes' answers (a request's own text and the shared store).
 
-Each token adds one entry per key length (about 0.4 KB in Python; `docs/drafters.md` has the figure).
+Each token adds one place per key length: about 12 us and 310 bytes a token in all
+(`bench/reports/2026-11-29-suffix-decoding/index_cost.txt`).
 Removing a sequence leaves its entries behind until they are half the index, then the index is rebuilt
 from the live sequences, so removal costs O(1) amortized. A lookup reads at most ``max_occurrences`` of
 a key's most recent places, so a key seen a million times costs what one seen a hundred times does.
@@ -115,7 +116,7 @@ class SuffixIndex:
 
     def _index(self, seq_id: int, tokens: Sequence[int], start: int) -> None:
         """Add the places ending after ``tokens[start - 1]``: per key length, the keys come from ``zip``
-        over shifted slices (built in C, about 2 us a token in all instead of 15 with a slice each)."""
+        over shifted slices, built in C (a slice per key took about twice as long)."""
         num_tokens = len(tokens)
         self.indexed[seq_id] = num_tokens
         entries = self.entries
