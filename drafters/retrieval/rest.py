@@ -17,7 +17,8 @@ from .datastore import load_datastore
 from .retrieval_drafter import LookupConfig, RetrievalDrafter
 from .suffix_index import Speculation, SuffixIndex
 
-logger = logging.getLogger("specexec")
+#: the loader's lines, which the command line shows without -v: a large datastore takes seconds to index
+loading_logger = logging.getLogger("specexec.loading")
 
 REST_SPEC_FACTOR = 1.0
 REST_SPEC_OFFSET = 0.0
@@ -49,10 +50,11 @@ class RestDrafter(RetrievalDrafter):
         self.config = config
         started = time.perf_counter()
         store = load_datastore(config.datastore, tokenizer, vocab_size)
+        loading_logger.info("indexing REST datastore %s (%d tokens)", config.datastore, len(store.tokens))
         self.index = SuffixIndex()
         for document in store.documents():
             self.index.add(document)
-        logger.info(
+        loading_logger.info(
             "REST datastore %s: %d documents, %d tokens, indexed in %.1f s",
             config.datastore,
             store.num_documents,

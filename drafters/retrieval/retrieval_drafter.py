@@ -68,8 +68,6 @@ class RetrievalDrafter(Drafter):
         super().__init__(max_draft_len)
         self.limits = limits
         self._planned: dict[str, tuple[int, list[int]]] = {}  #: request id -> (num tokens, drafts)
-        self.num_lookups = 0
-        self.num_matched = 0  #: lookups that drafted something
 
     def speculations(self, request, num_slots: int) -> list[Speculation]:
         """Each index's chain for the request (its text indexed up to now first)."""
@@ -84,8 +82,6 @@ class RetrievalDrafter(Drafter):
                 found = Speculation(found.token_ids[:keep], found.probs[:keep], found.match_len)
             if found.score > best.score:
                 best = found
-        self.num_lookups += 1
-        self.num_matched += bool(best.token_ids)
         return best.token_ids
 
     def num_draft_slots(self, request) -> int:

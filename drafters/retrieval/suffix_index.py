@@ -19,7 +19,7 @@ builds the tree) without building one:
 3. **Score.** The sum of the chain's probabilities: the number of drafts expected to be accepted, which
    chooses between two indexes' answers (a request's own text and the shared store).
 
-Each token adds one place per key length: about 12 us and 310 bytes a token in all
+Each token adds one place per key length: about 2 us and 310 bytes a token in all
 (`bench/reports/2026-11-29-suffix-decoding/index_cost.txt`).
 Removing a sequence leaves its entries behind until they are half the index, then the index is rebuilt
 from the live sequences, so removal costs O(1) amortized. A lookup reads at most ``max_occurrences`` of
@@ -116,7 +116,7 @@ class SuffixIndex:
 
     def _index(self, seq_id: int, tokens: Sequence[int], start: int) -> None:
         """Add the places ending after ``tokens[start - 1]``: per key length, the keys come from ``zip``
-        over shifted slices, built in C (a slice per key took about twice as long)."""
+        over shifted slices, built in C."""
         num_tokens = len(tokens)
         self.indexed[seq_id] = num_tokens
         entries = self.entries
