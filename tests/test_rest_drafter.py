@@ -131,3 +131,12 @@ def test_build_datastore_command_reads_text_and_jsonl_files(tokenizer, tmp_path,
     assert "c.bin is not UTF-8 text" in capsys.readouterr().err
     assert main(["build-datastore", str(tmp_path), "--output", str(out)]) == 2
     assert "is not a file" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_build_datastore_reads_the_gguf_tokenizer_the_executor_loads(tokenizer):
+    """``build-datastore`` reads the GGUF's tokenizer without its weights; the executor's comes from the
+    converted copy. A datastore from one must be accepted by the other."""
+    from specexec.drafters.retrieval.datastore_command import load_tokenizer
+
+    assert tokenizer_fingerprint(load_tokenizer(None)) == tokenizer_fingerprint(tokenizer)
