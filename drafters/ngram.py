@@ -31,6 +31,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..executor.engine.options import check_number
 from .base import Drafter, DraftProposal, grammar_valid_prefix
 
 Key = tuple[int, ...]
@@ -50,25 +51,13 @@ class NGramConfig:
     max_pool_entries: int = 1_000_000
 
     def __post_init__(self) -> None:
-        _check_int("max_draft_len", self.max_draft_len, 1, 32)
-        _check_int("max_matching_ngram_size", self.max_matching_ngram_size, 1, None)
-        _check_int("max_pool_entries", self.max_pool_entries, 1, None)
+        check_number("max_draft_len", self.max_draft_len, 1, 32, integer=True)
+        check_number("max_matching_ngram_size", self.max_matching_ngram_size, 1, integer=True)
+        check_number("max_pool_entries", self.max_pool_entries, 1, integer=True)
         for name in ("is_public_pool", "is_keep_all", "is_use_oldest"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
-
-
-def _check_int(name: str, value, low: int, high: int | None) -> None:
-    ok = (
-        isinstance(value, int)
-        and not isinstance(value, bool)
-        and value >= low
-        and (high is None or value <= high)
-    )
-    if not ok:
-        allowed = f"an integer in {low}..{high}" if high is not None else f"an integer >= {low}"
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
 class NGramPool:

@@ -5,24 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...executor.engine.options import check_number
 from ..base import Drafter, DraftProposal, grammar_valid_prefix
 from .suffix_index import DEFAULT_LIMITS, NO_SPECULATION, Speculation, SpeculationLimits
-
-
-def check_number(name: str, value, low: float, high: float | None = None, integer: bool = False) -> None:
-    """Refuse an option that is not a number in ``low``..``high`` (an integer where ``integer``)."""
-    kinds = (int,) if integer else (int, float)
-    ok = (
-        isinstance(value, kinds)
-        and not isinstance(value, bool)
-        and value == value  # NaN
-        and low <= value
-        and (high is None or value <= high)
-    )
-    if not ok:
-        kind = "an integer" if integer else "a number"
-        allowed = f"{kind} in {low}..{high}" if high is not None else f"{kind} >= {low}"
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
 @dataclass(slots=True)

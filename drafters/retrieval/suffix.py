@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .retrieval_drafter import LookupConfig, RetrievalDrafter, check_number
+from ...executor.engine.options import check_number
+from .retrieval_drafter import LookupConfig, RetrievalDrafter
 from .suffix_index import Speculation, SuffixIndex
 
 

@@ -97,9 +97,6 @@ class SuffixIndex:
     def __len__(self) -> int:
         return len(self.sequences)
 
-    def num_tokens(self) -> int:
-        return sum(len(s) for s in self.sequences.values())
-
     # ---- building ---------------------------------------------------------------------------------
     def add(self, tokens: Sequence[int]) -> int:
         """Index a new sequence; returns its id. ``tokens`` is kept by reference: a list that grows

@@ -1,5 +1,6 @@
 """Option dataclasses that refuse what they do not know: an unknown key is a `ValueError` naming it and
-the keys allowed, never Python's `TypeError` about an unexpected keyword argument."""
+the keys allowed, never Python's `TypeError` about an unexpected keyword argument; `check_number` refuses
+a value out of range, naming the option."""
 
 from __future__ import annotations
 
@@ -38,3 +39,19 @@ def parse_options(cls: type[T], data: Any) -> T:
     if bad:
         raise ValueError(f"option names must be strings, got {bad!r}")
     return cls(**data)
+
+
+def check_number(name: str, value, low: float, high: float | None = None, integer: bool = False) -> None:
+    """Refuse an option that is not a number in ``low``..``high`` (an integer where ``integer``)."""
+    kinds = (int,) if integer else (int, float)
+    ok = (
+        isinstance(value, kinds)
+        and not isinstance(value, bool)
+        and value == value  # NaN
+        and low <= value
+        and (high is None or value <= high)
+    )
+    if not ok:
+        kind = "an integer" if integer else "a number"
+        allowed = f"{kind} in {low}..{high}" if high is not None else f"{kind} >= {low}"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
