@@ -34,6 +34,9 @@ class DraftProposal:
 
     token_ids: list[int]  #: at most the request's reserved draft slots
     probs: torch.Tensor | None = None  # [len(token_ids), vocab] draft distribution q, for rejection sampling
+    #: a token tree (`sampling/tree_shape.py`): each draft's parent, -1 for the root (the token after the
+    #: last verified one); None: a chain. Trees are verified without q (`sampling/tree_verify.py`).
+    parents: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -97,6 +100,11 @@ class Drafter:
     reports_confidence: bool = False
     #: set by the executor under draft_len_policy "confidence" (an `executor.confidence_stop.ConfidenceStop`)
     confidence_stop = None
+    #: the tree shape ``draft_tree: true`` takes (a `tree_config.TreeShape`); None: it drafts chains only
+    default_tree = None
+    #: set by the executor when ``speculative_config.draft_tree`` is on: the `TreeShape` to draft within
+    #: (``num_draft_slots`` then still answers a depth; the scheduled slots are the tree's nodes)
+    draft_tree = None
 
     def grammar_of(self, request):
         """This step's snapshot of the request's grammar (``fork_for_drafting()``, ``is_terminated()``)

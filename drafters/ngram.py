@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..executor.engine.options import check_number
+from ..executor.engine.speculation.tree_config import TreeShape
+from ..sampling.tree_shape import trie_of_chains
 from .base import Drafter, DraftProposal, grammar_valid_prefix
 
 Key = tuple[int, ...]
@@ -131,6 +133,8 @@ class NGramDrafter(Drafter):
     returns_draft_probs = False
     runs_on_loop_thread = True  #: built in: bounded work, no thread hop (see Drafter)
     accepts_grammar_masks = True  #: guided requests get the longest grammar-valid stored candidate
+    #: ``draft_tree: true``: the matching continuations as a trie (`_propose_tree`)
+    default_tree = TreeShape(max_nodes=8, branching=3)
 
     def __init__(self, config: NGramConfig | None = None, **options) -> None:
         if config is None:
@@ -218,7 +222,12 @@ class NGramDrafter(Drafter):
 
     # ---- the Drafter interface ------------------------------------------------------------------
     def num_draft_slots(self, request) -> int:
-        """Exactly as many slots as there are drafts: 0 when nothing matches."""
+        """Exactly as many slots as there are drafts: 0 when nothing matches (with ``draft_tree``: the
+        depth of the deepest candidate)."""
+        if self.draft_tree is not None and self.grammar_of(request) is None:
+            candidates = self.propose_candidates(request, all_keys=True)
+            self._planned[request.request_id] = (len(request.token_ids), tuple(candidates))
+            return max(map(len, candidates), default=0)
         tokens, pool = self._update(request)
         drafts = self._best(tokens, pool) if self.grammar_of(request) is None else self._best_valid(request)
         self._planned[request.request_id] = (len(tokens), drafts)
@@ -234,9 +243,29 @@ class NGramDrafter(Drafter):
                 best = valid
         return best
 
-    def propose(self, request, num_slots: int, resources=None) -> DraftProposal:
+    def prepare_draft_tokens(self, scheduled_requests: list, resources) -> dict[str, DraftProposal]:
+        if self.draft_tree is None:
+            return super().prepare_draft_tokens(scheduled_requests, resources)
+        return {s.request.request_id: self._propose_tree(s) for s in scheduled_requests}
+
+    def _propose_tree(self, s) -> DraftProposal:
+        """With ``draft_tree``: the matching continuations as one trie (longest key first, the preferred
+        one the first branch), within the step's nodes, depth and the shape's branching."""
+        request = s.request
+        if self.grammar_of(request) is not None:  # guided: its chain (a tree would be cut to one)
+            return self.propose(request, s.num_draft_slots)
         planned = self._planned.pop(request.request_id, None)
         if planned is not None and planned[0] == len(request.token_ids):
+            candidates = planned[1]
+        else:
+            candidates = self.propose_candidates(request, all_keys=True)
+        depth = s.max_draft_depth or s.num_draft_slots
+        tokens, parents = trie_of_chains(candidates, s.num_draft_slots, depth, self.draft_tree.branching)
+        return DraftProposal(tokens, parents=parents)
+
+    def propose(self, request, num_slots: int, resources=None) -> DraftProposal:
+        planned = self._planned.pop(request.request_id, None)
+        if planned is not None and planned[0] == len(request.token_ids) and self.draft_tree is None:
             drafts = planned[1]
         elif self.grammar_of(request) is not None:
             drafts = self._best_valid(request)

@@ -26,6 +26,7 @@ from .engine.speculation.draft_length import (
     cost_cache_key,
 )
 from .engine.speculation.speculation_stage import SpeculationStage, build_drafter, check_drafter_options
+from .engine.speculation.tree_config import resolve_draft_tree
 from .kernel_plan import apply_quantized_kernel, plan_kernels
 from .layers.dtype_choice import DtypeChoice, choose_dtype
 from .layers.measurement.cache_folder import resolve_cache_dir
@@ -50,6 +51,8 @@ def check_before_loading(model, config: ExecutorConfig, drafter, plugins) -> Non
         check_drafter_options(config.speculative_config, plugins)
     if config.tensor_parallel_size > 1:
         refuse_unbuilt_options(model, config)
+        if config.speculative_config is not None and config.speculative_config.draft_tree:
+            raise ValueError("speculative_config.draft_tree does not run with tensor parallelism yet")
     if config.max_model_len is not None:
         limit = _model_position_limit(model, config)
         if limit is not None and config.max_model_len > limit:
@@ -271,8 +274,30 @@ def _setup_drafter(context: DrafterContext, drafter, plugins, runner) -> Drafter
         return None
     plugins.register(drafter, name="drafter")
     drafter.use_grammar_masks = config.draft_side_grammar_masks
+    drafter.draft_tree = None  # (a drafter passed in may have served another executor)
+    if spec is not None and spec.draft_tree:
+        refuse_trees_here(context.target_model, runner)
+        drafter.draft_tree = resolve_draft_tree(spec.draft_tree, drafter)
     runner.capture(tuple(drafter.hidden_state_layers))
     return drafter
+
+
+def refuse_trees_here(model, runner) -> None:
+    """ValueError where token trees do not run yet: on CUDA (its attention kernels and graphs have no
+    tree mask), and on a target with sliding-window attention (its window is cut by cache slot, and a
+    tree node's slot is not its position)."""
+    if next(model.parameters()).device.type != "cpu":
+        raise ValueError(
+            "speculative_config.draft_tree runs on the CPU only (the CUDA kernels have no tree mask)"
+        )
+    text_config = model.config.get_text_config()
+    window = getattr(text_config, "sliding_window", None)
+    if window and getattr(text_config, "use_sliding_window", True):
+        raise ValueError(
+            "speculative_config.draft_tree: this model has sliding-window attention, which trees do not run with yet"
+        )
+    if not hasattr(runner, "kv_cache"):
+        raise ValueError("speculative_config.draft_tree does not run with tensor parallelism yet")
 
 
 def _speculation_stage(

@@ -45,6 +45,13 @@ SPECS = {
     "none": None,
     "ngram": {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2},
     "suffix": {"decoding_type": "Suffix", "max_draft_len": 6},
+    # token trees: a guided request verifies its tree's first branch (its rows are masked as a chain)
+    "ngram-tree": {
+        "decoding_type": "NGram",
+        "max_draft_len": 4,
+        "max_matching_ngram_size": 2,
+        "draft_tree": True,
+    },
     # REST over compact JSON like the schema's, and text that is not (its drafts are cut by the grammar)
     "rest": {
         "decoding_type": "REST",
@@ -110,7 +117,9 @@ def test_every_finished_guided_output_validates(spec_name, temperature):
     assert_all_pages_free(executor)
 
 
-@pytest.mark.parametrize("spec_name", ["ngram", "suffix", "rest", "self-int8", "eagle3", "random"])
+@pytest.mark.parametrize(
+    "spec_name", ["ngram", "ngram-tree", "suffix", "rest", "self-int8", "eagle3", "random"]
+)
 def test_greedy_guided_speculation_is_token_identical(spec_name):
     baseline = [o.token_ids for o in make_executor().run(make_requests(4))]
     drafter = RandomDrafter() if spec_name == "random" else None

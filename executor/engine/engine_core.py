@@ -37,6 +37,7 @@ from .prompt_scoring import prompt_rows_of, take_prompt_logprobs
 from .request import FinishReason, RequestState, TokenEvent
 from .scheduler import ScheduledRequest, Scheduler
 from .speculation.speculation_stage import SpeculationStage, keep_verified_rows
+from .speculation.tree_drafts import move_accepted_kv
 from .verify_stage import Faults, VerifyStage, flatten_drafts
 
 logger = logging.getLogger("specexec")
@@ -203,7 +204,8 @@ class EngineCore:
         tokens = r.token_ids[start : start + s.num_new_tokens] + s.draft_token_ids
         num_rows = num_prompt_rows + (1 + len(s.draft_token_ids) if s.completes_sequence else 0)
         r.metrics.num_forwards += 1
-        return SequenceInput(tokens, start, self.block_manager.block_tables[r.request_id], num_rows)
+        table = self.block_manager.block_tables[r.request_id]
+        return SequenceInput(tokens, start, table, num_rows, s.draft_parents)
 
     def _forward_alone(self, s: ScheduledRequest, seq: SequenceInput, faults: Faults) -> ForwardOutput | None:
         try:
@@ -234,7 +236,13 @@ class EngineCore:
         masks,
         faults: Faults,
     ) -> list[Verification | None]:
-        return self.verifier.verify(batch, output, drafts, masks, faults)
+        verifications = self.verifier.verify(batch, output, drafts, masks, faults)
+        for s, v in zip(batch, verifications):  # token trees: the accepted branch's K/V into place
+            if v is not None and s.accepted_path:
+                r = s.request
+                table = self.block_manager.block_tables[r.request_id]
+                move_accepted_kv(self.runner.kv_cache, table, r.num_computed_tokens, s.accepted_path)
+        return verifications
 
     def _compute_logprobs(
         self, batch, output: ForwardOutput, verifications, faults: Faults
@@ -270,7 +278,7 @@ class EngineCore:
             r.num_computed_tokens += s.num_new_tokens
             if v is None:  # a mid-prompt chunk
                 continue
-            num_drafts = len(s.draft_token_ids)
+            num_drafts = s.tree_depth or len(s.draft_token_ids)  # (a tree: its depth, for the policy)
             if r.sampling_params.max_tokens == 0:  # the prompt scored (prompt_logprobs): no output
                 r.finish_reason = FinishReason.LENGTH
                 continue

@@ -30,6 +30,12 @@ class ScheduledRequest:
     num_draft_slots: int  #: draft slots reserved this step (the drafter may fill fewer)
     draft_token_ids: list[int] = field(default_factory=list)  #: this step's drafts (<= num_draft_slots)
     draft_probs: torch.Tensor | None = None  # [num_drafts, vocab] the drafter's q, if it gave one
+    #: a token tree's parents (`sampling/tree_shape.py`); None: the drafts are a chain
+    draft_parents: list[int] | None = None
+    max_draft_depth: int = 0  #: with ``draft_tree``: the deepest a tree may go this step (0: chains)
+    tree_depth: int = 0  #: the depth of the tree drafted (0: a chain), what the draft-length policy sees
+    #: the tree's accepted nodes once verified (their K/V still at the nodes' slots until moved)
+    accepted_path: list[int] | None = None
 
     @property
     def completes_sequence(self) -> bool:

@@ -6,22 +6,30 @@ is never read: the sampler stops a request's verification before its first bad r
 whose very next token would come from a bad row fails here. (Greedy output is the same as without
 drafts: the tokens before the bad row are emitted, then the request fails where it would have.) A
 request whose own verification raises, or answers something impossible, fails alone.
+
+A request whose drafts are a token tree is verified alone by the walk of `sampling/tree_verify.py`, and
+its rows are then laid out as the accepted chain (`speculation/tree_drafts.py`).
 """
 
 from __future__ import annotations
 
+import torch
+
 from ...sampling.rejection import RejectionSampler, Verification
 from ...sampling.spec_decode_metadata import SpecDecodeMetadata
+from ...sampling.tree_verify import verify_tree
 from ..model.forward_io import ForwardOutput
 from .request import RequestState
 from .scheduler import ScheduledRequest
+from .speculation.tree_drafts import settle_tree_rows
 
 Faults = dict[RequestState, str]  # requests that failed in this step -> why
 
 
 def flatten_drafts(batch: list[ScheduledRequest], vocab_size: int, device) -> SpecDecodeMetadata:
-    """The step's drafts of every request that yields tokens (those with logit rows), in batch order."""
-    producing = [s for s in batch if s.completes_sequence]
+    """The step's chains of drafts, of every request that yields tokens (those with logit rows) and
+    drafts no tree, in batch order."""
+    producing = [s for s in batch if s.completes_sequence and s.draft_parents is None]
     return SpecDecodeMetadata.build(
         [s.draft_token_ids for s in producing], [s.draft_probs for s in producing], vocab_size, device
     )
@@ -45,19 +53,13 @@ class VerifyStage:
         verifications: list[Verification | None] = [None] * len(batch)
         if not producing:
             return verifications
-        requests = [batch[i].request for i in producing]
-        try:
-            results: list[Verification | None] = list(
-                self.sampler.verify_batch(
-                    output.logits,
-                    meta,
-                    [r.sampling_params for r in requests],
-                    [r.generator for r in requests],
-                )
-            )
-        except Exception:
-            results = [self._verify_one(batch[i], output, i, faults) for i in producing]
-        for i, v in zip(producing, results):
+        chains = [i for i in producing if batch[i].draft_parents is None]
+        results = dict(zip(chains, self._verify_chains(batch, chains, output, meta, faults)))
+        for i in producing:
+            if i not in results:
+                results[i] = self._verify_tree(batch[i], output, i, faults)
+        for i in producing:
+            v = results[i]
             s = batch[i]
             if s.request in faults or v is None:
                 continue
@@ -70,6 +72,48 @@ class VerifyStage:
                 continue
             verifications[i] = v
         return verifications
+
+    def _verify_chains(self, batch, chains: list[int], output: ForwardOutput, meta, faults) -> list:
+        """The chain requests' verifications in one batched call (one at a time if it raises)."""
+        if not chains:
+            return []
+        requests = [batch[i].request for i in chains]
+        logits = output.logits
+        if len(chains) < sum(s.completes_sequence for s in batch):  # trees too: the chains' rows only
+            rows = [r for i in chains for r in range(output.cu_logit_rows[i], output.cu_logit_rows[i + 1])]
+            logits = logits[torch.tensor(rows, device=logits.device)]
+        try:
+            return list(
+                self.sampler.verify_batch(
+                    logits, meta, [r.sampling_params for r in requests], [r.generator for r in requests]
+                )
+            )
+        except Exception:
+            return [self._verify_one(batch[i], output, i, faults) for i in chains]
+
+    def _verify_tree(
+        self, s: ScheduledRequest, output: ForwardOutput, index: int, faults: Faults
+    ) -> Verification | None:
+        """A token tree's walk; its rows then laid out as the accepted chain."""
+        r = s.request
+        try:
+            rows = output.logits[output.cu_logit_rows[index] : output.cu_logit_rows[index + 1]]
+            walk = verify_tree(
+                rows,
+                s.draft_token_ids,
+                s.draft_parents,
+                r.sampling_params,
+                r.generator,
+                self.sampler.summarize_rows,
+            )
+            if walk.unusable is not None:
+                return Verification([], 0, walk.unusable)
+            s.accepted_path = walk.path
+            settle_tree_rows(s, output, index, walk.path)
+            return Verification(walk.token_ids, walk.num_accepted)
+        except Exception as exc:
+            faults[r] = f"sampling failed: {type(exc).__name__}: {exc}"
+            return None
 
     def _verify_one(
         self, s: ScheduledRequest, output: ForwardOutput, index: int, faults: Faults

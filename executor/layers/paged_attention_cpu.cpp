@@ -2,7 +2,9 @@
 //
 // out[g, t, h, :] = sum_k softmax_k(s_k) * V[g, k, h / rep, :],  s_k = softcap(scale * q[g, t, h, :] . K[g, k, h / rep, :])
 // over the keys k a query at position p sees: k <= p, k < kv_len[g], and with a sliding window
-// k > p - window. K and V of request g at key position k are read in place from the pool, at slot
+// k > p - window. With tree_bits [G, Q] (a step verifying token trees, `sampling/tree_shape.py`) a query
+// also skips the step's new keys that are not its ancestors: key k >= s (s = query_pos[g, 0], the
+// request's first new token) is seen only when bit k - s of tree_bits[g, t] is set. K and V of request g at key position k are read in place from the pool, at slot
 // block_tables[g][k / block_size] * block_size + k % block_size: no gather, no copy, no cast of the pool.
 // Sums and the softmax run in float (double for double). float, bfloat16 and float16 pools run on the
 // CPU's vector unit (AVX-512 or AVX2, whichever the build machine has: the module is compiled with
@@ -97,7 +99,15 @@ struct Problem {
   int64_t G, Q, H, D, KVH, slots, max_blocks, rep, block_size, window;
   double scaling, softcap;
   const int64_t *tables, *positions, *lens;
+  const int64_t* tree_bits;  // [G, Q] or nullptr (no tree in the step)
 };
+
+// Whether the tree mask hides key k from query t of request g (never without tree_bits).
+inline bool tree_hides(const Problem& P, int64_t g, int64_t t, int64_t k) {
+  if (P.tree_bits == nullptr) return false;
+  const int64_t rel = k - P.positions[g * P.Q];
+  return rel >= 0 && rel < 64 && ((static_cast<uint64_t>(P.tree_bits[g * P.Q + t]) >> rel) & 1u) == 0;
+}
 
 // The plain loops: any dtype (double included), any head size.
 template <typename T>
@@ -124,6 +134,9 @@ void attend_plain(const Problem& P, const T* qp, const T* kp, const T* vp, T* op
             dot += query[r * D + i] * load(krow, i);
           }
           scores[r * n + (k - range.lo)] = cap > 0 ? std::tanh(dot / cap) * cap : dot;
+        }
+        if (tree_hides(P, g, t, k)) {
+          for (int64_t r = 0; r < rep; ++r) scores[r * n + (k - range.lo)] = -std::numeric_limits<A>::infinity();
         }
       });
       softmax_rows(scores.data(), rep, n, inv.data());
@@ -387,17 +400,23 @@ void attend_vector(const Problem& P, const T* qp, const T* kp, const T* vp, T* o
         const int64_t a = std::max(own.lo, tk.lo) - tk.lo, b = std::min(own.hi, tk.hi) - tk.lo + 1;  // [a, b)
         float* out_max = part_max.data() + chunk * R + r;
         float* out_sum = part_sum.data() + chunk * R + r;
-        if (a >= b) {  // none of this row's keys in the chunk
+        if (P.tree_bits != nullptr && a < b) {  // the step's new keys that are not this query's ancestors
+          const int64_t t = (r % Rh) / rep;
+          for (int64_t j = a; j < b; ++j) {
+            if (tree_hides(P, tk.g, t, tk.lo + j)) row[j] = -std::numeric_limits<float>::infinity();
+          }
+        }
+        vf vmx = vset(-std::numeric_limits<float>::infinity());
+        int64_t j = a;
+        for (; j + W <= b; j += W) vmx = vmax(vmx, vload(row + j));
+        float m = a < b ? vmax_lanes(vmx) : -std::numeric_limits<float>::infinity();
+        for (; j < b; ++j) m = std::max(m, row[j]);
+        if (a >= b || m == -std::numeric_limits<float>::infinity()) {  // none of this row's keys in the chunk
           std::fill(row, row + n, 0.f);
           *out_max = -std::numeric_limits<float>::infinity();
           *out_sum = 0.f;
           continue;
         }
-        vf vmx = vset(-std::numeric_limits<float>::infinity());
-        int64_t j = a;
-        for (; j + W <= b; j += W) vmx = vmax(vmx, vload(row + j));
-        float m = vmax_lanes(vmx);
-        for (; j < b; ++j) m = std::max(m, row[j]);
         std::fill(row, row + a, 0.f);
         std::fill(row + b, row + n, 0.f);
         const vf vm = vset(-m);
@@ -535,7 +554,8 @@ at::Tensor paged_attention_short(
     int64_t block_size,
     double scaling,
     int64_t window,
-    double softcap) {
+    double softcap,
+    std::optional<at::Tensor> tree_bits) {  // [G, Q] or None
   TORCH_CHECK(q.dim() == 4 && kv.dim() == 4 && kv.size(0) == 2, "q [G, Q, H, D], kv [2, slots, KVH, D]");
   TORCH_CHECK(kv.size(2) > 0 && q.size(3) == kv.size(3) && q.size(2) % kv.size(2) == 0, "head shapes do not fit");
   TORCH_CHECK(q.scalar_type() == kv.scalar_type(), "q and kv must share a dtype");
@@ -553,11 +573,17 @@ at::Tensor paged_attention_short(
   query_pos = query_pos.to(at::kLong).contiguous();
   kv_lens = kv_lens.to(at::kLong).contiguous();
   check_pages(block_tables, kv_lens, block_size, kv.size(1));
+  if (tree_bits.has_value()) {
+    TORCH_CHECK(tree_bits->dim() == 2 && tree_bits->size(0) == G && tree_bits->size(1) == Q,
+                "paged_attention_short: tree_bits must be [G, Q] = [", G, ", ", Q, "], got ", tree_bits->sizes());
+    tree_bits = tree_bits->to(at::kLong).contiguous();
+  }
   auto out = at::empty_like(q);
   const Problem P{
       q.size(0), q.size(1), q.size(2), q.size(3), kv.size(2), kv.size(1), block_tables.size(1),
       q.size(2) / kv.size(2), block_size, window, scaling, softcap,
-      block_tables.data_ptr<int64_t>(), query_pos.data_ptr<int64_t>(), kv_lens.data_ptr<int64_t>()};
+      block_tables.data_ptr<int64_t>(), query_pos.data_ptr<int64_t>(), kv_lens.data_ptr<int64_t>(),
+      tree_bits.has_value() ? tree_bits->data_ptr<int64_t>() : nullptr};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention_short", [&] {
     const scalar_t* kp = kv.data_ptr<scalar_t>();
     attend<scalar_t>(P, q.data_ptr<scalar_t>(), kp, kp + P.slots * P.KVH * P.D, out.data_ptr<scalar_t>());

@@ -25,12 +25,24 @@ def attend_paged_cpu(
     scaling: float,
     sliding_window: int | None,
     softcap: float | None,
+    tree_bits: torch.Tensor | None = None,  # [group, max_q] a step verifying token trees
 ) -> torch.Tensor:  # [group, max_q, heads, head_dim]
     """Each query over the keys its request holds at or before its position (and inside the sliding
-    window), read from the pool in place; the C++ ops must have loaded (`cpu_kernels`)."""
+    window), read from the pool in place; the C++ ops must have loaded (`cpu_kernels`). With
+    ``tree_bits`` a query sees of its request's new keys only those whose bit is set (its ancestors in
+    a token tree, `sampling/tree_shape.row_ancestor_bits`)."""
     ops = cpu_kernels()
     if ops is None:
         raise RuntimeError("specexec's C++ CPU kernels are not available")
     return ops.paged_attention_short(
-        query, kv, block_tables, query_pos, kv_lens, block_size, scaling, sliding_window or 0, softcap or 0.0
+        query,
+        kv,
+        block_tables,
+        query_pos,
+        kv_lens,
+        block_size,
+        scaling,
+        sliding_window or 0,
+        softcap or 0.0,
+        tree_bits,
     )

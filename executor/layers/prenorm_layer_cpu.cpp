@@ -98,6 +98,7 @@ struct StepArgs {
   // rows are the group output's rows valid_rows [T], as the Python layer gathers and scatters them
   const std::optional<at::Tensor>& query_index;
   const std::optional<at::Tensor>& valid_rows;
+  const std::optional<at::Tensor>& tree_bits;  // [G, Q]: a step verifying token trees (paged_attention_short)
 };
 
 std::tuple<at::Tensor, at::Tensor> layer_forward(const at::Tensor& hidden, const std::optional<at::Tensor>& residual,
@@ -113,8 +114,9 @@ std::tuple<at::Tensor, at::Tensor> layer_forward(const at::Tensor& hidden, const
   static const auto rotary_kv_write =
       find_op<at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t)>(
           "specexec_cpu::rotary_kv_write");
-  static const auto attend = find_op<at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t,
-                                                double, int64_t, double)>("specexec_cpu::paged_attention_short");
+  static const auto attend =
+      find_op<at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, double, int64_t, double,
+                         std::optional<at::Tensor>)>("specexec_cpu::paged_attention_short");
   static const auto act_mul = find_op<at::Tensor(at::Tensor, int64_t)>("specexec_cpu::act_mul");
   const int64_t T = hidden.size(0), groups = s.query_pos.size(0), per_group = s.query_pos.size(1);
   const bool in_order = !s.query_index.has_value();
@@ -128,7 +130,8 @@ std::tuple<at::Tensor, at::Tensor> layer_forward(const at::Tensor& hidden, const
                                       s.kv_heads, s.head_dim);  // [T, heads, head_dim]
   if (!in_order) q = q.index_select(0, *s.query_index);  // [G * Q, heads, head_dim]
   at::Tensor attended = attend.call(q.view({groups, per_group, s.heads, s.head_dim}), kv, s.block_tables,
-                                    s.query_pos, s.kv_lens, s.block_size, s.scaling, s.window, s.softcap);
+                                    s.query_pos, s.kv_lens, s.block_size, s.scaling, s.window, s.softcap,
+                                    s.tree_bits);
   attended = attended.reshape({groups * per_group, s.heads * s.head_dim});
   if (!in_order) attended = attended.index_select(0, *s.valid_rows);  // [T, heads * head_dim]
   auto [h2, x2] = add_rms_norm.call(linear(attended, kinds[1], linears[1]), x, post_norm, post_eps, false);
@@ -152,10 +155,11 @@ std::tuple<at::Tensor, at::Tensor> prenorm_layer(
     at::Tensor kv_lens,       // [G]
     int64_t block_size, double scaling, int64_t window, double softcap, int64_t act,
     std::optional<at::Tensor> query_index,  // [G * Q]; None: the group's queries are the batch in order
-    std::optional<at::Tensor> valid_rows) {  // [T]
+    std::optional<at::Tensor> valid_rows,   // [T]
+    std::optional<at::Tensor> tree_bits) {  // [G, Q]; None: no token tree in the step
   TORCH_CHECK(kinds.size() == 4, "prenorm_layer: four linear kinds (qkv, o, gate_up, down)");
   const StepArgs step{rotary_rows, slots,   heads,  kv_heads, head_dim,    block_tables, query_pos,
-                      kv_lens,     block_size, scaling, window, softcap, act, query_index, valid_rows};
+                      kv_lens,     block_size, scaling, window, softcap, act, query_index, valid_rows, tree_bits};
   const std::vector<at::Tensor> linears[4] = {qkv, o, gate_up, down};
   return layer_forward(hidden, residual, input_norm, input_eps, post_norm, post_eps, kinds.data(), linears, kv, step);
 }
@@ -173,13 +177,13 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> prenorm_stack(
     at::Tensor rotary_rows, at::Tensor slots, int64_t heads, int64_t kv_heads, int64_t head_dim,
     at::Tensor block_tables, at::Tensor query_pos, at::Tensor kv_lens, int64_t block_size, double scaling,
     int64_t window, double softcap, int64_t act, std::optional<at::Tensor> query_index,
-    std::optional<at::Tensor> valid_rows, std::vector<int64_t> capture) {
+    std::optional<at::Tensor> valid_rows, std::optional<at::Tensor> tree_bits, std::vector<int64_t> capture) {
   const size_t layers = layer_idx.size();
   TORCH_CHECK(layers > 0 && norms.size() == 2 * layers && eps.size() == 2 * layers && kinds.size() == 4 * layers &&
                   counts.size() == 4 * layers,
               "prenorm_stack: per layer two norms and eps, four linear kinds and counts, one pool");
   const StepArgs step{rotary_rows, slots,   heads,  kv_heads, head_dim,    block_tables, query_pos,
-                      kv_lens,     block_size, scaling, window, softcap, act, query_index, valid_rows};
+                      kv_lens,     block_size, scaling, window, softcap, act, query_index, valid_rows, tree_bits};
   std::vector<at::Tensor> captured;
   std::optional<at::Tensor> residual;
   size_t next = 0;  // the next of `tensors`

@@ -41,6 +41,9 @@ class SequenceSlice:
     query_len: int  #: number of new tokens (prefill chunk, or 1 + num draft tokens)
     start_pos: int  #: position of its first new token (= tokens already in the cache)
     block_table: list[int]  #: its pages, in order
+    #: a token tree's rows: per new token, the new tokens it attends as bits (`tree_shape.row_ancestor_bits`);
+    #: None: causal (every new token before it)
+    tree_bits: list[int] | None = None
 
     @property
     def kv_len(self) -> int:
@@ -72,6 +75,9 @@ class AttentionGroup:
     is_short: bool  #: decode / verify rows (the measured short-query attention path applies)
     has_stale_slots: bool  #: a page gather reads slots past a shorter request's keys (captured: may)
     host_kv_lens: list[int] | None = None  #: `kv_lens` as the host's integers (None: a captured group's)
+    #: [group, max_query] a step verifying token trees: the new keys each query attends, as bits (-1: all
+    #: of them, causally); None: no tree in the group
+    tree_bits: torch.Tensor | None = None
     _window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
     _stale_rows: torch.Tensor | None = None
 
@@ -128,13 +134,19 @@ def build_group(
     ]
     valid = [g * max_q + j for g, n in enumerate(q_lens) for j in range(n)]
     out_index = [s.query_start + j for s in seqs for j in range(s.query_len)]
-    host = torch.tensor([x for row in rows for x in row] + valid + out_index, dtype=torch.long)
+    has_tree = any(s.tree_bits is not None for s in seqs)
+    bits = [b for s in seqs for b in _padded_bits(s, max_q)] if has_tree else []
+    host = torch.tensor([x for row in rows for x in row] + valid + out_index + bits, dtype=torch.long)
     packed = host.to(device, non_blocking=True)
     ints = packed[: num * (3 + max_blocks)].view(num, 3 + max_blocks)
     q_start, q_len, start_pos = ints[:, 0], ints[:, 1], ints[:, 2]  # [group] each
     tables = ints[:, 3:]  # [group, max_blocks]
-    valid_rows = packed[num * (3 + max_blocks) :][: len(valid)]  # [num_valid]
-    out_rows = packed[num * (3 + max_blocks) + len(valid) :]  # [num_valid]
+    after_tables = num * (3 + max_blocks)
+    valid_rows = packed[after_tables:][: len(valid)]  # [num_valid]
+    out_rows = packed[after_tables + len(valid) :][: len(out_index)]  # [num_valid]
+    tree_bits = (
+        packed[after_tables + 2 * len(valid) :].view(num, max_q) if has_tree else None
+    )  # [group, max_q]
 
     q_off = torch.arange(max_q, device=device)  # [max_q]
     q_valid = q_off[None, :] < q_len[:, None]  # [group, max_q]
@@ -144,9 +156,11 @@ def build_group(
 
     # A mask is needed unless every real query sees every key read: one query per request, all of the
     # same length, exactly filling what is read.
-    needs_mask = not (max_q == 1 and all(kv == max_kv for kv in kv_lens))
+    needs_mask = has_tree or not (max_q == 1 and all(kv == max_kv for kv in kv_lens))
     kv_lens = q_len + start_pos  # [group]
     base_mask = causal_page_mask(q_valid, query_pos, key_pos, kv_lens) if needs_mask else None
+    if tree_bits is not None:
+        base_mask &= tree_page_mask(tree_bits, start_pos, key_pos)
 
     uniform = all(n == max_q for n in q_lens) and all(
         seqs[i].query_start == seqs[0].query_start + i * max_q for i in range(num)
@@ -171,7 +185,26 @@ def build_group(
         is_short=is_short,
         has_stale_slots=has_stale_slots,
         host_kv_lens=kv_lens,
+        tree_bits=tree_bits,
     )
+
+
+def _padded_bits(seq: SequenceSlice, max_q: int) -> list[int]:
+    """A request's row of the group's tree bits: its own (a tree), else -1 (causal), padded with -1."""
+    own = seq.tree_bits if seq.tree_bits is not None else [-1] * seq.query_len
+    return own + [-1] * (max_q - len(own))
+
+
+def tree_page_mask(
+    tree_bits: torch.Tensor,  # [group, max_q] the new keys each query attends, as bits
+    start_pos: torch.Tensor,  # [group] the position (and slot) of each request's first new token
+    key_pos: torch.Tensor,  # [max_kv]
+) -> torch.Tensor:  # [group, 1, max_q, max_kv] True = attend
+    """The keys a token tree's rows may attend: every cached key, and of the step's new keys a row's own
+    ancestors (`sampling/tree_shape.row_ancestor_bits`); ANDed with the causal mask."""
+    rel = key_pos[None, :] - start_pos[:, None]  # [group, max_kv]
+    bit = (tree_bits[:, :, None] >> rel.clamp(0, 63)[:, None, :]) & 1  # [group, max_q, max_kv]
+    return ((rel < 0)[:, None, :] | (rel > 63)[:, None, :] | (bit == 1)).unsqueeze(1)
 
 
 def stale_gather_rows(kv_lens: list[int], gathered: int, block_size: int) -> list[int]:

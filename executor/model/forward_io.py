@@ -18,6 +18,9 @@ class SequenceInput:
     start_pos: int  #: position of token_ids[0]
     block_table: list[int]  #: the request's pages (already sized for start_pos + len(token_ids))
     num_logit_rows: int  #: logits wanted for the last this-many tokens (0 for a mid-prompt chunk)
+    #: the draft tokens (all but token_ids[0]) as a token tree: each one's parent (-1: token_ids[0]),
+    #: `sampling/tree_shape.py`; None: a chain (each attends every token before it)
+    tree_parents: list[int] | None = None
 
 
 @dataclass(slots=True)

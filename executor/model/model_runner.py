@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...sampling.tree_shape import depths, row_ancestor_bits
 from .attention_metadata import AttentionMetadata, SequenceSlice
 from .attention_paths import AttentionPaths
 from .cuda_graphs import GraphCaptureReport, StaticForward, StepGraphs
@@ -67,10 +68,16 @@ class PagedInputs:
         bs = self.block_size
         for seq in seqs:
             start, n = cu_tokens[-1], len(seq.token_ids)
-            slices.append(SequenceSlice(start, n, seq.start_pos, seq.block_table))
+            pos = range(seq.start_pos, seq.start_pos + n)  # the cache slots' positions
+            if seq.tree_parents is None:
+                slices.append(SequenceSlice(start, n, seq.start_pos, seq.block_table))
+                positions.extend(pos)
+            else:  # a token tree: node i's K/V at slot start + 1 + i, its position start + its depth
+                bits = row_ancestor_bits(seq.tree_parents)
+                slices.append(SequenceSlice(start, n, seq.start_pos, seq.block_table, bits))
+                positions.append(seq.start_pos)
+                positions.extend(seq.start_pos + d for d in depths(seq.tree_parents))
             ids.extend(seq.token_ids)
-            pos = range(seq.start_pos, seq.start_pos + n)
-            positions.extend(pos)
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in pos)
             logit_rows.extend(range(start + n - seq.num_logit_rows, start + n))
@@ -203,7 +210,7 @@ class ModelRunner(PagedInputs):
 
     @torch.inference_mode()
     def forward(self, seqs: list[SequenceInput]) -> ForwardOutput:
-        if self.graphs is not None:
+        if self.graphs is not None and all(seq.tree_parents is None for seq in seqs):
             replayed = self.graphs.run(seqs)
             if replayed is not None:
                 layout, per_row, per_token = replayed

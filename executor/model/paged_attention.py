@@ -48,6 +48,7 @@ def _attend_group(
             scaling,
             sliding_window,
             softcap,
+            group.tree_bits,
         )  # [group, max_q, heads, head_dim], read from the pages in place
     else:
         o = _attend_gathered(group, layer, meta, q, path, scaling, sliding_window, softcap)

@@ -187,10 +187,15 @@ class DraftLengthPolicy:
         return 1.0 + sum(self._gains(self._state(request_id), num_drafts))
 
     def choose(
-        self, max_drafts: dict[str, int], batch_size: int, draft_cost_per_token: float = 0.0
+        self,
+        max_drafts: dict[str, int],
+        batch_size: int,
+        draft_cost_per_token: float = 0.0,
+        rows_per_draft: int = 1,
     ) -> dict[str, int]:
         """Draft lengths (0..max_drafts[id]) for one step of ``batch_size`` rows, the requests in
-        ``max_drafts`` among them; ``draft_cost_per_token`` in the cost model's units."""
+        ``max_drafts`` among them; ``draft_cost_per_token`` in the cost model's units. With token trees a
+        length is a depth, each level ``rows_per_draft`` rows of the forward (and drafts to make)."""
         gains = []  # (P(this draft is accepted), request id) of every draft that could be proposed
         for request_id, num_slots in max_drafts.items():
             state = self._state(request_id)
@@ -200,7 +205,8 @@ class DraftLengthPolicy:
         expected = float(batch_size)
         for total, (gain, _) in enumerate(gains, start=1):
             expected += gain
-            value = expected / (self.cost_model.step_cost(batch_size, total) + total * draft_cost_per_token)
+            rows = total * rows_per_draft
+            value = expected / (self.cost_model.step_cost(batch_size, rows) + rows * draft_cost_per_token)
             if value > best * (1 + 1e-9):
                 best_total, best = total, value
         chosen = dict.fromkeys(max_drafts, 0)

@@ -16,12 +16,14 @@ import torch
 
 from ....drafters.base import Drafter, DraftProposal
 from ....grammar.request_grammar import grammar_valid_prefix
+from ....sampling.tree_shape import is_tree
 from ..options import parse_options
 from ..request import RequestState
 from ..scheduler import ScheduledRequest
 from .draft_length import DraftLengthPolicy
 from .drafter_guard import DrafterGuard
 from .speculative_config import SpeculativeConfig
+from .tree_drafts import shape_tree
 
 _NOT_RUN = object()  # a guarded call's default: the drafter did not answer
 
@@ -130,6 +132,12 @@ class SpeculationStage:
         isolated = not getattr(drafter, "runs_on_loop_thread", False)
         self.guard = DrafterGuard(type(drafter).__name__, deadline_s, isolated)
         self._unreleased: list[RequestState] = []  # finished while the drafter could not be called
+        self._tree_depths: dict[RequestState, int] = {}  # with draft_tree: this step's depth per request
+
+    @property
+    def tree(self):
+        """The `TreeShape` the drafter drafts within (None: chains)."""
+        return getattr(self.drafter, "draft_tree", None)
 
     @property
     def max_draft_len(self) -> int:
@@ -167,10 +175,19 @@ class SpeculationStage:
             num_slots = max(0, min(wanted, batch_len, room))
             if num_slots:
                 wanted_slots[r] = num_slots
+        tree = self.tree
         if self.policy is not None and wanted_slots:
             by_id = {r.request_id: n for r, n in wanted_slots.items()}
-            chosen = self.policy.choose(by_id, len(running), self._draft_cost_per_token())
+            rows = tree.branching if tree is not None else 1  # a tree's level costs that many rows
+            chosen = self.policy.choose(by_id, len(running), self._draft_cost_per_token(), rows)
             wanted_slots = {r: chosen[r.request_id] for r in wanted_slots if chosen[r.request_id]}
+        if tree is not None:  # the depths chosen; the slots are the tree's nodes
+            self._tree_depths = dict(wanted_slots)
+            for r, depth in wanted_slots.items():
+                room = (
+                    min(r.sampling_params.max_tokens - r.num_output_tokens, max_model_len - r.num_tokens) - 1
+                )
+                wanted_slots[r] = max(depth, min(tree.nodes_for_depth(depth), room))
         return wanted_slots
 
     def collect_drafts(
@@ -182,6 +199,8 @@ class SpeculationStage:
         if not drafting or not self.is_drafting:  # (slots without a drafter: grammar-forced tokens)
             return
         start = time.perf_counter()
+        for s in drafting:
+            s.max_draft_depth = self._tree_depths.get(s.request, 0) if self.tree is not None else 0
         answers = self._call(
             "specexec_prepare_draft_tokens",
             lambda: self.plugins.hook.specexec_prepare_draft_tokens(
@@ -192,7 +211,11 @@ class SpeculationStage:
         proposals = self._merged(answers)
         for s in drafting:
             r = s.request
-            s.draft_token_ids, s.draft_probs = self._checked(proposals.get(r.request_id), s.num_draft_slots)
+            s.draft_token_ids, s.draft_probs, parents = self._checked(
+                proposals.get(r.request_id), s.num_draft_slots
+            )
+            if parents is not None:
+                shape_tree(s, s.draft_token_ids, parents, self.tree is not None)
             drafter = self.drafter
             if r.grammar is not None and drafter.use_grammar_masks and not drafter.accepts_grammar_masks:  # type: ignore[union-attr]
                 try:
@@ -286,17 +309,28 @@ class SpeculationStage:
         if s.draft_probs is not None:
             s.draft_probs = s.draft_probs[:keep]
 
-    def _checked(self, proposal, num_slots: int) -> tuple[list[int], torch.Tensor | None]:
+    def _checked(self, proposal, num_slots: int) -> tuple[list[int], torch.Tensor | None, list[int] | None]:
+        """(drafts, q, tree parents) safe to verify: cut to the slots and at the first id outside the
+        vocabulary; nothing for an answer that is not a `DraftProposal`, q that is not a distribution, or
+        parents that do not make a tree of the drafts."""
         if proposal is None:
-            return [], None
+            return [], None, None
         if not isinstance(proposal, DraftProposal):
             self._garbage()
-            return [], None
+            return [], None, None
         try:
             candidates = list(proposal.token_ids)[:num_slots]
-        except TypeError:  # token_ids is not a sequence
+            parents = None if proposal.parents is None else list(proposal.parents)
+        except TypeError:  # token_ids (or parents) is not a sequence
             self._garbage()
-            return [], None
+            return [], None, None
+        if parents is not None and not is_tree(parents[: len(candidates)], len(candidates)):
+            self._garbage()  # not a tree of these drafts: nothing of it can be verified
+            return [], None, None
+        tokens, probs = self._checked_tokens(proposal, candidates)
+        return tokens, probs, (parents[: len(tokens)] if parents is not None and tokens else None)
+
+    def _checked_tokens(self, proposal, candidates: list) -> tuple[list[int], torch.Tensor | None]:
         tokens = []
         for t in candidates:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..options import reject_unknown_keys
+from .tree_config import check_draft_tree_value
 
 DRAFT_LEN_POLICIES = ("fixed", "acceptance", "auto", "confidence")
 #: vLLM's `speculative_config` keys -> the (TensorRT-LLM) keys specexec reads instead
@@ -53,6 +54,9 @@ class SpeculativeConfig:
     #: "confidence": each chain ends at the first draft whose drafter confidence does not pay for its
     #: cost on that curve (`executor/engine/speculation/confidence_stop.py`; drafters that report no confidence: "auto")
     draft_len_policy: str = "auto"
+    #: drafts as a token tree (`tree_config.py`): true (the drafter's default shape), or a mapping of
+    #: max_nodes and branching; max_draft_len is then the tree's depth
+    draft_tree: bool | dict[str, int] | None = None
     options: dict[str, Any] = field(default_factory=dict)  #: the drafter's own options
 
     def __post_init__(self) -> None:
@@ -85,6 +89,7 @@ class SpeculativeConfig:
                 f"speculative_config.draft_len_policy must be one of {', '.join(DRAFT_LEN_POLICIES)}, "
                 f"got {self.draft_len_policy!r}"
             )
+        check_draft_tree_value(self.draft_tree)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpeculativeConfig:
@@ -96,7 +101,13 @@ class SpeculativeConfig:
         data = dict(data)
         own = {
             k: data.pop(k)
-            for k in ("decoding_type", "max_draft_len", "draft_len_schedule", "draft_len_policy")
+            for k in (
+                "decoding_type",
+                "max_draft_len",
+                "draft_len_schedule",
+                "draft_len_policy",
+                "draft_tree",
+            )
             if k in data
         }
         nested = data.pop("options", {})

@@ -103,9 +103,13 @@ def attend_paged_triton(
     scaling: float,
     sliding_window: int | None,
     softcap: float | None,
+    tree_bits: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [group, max_q, heads, head_dim]
     """Each query over the keys its request holds at or before its position (and inside the sliding
-    window), read from the pool in place."""
+    window), read from the pool in place. Token trees (``tree_bits``) are not attended here: the
+    executor refuses ``draft_tree`` on CUDA."""
+    if tree_bits is not None:
+        raise NotImplementedError("the Triton paged attention kernel has no token-tree mask")
     group, max_q, num_heads, head_dim = query.shape
     if query.stride(-1) != 1 or kv.stride(-1) != 1:
         raise ValueError("attend_paged_triton: the head dimension must be contiguous")

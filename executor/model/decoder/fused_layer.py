@@ -56,6 +56,7 @@ class FusedStep:
     block_size: int
     query_index: torch.Tensor | None  # [G * Q] (padding: row 0); None: the batch's rows are the group's
     valid_rows: torch.Tensor | None  # [T]; None likewise
+    tree_bits: torch.Tensor | None  # [G, Q] a step verifying token trees (`AttentionGroup.tree_bits`)
 
     @classmethod
     def of(cls, meta: AttentionMetadata, hidden: torch.Tensor) -> FusedStep | None:
@@ -77,6 +78,7 @@ class FusedStep:
             meta.kv_cache.block_size,
             None if in_order else group.query_index.view(-1),
             None if in_order else group.valid_rows,
+            group.tree_bits,
         )
 
 
@@ -248,6 +250,7 @@ def _step_args(attention: tuple, settings: tuple, step: FusedStep) -> tuple:
         act,
         step.query_index,
         step.valid_rows,
+        step.tree_bits,
     )
 
 

@@ -1,0 +1,218 @@
+"""Token trees of drafts (`speculative_config.draft_tree`): verified in one forward under a tree mask,
+walked by `sampling/tree_verify.py`, the accepted branch's K/V moved into place.
+
+An oracle drafter knows each request's greedy output and hides it in one branch of a tree whose other
+branches are garbage (the first branch always is): the output must stay token-identical to decoding
+without drafts, most drafts of the true branch must be accepted (so the tree mask is right: a node that
+attended a garbage sibling would score another token), and every page must be free afterwards. The
+same under preemption, chunked prefill and prefix caching; with sampling, the samples must be the plain
+ones seed for seed and pass the chi-square test.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import specexec.executor.engine.engine_core as engine_core
+from specexec.drafters.base import Drafter, DraftProposal
+from specexec.executor.config import ExecutorConfig
+from specexec.executor.engine.speculation.tree_config import TreeShape
+from specexec.executor.executor import Executor
+from test_speculative_distribution import (
+    P_VALUE_THRESHOLD,
+    chi_square_p_value,
+    exact_distribution,
+    plain_samples,
+    sample_sequences,
+)
+from test_speculative_identity import BATCHES, num_accepted, reference, run_speculative
+from tiny_models import make_tiny_model
+
+TREE_SPEC = {"decoding_type": "Oracle", "draft_tree": True, "draft_len_policy": "fixed"}
+
+
+class OracleTreeDrafter(Drafter):
+    """Per level: a garbage node (the first branch), the true token, and a node that is right once then
+    garbage; laid out level by level, so the true branch's nodes are never at the chain's slots."""
+
+    runs_on_loop_thread = True
+    default_tree = TreeShape(max_nodes=12, branching=3)
+
+    def __init__(self, expected: dict[str, list[int]], vocab: int, max_draft_len: int = 4) -> None:
+        super().__init__(max_draft_len)
+        self.expected = expected
+        self.vocab = vocab
+        self.rng = random.Random(0)
+        self.num_trees = 0
+
+    def prepare_draft_tokens(self, scheduled_requests, resources):
+        return {s.request.request_id: self._tree(s) for s in scheduled_requests}
+
+    def _garbage(self, avoid: int) -> int:
+        return self.rng.choice([t for t in range(self.vocab) if t != avoid])
+
+    def _tree(self, s) -> DraftProposal:
+        r = s.request
+        truth = self.expected[r.request_id][r.num_output_tokens :]
+        depth = min(s.max_draft_depth or s.num_draft_slots, len(truth))
+        tokens, parents = [], []
+        ends = {"garbage": -1, "true": -1, "half": -1}  # each branch's last node
+        for level in range(depth):
+            for branch in ("garbage", "true", "half"):
+                if len(tokens) >= s.num_draft_slots:
+                    break
+                right = branch == "true" or (branch == "half" and level == 0)
+                tokens.append(truth[level] if right else self._garbage(truth[level]))
+                parents.append(ends[branch])
+                ends[branch] = len(tokens) - 1
+        self.num_trees += 1
+        return DraftProposal(tokens, parents=parents)
+
+
+def oracle(arch: str, prompts, max_tokens: int = 16) -> OracleTreeDrafter:
+    expected = reference(arch, prompts, max_tokens)
+    return OracleTreeDrafter({f"r{i}": out for i, out in enumerate(expected)}, vocab=256)
+
+
+@pytest.fixture
+def kv_moves(monkeypatch):
+    """The accepted paths whose K/V moved (the true branch is never the first)."""
+    moves = []
+    move = engine_core.move_accepted_kv
+
+    def recording(kv_cache, table, root, path):
+        moves.append(list(path))
+        return move(kv_cache, table, root, path)
+
+    monkeypatch.setattr(engine_core, "move_accepted_kv", recording)
+    return moves
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+def test_the_true_branch_of_a_tree_is_accepted_and_the_output_is_unchanged(batch, kv_moves):
+    drafter = oracle("llama", BATCHES[batch])
+    executor, outputs = run_speculative(
+        "llama", BATCHES[batch], drafter=drafter, speculative_config=TREE_SPEC
+    )
+    assert drafter.num_trees > 0 and kv_moves, "no tree was verified"
+    # the true branch is nodes 1, 4, 7, ... and every draft of it is the greedy token: all accepted
+    assert all(path == [1 + 3 * j for j in range(len(path))] for path in kv_moves), kv_moves
+    assert num_accepted(outputs) == sum(map(len, kv_moves)) >= 2 * len(kv_moves)
+    assert executor.speculation.stats.num_garbage_answers == 0
+
+
+@pytest.mark.parametrize("case", ["preemption", "chunked-prefill", "prefix-caching"])
+def test_trees_keep_greedy_output_identical_under_pressure(case, kv_moves):
+    prompts = BATCHES["batch8"]
+    overrides = {
+        "preemption": {"num_kv_blocks": 40},
+        "chunked-prefill": {"max_num_tokens": 16},
+        "prefix-caching": {"enable_prefix_caching": True},
+    }[case]
+    drafter = oracle("llama", prompts)
+    executor, outputs = run_speculative(
+        "llama", prompts, drafter=drafter, speculative_config=TREE_SPEC, **overrides
+    )
+    assert kv_moves and num_accepted(outputs) > 0
+    if case == "preemption":
+        assert sum(o.metrics.num_preemptions for o in outputs) > 0
+
+
+@pytest.mark.parametrize("shape", [{"max_nodes": 6, "branching": 2}, {"max_nodes": 14, "branching": 4}])
+def test_ngram_trees_keep_greedy_output_identical(shape):
+    spec = {"decoding_type": "NGram", "max_draft_len": 4, "draft_tree": shape, "draft_len_policy": "fixed"}
+    executor, outputs = run_speculative("llama", BATCHES["batch8"], speculative_config=spec)
+    assert executor.speculation.drafter.draft_tree == TreeShape(**shape)
+    assert num_accepted(outputs) > 0
+
+
+def test_garbage_trees_cost_only_their_drafts():
+    class BadParents(Drafter):
+        runs_on_loop_thread = True
+        default_tree = TreeShape(max_nodes=6, branching=2)
+
+        def propose(self, request, num_slots, resources):
+            cases = ([0, 0], [-1, 5], [-1, "x"], None)
+            bad = cases[request.num_output_tokens % len(cases)]
+            return DraftProposal([3, 4], parents=bad if bad is not None else [-1])
+
+    executor, _ = run_speculative(
+        "llama", BATCHES["batch8"], drafter=BadParents(3), speculative_config=TREE_SPEC
+    )
+    assert executor.speculation.stats.num_garbage_answers > 0
+
+
+# ---- configuration -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"max_nodes": 1}, "max_nodes must be an integer in 2..63"),
+        ({"max_nodes": 64}, "max_nodes must be an integer in 2..63"),
+        ({"branching": 1}, "branching must be an integer in 2..16"),
+        ({"width": 3}, "unknown speculative_config.draft_tree key"),
+        ("yes", "must be true, false or a mapping"),
+    ],
+)
+def test_bad_draft_tree_values_are_refused_by_name(value, message):
+    with pytest.raises(ValueError, match=message):
+        ExecutorConfig(speculative_config={"decoding_type": "NGram", "draft_tree": value})
+
+
+def test_chain_drafters_refuse_draft_tree():
+    _, model = make_tiny_model("llama")
+    spec = {"decoding_type": "DraftTarget", "draft_tree": True}
+    with pytest.raises(ValueError, match="drafts chains only"):
+        Executor(
+            model, ExecutorConfig(dtype="float64", device="cpu", num_kv_blocks=64, speculative_config=spec)
+        )
+
+
+def test_sliding_window_targets_refuse_draft_tree():
+    _, model = make_tiny_model("gemma3")
+    spec = {"decoding_type": "NGram", "draft_tree": True}
+    with pytest.raises(ValueError, match="sliding-window"):
+        Executor(
+            model, ExecutorConfig(dtype="float64", device="cpu", num_kv_blocks=64, speculative_config=spec)
+        )
+
+
+# ---- sampling ----------------------------------------------------------------------------------------------
+
+
+class EveryTokenTree(Drafter):
+    """Every pair of tokens {a, b} at each of two levels: a deterministic tree of 6 nodes."""
+
+    runs_on_loop_thread = True
+    default_tree = TreeShape(max_nodes=6, branching=2)
+
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__(2)
+        self.a, self.b = a, b
+
+    def propose(self, request, num_slots, resources):
+        a, b = self.a, self.b
+        return DraftProposal([a, b, a, b, a, b][:num_slots], parents=[-1, -1, 0, 0, 1, 1][:num_slots])
+
+
+@pytest.fixture(scope="module")
+def tree_samples():
+    counts = exact_distribution()
+    second = sorted({seq[1] for seq in counts}, key=lambda t: -sum(p for s, p in counts.items() if s[1] == t))
+    return sample_sequences(EveryTokenTree(second[0], second[1]), speculative_config=TREE_SPEC)
+
+
+def test_tree_sampling_matches_the_target_distribution(tree_samples):
+    _, outputs, counts = tree_samples
+    accepted = sum(o.metrics.num_accepted_tokens for o in outputs)
+    assert accepted > 0
+    p_value, cells = chi_square_p_value(counts, exact_distribution())
+    assert p_value > P_VALUE_THRESHOLD, f"p = {p_value:.2e} over {cells} cells"
+
+
+def test_tree_sampling_reproduces_the_plain_samples_seed_for_seed(tree_samples):
+    _, outputs, _ = tree_samples
+    mismatches = [i for i, (o, want) in enumerate(zip(outputs, plain_samples())) if o.token_ids != want]
+    assert not mismatches, f"{len(mismatches)} seeded requests changed, e.g. request {mismatches[0]}"
