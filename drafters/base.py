@@ -139,6 +139,10 @@ class Drafter:
     def release(self, request) -> None:
         """Forget a finished or preempted request."""
 
+    def bind_target(self, runner, block_manager) -> None:
+        """Called once at start-up with the target's runner (`ModelRunner`) and block manager, for a drafter
+        that runs the target's own layers on its KV cache (LayerSkip). The others need nothing."""
+
     def capture_cuda_graphs(self, backend, max_batch_size: int, max_model_len: int) -> list:
         """Capture the models this drafter runs every step (called once at start-up on CUDA, after the
         target's graphs, with the executor's capture ``backend``); returns their

@@ -19,6 +19,7 @@ from ..executor.engine.options import parse_options, reject_unknown_keys
 from ..executor.layers.quantized.quantization import check_quantization
 from ..plugins import hookimpl
 from .base import Drafter, DrafterContext, declare_options
+from .layer_skip.options import LayerSkipOptions
 from .retrieval.rest import REST_SPEC_FACTOR, REST_SPEC_OFFSET
 from .retrieval.suffix_index import DEFAULT_LIMITS
 
@@ -202,6 +203,15 @@ def make_suffix(spec_config, context: DrafterContext) -> Drafter:
     return SuffixDrafter(SuffixConfig(max_draft_len=spec_config.max_draft_len, **fields))
 
 
+@declare_options(LayerSkipOptions)
+def make_layer_skip(spec_config, context: DrafterContext) -> Drafter:
+    from .layer_skip.drafter import LayerSkipConfig, LayerSkipDrafter
+
+    opts = parse_options(LayerSkipOptions, spec_config.options)
+    config = LayerSkipConfig(spec_config.max_draft_len, opts.skip_layers, opts.calibration_tokens)
+    return LayerSkipDrafter(config, context.tokenizer)
+
+
 @declare_options(RestOptions)
 def make_rest(spec_config, context: DrafterContext) -> Drafter:
     from .retrieval.rest import RestConfig, RestDrafter
@@ -364,5 +374,6 @@ def specexec_drafter_factories() -> dict:
         "DraftTarget": make_draft_target,
         "Eagle": make_eagle3,
         "Eagle3": make_eagle3,
+        "LayerSkip": make_layer_skip,
         "UserProvided": make_user_provided,
     }

@@ -134,7 +134,7 @@ class NGramDrafter(Drafter):
     runs_on_loop_thread = True  #: built in: bounded work, no thread hop (see Drafter)
     accepts_grammar_masks = True  #: guided requests get the longest grammar-valid stored candidate
     #: ``draft_tree: true``: the matching continuations as a trie (`_propose_tree`)
-    default_tree = TreeShape(max_nodes=8, branching=3)
+    default_tree = TreeShape(max_nodes=6, branching=2)  # measured: bench/reports/2026-11-29-token-trees
 
     def __init__(self, config: NGramConfig | None = None, **options) -> None:
         if config is None:

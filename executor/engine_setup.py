@@ -137,7 +137,7 @@ def _assemble(model, tokenizer, config, drafter, plugins, runner, block_manager,
     vocab_size = text_config.vocab_size
     max_model_len = _max_model_len(model, config, block_manager)
     context = DrafterContext(model, tokenizer, vocab_size, config, target_path)
-    drafter = _setup_drafter(context, drafter, plugins, runner)
+    drafter = _setup_drafter(context, drafter, plugins, runner, block_manager)
     kernels = plan_kernels(config, model, runner, drafter)
     graph_reports = capture_cuda_graphs(config, runner, drafter, max_model_len)
     speculation = _speculation_stage(model, vocab_size, config, drafter, plugins, runner, block_manager)
@@ -264,7 +264,7 @@ def _max_model_len(model, config: ExecutorConfig, block_manager: BlockManager) -
     return min(model_len, pool_len)
 
 
-def _setup_drafter(context: DrafterContext, drafter, plugins, runner) -> Drafter | None:
+def _setup_drafter(context: DrafterContext, drafter, plugins, runner, block_manager) -> Drafter | None:
     """The drafter (the one passed in, or the config's), registered, with its hidden states captured."""
     config = context.executor_config
     spec = config.speculative_config
@@ -279,6 +279,7 @@ def _setup_drafter(context: DrafterContext, drafter, plugins, runner) -> Drafter
         refuse_trees_here(context.target_model, runner)
         drafter.draft_tree = resolve_draft_tree(spec.draft_tree, drafter)
     runner.capture(tuple(drafter.hidden_state_layers))
+    drafter.bind_target(runner, block_manager)
     return drafter
 
 

@@ -216,3 +216,27 @@ def test_tree_sampling_reproduces_the_plain_samples_seed_for_seed(tree_samples):
     _, outputs, _ = tree_samples
     mismatches = [i for i, (o, want) in enumerate(zip(outputs, plain_samples())) if o.token_ids != want]
     assert not mismatches, f"{len(mismatches)} seeded requests changed, e.g. request {mismatches[0]}"
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+def test_eagle_trees_keep_greedy_output_identical(tmp_path, batch, kv_moves):
+    from test_eagle3 import eagle_spec, make_head_dir
+
+    make_head_dir(tmp_path)
+    spec = {**eagle_spec(tmp_path, k=3), "draft_tree": {"max_nodes": 9, "branching": 3}}
+    trees = []
+
+    def count_trees(executor):
+        drafter = executor.speculation.drafter
+        prepare = drafter.prepare_draft_tokens
+
+        def recording(scheduled, resources):
+            proposals = prepare(scheduled, resources)
+            trees.extend(p for p in proposals.values() if p.parents is not None)
+            return proposals
+
+        drafter.prepare_draft_tokens = recording
+
+    run_speculative("llama", BATCHES[batch], speculative_config=spec, before_run=count_trees)
+    assert trees and all(len(p.token_ids) <= 9 for p in trees)
+    assert any(len(p.token_ids) > 3 for p in trees), "no runner-up leaves were drafted"

@@ -28,6 +28,7 @@ import torch
 from ...executor.engine.block_manager import BlockManager
 from ...executor.engine.scratch_forward import SCRATCH_REQUEST_ID
 from ...executor.engine.speculation.confidence_stop import ChainOdds
+from ...executor.engine.speculation.tree_config import TreeShape
 from ...executor.model.forward_io import SequenceInput
 from ...executor.model.graph_shapes import GraphShapes
 from ...executor.model.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
@@ -39,6 +40,7 @@ from ..ngram import NGramConfig, NGramDrafter
 from .head import Eagle3Head, default_aux_layers
 from .head_cache import HeadCache, PagedHeadAttention
 from .text_odds import TextOdds
+from .tree_siblings import TreeSiblings
 
 
 class Eagle3Drafter(Drafter):
@@ -46,6 +48,8 @@ class Eagle3Drafter(Drafter):
     runs_on_loop_thread = True  #: built in: bounded work, no thread hop (see Drafter)
     accepts_grammar_masks = True  #: each drafting step of a guided request is masked (through d2t)
     reports_confidence = True  #: draft_len_policy "confidence" ends each chain by the head's confidence
+    #: ``draft_tree: true``: the chain with the head's runners-up beside each of its nodes (`tree_siblings.py`)
+    default_tree = TreeShape(max_nodes=6, branching=2)  # measured: bench/reports/2026-11-29-token-trees
 
     def __init__(
         self,
@@ -142,7 +146,7 @@ class Eagle3Drafter(Drafter):
                 needed = self.cache.blocks_needed(s.request)
                 if needed <= free_blocks:  # else the head's pool is full: no drafts for it this step
                     free_blocks -= needed
-                    ready.append((s.request, s.num_draft_slots))
+                    ready.append((s.request, s.max_draft_depth or s.num_draft_slots))
         if not ready:
             return {}
         hidden, logits = self._catch_up([r for r, _ in ready])
@@ -153,6 +157,8 @@ class Eagle3Drafter(Drafter):
         stop = self.confidence_stop
         chains = {r.request_id: ChainOdds() for r, _ in ready}
         text_drafts: dict[str, list[bool]] = {r.request_id: [] for r, _ in ready}  # per draft kept
+        # with draft_tree: the head's runners-up at each depth, as leaves beside the chain's node
+        siblings = TreeSiblings(self.draft_tree, scheduled_requests) if self.draft_tree is not None else None
         active = list(ready)
         step_started = None
         while True:
@@ -160,6 +166,8 @@ class Eagle3Drafter(Drafter):
             matchers = [grammars.get(r.request_id) for r, _ in active]
             from_text = [_at(texts[r.request_id], len(drafts[r.request_id])) for r, _ in active]
             picks = self._pick_rows(logits, [r for r, _ in active], matchers, from_text)
+            if siblings is not None:
+                siblings.add_level(logits, [r for r, _ in active], [p[0] for p in picks], matchers, self.head)
             if stop is not None and step_started is not None:  # (picking reads the step's results back)
                 stop.time_draft_step(time.perf_counter() - step_started)
             for j, ((r, n), (token, q, confidence, is_text)) in enumerate(zip(active, picks)):
@@ -191,7 +199,9 @@ class Eagle3Drafter(Drafter):
         for rid, chain_from_text in text_drafts.items():
             self.text_odds.record_chain(rid, chain_from_text)
         return {
-            rid: DraftProposal(tokens, torch.stack(probs[rid]) if probs[rid] else None)
+            rid: siblings.proposal(rid, tokens)
+            if siblings is not None and siblings.has_leaves(rid)
+            else DraftProposal(tokens, torch.stack(probs[rid]) if probs[rid] else None)
             for rid, tokens in drafts.items()
         }
 

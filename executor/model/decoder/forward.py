@@ -35,21 +35,27 @@ class OwnDecoder:
         meta: AttentionMetadata,
         logit_indices: torch.Tensor | None,  # [R] rows that need logits (None: every row)
         capture: tuple[int, ...] = (),  # hidden-state indices to record
+        layers: nn.ModuleList | None = None,  # a subset of the decoder's layers to run (LayerSkip's draft)
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:  # logits [R, vocab], {index: [T, hidden]}
+        """The logits of the rows asked for; with ``layers``, only those of the decoder's layers run (each
+        on its own KV pool, `layer.spec.layer_idx`), and ``capture`` must be empty."""
         decoder = self.model.model
+        if layers is not None and capture:
+            raise ValueError("hidden states are numbered by the full stack: capture nothing over a subset")
+        layers = decoder.layers if layers is None else layers
         hidden = decoder.embed_tokens(input_ids)  # [T, hidden]
         rows = {name: table.rows(positions) for name, table in decoder.rotary_tables.items()}
         captured = {0: hidden} if 0 in capture else {}
         residual = None
         step = FusedStep.of(meta, hidden)  # None: every layer runs in Python
         num_tokens, dtype = hidden.shape[0], hidden.dtype
-        stack = None if step is None else fused_stack(decoder.layers, num_tokens, dtype)
+        stack = None if step is None else fused_stack(layers, num_tokens, dtype)
         if stack is not None:  # every layer in one C++ op (`fused_layer.py`)
             inner = [i for i in sorted(capture) if 0 < i < self.num_layers]
             hidden, residual, states = run_stack(stack, hidden, rows[stack.rotary], meta, step, inner)
             captured.update(zip(inner, states))
         else:
-            for i, layer in enumerate(decoder.layers):
+            for i, layer in enumerate(layers):
                 args = None if step is None else fused_args(layer, num_tokens, dtype)
                 if args is not None:  # the whole layer as one C++ op (`fused_layer.py`)
                     hidden, residual = run_fused(
