@@ -100,6 +100,12 @@ class Drafter:
     reports_confidence: bool = False
     #: set by the executor under draft_len_policy "confidence" (an `executor.confidence_stop.ConfidenceStop`)
     confidence_stop = None
+    #: after each verifying forward, ``request.target_tokens`` holds its drafts and the target's greedy
+    #: token at each of their rows (the root's first), read at the next call (Lookahead's Jacobi iterate)
+    wants_target_tokens: bool = False
+    #: the drafter's own estimate of how often a draft is accepted, where it measured one (LayerSkip at
+    #: start-up): the draft-length policy's first estimate for every request (None: the policy's own)
+    initial_acceptance: float | None = None
     #: the tree shape ``draft_tree: true`` takes (a `tree_config.TreeShape`); None: it drafts chains only
     default_tree = None
     #: set by the executor when ``speculative_config.draft_tree`` is on: the `TreeShape` to draft within

@@ -20,6 +20,7 @@ from ..executor.layers.quantized.quantization import check_quantization
 from ..plugins import hookimpl
 from .base import Drafter, DrafterContext, declare_options
 from .layer_skip.options import LayerSkipOptions
+from .lookahead.options import LookaheadOptions
 from .retrieval.rest import REST_SPEC_FACTOR, REST_SPEC_OFFSET
 from .retrieval.suffix_index import DEFAULT_LIMITS
 
@@ -212,6 +213,15 @@ def make_layer_skip(spec_config, context: DrafterContext) -> Drafter:
     return LayerSkipDrafter(config, context.tokenizer)
 
 
+@declare_options(LookaheadOptions)
+def make_lookahead(spec_config, context: DrafterContext) -> Drafter:
+    from .lookahead.drafter import LookaheadConfig, LookaheadDrafter
+
+    opts = parse_options(LookaheadOptions, spec_config.options)
+    fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
+    return LookaheadDrafter(LookaheadConfig(max_draft_len=spec_config.max_draft_len, **fields))
+
+
 @declare_options(RestOptions)
 def make_rest(spec_config, context: DrafterContext) -> Drafter:
     from .retrieval.rest import RestConfig, RestDrafter
@@ -375,5 +385,6 @@ def specexec_drafter_factories() -> dict:
         "Eagle": make_eagle3,
         "Eagle3": make_eagle3,
         "LayerSkip": make_layer_skip,
+        "Lookahead": make_lookahead,
         "UserProvided": make_user_provided,
     }

@@ -337,4 +337,6 @@ def _speculation_stage(
                     type(drafter).__name__,
                 )
             policy = DraftLengthPolicy(drafter.max_draft_len, cost)
+            if drafter.initial_acceptance is not None:  # the drafter's own estimate (LayerSkip measures one)
+                policy.initial_rate = drafter.initial_acceptance
     return SpeculationStage(plugins, drafter, spec, vocab_size, policy, config.drafter_timeout_s)

@@ -62,6 +62,8 @@ SPECS = {
         ),
     },
     "self-int8": {"decoding_type": "DraftTarget", "max_draft_len": 3},
+    "lookahead-tree": {"decoding_type": "Lookahead", "max_draft_len": 3, "draft_tree": True},
+    "layer-skip": {"decoding_type": "LayerSkip", "max_draft_len": 3, "skip_layers": [2]},
     "eagle3": {"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model": EAGLE3_HEAD},
 }
 
@@ -118,7 +120,18 @@ def test_every_finished_guided_output_validates(spec_name, temperature):
 
 
 @pytest.mark.parametrize(
-    "spec_name", ["ngram", "ngram-tree", "suffix", "rest", "self-int8", "eagle3", "random"]
+    "spec_name",
+    [
+        "ngram",
+        "ngram-tree",
+        "suffix",
+        "rest",
+        "self-int8",
+        "eagle3",
+        "lookahead-tree",
+        "layer-skip",
+        "random",
+    ],
 )
 def test_greedy_guided_speculation_is_token_identical(spec_name):
     baseline = [o.token_ids for o in make_executor().run(make_requests(4))]

@@ -28,6 +28,7 @@ from specexec.drafters.base import Drafter, DraftProposal
 from specexec.drafters.draft_target import DraftTargetDrafter
 from specexec.drafters.eagle3.drafter import Eagle3Drafter
 from specexec.drafters.eagle3.head import load_head
+from specexec.drafters.lookahead.drafter import LookaheadConfig, LookaheadDrafter
 from specexec.drafters.ngram import NGramConfig, NGramDrafter
 from specexec.drafters.retrieval.rest import RestConfig, RestDrafter
 from specexec.drafters.retrieval.suffix import SuffixConfig, SuffixDrafter
@@ -206,6 +207,12 @@ def make_drafter(kind: str) -> tuple[Drafter | None, dict | None]:
         return RestDrafter(
             RestConfig(datastore=store, max_draft_len=MAX_DRAFT_LEN, max_spec_offset=2.0)
         ), None
+    if kind == "lookahead":
+        return LookaheadDrafter(LookaheadConfig(max_draft_len=MAX_DRAFT_LEN)), None
+    if kind == "lookahead-tree":
+        return None, {"decoding_type": "Lookahead", "max_draft_len": MAX_DRAFT_LEN, "draft_tree": True}
+    if kind == "layer-skip":
+        return None, {"decoding_type": "LayerSkip", "max_draft_len": MAX_DRAFT_LEN, "skip_layers": [1]}
     if kind == "int8-self-draft-q":
         spec = {"decoding_type": "DraftTarget", "max_draft_len": MAX_DRAFT_LEN, "sample_drafts": True}
         return None, spec
@@ -237,6 +244,9 @@ DRAFTERS = [
     "ngram",
     "suffix",
     "rest",
+    "lookahead",
+    "lookahead-tree",
+    "layer-skip",
     "int8-self-draft-q",
     "independent-draft-q",
     "eagle3-reduced-vocab-q",
@@ -309,7 +319,9 @@ def test_speculative_sampling_matches_the_target_distribution(kind):
     )
 
 
-@pytest.mark.parametrize("kind", ["fixed-token", "ngram", "suffix", "rest"])
+@pytest.mark.parametrize(
+    "kind", ["fixed-token", "ngram", "suffix", "rest", "lookahead", "lookahead-tree", "layer-skip"]
+)
 def test_deterministic_drafts_reproduce_the_plain_samples_seed_for_seed(kind):
     """Deterministic drafts are verified by drawing x_i ~ p_i with the request's generator, one draw
     per emitted token as plain sampling does; so a seeded request gets the very same tokens with or

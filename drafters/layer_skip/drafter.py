@@ -115,6 +115,7 @@ class LayerSkipDrafter(Drafter):
             rate = agree / max(total, 1)
             scored.append((expected_speedup(rate, share, self.max_draft_len), rate, share, cand))
         best, rate, share, cand = max(scored, key=lambda item: item[0])
+        self.initial_acceptance = rate
         return cand.skipped, (
             f"chosen at start-up: {cand.name}; agreement {rate:.2f} with the full model on calibration "
             f"text, {share:.0%} of the layers run, {best:.2f}x the tokens per forward-time of plain decoding by "

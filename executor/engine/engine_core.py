@@ -236,6 +236,7 @@ class EngineCore:
         masks,
         faults: Faults,
     ) -> list[Verification | None]:
+        self.speculation.hand_target_tokens(batch, output)
         verifications = self.verifier.verify(batch, output, drafts, masks, faults)
         for s, v in zip(batch, verifications):  # token trees: the accepted branch's K/V into place
             if v is not None and s.accepted_path:
@@ -278,7 +279,6 @@ class EngineCore:
             r.num_computed_tokens += s.num_new_tokens
             if v is None:  # a mid-prompt chunk
                 continue
-            num_drafts = s.tree_depth or len(s.draft_token_ids)  # (a tree: its depth, for the policy)
             if r.sampling_params.max_tokens == 0:  # the prompt scored (prompt_logprobs): no output
                 r.finish_reason = FinishReason.LENGTH
                 continue
@@ -287,7 +287,7 @@ class EngineCore:
             except Exception as exc:  # its grammar (or its stop strings) broke on these tokens
                 faults[r] = f"could not take the verified tokens: {type(exc).__name__}: {exc}"
                 continue
-            observed.append((r, num_drafts, v.num_accepted))
+            observed.append((s, v.num_accepted))
         self.speculation.observe(observed)
         return kept
 

@@ -192,6 +192,9 @@ class RequestState:
     #: verified positions' target hidden states not yet read by the drafter, for drafters that ask for
     #: them (EAGLE-3): chunks (position of the first row, [rows, num_layers * hidden])
     target_hidden: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    #: for a drafter with ``wants_target_tokens``: the last step's (drafts, the target's greedy token at
+    #: each of its rows: the root's, then each draft's), in the order the drafter proposed them
+    target_tokens: tuple[list[int], list[int]] | None = None
     #: with ``capture_hidden_layers``: every verified position's hidden states, kept for the output
     captured_hidden: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     text: str = ""  #: decoded output, kept up to date only when needed (stop strings, streaming)

@@ -36,6 +36,8 @@ class ScheduledRequest:
     tree_depth: int = 0  #: the depth of the tree drafted (0: a chain), what the draft-length policy sees
     #: the tree's accepted nodes once verified (their K/V still at the nodes' slots until moved)
     accepted_path: list[int] | None = None
+    #: a verified tree's first branch: (its length, how many of its nodes were accepted)
+    first_branch: tuple[int, int] = (0, 0)
 
     @property
     def completes_sequence(self) -> bool:

@@ -17,6 +17,7 @@ import torch
 
 from ...sampling.rejection import RejectionSampler, Verification
 from ...sampling.spec_decode_metadata import SpecDecodeMetadata
+from ...sampling.tree_shape import first_branch
 from ...sampling.tree_verify import verify_tree
 from ..model.forward_io import ForwardOutput
 from .request import RequestState
@@ -109,6 +110,14 @@ class VerifyStage:
             if walk.unusable is not None:
                 return Verification([], 0, walk.unusable)
             s.accepted_path = walk.path
+            branch = first_branch(s.draft_parents)
+            s.first_branch = (
+                len(branch),
+                next(
+                    (j for j, (a, b) in enumerate(zip(walk.path, branch)) if a != b),
+                    min(len(walk.path), len(branch)),
+                ),
+            )
             settle_tree_rows(s, output, index, walk.path)
             return Verification(walk.token_ids, walk.num_accepted)
         except Exception as exc:

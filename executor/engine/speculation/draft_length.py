@@ -33,6 +33,9 @@ logger = logging.getLogger("specexec")
 #: machine: it is measured again (one slower now is kept: the machine is the busier one now)
 STALE_FACTOR = 1.5
 DEFAULT_TOKEN_COST = 0.25  #: extra token's cost relative to a one-token forward, when not measured
+#: a probing draft may cost at most about this share of a one-token forward per step: a drafter whose
+#: draft costs more probes that many times less often (LayerSkip's draft is most of a forward)
+PROBE_COST_SHARE = 0.1
 MEASURED_SIZES = (1, 2, 3, 4, 8, 16, 32, 64)  #: 3 and 4: MKL's small-matrix path ends at 3 rows
 MEASURED_BATCH_SIZES = (1, 2, 4, 8, 16)  #: decode steps of this many sequences (up to max_batch_size)
 
@@ -196,6 +199,16 @@ class DraftLengthPolicy:
         """Draft lengths (0..max_drafts[id]) for one step of ``batch_size`` rows, the requests in
         ``max_drafts`` among them; ``draft_cost_per_token`` in the cost model's units. With token trees a
         length is a depth, each level ``rows_per_draft`` rows of the forward (and drafts to make)."""
+        return self.choose_with_value(max_drafts, batch_size, draft_cost_per_token, rows_per_draft)[0]
+
+    def choose_with_value(
+        self,
+        max_drafts: dict[str, int],
+        batch_size: int,
+        draft_cost_per_token: float = 0.0,
+        rows_per_draft: int = 1,
+    ) -> tuple[dict[str, int], float]:
+        """`choose`'s lengths, and the expected tokens per unit of time they give (before probes)."""
         gains = []  # (P(this draft is accepted), request id) of every draft that could be proposed
         for request_id, num_slots in max_drafts.items():
             state = self._state(request_id)
@@ -212,19 +225,23 @@ class DraftLengthPolicy:
         chosen = dict.fromkeys(max_drafts, 0)
         for _, request_id in gains[:best_total]:
             chosen[request_id] += 1
+        unit = PROBE_COST_SHARE * self.cost_model.cost(1)
+        interval = self.probe_interval * max(1.0, draft_cost_per_token / unit if unit > 0 else 1.0)
         for request_id in chosen:
-            chosen[request_id] = self._probed(request_id, chosen[request_id], max_drafts[request_id])
-        return chosen
+            chosen[request_id] = self._probed(
+                request_id, chosen[request_id], max_drafts[request_id], interval
+            )
+        return chosen, best
 
-    def _probed(self, request_id: str, num_drafts: int, num_slots: int) -> int:
-        """A one-token probe after ``probe_interval`` steps without drafts, so a request whose text
-        turns predictable again gets drafts back."""
+    def _probed(self, request_id: str, num_drafts: int, num_slots: int, interval: float) -> int:
+        """A one-token probe after ``interval`` steps without drafts (``probe_interval``, longer for a
+        drafter whose draft is dear), so a request whose text turns predictable again gets drafts back."""
         state = self._requests[request_id]
         if num_drafts or not num_slots:
             state.steps_without_drafts = 0
             return num_drafts
         state.steps_without_drafts += 1
-        if state.steps_without_drafts < self.probe_interval:
+        if state.steps_without_drafts < interval:
             return 0
         state.steps_without_drafts = 0
         return 1

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ....drafters.base import Drafter, DraftProposal
+from ....drafters.base import Drafter
 from ....grammar.request_grammar import grammar_valid_prefix
-from ....sampling.tree_shape import is_tree
 from ..options import parse_options
 from ..request import RequestState
 from ..scheduler import ScheduledRequest
 from .draft_length import DraftLengthPolicy
 from .drafter_guard import DrafterGuard
+from .proposal_check import checked_proposal
 from .speculative_config import SpeculativeConfig
 from .tree_drafts import shape_tree
 
@@ -133,6 +133,21 @@ class SpeculationStage:
         self.guard = DrafterGuard(type(drafter).__name__, deadline_s, isolated)
         self._unreleased: list[RequestState] = []  # finished while the drafter could not be called
         self._tree_depths: dict[RequestState, int] = {}  # with draft_tree: this step's depth per request
+        #: with draft_tree and a policy: the same policy fed how far each tree's first branch was accepted,
+        #: so that each step drafts trees or chains, whichever it expects to give more tokens per second
+        self.chain_policy = (
+            DraftLengthPolicy(
+                policy.max_draft_len,
+                policy.cost_model,
+                policy.initial_rate,
+                policy.decay,
+                policy.probe_interval,
+            )
+            if policy is not None and getattr(drafter, "draft_tree", None) is not None
+            else None
+        )
+        self.trees_this_step = False  #: this step drafts trees (draft_tree on, and chosen over chains)
+        self._drafter_slots: dict[str, int] = {}  # this step's slots the drafter asked for, by request id
 
     @property
     def tree(self):
@@ -150,6 +165,7 @@ class SpeculationStage:
     def reserve_slots(self, running: list[RequestState], max_model_len: int) -> dict[RequestState, int]:
         """Before scheduling: ask the drafter for each decoding request's slots, capped; returns the
         slots wanted per request (none: no entry)."""
+        self._drafter_slots = {}
         for request in running:
             request.drafting_grammar = None
         decoding = [r for r in running if r.num_uncomputed_tokens == 1]
@@ -176,12 +192,20 @@ class SpeculationStage:
             if num_slots:
                 wanted_slots[r] = num_slots
         tree = self.tree
+        self.trees_this_step = tree is not None
         if self.policy is not None and wanted_slots:
             by_id = {r.request_id: n for r, n in wanted_slots.items()}
-            rows = tree.branching if tree is not None else 1  # a tree's level costs that many rows
-            chosen = self.policy.choose(by_id, len(running), self._draft_cost_per_token(), rows)
+            cost = self._draft_cost_per_token()
+            if self.chain_policy is None:
+                chosen = self.policy.choose(by_id, len(running), cost)
+            else:  # a tree's level costs `branching` rows: trees or chains, whichever pays more
+                as_tree, tree_value = self.policy.choose_with_value(by_id, len(running), cost, tree.branching)
+                as_chain, chain_value = self.chain_policy.choose_with_value(by_id, len(running), cost)
+                self.trees_this_step = tree_value >= chain_value
+                chosen = as_tree if self.trees_this_step else as_chain
             wanted_slots = {r: chosen[r.request_id] for r in wanted_slots if chosen[r.request_id]}
-        if tree is not None:  # the depths chosen; the slots are the tree's nodes
+        self._drafter_slots = {r.request_id: n for r, n in wanted_slots.items()}
+        if self.trees_this_step:  # the depths chosen; the slots are the tree's nodes
             self._tree_depths = dict(wanted_slots)
             for r, depth in wanted_slots.items():
                 room = (
@@ -195,12 +219,20 @@ class SpeculationStage:
     ) -> None:
         """After scheduling: ask the drafter, then keep only what is safe to verify. A request whose
         own grammar fails while its drafts are checked is put in ``faults``."""
-        drafting = [s for s in batch if s.num_draft_slots]
-        if not drafting or not self.is_drafting:  # (slots without a drafter: grammar-forced tokens)
+        # (slots the drafter did not ask for are the grammar's forced tokens, which take the place of
+        # any proposal at least as short: the drafter is not asked for those)
+        drafting = [
+            s
+            for s in batch
+            if s.num_draft_slots
+            and self._drafter_slots.get(s.request.request_id, 0) > 0
+            and len(s.request.forced_token_ids or ()) < s.num_draft_slots
+        ]
+        if not drafting or not self.is_drafting:
             return
         start = time.perf_counter()
         for s in drafting:
-            s.max_draft_depth = self._tree_depths.get(s.request, 0) if self.tree is not None else 0
+            s.max_draft_depth = self._tree_depths.get(s.request, 0) if self.trees_this_step else 0
         answers = self._call(
             "specexec_prepare_draft_tokens",
             lambda: self.plugins.hook.specexec_prepare_draft_tokens(
@@ -211,11 +243,12 @@ class SpeculationStage:
         proposals = self._merged(answers)
         for s in drafting:
             r = s.request
-            s.draft_token_ids, s.draft_probs, parents = self._checked(
-                proposals.get(r.request_id), s.num_draft_slots
-            )
+            checked = checked_proposal(proposals.get(r.request_id), s.num_draft_slots, self.vocab_size)
+            if checked.is_garbage:
+                self._garbage()
+            s.draft_token_ids, s.draft_probs, parents = checked.tokens, checked.probs, checked.parents
             if parents is not None:
-                shape_tree(s, s.draft_token_ids, parents, self.tree is not None)
+                shape_tree(s, s.draft_token_ids, parents, self.trees_this_step)
             drafter = self.drafter
             if r.grammar is not None and drafter.use_grammar_masks and not drafter.accepts_grammar_masks:  # type: ignore[union-attr]
                 try:
@@ -226,12 +259,18 @@ class SpeculationStage:
             self.stats.num_draft_tokens += len(s.draft_token_ids)
         self.stats.drafting_time += time.perf_counter() - start
 
-    def observe(self, items: list[tuple[RequestState, int, int]]) -> None:
-        """After verification, (request, drafts, accepted) of each: feed the policy and the drafter."""
-        for request, num_drafts, num_accepted in items:
+    def observe(self, items: list[tuple[ScheduledRequest, int]]) -> None:
+        """After verification, (scheduled request, accepted) of each: feed the policies (a tree's depth
+        and how far it was accepted; for the chain policy, its first branch's) and the drafter."""
+        for s, num_accepted in items:
+            rid = s.request.request_id
+            num_drafts = s.tree_depth or len(s.draft_token_ids)
             if self.policy is not None:
-                self.policy.observe(request.request_id, num_drafts, num_accepted)
-        verified = [(r, a) for r, n, a in items if n]
+                self.policy.observe(rid, num_drafts, num_accepted)
+            if self.chain_policy is not None:
+                on_branch = s.first_branch if s.tree_depth else (num_drafts, num_accepted)
+                self.chain_policy.observe(rid, *on_branch)
+        verified = [(s.request, a) for s, a in items if s.draft_token_ids]
         if verified and self.is_drafting:
             self.guard.call_each(
                 "specexec_on_verified",
@@ -245,8 +284,9 @@ class SpeculationStage:
         for request in requests:
             request.target_hidden.clear()
             request.drafting_grammar = None
-            if self.policy is not None:
-                self.policy.forget(request.request_id)
+            for policy in (self.policy, self.chain_policy):
+                if policy is not None:
+                    policy.forget(request.request_id)
         if self.drafter is None:
             return
         pending = self._unreleased + requests
@@ -257,6 +297,24 @@ class SpeculationStage:
         )
         self._unreleased = [] if ran or not self.guard.is_enabled else pending
         self._sync_guard_stats()
+
+    def hand_target_tokens(self, batch: list[ScheduledRequest], output) -> None:
+        """For a drafter with ``wants_target_tokens``: each drafting request's drafts and the target's
+        greedy token at each of their rows, on the request (before a tree is laid out as a chain)."""
+        if not self.is_drafting or not getattr(self.drafter, "wants_target_tokens", False):
+            return
+        asking = [(i, s) for i, s in enumerate(batch) if s.completes_sequence and s.draft_token_ids]
+        for s in batch:
+            s.request.target_tokens = None
+        if not asking:
+            return
+        rows = [r for i, _ in asking for r in range(output.cu_logit_rows[i], output.cu_logit_rows[i + 1])]
+        greedy = output.logits[torch.tensor(rows, device=output.logits.device)].argmax(dim=-1).tolist()
+        start = 0
+        for i, s in asking:
+            n = output.cu_logit_rows[i + 1] - output.cu_logit_rows[i]
+            s.request.target_tokens = (list(s.draft_token_ids), greedy[start : start + n])
+            start += n
 
     def keep_hidden_states(self, batch: list[ScheduledRequest], output, verifications) -> None:
         """Hand the drafter's layers of the verified positions to each request's ``target_hidden``."""
@@ -308,54 +366,3 @@ class SpeculationStage:
         s.draft_token_ids = s.draft_token_ids[:keep]
         if s.draft_probs is not None:
             s.draft_probs = s.draft_probs[:keep]
-
-    def _checked(self, proposal, num_slots: int) -> tuple[list[int], torch.Tensor | None, list[int] | None]:
-        """(drafts, q, tree parents) safe to verify: cut to the slots and at the first id outside the
-        vocabulary; nothing for an answer that is not a `DraftProposal`, q that is not a distribution, or
-        parents that do not make a tree of the drafts."""
-        if proposal is None:
-            return [], None, None
-        if not isinstance(proposal, DraftProposal):
-            self._garbage()
-            return [], None, None
-        try:
-            candidates = list(proposal.token_ids)[:num_slots]
-            parents = None if proposal.parents is None else list(proposal.parents)
-        except TypeError:  # token_ids (or parents) is not a sequence
-            self._garbage()
-            return [], None, None
-        if parents is not None and not is_tree(parents[: len(candidates)], len(candidates)):
-            self._garbage()  # not a tree of these drafts: nothing of it can be verified
-            return [], None, None
-        tokens, probs = self._checked_tokens(proposal, candidates)
-        return tokens, probs, (parents[: len(tokens)] if parents is not None and tokens else None)
-
-    def _checked_tokens(self, proposal, candidates: list) -> tuple[list[int], torch.Tensor | None]:
-        tokens = []
-        for t in candidates:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
-                break  # cut at the first id that is not a token of this vocabulary
-            tokens.append(t)
-        probs = proposal.probs
-        if probs is not None and tokens:
-            probs = self._checked_probs(probs, len(tokens))
-            if probs is None:  # q that is not a distribution cannot be verified losslessly
-                self._garbage()
-                return [], None
-        return tokens, probs if tokens else None
-
-    def _checked_probs(self, probs, num_tokens: int) -> torch.Tensor | None:
-        """q [num_tokens, vocab] when it is a finite, non-negative distribution per row, else None."""
-        if (
-            not isinstance(probs, torch.Tensor)
-            or probs.dim() != 2
-            or probs.shape[0] < num_tokens
-            or probs.shape[1] < self.vocab_size
-            or not probs.is_floating_point()
-        ):
-            return None
-        q = probs[:num_tokens, : self.vocab_size]
-        row_sums = q.sum(dim=-1)  # [num_tokens]
-        if not bool(torch.isfinite(row_sums).all() and (q >= 0).all() and (row_sums > 0).all()):
-            return None
-        return q

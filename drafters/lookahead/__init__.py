@@ -1,0 +1,1 @@
+"""Lookahead decoding: a Jacobi window and an n-gram pool, no training."""
