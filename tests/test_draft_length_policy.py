@@ -532,3 +532,32 @@ def test_a_cached_curve_without_the_decode_batches_asked_for_is_measured_again(t
         "k", fake_forward, tmp_path, decode_batch=decode_batch, batch_sizes=(1, 2)
     )
     assert again == model, "read back from the cache"
+
+
+# ---- token trees: a level priced at `branching` rows, gaining where the chain's node is rejected --------
+
+
+def test_a_tree_level_gains_what_its_other_nodes_catch():
+    policy = make_policy(BF16_LIKE, max_draft_len=3, rate=0.5)
+    chain, _ = policy.plan({"r": 3}, 1)
+    tree_gains = policy._gains(policy._state("r"), 3, sibling_hit=0.4)
+    chain_gains = policy._gains(policy._state("r"), 3)
+    # level i: P(chain reaches i) + P(chain reaches i - 1, its node at i rejected, a sibling holds it)
+    assert tree_gains == pytest.approx(
+        [g + before * 0.5 * 0.4 for g, before in zip(chain_gains, [1.0, 0.5, 0.25])]
+    )
+    assert chain == {"r": 3}
+
+
+def test_trees_are_planned_where_rows_are_cheap_and_chains_where_they_are_dear():
+    def values(cost_model, batch):
+        policy = make_policy(cost_model, max_draft_len=3, rate=0.5, probe_interval=10**6)
+        drafts = {f"r{i}": 3 for i in range(batch)}
+        _, chain = policy.plan(drafts, batch)
+        _, tree = policy.plan(drafts, batch, rows_per_level=2, sibling_hit=0.4)
+        return chain, tree
+
+    chain, tree = values(BF16_LIKE, 1)  # a flat curve: 8 rows cost 1.11x one
+    assert tree > chain
+    chain, tree = values(FP32_LIKE, 1)  # a steep one (4 rows cost 2.1x one): every row counts
+    assert chain > tree

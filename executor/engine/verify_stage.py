@@ -110,14 +110,11 @@ class VerifyStage:
             if walk.unusable is not None:
                 return Verification([], 0, walk.unusable)
             s.accepted_path = walk.path
-            branch = first_branch(s.draft_parents)
-            s.first_branch = (
-                len(branch),
-                next(
-                    (j for j, (a, b) in enumerate(zip(walk.path, branch)) if a != b),
-                    min(len(walk.path), len(branch)),
-                ),
-            )
+            branch = first_branch(s.draft_parents)  # the chain the drafter would have drafted
+            on_branch = 0
+            while on_branch < min(len(walk.path), len(branch)) and walk.path[on_branch] == branch[on_branch]:
+                on_branch += 1
+            s.first_branch = (len(branch), on_branch)
             settle_tree_rows(s, output, index, walk.path)
             return Verification(walk.token_ids, walk.num_accepted)
         except Exception as exc:

@@ -190,48 +190,53 @@ class DraftLengthPolicy:
         return 1.0 + sum(self._gains(self._state(request_id), num_drafts))
 
     def choose(
-        self,
-        max_drafts: dict[str, int],
-        batch_size: int,
-        draft_cost_per_token: float = 0.0,
-        rows_per_draft: int = 1,
+        self, max_drafts: dict[str, int], batch_size: int, draft_cost_per_token: float = 0.0
     ) -> dict[str, int]:
         """Draft lengths (0..max_drafts[id]) for one step of ``batch_size`` rows, the requests in
-        ``max_drafts`` among them; ``draft_cost_per_token`` in the cost model's units. With token trees a
-        length is a depth, each level ``rows_per_draft`` rows of the forward (and drafts to make)."""
-        return self.choose_with_value(max_drafts, batch_size, draft_cost_per_token, rows_per_draft)[0]
+        ``max_drafts`` among them; ``draft_cost_per_token`` in the cost model's units."""
+        chosen, _ = self.plan(max_drafts, batch_size, draft_cost_per_token)
+        return self.with_probes(chosen, max_drafts, draft_cost_per_token)
 
-    def choose_with_value(
+    def plan(
         self,
         max_drafts: dict[str, int],
         batch_size: int,
         draft_cost_per_token: float = 0.0,
-        rows_per_draft: int = 1,
+        rows_per_level: int = 1,
+        sibling_hit: float | None = None,
     ) -> tuple[dict[str, int], float]:
-        """`choose`'s lengths, and the expected tokens per unit of time they give (before probes)."""
-        gains = []  # (P(this draft is accepted), request id) of every draft that could be proposed
+        """The lengths `choose` takes before probes, and the expected tokens per unit of time they give.
+        For token trees (``sibling_hit``: the chance that a level's other nodes hold the target's token
+        when the chain's node there does not) a length is a depth, each level ``rows_per_level`` rows."""
+        gains = []  # (expected tokens this draft adds, request id) of every draft that could be proposed
         for request_id, num_slots in max_drafts.items():
             state = self._state(request_id)
-            gains += [(gain, request_id) for gain in self._gains(state, min(num_slots, self.max_draft_len))]
+            n = min(num_slots, self.max_draft_len)
+            gains += [(gain, request_id) for gain in self._gains(state, n, sibling_hit)]
         gains.sort(key=lambda item: -item[0])  # stable: a request's equal gains stay in position order
         best_total, best = 0, batch_size / self.cost_model.step_cost(batch_size, 0)
         expected = float(batch_size)
         for total, (gain, _) in enumerate(gains, start=1):
             expected += gain
-            rows = total * rows_per_draft
+            rows = total * rows_per_level
             value = expected / (self.cost_model.step_cost(batch_size, rows) + rows * draft_cost_per_token)
             if value > best * (1 + 1e-9):
                 best_total, best = total, value
         chosen = dict.fromkeys(max_drafts, 0)
         for _, request_id in gains[:best_total]:
             chosen[request_id] += 1
+        return chosen, best
+
+    def with_probes(
+        self, chosen: dict[str, int], max_drafts: dict[str, int], draft_cost_per_token: float = 0.0
+    ) -> dict[str, int]:
+        """``chosen`` with a one-draft probe for each request whose turn it is (see `_probed`)."""
         unit = PROBE_COST_SHARE * self.cost_model.cost(1)
         interval = self.probe_interval * max(1.0, draft_cost_per_token / unit if unit > 0 else 1.0)
-        for request_id in chosen:
-            chosen[request_id] = self._probed(
-                request_id, chosen[request_id], max_drafts[request_id], interval
-            )
-        return chosen, best
+        return {
+            request_id: self._probed(request_id, n, max_drafts[request_id], interval)
+            for request_id, n in chosen.items()
+        }
 
     def _probed(self, request_id: str, num_drafts: int, num_slots: int, interval: float) -> int:
         """A one-token probe after ``interval`` steps without drafts (``probe_interval``, longer for a
@@ -265,9 +270,11 @@ class DraftLengthPolicy:
         return self._requests[request_id]
 
     @staticmethod
-    def _gains(state: _Acceptance, num_drafts: int) -> list[float]:
+    def _gains(state: _Acceptance, num_drafts: int, sibling_hit: float | None = None) -> list[float]:
+        """Expected tokens each draft (or tree level) adds: the chain's P(drafts 1..i all accepted); a
+        tree's level also when the chain's node there is rejected and another node holds the token."""
         gains, chain = [], 1.0
         for rate in state.rates[:num_drafts]:
-            chain *= rate
-            gains.append(chain)
+            before, chain = chain, chain * rate
+            gains.append(chain if sibling_hit is None else chain + before * (1 - rate) * sibling_hit)
         return gains

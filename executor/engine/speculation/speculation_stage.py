@@ -26,6 +26,8 @@ from .speculative_config import SpeculativeConfig
 from .tree_drafts import shape_tree
 
 _NOT_RUN = object()  # a guarded call's default: the drafter did not answer
+INITIAL_SIBLING_HIT = 0.5  #: `SpeculationStage.sibling_hit` before any tree was verified
+SIBLING_HIT_DECAY = 0.95  #: weight of the old estimate per observation
 
 
 @dataclass(slots=True)
@@ -133,19 +135,10 @@ class SpeculationStage:
         self.guard = DrafterGuard(type(drafter).__name__, deadline_s, isolated)
         self._unreleased: list[RequestState] = []  # finished while the drafter could not be called
         self._tree_depths: dict[RequestState, int] = {}  # with draft_tree: this step's depth per request
-        #: with draft_tree and a policy: the same policy fed how far each tree's first branch was accepted,
-        #: so that each step drafts trees or chains, whichever it expects to give more tokens per second
-        self.chain_policy = (
-            DraftLengthPolicy(
-                policy.max_draft_len,
-                policy.cost_model,
-                policy.initial_rate,
-                policy.decay,
-                policy.probe_interval,
-            )
-            if policy is not None and getattr(drafter, "draft_tree", None) is not None
-            else None
-        )
+        #: with draft_tree: how often a tree level's other nodes hold the target's token where the chain's
+        #: node there is rejected (a running average over every tree; optimistic at first, so trees are
+        #: tried); with the policy's chain rates it prices a tree against a chain each step
+        self.sibling_hit = INITIAL_SIBLING_HIT
         self.trees_this_step = False  #: this step drafts trees (draft_tree on, and chosen over chains)
         self._drafter_slots: dict[str, int] = {}  # this step's slots the drafter asked for, by request id
 
@@ -196,13 +189,15 @@ class SpeculationStage:
         if self.policy is not None and wanted_slots:
             by_id = {r.request_id: n for r, n in wanted_slots.items()}
             cost = self._draft_cost_per_token()
-            if self.chain_policy is None:
+            if tree is None:
                 chosen = self.policy.choose(by_id, len(running), cost)
             else:  # a tree's level costs `branching` rows: trees or chains, whichever pays more
-                as_tree, tree_value = self.policy.choose_with_value(by_id, len(running), cost, tree.branching)
-                as_chain, chain_value = self.chain_policy.choose_with_value(by_id, len(running), cost)
-                self.trees_this_step = tree_value >= chain_value
-                chosen = as_tree if self.trees_this_step else as_chain
+                as_chain, chain_value = self.policy.plan(by_id, len(running), cost)
+                as_tree, tree_value = self.policy.plan(
+                    by_id, len(running), cost, tree.branching, self.sibling_hit
+                )
+                self.trees_this_step = tree_value > chain_value
+                chosen = self.policy.with_probes(as_tree if self.trees_this_step else as_chain, by_id, cost)
             wanted_slots = {r: chosen[r.request_id] for r in wanted_slots if chosen[r.request_id]}
         self._drafter_slots = {r.request_id: n for r, n in wanted_slots.items()}
         if self.trees_this_step:  # the depths chosen; the slots are the tree's nodes
@@ -260,16 +255,22 @@ class SpeculationStage:
         self.stats.drafting_time += time.perf_counter() - start
 
     def observe(self, items: list[tuple[ScheduledRequest, int]]) -> None:
-        """After verification, (scheduled request, accepted) of each: feed the policies (a tree's depth
-        and how far it was accepted; for the chain policy, its first branch's) and the drafter."""
+        """After verification, (scheduled request, accepted) of each: feed the policy (for a tree, how far
+        its first branch was accepted: the chain the policy prices), the trees' sibling estimate and the
+        drafter."""
         for s, num_accepted in items:
             rid = s.request.request_id
-            num_drafts = s.tree_depth or len(s.draft_token_ids)
-            if self.policy is not None:
-                self.policy.observe(rid, num_drafts, num_accepted)
-            if self.chain_policy is not None:
-                on_branch = s.first_branch if s.tree_depth else (num_drafts, num_accepted)
-                self.chain_policy.observe(rid, *on_branch)
+            if s.tree_depth:
+                branch_len, on_branch = s.first_branch
+                if on_branch < min(
+                    branch_len, s.tree_depth
+                ):  # the chain's node was rejected: did the tree hold on?
+                    hit = float(num_accepted > on_branch)
+                    self.sibling_hit = SIBLING_HIT_DECAY * self.sibling_hit + (1 - SIBLING_HIT_DECAY) * hit
+                if self.policy is not None:
+                    self.policy.observe(rid, branch_len, on_branch)
+            elif self.policy is not None:
+                self.policy.observe(rid, len(s.draft_token_ids), num_accepted)
         verified = [(s.request, a) for s, a in items if s.draft_token_ids]
         if verified and self.is_drafting:
             self.guard.call_each(
@@ -284,9 +285,8 @@ class SpeculationStage:
         for request in requests:
             request.target_hidden.clear()
             request.drafting_grammar = None
-            for policy in (self.policy, self.chain_policy):
-                if policy is not None:
-                    policy.forget(request.request_id)
+            if self.policy is not None:
+                self.policy.forget(request.request_id)
         if self.drafter is None:
             return
         pending = self._unreleased + requests
