@@ -1,7 +1,7 @@
 """The `speculative_config` block: the same keys as trtllm-bench's extra options YAML.
 
 speculative_config:
-  decoding_type: NGram          # NGram | Suffix | REST | DraftTarget | Eagle | UserProvided | <plugin name>
+  decoding_type: NGram          # NGram | Suffix | REST | Lookahead | LayerSkip | DraftTarget | Eagle | UserProvided | <plugin name>
   max_draft_len: 3
   max_matching_ngram_size: 3    # any other key is an option of that drafter
 """
@@ -42,9 +42,7 @@ class SpeculativeConfig:
 
     option_label = "speculative_config key"  #: (not a field) for the unknown-key error
 
-    decoding_type: (
-        str  #: drafter name: NGram, Suffix, REST, DraftTarget, Eagle, UserProvided, or a plugin's name
-    )
+    decoding_type: str  #: drafter name: NGram, Suffix, REST, Lookahead, LayerSkip, DraftTarget, Eagle, UserProvided, or a plugin's
     max_draft_len: int = 3  #: draft tokens per request per step, 1..32
     #: batch size -> draft length, e.g. {1: 4, 4: 2, 16: 0}; the largest key <= the running batch applies
     draft_len_schedule: dict[int, int] | None = None
