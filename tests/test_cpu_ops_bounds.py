@@ -117,6 +117,6 @@ def test_the_fused_layer_refuses_a_bad_slot_before_writing():
             [0, 0, 0, 0], [weights[0]], [weights[1]], [weights[2]], [weights[3]],
             torch.randn(2, 2, 1, HEAD_DIM), pool, torch.tensor([4, NUM_SLOTS]), HEADS, KV_HEADS, HEAD_DIM,
             torch.tensor([[1, 2]]), torch.tensor([[4, 5]]), torch.tensor([6]), BLOCK_SIZE,
-            HEAD_DIM**-0.5, 0, 0.0, 0, None, None,
+            HEAD_DIM**-0.5, 0, 0.0, 0, None, None, None,
         )  # fmt: skip
     assert torch.equal(pool, before)

@@ -209,8 +209,6 @@ def make_drafter(kind: str) -> tuple[Drafter | None, dict | None]:
         ), None
     if kind == "lookahead":
         return LookaheadDrafter(LookaheadConfig(max_draft_len=MAX_DRAFT_LEN)), None
-    if kind == "lookahead-tree":
-        return None, {"decoding_type": "Lookahead", "max_draft_len": MAX_DRAFT_LEN, "draft_tree": True}
     if kind == "layer-skip":
         return None, {"decoding_type": "LayerSkip", "max_draft_len": MAX_DRAFT_LEN, "skip_layers": [1]}
     if kind == "int8-self-draft-q":
@@ -245,7 +243,6 @@ DRAFTERS = [
     "suffix",
     "rest",
     "lookahead",
-    "lookahead-tree",
     "layer-skip",
     "int8-self-draft-q",
     "independent-draft-q",
@@ -319,9 +316,7 @@ def test_speculative_sampling_matches_the_target_distribution(kind):
     )
 
 
-@pytest.mark.parametrize(
-    "kind", ["fixed-token", "ngram", "suffix", "rest", "lookahead", "lookahead-tree", "layer-skip"]
-)
+@pytest.mark.parametrize("kind", ["fixed-token", "ngram", "suffix", "rest", "lookahead", "layer-skip"])
 def test_deterministic_drafts_reproduce_the_plain_samples_seed_for_seed(kind):
     """Deterministic drafts are verified by drawing x_i ~ p_i with the request's generator, one draw
     per emitted token as plain sampling does; so a seeded request gets the very same tokens with or

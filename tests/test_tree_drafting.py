@@ -161,19 +161,15 @@ def test_bad_draft_tree_values_are_refused_by_name(value, message):
         ExecutorConfig(speculative_config={"decoding_type": "NGram", "draft_tree": value})
 
 
-def test_chain_drafters_refuse_draft_tree():
-    _, model = make_tiny_model("llama")
-    spec = {"decoding_type": "DraftTarget", "draft_tree": True}
-    with pytest.raises(ValueError, match="drafts chains only"):
-        Executor(
-            model, ExecutorConfig(dtype="float64", device="cpu", num_kv_blocks=64, speculative_config=spec)
-        )
-
-
-def test_sliding_window_targets_refuse_draft_tree():
-    _, model = make_tiny_model("gemma3")
-    spec = {"decoding_type": "NGram", "draft_tree": True}
-    with pytest.raises(ValueError, match="sliding-window"):
+@pytest.mark.parametrize(
+    ("arch", "decoding_type", "message"),
+    [("llama", "DraftTarget", "drafts chains only"), ("gemma3", "NGram", "sliding-window")],
+)
+def test_draft_tree_is_refused_where_trees_do_not_run(arch, decoding_type, message):
+    """A drafter of chains only, and a target with sliding-window attention."""
+    _, model = make_tiny_model(arch)
+    spec = {"decoding_type": decoding_type, "draft_tree": True}
+    with pytest.raises(ValueError, match=message):
         Executor(
             model, ExecutorConfig(dtype="float64", device="cpu", num_kv_blocks=64, speculative_config=spec)
         )

@@ -594,5 +594,9 @@ at::Tensor paged_attention_short(
 }  // namespace
 
 TORCH_LIBRARY(specexec_cpu, m) {
-  m.def("paged_attention_short", &paged_attention_short);
+  // the schema spelt out for tree_bits' default: callers without token trees leave it out
+  m.def(
+      "paged_attention_short(Tensor q, Tensor kv, Tensor block_tables, Tensor query_pos, Tensor kv_lens, "
+      "int block_size, float scaling, int window, float softcap, Tensor? tree_bits=None) -> Tensor",
+      &paged_attention_short);
 }
