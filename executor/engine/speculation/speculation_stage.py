@@ -134,13 +134,13 @@ class SpeculationStage:
         isolated = not getattr(drafter, "runs_on_loop_thread", False)
         self.guard = DrafterGuard(type(drafter).__name__, deadline_s, isolated)
         self._unreleased: list[RequestState] = []  # finished while the drafter could not be called
-        self._tree_depths: dict[RequestState, int] = {}  # with draft_tree: this step's depth per request
         #: with draft_tree: how often a tree level's other nodes hold the target's token where the chain's
         #: node there is rejected (a running average over every tree; optimistic at first, so trees are
         #: tried); with the policy's chain rates it prices a tree against a chain each step
         self.sibling_hit = INITIAL_SIBLING_HIT
         self.trees_this_step = False  #: this step drafts trees (draft_tree on, and chosen over chains)
-        self._drafter_slots: dict[str, int] = {}  # this step's slots the drafter asked for, by request id
+        #: this step's drafts the drafter gets, by request id (with trees: each tree's depth)
+        self._drafter_slots: dict[str, int] = {}
 
     @property
     def tree(self):
@@ -175,13 +175,16 @@ class SpeculationStage:
         )
         slots = self._merged(answers)
         batch_len = self.spec.draft_len_for_batch(len(running)) if self.spec else self.max_draft_len
+        rooms = {  # the tokens each may still take after this step's one
+            r: min(r.sampling_params.max_tokens - r.num_output_tokens, max_model_len - r.num_tokens) - 1
+            for r in decoding
+        }
         for r in decoding:
             wanted = slots.get(r.request_id, 0)
             if not _is_slot_count(wanted):
                 self._garbage()  # no drafts for it this step
                 wanted = 0
-            room = min(r.sampling_params.max_tokens - r.num_output_tokens, max_model_len - r.num_tokens) - 1
-            num_slots = max(0, min(wanted, batch_len, room))
+            num_slots = max(0, min(wanted, batch_len, rooms[r]))
             if num_slots:
                 wanted_slots[r] = num_slots
         tree = self.tree
@@ -199,14 +202,10 @@ class SpeculationStage:
                 self.trees_this_step = tree_value > chain_value
                 chosen = self.policy.with_probes(as_tree if self.trees_this_step else as_chain, by_id, cost)
             wanted_slots = {r: chosen[r.request_id] for r in wanted_slots if chosen[r.request_id]}
-        self._drafter_slots = {r.request_id: n for r, n in wanted_slots.items()}
-        if self.trees_this_step:  # the depths chosen; the slots are the tree's nodes
-            self._tree_depths = dict(wanted_slots)
+        self._drafter_slots = {r.request_id: n for r, n in wanted_slots.items()}  # (with trees: depths)
+        if self.trees_this_step:  # the slots are the tree's nodes
             for r, depth in wanted_slots.items():
-                room = (
-                    min(r.sampling_params.max_tokens - r.num_output_tokens, max_model_len - r.num_tokens) - 1
-                )
-                wanted_slots[r] = max(depth, min(tree.nodes_for_depth(depth), room))
+                wanted_slots[r] = max(depth, min(tree.nodes_for_depth(depth), rooms[r]))
         return wanted_slots
 
     def collect_drafts(
@@ -227,7 +226,7 @@ class SpeculationStage:
             return
         start = time.perf_counter()
         for s in drafting:
-            s.max_draft_depth = self._tree_depths.get(s.request, 0) if self.trees_this_step else 0
+            s.max_draft_depth = self._drafter_slots[s.request.request_id] if self.trees_this_step else 0
         answers = self._call(
             "specexec_prepare_draft_tokens",
             lambda: self.plugins.hook.specexec_prepare_draft_tokens(
@@ -262,9 +261,8 @@ class SpeculationStage:
             rid = s.request.request_id
             if s.tree_depth:
                 branch_len, on_branch = s.first_branch
-                if on_branch < min(
-                    branch_len, s.tree_depth
-                ):  # the chain's node was rejected: did the tree hold on?
+                # where the chain's node was rejected within the tree: did another node hold the token?
+                if on_branch < min(branch_len, s.tree_depth):
                     hit = float(num_accepted > on_branch)
                     self.sibling_hit = SIBLING_HIT_DECAY * self.sibling_hit + (1 - SIBLING_HIT_DECAY) * hit
                 if self.policy is not None:
