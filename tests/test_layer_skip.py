@@ -71,3 +71,17 @@ def test_skip_layers_beyond_the_model_are_refused():
         Executor(
             model, ExecutorConfig(dtype="float64", device="cpu", num_kv_blocks=64, speculative_config=spec)
         )
+
+
+def test_the_skipped_layers_are_chosen_at_start_up_on_the_targets_own_continuation():
+    """No skip_layers: one of the candidate sets, scored on calibration text the target continued."""
+    from test_grammar_support import smollm2_tokenizer
+
+    _, model = make_tiny_model("llama", vocab_size=49152, num_hidden_layers=6)
+    spec = {"decoding_type": "LayerSkip", "calibration_tokens": 4}
+    config = ExecutorConfig(dtype="float64", device="cpu", num_kv_blocks=64, speculative_config=spec)
+    executor = Executor(model, config, tokenizer=smollm2_tokenizer())
+    drafter = executor.speculation.drafter
+    assert drafter.skipped in {c.skipped for c in candidate_sets(6)}
+    assert drafter.choice.startswith("chosen at start-up") and 0 <= drafter.initial_acceptance <= 1
+    assert executor.block_manager.num_free_blocks == executor.block_manager.num_blocks  # scratch pages freed

@@ -133,8 +133,16 @@ class LayerSkipDrafter(Drafter):
         else:
             ids = list(tok(prompt)["input_ids"])
         start = len(ids)
-        for _ in range(self.config.calibration_tokens):
-            ids.append(int(self._logits(ids, None)[-1].argmax()))
+        bm = self._block_manager
+        bm.allocate(SCRATCH_REQUEST_ID, start + self.config.calibration_tokens)
+        try:  # a prefill, then one decode step a token on the same scratch pages
+            table = bm.block_tables[SCRATCH_REQUEST_ID]
+            seq = SequenceInput(list(ids), 0, table, 1)
+            for _ in range(self.config.calibration_tokens):
+                ids.append(int(self._forward([seq], None)[-1].argmax()))
+                seq = SequenceInput([ids[-1]], len(ids) - 1, table, 1)
+        finally:
+            bm.free(SCRATCH_REQUEST_ID)
         return ids, start
 
     def _logits(self, tokens: list[int], layers: nn.ModuleList | None) -> torch.Tensor:
