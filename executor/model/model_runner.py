@@ -69,14 +69,13 @@ class PagedInputs:
         for seq in seqs:
             start, n = cu_tokens[-1], len(seq.token_ids)
             pos = range(seq.start_pos, seq.start_pos + n)  # the cache slots' positions
-            if seq.tree_parents is None:
-                slices.append(SequenceSlice(start, n, seq.start_pos, seq.block_table))
+            tree = seq.tree_parents
+            bits = None if tree is None else row_ancestor_bits(tree)
+            slices.append(SequenceSlice(start, n, seq.start_pos, seq.block_table, bits))
+            if tree is None:
                 positions.extend(pos)
             else:  # a token tree: node i's K/V at slot start + 1 + i, its position start + its depth
-                bits = row_ancestor_bits(seq.tree_parents)
-                slices.append(SequenceSlice(start, n, seq.start_pos, seq.block_table, bits))
-                positions.append(seq.start_pos)
-                positions.extend(seq.start_pos + d for d in depths(seq.tree_parents))
+                positions.extend([seq.start_pos] + [seq.start_pos + d for d in depths(tree)])
             ids.extend(seq.token_ids)
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in pos)
