@@ -120,6 +120,12 @@ def _build_parser() -> argparse.ArgumentParser:
     from .drafters.eagle3.training.command import add_arguments as add_train_arguments
 
     add_train_arguments(train)
+    medusa = sub.add_parser(
+        "train-medusa", help="train Medusa draft heads for the target on this machine (CPU is fine)"
+    )
+    from .drafters.medusa.training.command import add_arguments as add_medusa_arguments
+
+    add_medusa_arguments(medusa)
     datastore = sub.add_parser(
         "build-datastore",
         help="tokenize a text corpus into a datastore for REST drafting (decoding_type REST)",
@@ -269,6 +275,12 @@ def _cmd_train_eagle3(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_train_medusa(args: argparse.Namespace) -> int:
+    from .drafters.medusa.training.command import run
+
+    return run(args)
+
+
 def _cmd_build_datastore(args: argparse.Namespace) -> int:
     from .drafters.retrieval.datastore_command import run
 
@@ -353,6 +365,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             "run": _cmd_run,
             "bench": _cmd_bench,
             "train-eagle3": _cmd_train_eagle3,
+            "train-medusa": _cmd_train_medusa,
             "build-datastore": _cmd_build_datastore,
             "serve": _cmd_serve,
             "drafters": _cmd_drafters,

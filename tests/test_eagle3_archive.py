@@ -121,7 +121,7 @@ def test_the_bundled_archive_is_the_default_models_only(tmp_path, monkeypatch):
     _, model = make_tiny_model("llama", dtype=torch.float32)
 
     def opened(model_arg, archive_arg):
-        found = eagle3_train._open_archive(Namespace(model=model_arg, archive=archive_arg), model)
+        found = eagle3_train.open_archive(Namespace(model=model_arg, archive=archive_arg), model)
         return None if found is None else found.root
 
     assert opened(None, None) == tmp_path / "bundled"

@@ -6,10 +6,12 @@ import dataclasses
 import json
 import math
 import tempfile
+from pathlib import Path
 
 import jsonschema
 import pytest
 import torch
+from medusa_heads import make_medusa_dir
 from rest_stores import text_datastore_file
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.drafters import Drafter, DraftProposal
@@ -41,6 +43,13 @@ EAGLE3_HEAD = make_head_dir(
         ]
     ),
 )
+MEDUSA_HEADS = str(
+    make_medusa_dir(
+        Path(tempfile.mkdtemp()),
+        draft_ids=torch.cat([torch.arange(1024), torch.arange(2048, 3072)]),
+        vocab_size=VOCAB,
+    )
+)
 SPECS = {
     "none": None,
     "ngram": {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2},
@@ -63,6 +72,8 @@ SPECS = {
     },
     "self-int8": {"decoding_type": "DraftTarget", "max_draft_len": 3},
     "eagle3": {"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model": EAGLE3_HEAD},
+    # Medusa heads over the same reduced vocabulary: each head's row masked after the drafts before it
+    "medusa": {"decoding_type": "Medusa", "max_draft_len": 3, "speculative_model": MEDUSA_HEADS},
 }
 
 

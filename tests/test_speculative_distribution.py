@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from medusa_heads import make_medusa_dir
 from rest_stores import token_datastore_file
 from specexec.drafters.base import Drafter, DraftProposal
 from specexec.drafters.draft_target import DraftTargetDrafter
@@ -209,6 +210,19 @@ def make_drafter(kind: str) -> tuple[Drafter | None, dict | None]:
         ), None
     if kind == "lookahead":
         return LookaheadDrafter(LookaheadConfig(max_draft_len=MAX_DRAFT_LEN)), None
+    if kind in ("medusa", "medusa-tree"):  # heads near the LM head: drafts often, accepted now and then
+        heads = make_medusa_dir(
+            Path(tempfile.mkdtemp()),
+            num_heads=MAX_DRAFT_LEN,
+            noise=0.3,
+            vocab_size=VOCAB,
+            initializer_range=INIT_RANGE,
+        )
+        spec = {"decoding_type": "Medusa", "max_draft_len": MAX_DRAFT_LEN, "speculative_model": str(heads)}
+        return None, {
+            **spec,
+            "draft_tree": {"max_nodes": 4, "branching": 2},
+        } if kind == "medusa-tree" else spec
     if kind == "layer-skip":
         return None, {"decoding_type": "LayerSkip", "max_draft_len": MAX_DRAFT_LEN, "skip_layers": [1]}
     if kind == "int8-self-draft-q":
@@ -244,6 +258,8 @@ DRAFTERS = [
     "rest",
     "lookahead",
     "layer-skip",
+    "medusa",
+    "medusa-tree",
     "int8-self-draft-q",
     "independent-draft-q",
     "eagle3-reduced-vocab-q",
@@ -316,7 +332,9 @@ def test_speculative_sampling_matches_the_target_distribution(kind):
     )
 
 
-@pytest.mark.parametrize("kind", ["fixed-token", "ngram", "suffix", "rest", "lookahead", "layer-skip"])
+@pytest.mark.parametrize(
+    "kind", ["fixed-token", "ngram", "suffix", "rest", "lookahead", "layer-skip", "medusa"]
+)
 def test_deterministic_drafts_reproduce_the_plain_samples_seed_for_seed(kind):
     """Deterministic drafts are verified by drawing x_i ~ p_i with the request's generator, one draw
     per emitted token as plain sampling does; so a seeded request gets the very same tokens with or

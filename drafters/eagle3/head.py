@@ -306,13 +306,13 @@ def load_head(
     return head.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
-def check_d2t(d2t: torch.Tensor, vocab_size: int) -> None:
+def check_d2t(d2t: torch.Tensor, vocab_size: int, what: str = "EAGLE-3 head") -> None:
     """The map must send every draft id to a distinct target id inside the vocabulary."""
     target = torch.arange(len(d2t)) + d2t
     if len(target) and (target.min() < 0 or target.max() >= vocab_size):
-        raise ValueError("EAGLE-3 head: d2t maps draft ids outside the vocabulary")
+        raise ValueError(f"{what}: d2t maps draft ids outside the vocabulary")
     if len(set(target.tolist())) != len(target):
-        raise ValueError("EAGLE-3 head: d2t maps two draft ids onto one target token")
+        raise ValueError(f"{what}: d2t maps two draft ids onto one target token")
 
 
 def save_head(head: Eagle3Head, path: str | Path, dtype: torch.dtype = torch.float16) -> None:

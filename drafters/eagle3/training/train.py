@@ -85,7 +85,7 @@ def train(args) -> int:
         cfg = replace(start_head.config, draft_vocab_size=cfg.draft_vocab_size)
     corpus_started = time.perf_counter()
     pool_path = out / "corpus" / "prompt_pool.jsonl"
-    archive = _open_archive(args, target)
+    archive = open_archive(args, target)
     if archive is not None:
         print(f"archive {archive.root}: {archive.restore_pool(pool_path)} instructions restored")
     pool = _grow_pool(args, pool_path, device)
@@ -203,7 +203,7 @@ def _head_to(head: Eagle3Head, device: torch.device) -> Eagle3Head:
     return head
 
 
-def _open_archive(args, target) -> CorpusArchive | None:
+def open_archive(args, target) -> CorpusArchive | None:
     """``--archive``: the directory given, the bundled one for the default model, or none."""
     if args.archive == "none" or (args.archive is None and args.model is not None):
         return None

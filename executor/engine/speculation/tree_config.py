@@ -63,7 +63,7 @@ def resolve_draft_tree(value: Any, drafter) -> TreeShape | None:
     if default is None:
         raise ValueError(
             f"speculative_config.draft_tree: {type(drafter).__name__} drafts chains only; the drafters "
-            "that draft trees are NGram, Eagle and Lookahead"
+            "that draft trees are NGram, Eagle, Lookahead and Medusa"
         )
     if value is True:
         return default
