@@ -21,6 +21,7 @@ from ..plugins import hookimpl
 from .base import Drafter, DrafterContext, declare_options
 from .layer_skip.options import LayerSkipOptions
 from .lookahead.options import LookaheadOptions
+from .medusa.factory import make_medusa
 from .retrieval.rest import REST_SPEC_FACTOR, REST_SPEC_OFFSET
 from .retrieval.suffix_index import DEFAULT_LIMITS
 
@@ -153,21 +154,6 @@ class Eagle3Options(_DraftModelOptions):
         if not isinstance(self.prompt_lookup, bool):
             raise ValueError(f"prompt_lookup must be true or false, got {self.prompt_lookup!r}")
         check_setting(self.head_quantization)
-
-
-@reject_unknown_keys
-@dataclass(slots=True)
-class MedusaOptions:
-    """``speculative_model`` is a Medusa heads directory (`specexec train-medusa`; None = the heads
-    shipped for the embedded SmolLM2)."""
-
-    option_label = "Medusa option"  #: (not a field) for the unknown-option error
-    speculative_model: str | None = None  #: the heads directory
-    speculative_model_dir: str | None = None  #: trtllm-bench's name for the same
-
-    def __post_init__(self) -> None:
-        _check_path("speculative_model", self.speculative_model)
-        _check_path("speculative_model_dir", self.speculative_model_dir)
 
 
 @reject_unknown_keys
@@ -381,37 +367,6 @@ def make_eagle3(spec_config, context: DrafterContext) -> Drafter:
     )
     drafter.head_quantization = choice
     return drafter
-
-
-@declare_options(MedusaOptions)
-def make_medusa(spec_config, context: DrafterContext) -> Drafter:
-    from .medusa.drafter import MedusaDrafter
-    from .medusa.heads import SHIPPED_HEADS, load_heads
-
-    opts = parse_options(MedusaOptions, spec_config.options)
-    path = opts.speculative_model or opts.speculative_model_dir
-    if path is None:
-        if context.executor_config.model is not None or not SHIPPED_HEADS.is_dir():
-            raise ValueError(
-                "Medusa needs speculative_model: a heads directory for this target (train one with "
-                "`specexec train-medusa`)"
-                + (
-                    "; the shipped heads fit only the embedded SmolLM2-135M-Instruct"
-                    if SHIPPED_HEADS.is_dir()
-                    else ""
-                )
-            )
-        path = SHIPPED_HEADS
-    target = context.target_model
-    param = next(target.parameters())
-    heads = load_heads(path, param.dtype, param.device)
-    text_config = target.config.get_text_config()
-    if heads.config.hidden_size != text_config.hidden_size:
-        raise ValueError(
-            f"Medusa heads {path} read hidden states of width {heads.config.hidden_size}; "
-            f"the target's hidden size is {text_config.hidden_size}"
-        )
-    return MedusaDrafter(heads, spec_config.max_draft_len, context.vocab_size, text_config.num_hidden_layers)
 
 
 @declare_options(UserProvidedOptions)

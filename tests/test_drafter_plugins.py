@@ -130,9 +130,9 @@ def make_repeat_factory(spec_config, context):
 
 def test_unknown_decoding_type_lists_the_known_drafters_and_the_plugins(no_plugins):
     with pytest.raises(ValueError, match="decoding_type") as info:
-        make_executor({"decoding_type": "Medusa", "max_draft_len": 3})
+        make_executor({"decoding_type": "Hydra", "max_draft_len": 3})
     message = str(info.value)
-    assert "'Medusa'" in message
+    assert "'Hydra'" in message
     for name in BUILTIN_NAMES:
         assert name in message
     assert "installed plugins: none" in message
@@ -370,7 +370,7 @@ def test_entry_point_plugin_provides_a_drafter(fake_entry_point):
 def test_entry_point_plugin_is_named_in_the_unknown_decoding_type_error(fake_entry_point):
     fake_entry_point({"RepeatLast": make_repeat_factory})
     with pytest.raises(ValueError) as info:
-        make_executor({"decoding_type": "Medusa", "max_draft_len": 3})
+        make_executor({"decoding_type": "Hydra", "max_draft_len": 3})
     message = str(info.value)
     assert "RepeatLast" in message.partition("known:")[2]
     assert "installed plugins: fakeplug" in message
@@ -441,7 +441,7 @@ ECHO_SCRIPT = textwrap.dedent(
     result["accepted"] = sum(o.metrics.num_accepted_tokens for o in outs)
     result["identical"] = [o.token_ids for o in outs] == [o.token_ids for o in plain]
     try:
-        run({"decoding_type": "Medusa", "max_draft_len": 2})
+        run({"decoding_type": "Hydra", "max_draft_len": 2})
     except ValueError as exc:
         result["unknown_error"] = str(exc)
     os.environ["SPECEXEC_DISABLE_PLUGIN_AUTOLOAD"] = "1"
@@ -496,7 +496,7 @@ def test_real_plugin_package_drafts_through_its_entry_point(echo_plugin_site):
     assert result["proposed"] > 0
     assert 0 < result["accepted"] < result["proposed"]
     unknown = result["unknown_error"]
-    assert "'Medusa'" in unknown
+    assert "'Hydra'" in unknown
     assert "Echo" in unknown.partition("known:")[2]
     assert "installed plugins: echo" in unknown
     assert "installed plugins: none" in result["disabled_error"]
