@@ -20,6 +20,8 @@ class MaskJob:
     grammar: RequestGrammar  # owned by the worker from start() until wait() returns
     row0: int  # first verify row of this request
     draft_token_ids: tuple[int, ...]  # rows row0 .. row0+len(drafts) may be filled
+    #: a token tree's parents (`sampling/tree_shape.py`): row row0 + 1 + i is node i's; None: a chain
+    parents: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +34,13 @@ class MaskResult:
     wait_ms: float  # time wait() blocked: 0 when fully overlapped with the forward
 
 
-def _check_fill(fill, num_drafts: int) -> None:
+def _check_fill(fill, num_drafts: int, is_tree: bool) -> None:
     if not (
         isinstance(fill, RowFill)
         and 0 <= fill.num_rows_filled <= num_drafts + 1
         and 0 <= fill.num_drafts_accepted_by_grammar <= num_drafts
+        and (fill.tree_rows is not None) == is_tree
+        and (not is_tree or all(0 <= row <= num_drafts for row in fill.tree_rows))
     ):
         raise ValueError(f"fill_rows returned {fill!r} for {num_drafts} drafts")
 
@@ -151,14 +155,21 @@ class MaskWorker:
         errors: list[str | None] = []
         for job in jobs:
             try:
-                fill = job.grammar.fill_rows(bitmask, job.row0, job.draft_token_ids)
-                _check_fill(fill, len(job.draft_token_ids))
+                if job.parents is None:
+                    fill = job.grammar.fill_rows(bitmask, job.row0, job.draft_token_ids)
+                else:
+                    fill = job.grammar.fill_tree_rows(bitmask, job.row0, job.draft_token_ids, job.parents)
+                _check_fill(fill, len(job.draft_token_ids), job.parents is not None)
             except Exception as exc:
                 bitmask[job.row0 : job.row0 + len(job.draft_token_ids) + 1] = -1
                 fills.append(None)
                 errors.append(f"grammar mask failed: {exc}")
                 continue
-            needs_mask[job.row0 : job.row0 + fill.num_rows_filled] = 1
+            if fill.tree_rows is None:
+                needs_mask[job.row0 : job.row0 + fill.num_rows_filled] = 1
+            else:
+                for row in fill.tree_rows:
+                    needs_mask[job.row0 + row] = 1
             fills.append(fill)
             errors.append(None)
         if self._cuda:

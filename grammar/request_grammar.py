@@ -29,6 +29,24 @@ def grammar_valid_prefix(grammar, token_ids) -> int:
     return len(token_ids)
 
 
+def grammar_valid_nodes(grammar, token_ids, parents) -> list[bool]:
+    """Per node of a token tree (`sampling/tree_shape.py`), whether the grammar accepts the tokens of its
+    path from the root (its ancestors' and its own); every node when there is no grammar."""
+    if grammar is None:
+        return [True] * len(token_ids)
+    root = grammar.fork_for_drafting()
+    matchers: list = []  # each valid node's matcher after its path (None: the node is not valid)
+    for token, parent in zip(token_ids, parents):
+        above = root if parent < 0 else matchers[parent]
+        matcher = None
+        if above is not None and not above.is_terminated():
+            matcher = above.fork()
+            if not matcher.accept_token(int(token)):
+                matcher = None
+        matchers.append(matcher)
+    return [m is not None for m in matchers]
+
+
 #: a row allowing more tokens than this is a choice, not a forced continuation
 MAX_FORCED_CANDIDATES = 64
 
@@ -72,6 +90,9 @@ class RowFill:
     num_drafts_accepted_by_grammar: int  # these drafts are now accepted in the matcher
     first_invalid_draft_index: int | None  # first draft the grammar rejects (its row forbids it)
     terminated: bool  # matcher terminated (stop token accepted): nothing after it is filled
+    #: a tree's fill (`fill_tree_rows`): the offsets from row0 of the rows filled, not a prefix of them
+    tree_rows: tuple[int, ...] | None = None
+    num_invalid_nodes: int = 0  #: a tree's nodes the grammar refuses on their path (they get no row)
 
 
 class RequestGrammar:
@@ -127,6 +148,72 @@ class RequestGrammar:
             accepted += 1
         self._drafts_in_matcher = accepted
         return RowFill(filled, accepted, invalid, m.is_terminated())
+
+    def fill_tree_rows(
+        self, bitmask: torch.Tensor, row0: int, draft_token_ids: Sequence[int], parents: Sequence[int]
+    ) -> RowFill:
+        """Accept the pending token, then fill the root's row (row0) and, for each node whose path from
+        the root the grammar accepts, its row (row0 + 1 + node): the mask after that path. A node the
+        grammar refuses, or one after the grammar's end, gets no row, nor do its descendants: its
+        token is masked out of its parent's row, so the walk never reaches it. The matcher is left at
+        the root's state (`after_tree_verification` then accepts the branch the walk took)."""
+        if self._drafts_in_matcher:
+            raise RuntimeError("fill_tree_rows called before after_verification")
+        if (
+            row0 < 0
+            or row0 + len(draft_token_ids) >= bitmask.shape[0]
+            or len(parents) != len(draft_token_ids)
+        ):
+            raise ValueError(
+                f"a tree of {len(draft_token_ids)} nodes at row {row0} does not fit a bitmask of "
+                f"{bitmask.shape[0]} rows"
+            )
+        self._accept_pending()
+        m = self.matcher
+        if m.is_terminated():
+            return RowFill(0, 0, None, True, tree_rows=())
+        m.fill_next_token_bitmask(bitmask, row0)
+        rows = [0]
+        paths: list[list[int] | None] = []  # per node, the path its children extend (None: they may not)
+        invalid = 0
+        for i, (token, parent) in enumerate(zip(draft_token_ids, parents)):
+            above = [] if parent < 0 else paths[parent]
+            if above is None:  # under a refused node, or after the grammar's end
+                invalid += 1
+                paths.append(None)
+                continue
+            path = [*above, int(token)]
+            accepted = 0
+            while accepted < len(path) and not m.is_terminated() and m.accept_token(path[accepted]):
+                accepted += 1
+            if accepted < len(path):
+                invalid += 1
+                paths.append(None)
+            elif m.is_terminated():  # it ends the grammar's output: a valid node, no row, no children
+                paths.append(None)
+            else:
+                m.fill_next_token_bitmask(bitmask, row0 + 1 + i)
+                rows.append(1 + i)
+                paths.append(path)
+            if accepted:
+                m.rollback(accepted)
+        return RowFill(len(rows), 0, None, False, tree_rows=tuple(rows), num_invalid_nodes=invalid)
+
+    def after_tree_verification(self, path_tokens: Sequence[int], emitted_token: int | None) -> int | None:
+        """Accept the tokens of the tree's branch the walk took (each was drawn from a row masked at its
+        place); ``emitted_token`` is accepted lazily. Returns how many of them the grammar's output ends
+        with when it ended inside the branch (nothing after them belongs to the output), else None."""
+        self._check_idle()
+        self._accept_pending()
+        for j, token in enumerate(path_tokens):
+            if not self.matcher.accept_token(int(token)):
+                raise GrammarError(
+                    f"grammar rejected accepted draft {int(token)}; the tree's masks were not applied"
+                )
+            if self.matcher.is_terminated():
+                return j + 1
+        self.pending_token = emitted_token
+        return None
 
     def after_verification(self, num_accepted: int, emitted_token: int | None) -> None:
         """Keep the first num_accepted drafts; emitted_token (recovered/bonus) is accepted lazily."""

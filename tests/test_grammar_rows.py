@@ -189,3 +189,36 @@ def test_forced_token_is_the_only_one_or_the_longest_whose_prefixes_are_all_the_
     assert forced_token(_row(list(range(10)), 128), runs) == 9
     assert forced_token(_row(list(range(100)), 128), runs) is None  # more than 64 allowed: a choice
     assert forced_token(_row([]), vocab) is None
+
+
+def test_a_trees_rows_are_each_nodes_mask_after_its_path():
+    """Node i's row is what a fresh matcher fed the node's path allows; a node the grammar refuses gets
+    no row, nor does its child; the matcher stays at the root until the walk's branch is accepted."""
+    ids = encode(VALID_JSON)
+    bad = encode("hello")[0]
+    # 0: ids[0]; 1: ids[1] under 0; 2: bad under 0 (refused); 3: ids[1] under 2 (under a refused node);
+    # 4: ids[2] under 1
+    tokens, parents = [ids[0], ids[1], bad, ids[1], ids[2]], [-1, 0, 0, 2, 1]
+    rg = RequestGrammar(schema_grammar())
+    bm = new_bitmask(len(tokens) + 2)
+    fill = rg.fill_tree_rows(bm, 1, tokens, parents)
+    assert fill.tree_rows == (0, 1, 2, 5) and fill.num_invalid_nodes == 2
+    for row, path in ((0, []), (1, ids[:1]), (2, ids[:2]), (5, ids[:3])):
+        ref, _ = reference_mask(schema_grammar(), path)
+        assert torch.equal(bm[1 + row], ref), f"row {row}"
+    assert (bm[1 + 3] == 0x5A5A5A5A).all() and (bm[1 + 4] == 0x5A5A5A5A).all()  # rows of refused nodes
+    assert rg.after_tree_verification(ids[:2], ids[2]) is None  # the walk took nodes 0 and 1
+    ref, _ = reference_mask(schema_grammar(), ids[:3])
+    assert rg.fill_rows(bm, 0, []) == RowFill(1, 0, None, False) and torch.equal(bm[0], ref)
+
+
+def test_a_tree_node_that_ends_the_output_gets_no_row_and_the_walk_through_it_ends_the_grammar():
+    ids = encode(VALID_JSON) + [EOS]
+    rg = RequestGrammar(schema_grammar(), override_stop_tokens=[EOS])
+    rg.accept_now(ids[:-2])
+    tokens, parents = [ids[-2], EOS, ids[0]], [-1, 0, 1]  # the last token, EOS, then anything
+    bm = new_bitmask(4)
+    fill = rg.fill_tree_rows(bm, 0, tokens, parents)
+    assert fill.tree_rows == (0, 1) and fill.num_invalid_nodes == 1  # EOS's row and its child: none
+    assert rg.after_tree_verification(tokens, 7) == 2  # the output ends with EOS, nothing after it
+    assert rg.is_terminated()

@@ -146,6 +146,7 @@ def test_every_finished_guided_output_validates(spec_name, temperature):
         "eagle3",
         "lookahead-tree",
         "layer-skip",
+        "medusa",
         "random",
     ],
 )
@@ -156,6 +157,38 @@ def test_greedy_guided_speculation_is_token_identical(spec_name):
     outputs = executor.run(make_requests(4))
     assert [o.token_ids for o in outputs] == baseline
     assert sum(o.metrics.num_draft_tokens for o in outputs) > 0
+    assert_all_pages_free(executor)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_each_tree_node_is_masked_after_its_own_path(temperature, monkeypatch):
+    """An oracle hides each guided request's output (as decoded without drafts) in the second branch of
+    its trees, under a garbage first branch: every row is masked by the grammar after its node's path,
+    so the output is the same token for token (greedy, and seed for seed when sampled), valid, and the
+    true branch is accepted off the first branch."""
+    import specexec.executor.engine.engine_core as engine_core
+    from test_tree_drafting import OracleTreeDrafter
+
+    moves = []
+    move = engine_core.move_accepted_kv
+    monkeypatch.setattr(
+        engine_core,
+        "move_accepted_kv",
+        lambda kv, t, root, path: moves.append(path) or move(kv, t, root, path),
+    )
+    requests = [
+        dataclasses.replace(r, request_id=f"r{i}") for i, r in enumerate(make_requests(4, temperature))
+    ]
+    plain = make_executor().run(requests)
+    drafter = OracleTreeDrafter({o.request_id: o.token_ids for o in plain}, vocab=VOCAB)
+    executor = make_executor(
+        {"decoding_type": "Oracle", "draft_tree": True, "draft_len_policy": "fixed"}, drafter=drafter
+    )
+    outputs = executor.run(requests)
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in plain]
+    assert all(o.guided_valid for o in outputs if o.finish_reason is FinishReason.STOP)
+    assert drafter.num_trees > 0 and moves, "no tree was verified off its first branch"
+    assert sum(o.metrics.num_accepted_tokens for o in outputs) >= 2 * len(moves)
     assert_all_pages_free(executor)
 
 

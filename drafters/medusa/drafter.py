@@ -44,7 +44,9 @@ class MedusaDrafter(Drafter):
             )
         self.heads = heads
         self.hidden_state_layers = (num_target_layers,)  #: the final normed hidden state
-        self._masks = DraftMasks(target_vocab_size, heads.lm_head.weight.device)
+        #: (read now: the executor may repack the heads' linear layers for the CPU, weights and all)
+        self.dtype, self.device = heads.dtype, heads.lm_head.weight.device
+        self._masks = DraftMasks(target_vocab_size, self.device)
         #: per request: (position, the target's final hidden state there [hidden]) of the newest verified row
         self._last_rows: dict[str, tuple[int, torch.Tensor]] = {}
 
@@ -53,7 +55,7 @@ class MedusaDrafter(Drafter):
 
     def warm_up(self) -> None:
         with torch.inference_mode():
-            self.heads(self.heads.lm_head.weight.new_zeros(1, self.heads.config.hidden_size))
+            self.heads(torch.zeros(1, self.heads.config.hidden_size, dtype=self.dtype, device=self.device))
 
     # ---- drafting -------------------------------------------------------------------------------
     def prepare_draft_tokens(self, scheduled_requests: list, resources) -> dict[str, DraftProposal]:
@@ -61,7 +63,7 @@ class MedusaDrafter(Drafter):
         if not ready:
             return {}
         depths = [min(s.max_draft_depth or s.num_draft_slots, self.heads.config.num_heads) for s, _ in ready]
-        hidden = torch.stack([row for _, row in ready]).to(self.heads.dtype)  # [R, hidden]
+        hidden = torch.stack([row for _, row in ready]).to(self.dtype)  # [R, hidden]
         with torch.inference_mode():
             logits = self.heads(hidden, max(depths)).float()  # [R, K, draft_vocab]
         proposals: dict[str, DraftProposal] = {}

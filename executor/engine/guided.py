@@ -182,7 +182,8 @@ class GuidedDecodingStage:
             if r.forced_token_ids and s.num_draft_slots and len(r.forced_token_ids) >= len(s.draft_token_ids):
                 s.draft_token_ids = r.forced_token_ids[: s.num_draft_slots]
                 s.draft_probs = None
-                r.metrics.num_forced_tokens += len(s.draft_token_ids)
+                s.draft_parents, s.tree_depth = None, 0  # (a tree the drafter proposed gives way too)
+            r.metrics.num_forced_tokens += len(s.draft_token_ids)
 
     # ---- masks ------------------------------------------------------------------------------------
     @property
@@ -203,7 +204,8 @@ class GuidedDecodingStage:
                 continue
             r = s.request
             if r.grammar is not None:
-                jobs.append(MaskJob(r.grammar, row, tuple(s.draft_token_ids)))
+                parents = tuple(s.draft_parents) if s.draft_parents is not None else None
+                jobs.append(MaskJob(r.grammar, row, tuple(s.draft_token_ids), parents))
                 self._jobs.append((s, row))
             row += 1 + len(s.draft_token_ids)
         if jobs:
@@ -260,6 +262,8 @@ class GuidedDecodingStage:
         if r.grammar is None:
             return emitted, False
         num_drafts = len(s.draft_token_ids)
+        if fill is not None and fill.tree_rows is not None:
+            return self._after_tree(s, fill, num_accepted, emitted)
         if fill is not None and fill.terminated and num_accepted >= fill.num_drafts_accepted_by_grammar:
             keep = fill.num_drafts_accepted_by_grammar  # the grammar ended inside this step's drafts
             r.grammar.after_verification(keep, None)
@@ -274,6 +278,22 @@ class GuidedDecodingStage:
             r.metrics.num_target_rejected_drafts += num_drafts - num_accepted
         last = emitted[num_accepted] if len(emitted) > num_accepted else None
         r.grammar.after_verification(num_accepted, last)
+        ends = self.ends_without_stop_token or last in r.grammar.stop_token_ids
+        return emitted, ends and r.grammar.is_terminated()
+
+    def _after_tree(
+        self, s: ScheduledRequest, fill, num_accepted: int, emitted: list[int]
+    ) -> tuple[list[int], bool]:
+        """`after_verification` of a token tree: its drafts are laid out with the accepted branch first
+        (`speculation/tree_drafts.py`), whose tokens the matcher now accepts."""
+        r = s.request
+        refused = min(fill.num_invalid_nodes, len(s.draft_token_ids) - num_accepted)
+        r.metrics.num_grammar_rejected_drafts += refused
+        r.metrics.num_target_rejected_drafts += len(s.draft_token_ids) - num_accepted - refused
+        last = emitted[num_accepted] if len(emitted) > num_accepted else None
+        ended_after = r.grammar.after_tree_verification(s.draft_token_ids[:num_accepted], last)
+        if ended_after is not None:  # the grammar ended inside the branch
+            return emitted[:ended_after], True
         ends = self.ends_without_stop_token or last in r.grammar.stop_token_ids
         return emitted, ends and r.grammar.is_terminated()
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from ....drafters.base import Drafter
-from ....grammar.request_grammar import grammar_valid_prefix
+from ....grammar.request_grammar import grammar_valid_nodes, grammar_valid_prefix
+from ....sampling.tree_shape import depths, is_chain, pruned
 from ..options import parse_options
 from ..request import RequestState
 from ..scheduler import ScheduledRequest
@@ -358,9 +359,18 @@ class SpeculationStage:
         return per_token / per_forward * self.policy.cost_model.cost(1)
 
     def _cut_to_grammar(self, s: ScheduledRequest) -> None:
-        """Drop drafts from the first one the request's grammar rejects (it could never be accepted)."""
-        keep = grammar_valid_prefix(s.request.grammar, s.draft_token_ids)
-        s.request.metrics.num_grammar_rejected_drafts += len(s.draft_token_ids) - keep
-        s.draft_token_ids = s.draft_token_ids[:keep]
-        if s.draft_probs is not None:
-            s.draft_probs = s.draft_probs[:keep]
+        """Drop the drafts the request's grammar rejects (they could never be accepted): a chain's from
+        the first one it rejects, a tree's nodes whose path from the root it rejects."""
+        grammar, num_drafts = s.request.grammar, len(s.draft_token_ids)
+        if s.draft_parents is None:
+            keep = grammar_valid_prefix(grammar, s.draft_token_ids)
+            s.draft_token_ids = s.draft_token_ids[:keep]
+            if s.draft_probs is not None:
+                s.draft_probs = s.draft_probs[:keep]
+        else:
+            valid = grammar_valid_nodes(grammar, s.draft_token_ids, s.draft_parents)
+            kept, parents = pruned(s.draft_parents, valid)
+            s.draft_token_ids = [s.draft_token_ids[i] for i in kept]
+            s.draft_parents = None if is_chain(parents) else parents
+            s.tree_depth = max(depths(parents), default=0) if s.draft_parents is not None else 0
+        s.request.metrics.num_grammar_rejected_drafts += num_drafts - len(s.draft_token_ids)

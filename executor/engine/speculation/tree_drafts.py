@@ -1,9 +1,9 @@
 """The executor's side of token trees (`sampling/tree_shape.py`): what a step may verify as a tree, and,
 once verified, the accepted branch laid out as a chain.
 
-A tree is verified only where every row's logits are the model's own: a guided request (a grammar mask
-per row), one with repetition, frequency or presence penalties, or one still under ``min_tokens``
-verifies its tree's first branch as a chain. After the walk (`sampling/tree_verify.py`) the accepted
+A tree is verified where every row's logits are the model's own, or masked by the request's grammar at
+the row's place in the tree; one with repetition, frequency or presence penalties, or one still under
+``min_tokens``, verifies its tree's first branch as a chain. After the walk (`sampling/tree_verify.py`) the accepted
 branch is moved in place: its logits and hidden-state rows come first, its drafts lead the request's
 list, and its K/V move from the nodes' slots to the slots right after the root, so that every later
 stage (log-probabilities, the drafter's hidden states, the page rewind, prefix caching) sees a chain
@@ -19,10 +19,12 @@ from ..scheduler import ScheduledRequest
 
 
 def verifies_trees(request) -> bool:
-    """Whether the request's rows are plain model logits (no grammar mask, no per-position stages)."""
+    """Whether the request's rows can be verified as a tree: its logit stages depend on the row's own
+    place only (a grammar masks each node's row after its path: `grammar/request_grammar.py`), not on
+    the tokens before it as a chain (penalties, ``min_tokens``)."""
     params = request.sampling_params
     under_min_tokens = params.min_tokens and request.num_output_tokens < params.min_tokens
-    return request.grammar is None and not params.has_penalties and not under_min_tokens
+    return not params.has_penalties and not under_min_tokens
 
 
 def shape_tree(s: ScheduledRequest, tokens: list[int], parents: list[int], trees_on: bool) -> None:
