@@ -93,6 +93,11 @@ def add_arguments(parser) -> None:
         help="MLP units of the head's layer (default: the target's); with --init-from, at least the start "
         "head's: its units are kept and the new ones start adding nothing",
     )
+    add_machine_arguments(parser)
+
+
+def add_machine_arguments(parser) -> None:
+    """The flags every training command shares: precision, device and seed."""
     parser.add_argument(
         "--train-dtype",
         choices=["auto", "float32", "bfloat16"],
@@ -103,7 +108,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--device",
         default="auto",
-        help="where the target answers and the head trains: auto (cuda when available, else cpu), cpu, "
+        help="where the target answers and training runs: auto (cuda when available, else cpu), cpu, "
         "cuda, cuda:N",
     )
     parser.add_argument("--seed", type=int, default=0)

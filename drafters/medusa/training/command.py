@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from ...eagle3.training.command import add_machine_arguments
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--output", required=True, help="directory for the heads, corpus and logs")
@@ -42,17 +44,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--patience", type=int, default=5, help="stop after this many validations without better heads"
     )
-    parser.add_argument(
-        "--train-dtype",
-        choices=["auto", "float32", "bfloat16"],
-        default="auto",
-        help="training steps' matmul precision (auto: bfloat16 autocast where the first steps time it "
-        "faster, float32 on CPUs without native bfloat16)",
-    )
-    parser.add_argument(
-        "--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:N"
-    )
-    parser.add_argument("--seed", type=int, default=0)
+    add_machine_arguments(parser)
 
 
 def run(args) -> int:
