@@ -8,6 +8,7 @@ branch; bad heads and options are refused by name; `specexec train-medusa` runs 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -202,3 +203,17 @@ def test_train_medusa_end_to_end_on_a_tiny_model(tmp_path):
     assert json.loads((out / "config.json").read_text())["num_heads"] == 3
     _, outputs = run_speculative("llama", BATCHES["batch8"], speculative_config=medusa_spec(out))
     assert num_drafted(outputs) > 0
+
+
+def test_under_the_confidence_policy_chains_end_where_a_head_is_unsure(tmp_path):
+    spec = medusa_spec(make_medusa_dir(tmp_path), draft_len_policy="confidence")
+    executor, outputs = run_speculative("llama", BATCHES["batch8"], speculative_config=spec)
+    assert executor.speculation.drafter.confidence_stop is not None and num_drafted(outputs) > 0
+
+    class Above:  # keeps a draft while its confidence is above a half
+        def keeps(self, odds, confidence, batch_size):
+            return confidence > 0.5
+
+    drafter = executor.speculation.drafter
+    drafter.confidence_stop = Above()
+    assert drafter._confident_length([math.log(0.9), math.log(0.6), math.log(0.4), math.log(0.9)], 1) == 2

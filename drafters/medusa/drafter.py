@@ -13,8 +13,12 @@ the drafts before it (through ``d2t``), and stops at the first row its grammar l
 
 from __future__ import annotations
 
+import math
+import time
+
 import torch
 
+from ...executor.engine.speculation.confidence_stop import ChainOdds
 from ...executor.engine.speculation.tree_config import TreeShape
 from ..base import Drafter, DraftProposal
 from ..draft_masks import DraftMasks
@@ -25,6 +29,8 @@ from .tree import best_first_tree
 class MedusaDrafter(Drafter):
     runs_on_loop_thread = True  #: built in: one matmul a step, no thread hop (see Drafter)
     accepts_grammar_masks = True  #: a guided request's rows are masked by its grammar (through d2t)
+    #: draft_len_policy "confidence": a chain ends where its head's top probability does not pay
+    reports_confidence = True
     #: ``draft_tree: true``: the best-first tree over the heads' top tokens (`tree.py`)
     default_tree = TreeShape(max_nodes=8, branching=3)
 
@@ -64,47 +70,67 @@ class MedusaDrafter(Drafter):
             return {}
         depths = [min(s.max_draft_depth or s.num_draft_slots, self.heads.config.num_heads) for s, _ in ready]
         hidden = torch.stack([row for _, row in ready]).to(self.dtype)  # [R, hidden]
+        started = time.perf_counter()
         with torch.inference_mode():
             logits = self.heads(hidden, max(depths)).float()  # [R, K, draft_vocab]
+        if self.confidence_stop is not None:  # (one call drafts every level: its share per level)
+            self.confidence_stop.time_draft_step((time.perf_counter() - started) / max(depths))
+        batch_size = len(scheduled_requests)
         proposals: dict[str, DraftProposal] = {}
         plain = []
         for i, ((s, _), depth) in enumerate(zip(ready, depths)):
             grammar = self.grammar_of(s.request)
             if grammar is not None:
                 proposals[s.request.request_id] = self._guided_chain(
-                    logits[i, :depth], grammar.fork_for_drafting()
+                    logits[i, :depth], grammar.fork_for_drafting(), batch_size
                 )
             else:
                 plain.append((i, s, depth))
         if plain:
-            proposals.update(self._unguided(logits, plain))
+            proposals.update(self._unguided(logits, plain, batch_size))
         return proposals
 
-    def _unguided(self, logits: torch.Tensor, plain: list) -> dict[str, DraftProposal]:
+    def _unguided(self, logits: torch.Tensor, plain: list, batch_size: int) -> dict[str, DraftProposal]:
         """Chains (the heads' greedy tokens) or, for a request given more slots than levels, trees; the
         candidates of every request come back in one read."""
         is_tree = [s.num_draft_slots > depth for _, s, depth in plain]
         branching = self.draft_tree.branching if self.draft_tree is not None and any(is_tree) else 1
         rows = logits[torch.tensor([i for i, _, _ in plain], device=logits.device)]  # [P, K, draft_vocab]
-        if branching > 1:
+        wants_log_probs = branching > 1 or self.confidence_stop is not None
+        if wants_log_probs:
             rows = rows.log_softmax(dim=-1)
         top = rows.topk(branching, dim=-1)  # [P, K, branching]
         tokens = self.heads.to_target_ids(top.indices).tolist()
-        log_probs = top.values.tolist() if branching > 1 else None
+        log_probs = top.values.tolist() if wants_log_probs else None
         proposals = {}
         for j, (_, s, depth) in enumerate(plain):
             rid = s.request.request_id
-            if is_tree[j] and log_probs is not None:
+            if is_tree[j] and branching > 1 and log_probs is not None:
                 tree_tokens, parents = best_first_tree(log_probs[j], tokens[j], s.num_draft_slots, depth)
                 proposals[rid] = DraftProposal(tree_tokens, parents=parents)
-            else:
-                proposals[rid] = DraftProposal([level[0] for level in tokens[j][:depth]])
+                continue
+            chain = [level[0] for level in tokens[j][:depth]]
+            if log_probs is not None and self.confidence_stop is not None:
+                chain = chain[: self._confident_length([lp[0] for lp in log_probs[j][:depth]], batch_size)]
+            proposals[rid] = DraftProposal(chain)
         return proposals
 
-    def _guided_chain(self, logits: torch.Tensor, matcher) -> DraftProposal:
+    def _confident_length(self, log_probs: list[float], batch_size: int) -> int:
+        """How many of a chain's drafts pay under ``confidence_stop``, each judged by its head's top
+        probability (``log_probs``, one per level)."""
+        odds = ChainOdds()
+        for log_prob in log_probs:
+            if not self.confidence_stop.keeps(odds, math.exp(log_prob), batch_size):
+                break
+            odds.keep(math.exp(log_prob))
+        return odds.num_drafts
+
+    def _guided_chain(self, logits: torch.Tensor, matcher, batch_size: int) -> DraftProposal:
         """The greedy chain of one guided request's head rows ``logits`` [depth, draft_vocab], each row
-        masked by ``matcher`` (its own fork) after the drafts before it."""
+        masked by ``matcher`` (its own fork) after the drafts before it (and, under ``confidence_stop``,
+        ended at the first draft whose masked probability does not pay)."""
         drafts: list[int] = []
+        odds = ChainOdds()
         for row in logits:
             if matcher.is_terminated():
                 break
@@ -113,6 +139,11 @@ class MedusaDrafter(Drafter):
             best = int(row.argmax(dim=-1))
             if not torch.isfinite(row[0, best]):  # the grammar leaves no draft-vocabulary token
                 break
+            if self.confidence_stop is not None:
+                confidence = float(torch.softmax(row[0], dim=-1)[best])
+                if not self.confidence_stop.keeps(odds, confidence, batch_size):
+                    break
+                odds.keep(confidence)
             token = int(self.heads.to_target_ids(torch.tensor(best, device=row.device)))
             if not matcher.accept_token(token):
                 break
