@@ -49,7 +49,7 @@ def test_an_unknown_config_key_is_a_value_error_naming_it():
             },
             ["drafter_options", "size"],
         ),
-        ({"decoding_type": "Medusa"}, ["unknown speculative_config.decoding_type 'Medusa'", "NGram"]),
+        ({"decoding_type": "Hydra"}, ["unknown speculative_config.decoding_type 'Hydra'", "NGram"]),
     ],
 )
 def test_bad_drafter_options_are_refused_before_loading(no_loading, spec, words):
