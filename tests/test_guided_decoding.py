@@ -237,6 +237,13 @@ def test_forced_tokens_become_drafts():
     assert out.metrics.num_accepted_tokens > 0
 
 
+def test_only_tokens_the_grammar_forces_count_as_forced():
+    """A request without a grammar has nothing forced, however much its drafter drafts."""
+    executor = make_executor(drafter=RandomDrafter())
+    out = executor.run([Request("Count to ten.", SamplingParams(max_tokens=20))])[0]
+    assert out.metrics.num_draft_tokens > 0 and out.metrics.num_forced_tokens == 0
+
+
 def test_bad_schema_errors_alone_and_others_finish():
     executor = make_executor(SPECS["ngram"])
     bad = Request("hi", SamplingParams(max_tokens=8), response_format=schema_format({"type": "nonsense"}))

@@ -183,7 +183,7 @@ class GuidedDecodingStage:
                 s.draft_token_ids = r.forced_token_ids[: s.num_draft_slots]
                 s.draft_probs = None
                 s.draft_parents, s.tree_depth = None, 0  # (a tree the drafter proposed gives way too)
-            r.metrics.num_forced_tokens += len(s.draft_token_ids)
+                r.metrics.num_forced_tokens += len(s.draft_token_ids)
 
     # ---- masks ------------------------------------------------------------------------------------
     @property
