@@ -157,8 +157,9 @@ class MedusaDrafter(Drafter):
         rid = request.request_id
         if request.target_hidden:
             start, rows = request.target_hidden[-1]
-            self._last_rows[rid] = (start + rows.shape[0] - 1, rows[-1].clone())  # (not a view: the
-            request.target_hidden.clear()  # chunk may be a whole prompt's rows)
+            # a copy, not a view: the chunk may hold a whole prompt's rows
+            self._last_rows[rid] = (start + rows.shape[0] - 1, rows[-1].clone())
+            request.target_hidden.clear()
         last = self._last_rows.get(rid)
         if last is None or last[0] != request.num_tokens - 2:
             return None
