@@ -31,6 +31,7 @@ from specexec.executor.executor import Executor
 from specexec.plugins import get_plugin_manager
 from specexec.plugins.manager import DISABLE_AUTOLOAD_ENV
 from specexec.sampling import SamplingParams
+from test_speculative_identity import drafting_every_step
 from tiny_models import make_tiny_model, make_tiny_tokenizer
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -44,7 +45,7 @@ def make_config(speculative_config=None, **overrides) -> ExecutorConfig:
         num_kv_blocks=64, block_size=4, max_num_tokens=64, max_batch_size=4, dtype="float64", device="cpu"
     )
     settings.update(overrides)
-    return ExecutorConfig(speculative_config=speculative_config, **settings)
+    return ExecutorConfig(speculative_config=drafting_every_step(speculative_config), **settings)
 
 
 def make_executor(speculative_config=None, arch: str = "llama", **kwargs) -> Executor:

@@ -17,6 +17,7 @@ from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingPa
 from specexec.drafters import Drafter, DraftProposal
 from test_eagle3 import make_head_dir
 from test_grammar_support import smollm2_tokenizer
+from test_speculative_identity import drafting_every_step
 from tiny_models import make_tiny_model
 
 VOCAB = 49152
@@ -99,7 +100,7 @@ def make_executor(spec=None, drafter=None, seed=0, model_overrides=None, **confi
     _, model = make_tiny_model("llama", seed=seed, vocab_size=VOCAB, **(model_overrides or {}))
     settings = {"num_kv_blocks": 256, "block_size": 8, "guided_json_max_whitespace": 0, **config}
     # (compact JSON: a random model would otherwise pad its output with whitespace)
-    cfg = ExecutorConfig(speculative_config=spec, **settings)
+    cfg = ExecutorConfig(speculative_config=drafting_every_step(spec), **settings)
     return Executor(model, cfg, tokenizer=smollm2_tokenizer(), drafter=drafter)
 
 
@@ -298,10 +299,7 @@ def test_guided_steps_through_the_captured_forwards_are_identical_and_valid(spec
     from test_speculative_identity import graph_stats, replay_captured_forwards
 
     baseline = [o.token_ids for o in make_executor().run(make_requests(4))]
-    # every step drafts: under "auto" the policy, timing a tiny model on a shared machine, may find that
-    # no draft pays, and then the draft model's captured forwards never run
-    spec = SPECS[spec_name] and {**SPECS[spec_name], "draft_len_policy": "fixed"}
-    executor = make_executor(spec)
+    executor = make_executor(SPECS[spec_name])  # drafting every step, so the captured forwards run
     replay_captured_forwards(executor)
     outputs = executor.run(make_requests(4) + make_requests(2, temperature=1.0))
     assert [o.token_ids for o in outputs[:4]] == baseline

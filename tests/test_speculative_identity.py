@@ -55,12 +55,17 @@ def make_config(**overrides) -> ExecutorConfig:
         num_kv_blocks=128, block_size=4, max_num_tokens=128, max_batch_size=8, dtype="float64", device="cpu"
     )
     settings.update(overrides)
-    spec = settings.get("speculative_config")
-    if isinstance(spec, dict) and "draft_len_policy" not in spec:
-        # these tests check what verification makes of drafts: every step drafts, as the "auto" policy
-        # (the default) would not where a drafter costs about what the tiny target does
-        settings["speculative_config"] = {**spec, "draft_len_policy": "fixed"}
+    settings["speculative_config"] = drafting_every_step(settings.get("speculative_config"))
     return ExecutorConfig(**settings)
+
+
+def drafting_every_step(spec):
+    """``spec`` with ``draft_len_policy: fixed`` where it names no policy. These tests check what
+    verification makes of drafts: every step drafts, as the "auto" policy (the default) would not where
+    a drafter costs about what the tiny target does, or where timing it on a busy machine says so."""
+    if isinstance(spec, dict) and "draft_len_policy" not in spec:
+        return {**spec, "draft_len_policy": "fixed"}
+    return spec
 
 
 def make_requests(prompts: list[list[int]], max_tokens=MAX_TOKENS) -> list[Request]:
