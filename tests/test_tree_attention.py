@@ -14,7 +14,7 @@ from specexec.executor.layers.paged_attention_cpu import attend_paged_cpu
 from specexec.executor.model.attention_metadata import AttentionMetadata, SequenceSlice
 from specexec.executor.model.attention_paths import AttentionPaths
 from specexec.executor.model.kv_cache import KVCache, KVCacheSpec
-from specexec.executor.model.paged_attention import _attend_gathered
+from specexec.executor.model.paged_attention import _attend_gathered, paged_attention
 from specexec.sampling.tree_shape import depths, first_branch, pruned, row_ancestor_bits, trie_of_chains
 
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 2e-2}
@@ -49,21 +49,25 @@ def _case(dtype, kinds, block_size=16, seed=0):
     return cache, meta, seqs, query
 
 
-def _reference(cache, seq, parents, query_rows, scale):
-    """Each row of one request over the keys it may see, directly, in float64: [q_len, heads, head_dim]."""
+def _reference(cache, seq, parents, query_rows, scale, window=None):
+    """Each row of one request over the keys it may see, directly, in float64: [q_len, heads, head_dim].
+    With a sliding ``window``, a row at position p (a tree row: the root's plus its depth) sees the
+    cached keys after p - window."""
     bs = cache.block_size
     slot = [seq.block_table[p // bs] * bs + p % bs for p in range(seq.kv_len)]
     k, v = cache.kv[0, 0, slot].double(), cache.kv[0, 1, slot].double()  # [kv, kv_heads, D]
     rep = query_rows.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # [kv, heads, D]
     out = []
+    row_depths = [0] + depths(parents) if parents is not None else list(range(seq.query_len))
     for t in range(seq.query_len):
+        oldest = seq.start_pos + row_depths[t] - window + 1 if window else 0
         if parents is None:
-            seen = list(range(seq.start_pos + t + 1))
+            seen = list(range(max(0, oldest), seq.start_pos + t + 1))
         else:
             bits = row_ancestor_bits(parents)[t] & (2**64 - 1)
             new = [seq.start_pos + j for j in range(seq.query_len) if bits >> j & 1]
-            seen = list(range(seq.start_pos)) + new
+            seen = list(range(max(0, oldest), seq.start_pos)) + new
         scores = torch.einsum("hd,khd->hk", query_rows[t].double() * scale, k[seen])
         out.append(torch.einsum("hk,khd->hd", scores.softmax(-1), v[seen]))
     return torch.stack(out)
@@ -96,6 +100,25 @@ def test_tree_rows_attend_their_ancestors_only(dtype, cached):
             torch.testing.assert_close(
                 got[g, : s.query_len].double(), want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype], msg=name
             )
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("path", [PAGED_CPU, MATMUL, SDPA])
+def test_a_sliding_window_cuts_each_tree_row_at_its_depth_not_its_slot(dtype, path):
+    """Node i sits in slot root + 1 + i but at position root + depth(i): a window of 100 keys over 300
+    cached ones lets a depth-1 node see keys a slot-cut window would drop. Through `paged_attention`,
+    on every path (the C++ kernel cuts by slot, so such a group goes to torch ops)."""
+    window = 100
+    kinds = [(300, TREE, 1 + len(TREE)), (140, None, 4), (77, None, 1)]
+    cache, meta, seqs, query = _case(dtype, kinds)
+    meta = AttentionMetadata.build(
+        cache, meta.slot_mapping, seqs, cache.block_size, AttentionPaths.all(path)
+    )  # the same group, attended on `path`
+    got = paged_attention(0, query, None, None, meta, 0.125, window)  # [T, heads, head_dim]
+    for s, (_, parents, _) in zip(seqs, kinds):
+        rows = slice(s.query_start, s.query_start + s.query_len)
+        want = _reference(cache, s, parents, query[rows], 0.125, window)
+        torch.testing.assert_close(got[rows].double(), want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
 
 
 def test_the_cpu_kernels_are_built_here():

@@ -78,6 +78,9 @@ class AttentionGroup:
     #: [group, max_query] a step verifying token trees: the new keys each query attends, as bits (-1: all
     #: of them, causally); None: no tree in the group
     tree_bits: torch.Tensor | None = None
+    #: [group, max_query, 1] a tree group's query positions for its sliding window: the root's plus each
+    #: node's depth (`query_pos` holds their slots, which run past them); None: `query_pos`
+    window_query_pos: torch.Tensor | None = None
     _window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
     _stale_rows: torch.Tensor | None = None
 
@@ -91,7 +94,8 @@ class AttentionGroup:
         if not sliding_window or self.max_query_pos < sliding_window:
             return self.base_mask
         if sliding_window not in self._window_masks:
-            in_window = (self.key_pos > self.query_pos - sliding_window).unsqueeze(1)
+            at = self.window_query_pos if self.window_query_pos is not None else self.query_pos
+            in_window = (self.key_pos > at - sliding_window).unsqueeze(1)
             base = self.base_mask if self.base_mask is not None else torch.ones_like(in_window)
             self._window_masks[sliding_window] = base & in_window
         return self._window_masks[sliding_window]
@@ -136,7 +140,11 @@ def build_group(
     out_index = [s.query_start + j for s in seqs for j in range(s.query_len)]
     has_tree = any(s.tree_bits is not None for s in seqs)
     bits = [b for s in seqs for b in _padded_bits(s, max_q)] if has_tree else []
-    host = torch.tensor([x for row in rows for x in row] + valid + out_index + bits, dtype=torch.long)
+    offsets = [j for _ in seqs for j in range(max_q)] if has_tree else []
+    row_depths = [_row_depth(b, j) for b, j in zip(bits, offsets)]
+    host = torch.tensor(
+        [x for row in rows for x in row] + valid + out_index + bits + row_depths, dtype=torch.long
+    )
     packed = host.to(device, non_blocking=True)
     ints = packed[: num * (3 + max_blocks)].view(num, 3 + max_blocks)
     q_start, q_len, start_pos = ints[:, 0], ints[:, 1], ints[:, 2]  # [group] each
@@ -144,14 +152,17 @@ def build_group(
     after_tables = num * (3 + max_blocks)
     valid_rows = packed[after_tables:][: len(valid)]  # [num_valid]
     out_rows = packed[after_tables + len(valid) :][: len(out_index)]  # [num_valid]
-    tree_bits = (
-        packed[after_tables + 2 * len(valid) :].view(num, max_q) if has_tree else None
-    )  # [group, max_q]
+    after_rows = after_tables + 2 * len(valid)
+    tree_bits = packed[after_rows : after_rows + len(bits)].view(num, max_q) if has_tree else None
+    tree_depths = packed[after_rows + len(bits) :].view(num, max_q) if has_tree else None  # [group, max_q]
 
     q_off = torch.arange(max_q, device=device)  # [max_q]
     q_valid = q_off[None, :] < q_len[:, None]  # [group, max_q]
     query_index = torch.where(q_valid, q_start[:, None] + q_off[None, :], 0)  # [group, max_q]
     query_pos = start_pos[:, None] + q_off[None, :]  # [group, max_q]
+    window_query_pos = None
+    if tree_bits is not None:  # [group, max_q, 1]
+        window_query_pos = (start_pos[:, None] + tree_depths).unsqueeze(-1)
     key_pos = torch.arange(max_kv, device=device)  # [max_kv]
 
     # A mask is needed unless every real query sees every key read: one query per request, all of the
@@ -181,11 +192,12 @@ def build_group(
         key_pos=key_pos.view(1, 1, -1),
         base_mask=base_mask,
         max_query_pos=max(s.start_pos + s.query_len - 1 for s in seqs),
-        is_causal=num == 1 and seqs[0].start_pos == 0,
+        is_causal=num == 1 and seqs[0].start_pos == 0 and not has_tree,
         is_short=is_short,
         has_stale_slots=has_stale_slots,
         host_kv_lens=kv_lens,
         tree_bits=tree_bits,
+        window_query_pos=window_query_pos,
     )
 
 
@@ -193,6 +205,12 @@ def _padded_bits(seq: SequenceSlice, max_q: int) -> list[int]:
     """A request's row of the group's tree bits: its own (a tree), else -1 (causal), padded with -1."""
     own = seq.tree_bits if seq.tree_bits is not None else [-1] * seq.query_len
     return own + [-1] * (max_q - len(own))
+
+
+def _row_depth(bits: int, offset: int) -> int:
+    """A tree row's depth (the root's 0) from its ancestor bits: the rows it attends less itself; a causal
+    row (-1) at ``offset`` in its query sits that deep."""
+    return offset if bits == -1 else (bits & ((1 << 64) - 1)).bit_count() - 1
 
 
 def tree_page_mask(

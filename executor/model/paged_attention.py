@@ -36,7 +36,7 @@ def _attend_group(
     else:
         q = query[group.query_index]  # [group, max_q, heads, head_dim]
     path = group_path(group, meta)
-    kernel = in_place_kernel(path, group, q)
+    kernel = in_place_kernel(path, group, q, sliding_window)
     if kernel is not None:
         o = kernel(
             q,
@@ -66,9 +66,14 @@ def group_path(group: AttentionGroup, meta: AttentionMetadata) -> str:
     return meta.paths.for_group(group.max_query_len, group.is_short, group.num_queries, group.max_kv_len)
 
 
-def in_place_kernel(path: str, group: AttentionGroup, query: torch.Tensor):
+def in_place_kernel(path: str, group: AttentionGroup, query: torch.Tensor, sliding_window: int | None = None):
     """The kernel that attends this group straight over the pages (same arguments, same output), or
-    None where torch ops run over gathered keys: the Triton kernel on CUDA, the C++ one on the CPU."""
+    None where torch ops run over gathered keys: the Triton kernel on CUDA, the C++ one on the CPU.
+    A token tree's rows under a sliding window that cuts in go to torch ops: the kernels cut the window
+    at each row's cache slot, the mask at its position (`AttentionGroup.window_query_pos`)."""
+    cuts_window = sliding_window and group.max_query_pos >= sliding_window
+    if group.window_query_pos is not None and cuts_window:
+        return None
     if path == PAGED_TRITON and group.is_short and triton_ops_take(query):
         from ..layers.triton_kernels.paged_attention import attend_paged_triton
 
