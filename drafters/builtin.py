@@ -146,14 +146,22 @@ class Eagle3Options(_DraftModelOptions):
     #: the head's weights: auto (int8 where measured faster on this CPU), int8, or null (as loaded);
     #: see `head_quantization.py`
     head_quantization: str | None = "auto"
+    #: how ``draft_tree`` grows: "dynamic" (EAGLE-2: the head expands the best paths at each depth) or
+    #: "siblings" (the head's chain with its runners-up at each depth as leaves, no extra rows)
+    tree_growth: str = "dynamic"
 
     def __post_init__(self) -> None:
+        from .eagle3.drafter import TREE_GROWTHS
         from .eagle3.head_quantization import check_setting
 
         _DraftModelOptions.__post_init__(self)
         if not isinstance(self.prompt_lookup, bool):
             raise ValueError(f"prompt_lookup must be true or false, got {self.prompt_lookup!r}")
         check_setting(self.head_quantization)
+        if self.tree_growth not in TREE_GROWTHS:
+            raise ValueError(
+                f"tree_growth must be one of {', '.join(TREE_GROWTHS)}, got {self.tree_growth!r}"
+            )
 
 
 @reject_unknown_keys
@@ -366,6 +374,7 @@ def make_eagle3(spec_config, context: DrafterContext) -> Drafter:
         prompt_lookup=opts.prompt_lookup,
     )
     drafter.head_quantization = choice
+    drafter.tree_growth = opts.tree_growth
     return drafter
 
 

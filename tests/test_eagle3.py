@@ -478,7 +478,7 @@ def test_a_windowed_catch_up_computes_only_its_window_and_equals_every_position_
     forward = drafter._forward
     drafter._forward = lambda seqs, hidden: computed.append(len(hidden)) or forward(seqs, hidden)
     assert drafter._take_features(request)
-    out, logits = drafter._catch_up([request])
+    out, logits, _ = drafter._catch_up([request])
     assert sum(computed) == min(window, 19)
     with torch.no_grad():
         attend = partial(dense_causal_attention, window=window)

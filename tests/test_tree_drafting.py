@@ -214,12 +214,17 @@ def test_tree_sampling_reproduces_the_plain_samples_seed_for_seed(tree_samples):
     assert not mismatches, f"{len(mismatches)} seeded requests changed, e.g. request {mismatches[0]}"
 
 
+@pytest.mark.parametrize("growth", ["dynamic", "siblings"])
 @pytest.mark.parametrize("batch", BATCHES)
-def test_eagle_trees_keep_greedy_output_identical(tmp_path, batch, kv_moves):
+def test_eagle_trees_keep_greedy_output_identical(tmp_path, batch, kv_moves, growth):
     from test_eagle3 import eagle_spec, make_head_dir
 
     make_head_dir(tmp_path)
-    spec = {**eagle_spec(tmp_path, k=3), "draft_tree": {"max_nodes": 9, "branching": 3}}
+    spec = {
+        **eagle_spec(tmp_path, k=3),
+        "draft_tree": {"max_nodes": 9, "branching": 3},
+        "tree_growth": growth,
+    }
     trees = []
 
     def count_trees(executor):
@@ -232,7 +237,19 @@ def test_eagle_trees_keep_greedy_output_identical(tmp_path, batch, kv_moves):
             return proposals
 
         drafter.prepare_draft_tokens = recording
+        draft_trees = drafter._draft_trees
 
+        def grown(ready, *args):
+            grown_for.extend(r.request_id for r, _ in ready)
+            return draft_trees(ready, *args)
+
+        drafter._draft_trees = grown
+
+    grown_for = []
     run_speculative("llama", BATCHES[batch], speculative_config=spec, before_run=count_trees)
     assert trees and all(len(p.token_ids) <= 9 for p in trees)
-    assert any(len(p.token_ids) > 3 for p in trees), "no runner-up leaves were drafted"
+    assert any(len(p.token_ids) > 3 for p in trees), "no tree was drafted"
+    if growth == "dynamic":
+        assert grown_for, "no dynamic tree was grown (the head's, not prompt lookup's)"
+    else:
+        assert not grown_for

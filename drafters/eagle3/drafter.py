@@ -37,10 +37,15 @@ from ...sampling import sample_from_probs
 from ..base import Drafter, DraftProposal, draft_distribution
 from ..draft_masks import DraftMasks
 from ..ngram import NGramConfig, NGramDrafter
+from .dynamic_tree import DynamicTree
 from .head import Eagle3Head, default_aux_layers
 from .head_cache import HeadCache, PagedHeadAttention
 from .text_odds import TextOdds
 from .tree_siblings import TreeSiblings
+
+#: ``tree_growth``: "dynamic" (EAGLE-2's tree, `dynamic_tree.py`: the head expands the best paths at each
+#: depth) or "siblings" (its chain with the runners-up at each depth as leaves, `tree_siblings.py`)
+TREE_GROWTHS = ("dynamic", "siblings")
 
 
 class Eagle3Drafter(Drafter):
@@ -100,6 +105,8 @@ class Eagle3Drafter(Drafter):
         #: how the head's weights run (`head_quantization.HeadQuantization`, set by the builtin factory;
         #: None: the head as given)
         self.head_quantization = None
+        #: how ``draft_tree`` grows (`TREE_GROWTHS`; the ``tree_growth`` option)
+        self.tree_growth = "dynamic"
 
     def capture_cuda_graphs(self, backend, max_batch_size: int, max_model_len: int) -> list:
         """The head's graphs: a catch-up of 1 + accepted positions (query lengths 1 and 1 + k) and each
@@ -140,20 +147,44 @@ class Eagle3Drafter(Drafter):
     # ---- drafting -------------------------------------------------------------------------------
     def prepare_draft_tokens(self, scheduled_requests: list, resources) -> dict[str, DraftProposal]:
         free_blocks = self.block_manager.num_free_blocks
-        ready = []
+        ready, tree_slots, texts = [], {}, {}
         for s in scheduled_requests:
             if self._take_features(s.request):
-                needed = self.cache.blocks_needed(s.request)
+                depth = s.max_draft_depth or s.num_draft_slots
+                texts[s.request.request_id] = text = self._text_continuation(s.request)
+                grows_tree = self._grows_tree(s, text)
+                needed = self.cache.blocks_needed(
+                    s.request, self._tree_feed_slots(depth) if grows_tree else None
+                )
                 if needed <= free_blocks:  # else the head's pool is full: no drafts for it this step
                     free_blocks -= needed
-                    ready.append((s.request, s.max_draft_depth or s.num_draft_slots))
+                    ready.append((s.request, depth))
+                    if grows_tree:
+                        tree_slots[s.request.request_id] = s.num_draft_slots
         if not ready:
             return {}
-        hidden, logits = self._catch_up([r for r, _ in ready])
+        hidden, logits, root_inputs = self._catch_up([r for r, _ in ready])
+        if not tree_slots:
+            return self._draft_chains(scheduled_requests, ready, hidden, logits, texts)
+        trees = [i for i, (r, _) in enumerate(ready) if r.request_id in tree_slots]
+        chains = [i for i, (r, _) in enumerate(ready) if r.request_id not in tree_slots]
+        proposals = self._draft_trees(
+            [ready[i] for i in trees], tree_slots, root_inputs, hidden[trees], logits[trees]
+        )
+        if chains:
+            chain_ready = [ready[i] for i in chains]
+            proposals.update(
+                self._draft_chains(scheduled_requests, chain_ready, hidden[chains], logits[chains], texts)
+            )
+        return proposals
+
+    def _draft_chains(self, scheduled_requests, ready, hidden, logits, texts) -> dict[str, DraftProposal]:
+        """Chains (with ``tree_growth: siblings``, the head's runners-up beside them) for ``ready``: (request,
+        depth) pairs, the head's catch-up output [R, hidden] and logits [R, draft_vocab] at their roots,
+        ``texts`` each request's own text continuation (prompt lookup)."""
         drafts: dict[str, list[int]] = {r.request_id: [] for r, _ in ready}
         probs: dict[str, list[torch.Tensor]] = {r.request_id: [] for r, _ in ready}
         grammars = {r.request_id: g.fork_for_drafting() for r, _ in ready if (g := self.grammar_of(r))}
-        texts = {r.request_id: self._text_continuation(r) for r, _ in ready}
         stop = self.confidence_stop
         chains = {r.request_id: ChainOdds() for r, _ in ready}
         text_drafts: dict[str, list[bool]] = {r.request_id: [] for r, _ in ready}  # per draft kept
@@ -205,6 +236,71 @@ class Eagle3Drafter(Drafter):
             for rid, tokens in drafts.items()
         }
 
+    # ---- dynamic trees (EAGLE-2) ----------------------------------------------------------------
+    def _grows_tree(self, scheduled, text: tuple[int, ...]) -> bool:
+        """Whether this request's drafts grow as a dynamic tree: a tree step, and none of what drafts
+        a chain (a grammar, sampled drafts, a continuation of its own text, the confidence rule)."""
+        r = scheduled.request
+        return (
+            self.draft_tree is not None
+            and self.tree_growth == "dynamic"
+            and scheduled.max_draft_depth > 1
+            and not text
+            and self.grammar_of(r) is None
+            and not (self.returns_draft_probs and not r.sampling_params.is_greedy)
+            and self.confidence_stop is None
+        )
+
+    def _tree_feed_slots(self, depth: int) -> int:
+        """Head cache slots a dynamic tree of ``depth`` takes past the real ones: its fed nodes."""
+        return max(self.max_draft_len, (depth - 1) * self.draft_tree.branching)
+
+    def _draft_trees(self, ready, num_nodes, root_inputs, hidden, logits) -> dict[str, DraftProposal]:
+        """A dynamic tree per request of ``ready`` ((request, depth) pairs) within its ``num_nodes``; one
+        head forward per depth over every tree (`dynamic_tree.py`)."""
+        branching = self.draft_tree.branching
+        trees = {
+            r.request_id: DynamicTree(
+                r.token_ids[-1], root_inputs[r.request_id], num_nodes[r.request_id], depth, branching
+            )
+            for r, depth in ready
+        }
+        self._add_children([(trees[r.request_id], -1) for r, _ in ready], hidden, logits)
+        bm = self.block_manager
+        depth, growing = 1, [r for r, _ in ready]
+        while True:
+            growing = [r for r in growing if trees[r.request_id].choose_frontier(depth)]
+            # the fed nodes' slots follow the real ones (the root, recomputed, is the last real one)
+            fed_end = {
+                r.request_id: self.cache.states[r.request_id].num_real + len(trees[r.request_id].fed)
+                for r in growing
+            }
+            if not growing or not self.cache.reserve_up_to(growing, fed_end):
+                break
+            seqs, inputs, expanded = [], [], []
+            for r in growing:
+                tree, rid = trees[r.request_id], r.request_id
+                tokens, parents, rows = tree.forward_rows()
+                root_pos = self.cache.states[rid].num_real - 1
+                seqs.append(
+                    SequenceInput(tokens, root_pos, bm.block_tables[rid], len(tree.frontier), parents)
+                )
+                inputs.append(rows)
+                expanded.extend((tree, node) for node in tree.frontier)
+            out, node_logits = self._forward(seqs, torch.cat(inputs))
+            self._add_children(expanded, out, node_logits)
+            depth += 1
+        return {rid: tree.proposal() for rid, tree in trees.items()}
+
+    def _add_children(self, expanded: list, out: torch.Tensor, logits: torch.Tensor) -> None:
+        """Each (tree, node) of ``expanded`` gets the head's top ``branching`` tokens at its row of
+        ``out`` [N, hidden] / ``logits`` [N, draft_vocab] as children (node -1: the root)."""
+        top = torch.log_softmax(logits.float(), dim=-1).topk(self.draft_tree.branching, dim=-1)
+        targets = self.head.to_target_ids(top.indices)  # [N, branching]
+        rows = torch.stack([targets.double(), top.values.double()], dim=1).tolist()  # [N, 2, branching]
+        for i, ((tree, node), (tokens, log_probs)) in enumerate(zip(expanded, rows)):
+            tree.add_children(node, out[i], [int(t) for t in tokens], log_probs)
+
     def _text_continuation(self, request) -> tuple[int, ...]:
         """Prompt lookup: what followed the first earlier occurrence, in the request's own prompt and
         output, of the longest suffix (3 tokens at most) that occurred before, when that suffix has
@@ -217,14 +313,16 @@ class Eagle3Drafter(Drafter):
     def _take_features(self, request) -> bool:
         return self.cache.take_features(request)
 
-    def _catch_up(self, requests) -> tuple[torch.Tensor, torch.Tensor]:
+    def _catch_up(self, requests) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """Feed every request's pending positions (pairs h_t, x_{t+1}), in chunks that fit a forward;
-        the pre-norm output [R, hidden] and draft logits [R, draft_vocab] at each one's last position."""
+        the pre-norm output [R, hidden] and draft logits [R, draft_vocab] at each one's last position,
+        and per request the fused features fed there (a dynamic tree's root input)."""
         self.cache.rewind_to_real(requests)
         self.cache.skip_outside_window(requests)
         budget = self.inputs.max_num_tokens
         todo = list(requests)
         last: dict[str, torch.Tensor] = {}
+        root_inputs: dict[str, torch.Tensor] = {}  # [hidden] each: the fused features fed last
         while todo:
             items, used = [], 0
             for r in todo:
@@ -243,16 +341,20 @@ class Eagle3Drafter(Drafter):
                 seqs.append(
                     SequenceInput(tokens, st.num_real, self.block_manager.block_tables[r.request_id], 1)
                 )
-            out, logits = self._forward(seqs, self.head.fuse(torch.cat(features)))
+            fused = self.head.fuse(torch.cat(features))  # [sum(take), hidden]
+            out, logits = self._forward(seqs, fused)
+            ends = torch.tensor([take for _, take in items]).cumsum(0).tolist()
             for k, (r, take) in enumerate(items):
                 st = self.cache.states[r.request_id]
                 st.num_real += take
                 if st.num_real == st.pending_end:
                     st.pending, st.pending_start = None, st.num_real
                     last[r.request_id] = (out[k], logits[k])
+                    root_inputs[r.request_id] = fused[ends[k] - 1]
             todo = [r for r in todo if r.request_id not in last]
         hidden = torch.stack([last[r.request_id][0] for r in requests])  # [R, hidden]
-        return hidden, torch.stack([last[r.request_id][1] for r in requests])  # [R, draft_vocab]
+        logits = torch.stack([last[r.request_id][1] for r in requests])  # [R, draft_vocab]
+        return hidden, logits, root_inputs
 
     def _draft_step(self, requests, hidden, tokens) -> tuple[torch.Tensor, torch.Tensor]:
         """One position further for each request: its own previous output and its last draft token."""
@@ -267,7 +369,7 @@ class Eagle3Drafter(Drafter):
     def _forward(self, seqs: list[SequenceInput], hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The head over a flattened batch (replayed from a graph when one holds it): its pre-norm output
         [R, hidden] and draft logits [R, draft_vocab] at each sequence's last token."""
-        if self.inputs.graphs is not None:
+        if self.inputs.graphs is not None and all(seq.tree_parents is None for seq in seqs):
             replayed = self.inputs.graphs.run(seqs, {"hidden": hidden})
             if replayed is not None:
                 _, per_row, _ = replayed

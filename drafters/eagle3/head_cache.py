@@ -88,10 +88,11 @@ class HeadCache:
                 if extra > 0:
                     bm.rewind(rid, extra)
 
-    def blocks_needed(self, request) -> int:
-        """New pages the catch-up and the drafts of this step take at most."""
+    def blocks_needed(self, request, num_draft_slots: int | None = None) -> int:
+        """New pages the catch-up and the drafts of this step take at most (``num_draft_slots`` past the
+        real positions: a dynamic tree's fed nodes; None: a chain's ``max_draft_len``)."""
         st, bm = self.states[request.request_id], self.block_manager
-        num_slots = st.pending_end + self.max_draft_len
+        num_slots = st.pending_end + (num_draft_slots or self.max_draft_len)
         held = len(bm.block_tables.get(request.request_id, ()))
         return max(0, -(-num_slots // bm.block_size) - held)
 
@@ -109,6 +110,18 @@ class HeadCache:
             return False
         for r in requests:
             bm.append(r.request_id, 1)
+        return True
+
+    def reserve_up_to(self, requests, num_slots: dict[str, int]) -> bool:
+        """Slots up to ``num_slots[id]`` each (a dynamic tree's fed nodes past the real positions);
+        False, reserving none, when the head's pool cannot hold them all."""
+        bm = self.block_manager
+        more = {r.request_id: num_slots[r.request_id] - bm.num_slots[r.request_id] for r in requests}
+        if not all(n <= 0 or bm.can_append(rid, n) for rid, n in more.items()):
+            return False
+        for rid, n in more.items():
+            if n > 0:
+                bm.append(rid, n)
         return True
 
     def release(self, request_id: str) -> None:
