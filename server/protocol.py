@@ -1,6 +1,7 @@
-"""OpenAI request bodies -> what the executor takes. Every field is either mapped or refused: a field the
-server does not support is a 400 naming it, never silently ignored. ``user`` and ``metadata`` are
-checked and accepted (nothing is stored: there is no stored-completions API here).
+"""OpenAI request bodies -> what the executor takes. A field is mapped, or refused with a 400 naming it
+where it asks for what this server cannot do, or (a name no engine here knows) logged and ignored, as
+vLLM does (`foreign_fields.py`). ``user`` and ``metadata`` are checked and accepted (nothing is stored:
+there is no stored-completions API here).
 
 Defaults follow OpenAI's API, not `SamplingParams`: ``temperature`` 1, ``max_tokens`` the rest of the
 context.
@@ -16,6 +17,7 @@ from ..executor.engine.request import Prompt, Request
 from ..executor.engine.tool_prompt import chat_template_text
 from ..sampling import SamplingParams
 from .bad_request import BadRequest
+from .foreign_fields import check_foreign_fields
 from .tools import ToolPlan, guided_format, parse_tools
 
 #: fields both endpoints map onto SamplingParams (same name, same meaning); ignore_eos, min_tokens and
@@ -63,7 +65,13 @@ CHAT_FIELDS = _COMMON_FIELDS | {
 }
 #: ``echo`` (the prompt before the completion, with its log-probabilities when ``logprobs`` is set) and
 #: vLLM's ``prompt_logprobs``: what lm-evaluation-harness's log-likelihood tasks read
-COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "logprobs", "echo", "prompt_logprobs"}
+COMPLETION_FIELDS = _COMMON_FIELDS | {
+    "prompt",
+    "logprobs",
+    "echo",
+    "prompt_logprobs",
+    "max_completion_tokens",
+}
 MAX_PROMPTS = 64  #: prompts in one /v1/completions request at most
 MAX_LOGPROBS = 20  #: top alternatives per token at most (OpenAI's limit)
 MAX_N = 16  #: samples per request at most
@@ -95,20 +103,19 @@ class ParsedRequest:
 def parse_chat(body: Any, max_model_len: int, template_reads_name: bool = False) -> ParsedRequest:
     """``template_reads_name``: the chat template renders a message's ``name`` (else a name is refused:
     it would be dropped)."""
-    body = _object(body)
-    _refuse_unknown(body, CHAT_FIELDS)
+    body = check_foreign_fields(_object(body), CHAT_FIELDS)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list of {role, content} objects", "messages")
     prompt = [_message(m, i, template_reads_name) for i, m in enumerate(messages)]
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = _first_set(body, "max_completion_tokens", "max_tokens")
     top = None
     if body.get("logprobs") is not None:
         if not isinstance(body["logprobs"], bool):
             raise BadRequest("logprobs must be true or false for chat completions", "logprobs")
         if body["logprobs"]:
             top = _int_in(body.get("top_logprobs", 0), "top_logprobs", 0, MAX_LOGPROBS)
-    elif body.get("top_logprobs") is not None:
+    elif body.get("top_logprobs"):  # (0 without logprobs, as routers fill it in, asks for nothing)
         raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
     plan = parse_tools(body)
     guided = guided_format(plan) if plan is not None else None
@@ -127,8 +134,7 @@ def parse_chat(body: Any, max_model_len: int, template_reads_name: bool = False)
 
 
 def parse_completion(body: Any, max_model_len: int, template_reads_name: bool = False) -> ParsedRequest:
-    body = _object(body)
-    _refuse_unknown(body, COMPLETION_FIELDS)
+    body = check_foreign_fields(_object(body), COMPLETION_FIELDS)
     prompt = body.get("prompt")
     prompts = (
         prompt
@@ -158,7 +164,7 @@ def parse_completion(body: Any, max_model_len: int, template_reads_name: bool = 
         prompt_top = _int_in(body["prompt_logprobs"], "prompt_logprobs", 0, MAX_LOGPROBS)
     if echo and top is not None:  # the prompt's tokens are listed with their log-probabilities
         prompt_top = max(top, prompt_top or 0)
-    max_tokens = body.get("max_tokens")
+    max_tokens = _first_set(body, "max_completion_tokens", "max_tokens")  # (the chat name: routers send it)
     if max_tokens == 0 and not echo and prompt_top is None:
         raise BadRequest(
             "max_tokens: 0 needs echo or prompt_logprobs (nothing would be returned)", "max_tokens"
@@ -276,16 +282,15 @@ def _check_metadata(metadata: Any) -> None:
         )
 
 
+def _first_set(body: dict, *names: str) -> Any:
+    """The value of the first of ``names`` the body sets to something other than null."""
+    return next((body[n] for n in names if body.get(n) is not None), None)
+
+
 def _object(body: Any) -> dict:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     return body
-
-
-def _refuse_unknown(body: dict, allowed: frozenset[str]) -> None:
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise BadRequest(f"not supported by this server: {', '.join(unknown)}", unknown[0])
 
 
 def _message(message: Any, i: int, template_reads_name: bool) -> dict:
