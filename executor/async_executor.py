@@ -97,6 +97,11 @@ class AsyncExecutor:
             for request_id in unfinished:  # cancelled, or the consumer stopped: abort on the loop thread
                 self.abort(request_id)
 
+    def drain(self) -> None:
+        """Stop taking requests (from any thread, a signal handler's too); those in flight go on.
+        `is_closing` is True from now on."""
+        self._accepting = False
+
     def abort(self, request_id: str) -> None:
         """Abort a request (from any thread, without waiting for the step in flight)."""
         with self._wake:

@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP front (FastAPI): ``/v1/chat/completions``, ``/v1/completions`` (SSE
-streaming and not), ``/v1/models``, ``/health``, ``/metrics``.
+streaming and not), ``/v1/responses`` (`responses_api.py`), ``/v1/models``, ``/health``, ``/metrics``,
+and the worker endpoints routers call (`worker_endpoints.py`).
 
 What a client sees when something goes wrong: a bad body or a request the executor refuses -> 400 with
 an OpenAI error object whose ``param`` names the field; an internal fault -> 500; the queue full ->
@@ -21,9 +22,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..executor.async_executor import AsyncExecutor, ExecutorClosedError
 from ..executor.engine.request import FinishReason, RequestOutput, TokenEvent
-from . import responses
+from . import responses, responses_api
 from .metrics import ServerMetrics
 from .protocol import BadRequest, ParsedRequest, parse_chat, parse_completion, template_reads_name
+from .responses_stream import response_events
+from .worker_endpoints import add_worker_endpoints
 
 
 @dataclass(slots=True)
@@ -50,7 +53,7 @@ class HTTPError(Exception):
 def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None, limits=None) -> FastAPI:
     """The app around a running `AsyncExecutor`; closing the app's lifespan closes the engine."""
     limits = limits or ServerLimits()
-    metrics = ServerMetrics(engine.executor)
+    metrics = ServerMetrics(engine.executor, model_name)
     max_model_len = engine.executor.core.max_model_len
     tokenizer = engine.executor.tokenizer
     reads_name = template_reads_name(tokenizer)
@@ -69,6 +72,20 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
             responses.error_body(str(exc), exc.kind, exc.param, exc.code), exc.status, headers=exc.headers
         )
 
+    @app.exception_handler(BadRequest)
+    async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
+        return JSONResponse(responses.error_body(str(exc), "invalid_request_error", exc.param), 400)
+
+    async def read_body(request: Request) -> dict:
+        """The request's JSON object (a 400 when it is not JSON, or not an object)."""
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise HTTPError(400, f"the body is not JSON: {exc}", "invalid_request_error") from exc
+        if not isinstance(body, dict):
+            raise HTTPError(400, "the request body must be a JSON object", "invalid_request_error")
+        return body
+
     def check_key(request: Request) -> None:
         if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
             raise HTTPError(
@@ -80,8 +97,10 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
 
     @app.get("/health")
     async def health() -> Response:
-        if engine.is_closing:
-            return JSONResponse({"status": "closing"}, 503)
+        if engine.is_closing:  # draining (SIGTERM) or closed: a router sends new requests elsewhere
+            return JSONResponse(
+                {"status": "draining"}, 503, headers={"Retry-After": str(limits.retry_after_s)}
+            )
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
@@ -105,21 +124,8 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
             parsed = parse(body, max_model_len, reads_name)
         except BadRequest as exc:
             raise HTTPError(400, str(exc), "invalid_request_error", exc.param) from exc
-        if body.get("model") not in (None, model_name):
-            raise HTTPError(
-                404,
-                f"model {body['model']!r} is not served here; this server serves {model_name!r}",
-                "not_found_error",
-                "model",
-                code="model_not_found",
-            )
-        if engine.num_unfinished + len(parsed.requests) > limits.max_queued_requests:
-            raise HTTPError(
-                503,
-                f"{engine.num_unfinished} requests queued: try again later",
-                "server_error",
-                headers={"Retry-After": str(limits.retry_after_s)},
-            )
+        check_model(body)
+        admit(parsed)
         ids = responses.ResponseIds(parsed.is_chat, model_name, tokenizer)
         if parsed.stream:
             events, first = await start(parsed.request, request, deadline)
@@ -133,6 +139,33 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
             if isinstance(result, BaseException):
                 raise result
         return JSONResponse(responses.full_response(results, parsed, ids))
+
+    def check_model(body: dict) -> None:
+        if body.get("model") not in (None, model_name):
+            raise HTTPError(
+                404,
+                f"model {body['model']!r} is not served here; this server serves {model_name!r}",
+                "not_found_error",
+                "model",
+                code="model_not_found",
+            )
+
+    def admit(parsed: ParsedRequest) -> None:
+        """A 503 with Retry-After when the queue is full, or when the server drains (SIGTERM)."""
+        if engine.is_closing:
+            raise HTTPError(
+                503,
+                "the server is shutting down: send the request to another replica",
+                "server_error",
+                headers={"Retry-After": str(limits.retry_after_s)},
+            )
+        if engine.num_unfinished + len(parsed.requests) > limits.max_queued_requests:
+            raise HTTPError(
+                503,
+                f"{engine.num_unfinished} requests queued: try again later",
+                "server_error",
+                headers={"Retry-After": str(limits.retry_after_s)},
+            )
 
     async def start(one, request: Request, deadline: float):
         """Submit one request; (its events, its first event). A request refused at once or one that
@@ -166,6 +199,8 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
                 raise HTTPError(503, "the request was aborted (the server is shutting down)", "server_error")
         return outputs
 
+    add_worker_endpoints(app, engine, model_name, check_key, read_body)
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         return await complete(request, parse_chat)
@@ -173,6 +208,73 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await complete(request, parse_completion)
+
+    stored = responses_api.ResponseStore()
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request) -> Response:
+        deadline = time.monotonic() + limits.request_timeout_s
+        check_key(request)
+        body = await read_body(request)
+        try:
+            asked = responses_api.to_chat_body(body, stored)
+            parsed = parse_chat(asked.chat_body, max_model_len, reads_name)
+        except BadRequest as exc:
+            raise HTTPError(400, str(exc), "invalid_request_error", exc.param) from exc
+        check_model(body)
+        admit(parsed)
+
+        def finished(sample: RequestOutput, items: list, continuation: list, final: dict) -> None:
+            metrics.record(sample)
+            if asked.store and final:
+                stored.put(final["id"], responses_api.StoredResponse(asked.history + continuation, final))
+
+        if parsed.stream:
+            events, first = await start(parsed.request, request, deadline)
+
+            async def next_event():
+                return await _next_or_none(events, request, deadline)
+
+            async def stream():
+                try:
+                    async for chunk in response_events(
+                        first, next_event, parsed, asked, model_name, finished,
+                        lambda: time.monotonic() >= deadline,
+                    ):  # fmt: skip
+                        yield chunk
+                finally:
+                    await events.aclose()
+
+            return StreamingResponse(stream(), media_type="text/event-stream")
+        events, first = await start(parsed.request, request, deadline)
+        (sample,) = await _collect(events, first, request, deadline, limits.request_timeout_s)
+        if sample.finish_reason is FinishReason.ERROR:
+            metrics.record(sample)
+            raise _error_of(sample)
+        items, continuation = responses_api.output_items(
+            sample, parsed.tool_plan, responses_api.new_id("msg")
+        )
+        response_id = responses_api.new_id("resp")
+        final = responses_api.response_object(
+            response_id, asked, model_name, responses_api.now(), "completed", items, sample
+        )
+        finished(sample, items, continuation, final)
+        return JSONResponse(final)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str, request: Request) -> JSONResponse:
+        check_key(request)
+        found = stored.get(response_id)
+        if found is None:
+            raise HTTPError(404, f"no stored response {response_id!r}", "not_found_error", "response_id")
+        return JSONResponse(found.body)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str, request: Request) -> JSONResponse:
+        check_key(request)
+        if not stored.delete(response_id):
+            raise HTTPError(404, f"no stored response {response_id!r}", "not_found_error", "response_id")
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
     return app
 

@@ -1,6 +1,13 @@
 """Prometheus metrics of one server (its own registry), named like vLLM's where vLLM has the figure:
 ``specexec:spec_decode_num_drafts`` is vLLM's ``vllm:spec_decode_num_drafts``. Requests are counted
-when they finish, from their own metrics; the gauges are read from the executor at each scrape."""
+when they finish, from their own metrics; the gauges are read from the executor at each scrape.
+
+The figures routers read are also served under vLLM's own names, with its ``model_name`` label
+(`VLLM_TWINS`): the queue (``vllm:num_requests_waiting`` / ``_running``), the KV cache's usage as a
+fraction (``vllm:kv_cache_usage_perc``, and ``vllm:gpu_cache_usage_perc``, its older name, which
+some still read), the token and request counters and the spec-decode counters. The Gateway API
+inference extension's endpoint picker, llm-d and the vLLM production stack's router pick a replica by
+them."""
 
 from __future__ import annotations
 
@@ -20,13 +27,51 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 12
 _TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2)
 
 
+#: our series also served under vLLM's name (counters: the name before ``_total``)
+VLLM_TWINS = {
+    "request_success": "request_success",
+    "prompt_tokens": "prompt_tokens",
+    "generation_tokens": "generation_tokens",
+    "prefix_cache_queries": "prefix_cache_queries",
+    "prefix_cache_hits": "prefix_cache_hits",
+    "spec_decode_num_drafts": "spec_decode_num_drafts",
+    "spec_decode_num_draft_tokens": "spec_decode_num_draft_tokens",
+    "spec_decode_num_accepted_tokens": "spec_decode_num_accepted_tokens",
+    "spec_decode_num_accepted_tokens_per_pos": "spec_decode_num_accepted_tokens_per_pos",
+}
+
+
+class _Twins:
+    """One counter under our name and its twin under vLLM's, labelled with the model's name (a
+    counter with labels of its own: the parents, until `labels` picks the children)."""
+
+    def __init__(self, ours: Counter, theirs: Counter | None, model_name: str) -> None:
+        self.ours, self.theirs, self.model_name = ours, theirs, model_name
+
+    def labels(self, **labels: str) -> _Twins:
+        theirs = self.theirs.labels(model_name=self.model_name, **labels) if self.theirs is not None else None
+        return _Twins(self.ours.labels(**labels), theirs, self.model_name)
+
+    def inc(self, amount: float = 1) -> None:
+        self.ours.inc(amount)
+        if self.theirs is not None:
+            self.theirs.inc(amount)
+
+
 class ServerMetrics:
-    def __init__(self, executor) -> None:
+    def __init__(self, executor, model_name: str = "specexec") -> None:
         self.executor = executor
         self.registry = registry = CollectorRegistry()
 
-        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
-            return Counter(f"specexec:{name}", doc, labels, registry=registry)
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> _Twins:
+            ours = Counter(f"specexec:{name}", doc, labels, registry=registry)
+            twin = VLLM_TWINS.get(name)
+            theirs = (
+                Counter(f"vllm:{twin}", doc, ("model_name", *labels), registry=registry) if twin else None
+            )
+            if theirs is not None and not labels:
+                theirs = theirs.labels(model_name=model_name)
+            return _Twins(ours, theirs, model_name)
 
         self.requests = counter("request_success", "Finished requests by finish reason", ("finished_reason",))
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests")
@@ -72,6 +117,14 @@ class ServerMetrics:
         self.waiting = Gauge("specexec:num_requests_waiting", "Requests waiting to run", registry=registry)
         self.kv_used = Gauge("specexec:kv_cache_used_pages", "KV pages in use", registry=registry)
         self.kv_total = Gauge("specexec:kv_cache_total_pages", "KV pages in the pool", registry=registry)
+        vllm = {"labelnames": ("model_name",), "registry": registry}
+        self.vllm_gauges = {
+            "running": Gauge("vllm:num_requests_running", "Requests holding KV pages", **vllm),
+            "waiting": Gauge("vllm:num_requests_waiting", "Requests waiting to run", **vllm),
+            "usage": Gauge("vllm:kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent", **vllm),
+            "gpu_usage": Gauge("vllm:gpu_cache_usage_perc", "The same, under vLLM's older name", **vllm),
+        }
+        self.model_name = model_name
 
     def record(self, output: RequestOutput) -> None:
         """Count one finished request."""
@@ -103,6 +156,15 @@ class ServerMetrics:
         self.waiting.set(waiting)
         self.running.set(running)
         bm = self.executor.block_manager
+        used = bm.num_blocks - bm.num_free_blocks
         self.kv_total.set(bm.num_blocks)
-        self.kv_used.set(bm.num_blocks - bm.num_free_blocks)
+        self.kv_used.set(used)
+        usage = used / bm.num_blocks if bm.num_blocks else 0.0
+        for key, value in (
+            ("running", running),
+            ("waiting", waiting),
+            ("usage", usage),
+            ("gpu_usage", usage),
+        ):
+            self.vllm_gauges[key].labels(model_name=self.model_name).set(value)
         return generate_latest(self.registry)

@@ -1,14 +1,22 @@
 """Start the server: load the executor (warm-up on), build the app, run uvicorn until SIGTERM / Ctrl-C.
 
-On SIGTERM (or Ctrl-C) uvicorn stops accepting connections and waits up to ``graceful_shutdown_s`` for
-the requests in flight; the app's lifespan then closes the executor (running requests are aborted only
-if they outlast that), and the process exits with status 0."""
+While the model loads, the port already answers: every path with 503 ``{"status": "loading"}`` and a
+``Retry-After`` (a router or a readiness probe sees a replica that is not ready, not a refused
+connection); a port in use fails at once, not after the load.
+
+On SIGTERM (or Ctrl-C) the server drains: no new request is admitted (``/health`` and new completions
+answer 503, so a router sends them elsewhere), uvicorn stops accepting connections and waits up to
+``graceful_shutdown_s`` for the requests in flight; the app's lifespan then closes the executor
+(running requests are aborted only if they outlast that), and the process exits with status 0."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import signal
 import threading
+import time
 from pathlib import Path
 
 from ..executor.async_executor import AsyncExecutor
@@ -40,7 +48,8 @@ def serve(
     import uvicorn
 
     config.warmup = True
-    engine = AsyncExecutor(Executor(config=config), start_thread=False)
+    with answering_loading(host, port):
+        engine = AsyncExecutor(Executor(config=config), start_thread=False)
     name = model_name or served_model_name(config)
     app = build_app(engine, name, api_key=api_key, limits=limits)
     server = uvicorn.Server(
@@ -56,6 +65,7 @@ def serve(
             engine.stop_loop()  # also when it never started (the port is taken)
 
     def on_signal(signum, frame) -> None:
+        engine.drain()
         if server.should_exit:
             server.force_exit = True
         server.should_exit = True
@@ -72,3 +82,40 @@ def serve(
             signal.signal(sig, handler)
     if not server.started:
         raise ValueError(f"the server could not start on {host}:{port} (is the port in use?)")
+
+
+@contextlib.contextmanager
+def answering_loading(host: str, port: int):
+    """Answer 503 ``{"status": "loading"}`` on every path of ``host:port`` while the block runs."""
+    import uvicorn
+
+    server = uvicorn.Server(
+        uvicorn.Config(_loading_app, host=host, port=port, log_level="warning", lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, name="specexec-loading", daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.01)
+    if not server.started:
+        raise ValueError(f"the server could not start on {host}:{port} (is the port in use?)")
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        thread.join()
+
+
+async def _loading_app(scope, receive, send) -> None:
+    if scope["type"] != "http":
+        return
+    body = json.dumps(
+        {"status": "loading", "error": {"message": "the model is loading", "type": "server_error"}}
+    )
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [(b"content-type", b"application/json"), (b"retry-after", b"5")],
+        }
+    )
+    await send({"type": "http.response.body", "body": body.encode()})

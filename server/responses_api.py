@@ -1,0 +1,343 @@
+"""OpenAI's Responses API (``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``) over the chat
+path: a request is translated into a chat completion's body (`to_chat_body`), run as one, and its
+sample answered as a response object (`response_object`) or as the Responses stream's events
+(`ResponseStream`).
+
+What maps onto what:
+
+- ``input`` (text, or a list of items: messages with ``input_text`` / ``output_text`` parts, ``function_call``
+  and ``function_call_output`` items) and ``instructions`` (a system message first) -> ``messages``;
+- ``tools`` (flat ``{"type": "function", "name", "description", "parameters"}``) and ``tool_choice``
+  -> the chat ones; a call comes back as a ``function_call`` output item;
+- ``text.format`` (``json_schema`` / ``json_object``) -> ``response_format`` (guided decoding);
+- ``max_output_tokens``, ``temperature``, ``top_p``, ``parallel_tool_calls``, ``metadata``, ``user`` as is;
+- ``previous_response_id``: the stored conversation of an earlier response (its input, instructions
+  excepted as OpenAI's are, and its output) goes before this input. Responses are stored unless
+  ``store: false``, in memory, for the server's lifetime, the oldest dropped past a bound.
+
+Not supported, refused with a 400 naming the field: built-in tools (web search, file search, ...),
+``background``, ``conversation``, ``prompt`` templates, reasoning settings and images or files in the input.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..executor.engine.request import FinishReason, RequestOutput
+from .bad_request import BadRequest
+from .tools import read_calls
+
+#: responses kept for ``previous_response_id`` at most (the oldest are dropped first)
+MAX_STORED_RESPONSES = 1000
+#: Responses fields answered as the chat field of the same meaning
+_PASSED = ("temperature", "top_p", "parallel_tool_calls", "metadata", "user", "stream")
+#: fields accepted at these values only (null always)
+_DEFAULT_ONLY = {
+    "background": (False,),
+    "truncation": ("disabled",),
+    "include": ([],),
+    "service_tier": ("auto", "default"),
+    "reasoning": ({},),
+    "prompt_cache_key": None,  #: (a routing hint: any value)
+    "safety_identifier": None,
+    "top_logprobs": (0,),
+}
+_KNOWN = {
+    "model",
+    "input",
+    "instructions",
+    "tools",
+    "tool_choice",
+    "text",
+    "max_output_tokens",
+    "previous_response_id",
+    "store",
+    "stream_options",
+    *_PASSED,
+    *_DEFAULT_ONLY,
+}
+
+
+@dataclass(slots=True)
+class StoredResponse:
+    """What a later ``previous_response_id`` continues: the conversation up to and with this output."""
+
+    messages: list[dict]  #: chat messages, instructions excluded
+    body: dict  #: the response object, as answered
+
+
+@dataclass
+class ResponseStore:
+    """Stored responses, newest last, at most ``limit``."""
+
+    limit: int = MAX_STORED_RESPONSES
+    _items: OrderedDict = field(default_factory=OrderedDict)
+
+    def put(self, response_id: str, stored: StoredResponse) -> None:
+        self._items[response_id] = stored
+        while len(self._items) > self.limit:
+            self._items.popitem(last=False)
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        return self._items.get(response_id)
+
+    def delete(self, response_id: str) -> bool:
+        return self._items.pop(response_id, None) is not None
+
+
+@dataclass(slots=True)
+class ResponsesRequest:
+    """One Responses request, translated."""
+
+    chat_body: dict  #: the chat completion body that runs it
+    history: list[dict]  #: the chat messages before the model's answer (instructions excluded)
+    body: dict  #: the request as sent
+    store: bool
+
+
+def to_chat_body(body: Any, store: ResponseStore) -> ResponsesRequest:
+    """A Responses body -> the chat body that runs it (BadRequest naming the field when it cannot)."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    unknown = sorted(set(body) - _KNOWN)
+    if unknown:
+        raise BadRequest(f"not supported by this server's Responses API: {', '.join(unknown)}", unknown[0])
+    for name, allowed in _DEFAULT_ONLY.items():
+        value = body.get(name)
+        if value is not None and allowed is not None and value not in allowed:
+            raise BadRequest(f"{name} is not supported by this server's Responses API", name)
+    history: list[dict] = []
+    previous = body.get("previous_response_id")
+    if previous is not None:
+        stored = store.get(previous) if isinstance(previous, str) else None
+        if stored is None:
+            raise BadRequest(f"previous_response_id {previous!r} is not stored here", "previous_response_id")
+        history = list(stored.messages)
+    history += _input_messages(body.get("input"))
+    messages = list(history)
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise BadRequest("instructions must be text", "instructions")
+        messages.insert(0, {"role": "system", "content": instructions})
+    chat: dict = {"messages": messages}
+    chat.update({k: body[k] for k in _PASSED if body.get(k) is not None})
+    if body.get("max_output_tokens") is not None:
+        chat["max_completion_tokens"] = body["max_output_tokens"]
+    if body.get("tools"):
+        chat["tools"] = [_chat_tool(t, i) for i, t in enumerate(_list(body["tools"], "tools"))]
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"] = _chat_tool_choice(body["tool_choice"])
+    if body.get("text") is not None:
+        format_ = _response_format(body["text"])
+        if format_ is not None:
+            chat["response_format"] = format_
+    keep = body.get("store", True)
+    if not isinstance(keep, bool):
+        raise BadRequest("store must be true or false", "store")
+    return ResponsesRequest(chat, history, body, keep)
+
+
+def _list(value: Any, name: str) -> list:
+    if not isinstance(value, list):
+        raise BadRequest(f"{name} must be a list", name)
+    return value
+
+
+def _input_messages(value: Any) -> list[dict]:
+    """``input`` -> chat messages: text is one user message; items are messages or tool items."""
+    if isinstance(value, str):
+        if not value:
+            raise BadRequest("input must be non-empty text or a list of items", "input")
+        return [{"role": "user", "content": value}]
+    items = _list(value, "input")
+    if not items:
+        raise BadRequest("input must be non-empty text or a list of items", "input")
+    messages: list[dict] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise BadRequest(f"input[{i}] must be an object", "input")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise BadRequest(f"input[{i}].role must be user, system, developer or assistant", "input")
+            messages.append({"role": role, "content": _text_of(item.get("content"), i)})
+        elif kind == "function_call":
+            call = {
+                "id": str(item.get("call_id") or item.get("id") or f"call_{i}"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")},
+            }
+            if not isinstance(call["function"]["name"], str):
+                raise BadRequest(f"input[{i}]: a function_call needs its name", "input")
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)  # (parallel calls: one assistant turn)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            if not isinstance(output, str):
+                output = json.dumps(output)
+            messages.append({"role": "tool", "tool_call_id": str(item.get("call_id")), "content": output})
+        else:
+            raise BadRequest(f"input[{i}]: items of type {kind!r} are not supported by this server", "input")
+    return messages
+
+
+def _text_of(content: Any, i: int) -> str:
+    """A message's content: text, or its text parts (``input_text`` / ``output_text`` / ``text``) joined."""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in _list(content, "input"):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text", "text") or not isinstance(part.get("text"), str):
+            raise BadRequest(f"input[{i}]: only text content is supported (got {kind!r})", "input")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def _chat_tool(tool: Any, i: int) -> dict:
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        raise BadRequest(f"tools[{i}]: only function tools are supported (got {kind!r})", "tools")
+    function = {
+        k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None
+    }
+    return {"type": "function", "function": function}
+
+
+def _chat_tool_choice(choice: Any) -> Any:
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
+def _response_format(text: Any) -> dict | None:
+    if not isinstance(text, dict):
+        raise BadRequest("text must be an object with a format", "text")
+    format_ = text.get("format")
+    if format_ is None or (isinstance(format_, dict) and format_.get("type") == "text"):
+        return None
+    if not isinstance(format_, dict):
+        raise BadRequest("text.format must be an object", "text")
+    if format_.get("type") == "json_object":
+        return {"type": "json_object"}
+    if format_.get("type") == "json_schema":
+        schema = {k: format_[k] for k in ("name", "schema", "strict") if format_.get(k) is not None}
+        return {"type": "json_schema", "json_schema": schema}
+    raise BadRequest("text.format.type must be text, json_object or json_schema", "text")
+
+
+# ---- answering ------------------------------------------------------------------------------------------
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def output_items(sample: RequestOutput, plan, message_id: str) -> tuple[list[dict], list[dict]]:
+    """The response's output items for a chat sample (a message, and a function call per call it
+    made), and the chat message that continues the conversation from it."""
+    text, calls = (sample.text, []) if plan is None or not plan.reads_calls else read_calls(plan, sample.text)
+    items: list[dict] = []
+    if text or not calls:
+        items.append(message_item(message_id, text or "", "completed"))
+    chat_calls = []
+    for call in calls:
+        call_id = new_id("call")
+        arguments = json.dumps(call["arguments"], ensure_ascii=False)
+        items.append(function_call_item(new_id("fc"), call_id, call["name"], arguments, "completed"))
+        function = {"name": call["name"], "arguments": arguments}
+        chat_calls.append({"id": call_id, "type": "function", "function": function})
+    message: dict = {"role": "assistant", "content": text or ""}
+    if chat_calls:
+        message["tool_calls"] = chat_calls
+    return items, [message]
+
+
+def message_item(item_id: str, text: str, status: str) -> dict:
+    content = (
+        []
+        if status == "in_progress"
+        else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+    )
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict:
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+def response_object(
+    response_id: str,
+    request: ResponsesRequest,
+    model: str,
+    created: int,
+    status: str,
+    output: list[dict],
+    sample: RequestOutput | None,
+) -> dict:
+    """The response object (``status`` in_progress while a stream runs; then completed or incomplete)."""
+    body = request.body
+    incomplete = None
+    if sample is not None and sample.finish_reason is FinishReason.LENGTH:
+        status, incomplete = "incomplete", {"reason": "max_output_tokens"}
+    usage = None
+    if sample is not None:
+        m = sample.metrics
+        usage = {
+            "input_tokens": m.num_prompt_tokens,
+            "input_tokens_details": {"cached_tokens": m.num_cached_tokens},
+            "output_tokens": m.num_output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": m.num_prompt_tokens + m.num_output_tokens,
+        }
+    text_format = (body.get("text") or {}).get("format") or {"type": "text"}
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "error": None,
+        "incomplete_details": incomplete,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "previous_response_id": body.get("previous_response_id"),
+        "reasoning": None,
+        "store": request.store,
+        "temperature": body.get("temperature", 1.0),
+        "text": {"format": text_format},
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools") or [],
+        "top_p": body.get("top_p", 1.0),
+        "truncation": "disabled",
+        "usage": usage,
+        "user": body.get("user"),
+        "metadata": body.get("metadata") or {},
+    }
+
+
+def event(kind: str, sequence_number: int, **fields: Any) -> bytes:
+    """One event of a Responses stream, in its SSE framing (``event:`` then ``data:``)."""
+    payload = {"type": kind, "sequence_number": sequence_number, **fields}
+    return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,182 @@
+"""The Responses API (`server/responses_api.py`) through the `openai` client's ``responses`` methods:
+text and message input with instructions give the chat path's greedy answer (drafts on and off),
+``previous_response_id`` continues a stored conversation, ``text.format`` JSON schemas are followed,
+tools come back as ``function_call`` items and their outputs go back in, the stream's events add up to
+the response, and what is not supported is a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+from test_guided_decoding import PERSON
+from test_server import (
+    MESSAGES,
+    NGRAM,
+    WEATHER,
+    client,
+    long_context_executor,
+    served,
+    served_engine,
+    wait_until_idle,
+)
+from test_speculative_identity import assert_all_pages_free
+
+GREEDY = {"model": "tiny", "temperature": 0, "max_output_tokens": 16}
+TOOL = {"type": "function", **WEATHER["function"]}  # the Responses API's flat shape
+
+
+def chat_text(api, messages, max_tokens=16) -> str:
+    answer = api.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=max_tokens, temperature=0
+    )
+    return answer.choices[0].message.content
+
+
+@pytest.mark.parametrize("spec", [None, NGRAM], ids=["no-drafts", "ngram"])
+def test_text_and_message_input_give_the_chat_answer(spec):
+    with served(spec) as (base, engine, stack):
+        api = stack.enter_context(client(base))
+        want = chat_text(api, [{"role": "system", "content": "Be brief."}, *MESSAGES])
+        by_text = api.responses.create(input=MESSAGES[0]["content"], instructions="Be brief.", **GREEDY)
+        parts = [{"type": "input_text", "text": MESSAGES[0]["content"]}]
+        by_items = api.responses.create(
+            input=[{"role": "user", "content": parts}], instructions="Be brief.", **GREEDY
+        )
+        assert by_text.output_text == by_items.output_text == want
+        assert by_text.status in ("completed", "incomplete") and by_text.output[0].type == "message"
+        assert 0 < by_text.usage.output_tokens <= 16
+        assert by_text.usage.total_tokens == by_text.usage.input_tokens + by_text.usage.output_tokens
+        wait_until_idle(engine)
+        assert_all_pages_free(engine.executor)
+
+
+def test_previous_response_id_continues_the_stored_conversation():
+    with served() as (base, engine, stack):
+        api = stack.enter_context(client(base))
+        first = api.responses.create(input="Name a colour.", **GREEDY)
+        second = api.responses.create(input="And another?", previous_response_id=first.id, **GREEDY)
+        history = [
+            {"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "And another?"},
+        ]
+        assert second.output_text == chat_text(api, history)
+        assert second.previous_response_id == first.id
+        assert api.responses.retrieve(second.id).output_text == second.output_text
+        api.responses.delete(first.id)
+        with pytest.raises(openai.NotFoundError):
+            api.responses.retrieve(first.id)
+        with pytest.raises(openai.BadRequestError) as err:
+            api.responses.create(input="Again?", previous_response_id=first.id, **GREEDY)
+        assert err.value.body["param"] == "previous_response_id"
+        unstored = api.responses.create(input="Name a colour.", store=False, **GREEDY)
+        with pytest.raises(openai.NotFoundError):
+            api.responses.retrieve(unstored.id)
+
+
+def test_a_json_schema_format_is_followed():
+    with served() as (base, engine, stack):
+        api = stack.enter_context(client(base))
+        text = {"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}}
+        for seed in range(3):
+            answer = api.responses.create(
+                model="tiny", input=f"Describe pet {seed} as JSON.", text=text, temperature=1.0, max_output_tokens=60
+            )  # fmt: skip
+            assert answer.status == "completed", answer.incomplete_details
+            jsonschema.validate(json.loads(answer.output_text), PERSON)
+        assert answer.text.format.type == "json_schema"
+
+
+def test_a_required_tool_comes_back_as_a_function_call_and_its_output_goes_back_in():
+    with served_engine(long_context_executor(None)) as (base, engine, stack):
+        api = stack.enter_context(client(base))
+        called = api.responses.create(
+            model="tiny", input="Weather in Paris?", tools=[TOOL], tool_choice="required", temperature=0,
+            max_output_tokens=600,
+        )  # fmt: skip
+        calls = [item for item in called.output if item.type == "function_call"]
+        assert calls and calls[0].name == "get_weather" and calls[0].call_id
+        jsonschema.validate(json.loads(calls[0].arguments), TOOL["parameters"])
+        outputs = [
+            {"type": "function_call_output", "call_id": c.call_id, "output": '{"sky": "clear"}'}
+            for c in calls
+        ]
+        greedy = {k: v for k, v in GREEDY.items() if k != "model"}
+        follow = api.responses.create(
+            model="tiny", previous_response_id=called.id, input=outputs, tools=[TOOL], **greedy
+        )
+        assert follow.output[0].type == "message"
+        # the same conversation sent whole, as items, gives the same answer
+        asked = [{"role": "user", "content": "Weather in Paris?"}]
+        made = [
+            {"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments}
+            for c in calls
+        ]
+        whole = api.responses.create(model="tiny", input=asked + made + outputs, tools=[TOOL], **greedy)
+        assert whole.output_text == follow.output_text
+        wait_until_idle(engine)
+        assert_all_pages_free(engine.executor)
+
+
+@pytest.mark.parametrize("with_tools", [False, True], ids=["text", "tools"])
+def test_the_stream_adds_up_to_the_response(with_tools):
+    with served_engine(long_context_executor(NGRAM)) as (base, engine, stack):
+        api = stack.enter_context(client(base))
+        args = dict(input="Weather in Paris?", **GREEDY)
+        if with_tools:
+            args.update(tools=[TOOL], tool_choice="required", max_output_tokens=600)
+        whole = api.responses.create(**args)
+        events = list(api.responses.create(stream=True, **args))
+        kinds = [e.type for e in events]
+        assert kinds[:2] == ["response.created", "response.in_progress"]
+        assert kinds[-1] in ("response.completed", "response.incomplete")
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        final = events[-1].response
+        assert [i.type for i in final.output] == [i.type for i in whole.output]
+        if with_tools:
+            assert final.status == "completed"  # (the calls' JSON ends by itself: the helper runs below)
+            done = [e for e in events if e.type == "response.function_call_arguments.done"]
+            assert [d.arguments for d in done] == [
+                i.arguments for i in whole.output if i.type == "function_call"
+            ]
+        else:
+            deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+            assert deltas == final.output_text == whole.output_text
+            assert sum(k == "response.output_text.delta" for k in kinds) > 1, "the text came in one piece"
+        if final.status == "completed":  # (the client's helper takes only response.completed as an end)
+            with api.responses.stream(**args) as stream:  # its own accumulation agrees
+                assert stream.get_final_response().output_text == whole.output_text
+        wait_until_idle(engine)
+        assert_all_pages_free(engine.executor)
+
+
+def test_a_response_cut_by_max_output_tokens_is_incomplete():
+    with served() as (base, engine, stack):
+        api = stack.enter_context(client(base))
+        answer = api.responses.create(
+            model="tiny", input="Count to a hundred.", temperature=0, max_output_tokens=3
+        )
+        assert answer.usage.output_tokens == 3  # (the tiny model never stops this early)
+        assert answer.status == "incomplete" and answer.incomplete_details.reason == "max_output_tokens"
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools"),
+        ({"input": "hi", "background": True}, "background"),
+        ({"input": "hi", "conversation": "c1"}, "conversation"),
+        ({"input": [{"type": "input_image", "image_url": "x"}]}, "input"),
+        ({"input": ""}, "input"),
+        ({"input": "hi", "text": {"format": {"type": "yaml"}}}, "text"),
+    ],
+)
+def test_what_is_not_supported_is_a_400_naming_the_field(body, param):
+    with served() as (base, engine, stack):
+        api = stack.enter_context(client(base))
+        with pytest.raises(openai.BadRequestError) as err:
+            api.responses.create(model="tiny", **body)
+        assert err.value.body["param"] == param
