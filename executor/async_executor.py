@@ -36,13 +36,19 @@ class ExecutorClosedError(RuntimeError):
 
 
 class _QueueEvents:
-    """A caller's event sink that hands each event to an asyncio queue on its event loop."""
+    """A caller's event sink that hands each event to an asyncio queue on its event loop. When that loop
+    has closed (its server stopped at once, with the request in flight) nobody reads the events: the
+    request is aborted through ``on_gone(request_id)`` instead, and the executor's loop goes on."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
-        self._loop, self._queue = loop, queue
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, on_gone) -> None:
+        self._loop, self._queue, self._on_gone = loop, queue, on_gone
 
     def put(self, event: TokenEvent) -> None:
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        except RuntimeError:  # the loop is closed
+            if not event.finished:
+                self._on_gone(event.request_id)
 
     def empty(self) -> bool:  # (CallerLoop.drive reads it; async callers are never driven)
         return True
@@ -83,7 +89,7 @@ class AsyncExecutor:
             raise ExecutorClosedError(self._fault or "the executor is closing: no new requests")
         queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
         caller = Caller()
-        caller.events = _QueueEvents(asyncio.get_running_loop(), queue)  # type: ignore[assignment]
+        caller.events = _QueueEvents(asyncio.get_running_loop(), queue, self.abort)  # type: ignore[assignment]
         samples = self.executor._submit_samples(request, sampling_params, caller, streaming=True)
         self._notify()
         unfinished = {s.request_id for s in samples}

@@ -320,7 +320,11 @@ async def _collect(
     while event is not _END:
         if event.finished and event.output is not None:
             outputs[event.sample_index] = event.output
-        event = await _next_or_none(events, request, deadline)
+        try:
+            event = await _next_or_none(events, request, deadline)
+        except asyncio.CancelledError:  # (the server stops at once): the request is aborted, now
+            await events.aclose()
+            raise
         if event is None:
             await events.aclose()  # aborts what is unfinished
             if await request.is_disconnected():

@@ -99,3 +99,24 @@ def test_a_bad_request_fails_alone_and_close_drains_then_refuses():
     engine, bad, good = asyncio.run(main())
     assert bad[-1].output.finish_reason is FinishReason.ERROR and "empty" in bad[-1].output.error
     assert good[-1].output.finish_reason is FinishReason.LENGTH and len(good[-1].output.token_ids) == 8
+
+
+def test_a_request_whose_event_loop_closed_is_aborted_and_the_loop_thread_goes_on():
+    """A server stopped at once closes its event loop with requests in flight: their events have
+    nowhere to go. They are aborted (pages freed) and later requests, from a new loop, still run."""
+    engine = make_engine()
+    loop = asyncio.new_event_loop()
+    events = engine.generate(Request(BATCHES["batch1"][0], SamplingParams(max_tokens=200, ignore_eos=True)))
+    first = loop.run_until_complete(anext(events))
+    assert not first.finished
+    loop.close()  # (no shutdown_asyncgens: nothing closes the stream, as in a forced exit)
+    for _ in range(500):
+        if engine.num_unfinished == 0:
+            break
+        asyncio.run(asyncio.sleep(0.01))
+    assert engine.num_unfinished == 0 and not engine.is_closing
+    assert_all_pages_free(engine.executor)
+    later = asyncio.run(collect(engine, BATCHES["batch1"][0], max_tokens=8))
+    assert later[-1].output.finish_reason is FinishReason.LENGTH
+    asyncio.run(events.aclose())  # (the abandoned stream, closed for the test's own tidiness)
+    asyncio.run(engine.close())
