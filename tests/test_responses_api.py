@@ -6,11 +6,14 @@ the response, and what is not supported is a 400 naming the field."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from typing import Annotated
 
 import jsonschema
 import openai
 import pytest
+from pydantic import Field
 from test_guided_decoding import PERSON
 from test_server import (
     MESSAGES,
@@ -180,3 +183,46 @@ def test_what_is_not_supported_is_a_400_naming_the_field(body, param):
         with pytest.raises(openai.BadRequestError) as err:
             api.responses.create(model="tiny", **body)
         assert err.value.body["param"] == param
+
+
+def agent_run(spec) -> tuple[list[str], str]:
+    """The openai-agents SDK's tool-using agent against the server (its Responses model, the SDK's
+    default): the calls its tool got and the run's final output (the tool's answer: the agent stops
+    at its first tool call, since the tiny model's free text never ends)."""
+    agents = pytest.importorskip("agents", reason="openai-agents is a dev extra")
+    calls: list[str] = []
+
+    @agents.function_tool  # (bounded arguments: a random model's guided JSON ends within the budget)
+    def get_weather(
+        city: Annotated[str, Field(max_length=12)], days: Annotated[int, Field(ge=1, le=7)]
+    ) -> str:
+        """The weather in a city."""
+        calls.append(f"{city}/{days}")
+        return f"clear in {city!r} for {days} days"
+
+    async def main(base: str):
+        async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0) as api:
+            agent = agents.Agent(
+                name="weather",
+                instructions="Answer with the weather tool.",
+                tools=[get_weather],
+                model=agents.OpenAIResponsesModel("tiny", api),
+                model_settings=agents.ModelSettings(
+                    temperature=0, tool_choice="required", parallel_tool_calls=False, max_tokens=600
+                ),
+                tool_use_behavior="stop_on_first_tool",
+            )
+            return await agents.Runner.run(agent, "Weather in Paris for 2 days?", max_turns=3)
+
+    agents.set_tracing_disabled(True)
+    with served_engine(long_context_executor(spec)) as (base, engine, stack):
+        result = asyncio.run(main(base))
+        wait_until_idle(engine)
+        assert_all_pages_free(engine.executor)
+    return calls, result.final_output
+
+
+def test_an_openai_agents_sdk_agent_calls_its_tool_the_same_with_drafts_and_without():
+    calls, answer = agent_run(None)
+    assert calls and answer == f"clear in {calls[0].split('/')[0]!r} for {calls[0].split('/')[1]} days"
+    assert agent_run(NGRAM) == (calls, answer)
