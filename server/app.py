@@ -26,6 +26,7 @@ from . import responses, responses_api
 from .metrics import ServerMetrics
 from .protocol import BadRequest, ParsedRequest, parse_chat, parse_completion, template_reads_name
 from .responses_stream import response_events
+from .tool_stream import ToolCallStream
 from .worker_endpoints import add_worker_endpoints
 
 
@@ -348,9 +349,12 @@ async def _stream(
     event = first
     finished: list[RequestOutput] = []
     num_prompt = num_output = 0  # for stream_options.continuous_usage_stats
+    tool_streams: dict[int, ToolCallStream] = {}  # per sample, with tools
     try:
         if parsed.is_chat:
             yield responses.sse(responses.first_chunk(parsed, ids))
+        elif parsed.echo:  # the prompt first, as the full response has it before the completion
+            yield responses.sse(responses.echo_chunk(parsed, ids))
         while event is not _END:
             if event is None:
                 if time.monotonic() >= deadline:
@@ -367,9 +371,16 @@ async def _stream(
                     yield responses.sse(responses.error_body(output.error or "error", _kind_of(output)[0]))
                     return
                 finished.append(output)
-            if parsed.tool_plan is not None and parsed.tool_plan.reads_calls:  # whole, at its end
+            if parsed.tool_plan is not None and parsed.tool_plan.reads_calls:  # calls as generated
+                calls = tool_streams.setdefault(event.sample_index, ToolCallStream(parsed.tool_plan))
+                deltas = calls.feed(event.text) + (calls.finish() if output is not None else [])
+                for delta in deltas:
+                    yield responses.sse(responses.delta_chunk(event.sample_index, delta, ids))
                 if output is not None:
-                    yield responses.sse(responses.tool_chunk(event, parsed, ids))
+                    finish = str(output.finish_reason)
+                    if calls.made_calls and output.finish_reason is FinishReason.STOP:
+                        finish = "tool_calls"
+                    yield responses.sse(responses.delta_chunk(event.sample_index, {}, ids, finish))
                 event = await _next_or_none(events, request, deadline)
                 continue
             so_far = None

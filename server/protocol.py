@@ -180,8 +180,8 @@ def parse_completion(body: Any, max_model_len: int, template_reads_name: bool = 
     parsed.prompt_texts = [one if isinstance(one, str) else None for one in prompts]
     if len(prompts) > 1 and parsed.stream:
         raise BadRequest("stream: true takes one prompt", "prompt")
-    if echo and parsed.stream:
-        raise BadRequest("echo is not streamed by this server: send stream: false", "echo")
+    if echo and parsed.stream and top is not None:  # (the prompt's log-probabilities come at the end)
+        raise BadRequest("echo with logprobs is not streamed by this server: send stream: false", "echo")
     return parsed
 
 

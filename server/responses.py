@@ -111,11 +111,12 @@ def _message(sample: RequestOutput, parsed: ParsedRequest, with_index: bool = Fa
     return message, finish
 
 
-def tool_chunk(event: TokenEvent, parsed: ParsedRequest, ids: ResponseIds) -> dict:
-    """A streamed chat sample with tools, whole, when it finishes: its content and calls in one delta."""
-    message, finish = _message(event.output, parsed, with_index=True)
-    delta = {k: v for k, v in message.items() if k != "role" and v is not None}
-    choice = {"index": event.sample_index, "delta": delta, "logprobs": None, "finish_reason": finish}
+def delta_chunk(sample_index: int, delta: dict, ids: ResponseIds, finish: str | None = None) -> dict:
+    """A streamed chat sample's chunk with tools (`tool_stream.py`): content, or one piece of one tool
+    call (``{"tool_calls": [...]}``), or the finish reason after the last."""
+    if "content" not in delta and delta:
+        delta = {"tool_calls": [delta]}
+    choice = {"index": sample_index, "delta": delta, "logprobs": None, "finish_reason": finish}
     return {**ids.head(chunk=True), "choices": [choice]}
 
 
@@ -169,6 +170,14 @@ def chunk(
     if parsed.obfuscation:  # OpenAI's: random padding so a chunk's size does not give its text away
         body["obfuscation"] = secrets.token_urlsafe(secrets.randbelow(12) + 4)
     return body
+
+
+def echo_chunk(parsed: ParsedRequest, ids: ResponseIds) -> dict:
+    """A streamed completion with ``echo``: its prompt's text (as sent, or its ids decoded), first."""
+    given = parsed.prompt_texts[0] if parsed.prompt_texts else None
+    text = given if given is not None else ids.decode(list(parsed.request.prompt))
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
+    return {**ids.head(chunk=True), "choices": [choice]}
 
 
 def usage_chunk(samples: list[RequestOutput], ids: ResponseIds) -> dict:

@@ -14,7 +14,7 @@ no place for them (`executor/engine/tool_prompt.py`). Then, by ``tool_choice``:
   executor checks the whole output against that schema as it checks any guided output. Drafts stay on.
 
 A response with calls has ``message.tool_calls`` (``function.arguments`` a JSON string) and
-``finish_reason: "tool_calls"``. Streamed, the calls come in one delta when the request finishes.
+``finish_reason: "tool_calls"``. Streamed, the calls come as they are generated (`tool_stream.py`).
 """
 
 from __future__ import annotations

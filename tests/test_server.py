@@ -542,10 +542,19 @@ def test_echo_with_logprobs_scores_the_prompt_as_an_hf_forward(max_tokens):
         )
         entries = text.choices[0].model_extra["prompt_logprobs"]
         assert entries[0] is None and all(1 <= len(e) <= 3 for e in entries[1:])
+        # echo streamed: the prompt's text first, then the completion, as the full response has it
+        args = dict(model="tiny", max_tokens=6, temperature=0)
+        for prompt in ("The cat sat", prompts[0]):
+            whole = api.completions.create(prompt=prompt, echo=True, **args).choices[0].text
+            chunks = list(api.completions.create(prompt=prompt, echo=True, stream=True, **args))
+            assert "".join(c.choices[0].text for c in chunks if c.choices) == whole
+            assert chunks[0].choices[0].text == (
+                prompt if isinstance(prompt, str) else tokenizer.decode(prompt)
+            )
         with httpx.Client() as http:
             for body, param in [
                 ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
-                ({"prompt": "x", "echo": True, "stream": True}, "echo"),
+                ({"prompt": "x", "echo": True, "logprobs": 1, "stream": True}, "echo"),
                 ({"prompt": ["a", "b"], "stream": True}, "prompt"),
                 ({"prompt": "x", "echo": "yes"}, "echo"),
             ]:
@@ -591,6 +600,19 @@ def long_context_executor(spec):
     return make_executor(spec, dtype="float32", num_kv_blocks=512, model_overrides=overrides)
 
 
+def joined_calls(chunks) -> list[tuple[str, str]]:
+    """A streamed answer's calls, as a client joins OpenAI's deltas: per index, the name of the first
+    delta and every delta's arguments piece in order."""
+    calls: dict[int, list[str]] = {}
+    for chunk in chunks:
+        for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            name, pieces = calls.setdefault(tc.index, [tc.function.name, ""])
+            if tc.function.name is not None:
+                assert tc.id is not None and tc.type == "function" and pieces == ""
+            calls[tc.index][1] += tc.function.arguments or ""
+    return [(name, arguments) for name, arguments in (calls[i] for i in sorted(calls))]
+
+
 def calls_of(choice) -> list[tuple[str, dict]]:
     return [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or []]
 
@@ -626,10 +648,9 @@ def tool_call_answers(spec) -> dict:
                 assert {f for f, _ in calls} == {"get_time"}
             answers[name] = calls
         chunks = list(api.chat.completions.create(tool_choice="required", stream=True, **args))
-        streamed = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
-        assert [(tc.function.name, json.loads(tc.function.arguments)) for tc in streamed] == answers[
-            "required"
-        ]
+        assert [(f, json.loads(a)) for f, a in joined_calls(chunks)] == answers["required"]
+        pieces = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+        assert len(pieces) > 2 * len(answers["required"]), "the arguments did not stream as generated"
         assert chunks[-1].choices[0].finish_reason == "tool_calls"
         # a second turn: the assistant's calls and the tools' results in the history
         first = api.chat.completions.create(tool_choice="required", **args).choices[0].message
