@@ -128,6 +128,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--api-key", help="with --server: sent as 'Authorization: Bearer KEY'")
     parser.add_argument(
+        "--server-prompts",
+        choices=("ids", "text"),
+        default="ids",
+        help="with --server: send each rendered prompt as its token ids (default: every engine gets the "
+        "same ids) or as their text, decoded, for a server or router that takes text only (sglang-router)",
+    )
+    parser.add_argument(
         "--hf-prompt-lookup-tokens",
         default="3,10",
         help="comma-separated HF prompt lookup draft lengths, one hf-prompt-lookup-N row each",

@@ -272,7 +272,7 @@ class BenchRunner:
 
     def _run_server(self, bar) -> None:
         """A running server driven over HTTP with the same token ids, at every concurrency."""
-        from .engines.server import check_server, run_server
+        from .engines.server import ServerTarget, check_server, run_server
 
         url, key = self.args.server, self.args.api_key
         served = check_server(url)
@@ -281,12 +281,18 @@ class BenchRunner:
 
             self._remember_tokenizer(load_model(self.args.model, progress=False))
         work = self._workload()
+        texts = None
+        if self.args.server_prompts == "text":
+            texts = [self._tokenizer.decode(ids) for ids in work.token_ids]
+        target = ServerTarget(url, served, key, texts)
         # how the server names each stop token in log-probabilities: its decoding alone
         stop_texts = frozenset(self._tokenizer.decode([t]) for t in work.stop_token_ids)
-        self._warm_up(lambda w: run_server(url, w, 1, api_key=key))
+        self._warm_up(
+            lambda w: run_server(ServerTarget(url, served, key, texts and texts[: len(w.prompts)]), w, 1)
+        )
         for c in self.concurrencies:
             bar.set_postfix_str(f"server c={c}{self._pass_label()}")
-            records, wall, counters = run_server(url, work, c, bar.update, key, stop_texts)
+            records, wall, counters = run_server(target, work, c, bar.update, stop_texts=stop_texts)
             drafted, accepted = counters.get("num_draft_tokens", 0), counters.get("num_accepted_tokens", 0)
             extra = {
                 "engine": f"server {url} ({served})",

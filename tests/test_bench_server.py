@@ -71,3 +71,25 @@ def test_a_server_gets_the_one_stop_set_and_with_ignore_eos_samples_none_of_it(t
     assert ignoring["server"]["num_stop_tokens"] == 0 and ignoring["none"]["num_stop_tokens"] == 0
     assert [r["num_output_tokens"] for r in ignoring["server"]["requests"]] == [MAX_TOKENS] * 3
     assert ignoring["server"]["stop_tokens_forbidden_by"].startswith("min_tokens = max_tokens")
+
+
+def test_prompts_sent_as_text_with_the_model_named_give_the_same_greedy_texts(
+    tiny_dir, tmp_path, monkeypatch
+):
+    """``--server-prompts text`` (for routers that take text only): each rendered prompt's ids decoded;
+    the server tokenizes them back to the same ids, so the greedy texts are the in-process ones. Every
+    request names the served model (a router in front fills in another name where none is sent)."""
+    import specexec.server.app as app_module
+
+    seen = []
+    parse = app_module.parse_completion
+    monkeypatch.setattr(
+        app_module, "parse_completion", lambda body, *a, **k: seen.append(body) or parse(body, *a, **k)
+    )
+    config = ExecutorConfig(model=tiny_dir, dtype="float32", progress=False)
+    with served_engine(Executor(config=config)) as (base, engine, _):
+        argv = bench_argv(tiny_dir, tmp_path, "--dtype", "float32")
+        assert main([*argv, "--server", base, "--server-prompts", "text", "--baseline", "none"]) == 0
+    rows = {r["name"]: r for r in json.loads((tmp_path / "r.json").read_text())["results"]}
+    assert [r["text"] for r in rows["server"]["requests"]] == [r["text"] for r in rows["none"]["requests"]]
+    assert seen and all(isinstance(b["prompt"], str) and b["model"] == "tiny" for b in seen)

@@ -1,7 +1,9 @@
 """``specexec bench --server URL``: drive a running OpenAI-compatible server with the same workload.
 
 Like with like: each request sends the same token ids the in-process engines get (``/v1/completions``
-with a token-id prompt: the chat template was rendered once, here), the same max tokens, temperature and
+with a token-id prompt: the chat template was rendered once, here; with ``--server-prompts text`` those
+ids decoded, for a server or router that takes text only, as sglang-router does), the served model's
+name as ``model``, the same max tokens, temperature and
 per-request seed, the bench's stop set as ``stop_token_ids`` (vLLM's extension, which `specexec serve`
 takes too), with ``--ignore-eos`` also ``min_tokens`` = max tokens (vLLM's extension: the set cannot
 be sampled, so nothing stops a request early), and with ``--guided`` the prompt's schema as
@@ -18,6 +20,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..records import RequestRecord, schema_valid
 from .specexec_hf import Workload, _failed_record
@@ -28,8 +31,19 @@ _SPEC_COUNTERS = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class ServerTarget:
+    """Where requests go and how they are sent."""
+
+    url: str
+    model: str | None = None  #: the ``model`` field (the server's own, from /v1/models)
+    api_key: str | None = None
+    #: each prompt's rendered text (its ids decoded), sent instead of the ids; None: the ids
+    prompt_texts: list[str] | None = None
+
+
 def run_server(
-    url: str,
+    target: ServerTarget | str,
     work: Workload,
     concurrency: int,
     on_done: Callable[[], None] = lambda: None,
@@ -41,10 +55,12 @@ def run_server(
     decoding of each alone), to count those sampled."""
     import httpx
 
-    base = url.rstrip("/").removesuffix("/v1")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    if isinstance(target, str):
+        target = ServerTarget(target, api_key=api_key)
+    base = target.url.rstrip("/").removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
     before = _spec_counters(httpx, base)
-    records, wall = asyncio.run(_run(httpx, base, headers, work, concurrency, on_done, stop_texts))
+    records, wall = asyncio.run(_run(httpx, base, headers, work, concurrency, on_done, stop_texts, target))
     after = _spec_counters(httpx, base)
     return records, wall, {k: after.get(k, 0) - before.get(k, 0) for k in after}
 
@@ -61,14 +77,16 @@ def check_server(url: str) -> str:
     return models[0]["id"]
 
 
-async def _run(httpx, base: str, headers: dict, work: Workload, concurrency: int, on_done, stop_texts):
+async def _run(
+    httpx, base: str, headers: dict, work: Workload, concurrency: int, on_done, stop_texts, target
+):
     limit = asyncio.Semaphore(concurrency)
     start = time.perf_counter()
     async with httpx.AsyncClient(base_url=base, headers=headers, timeout=None) as client:
 
         async def one(i: int) -> RequestRecord:
             async with limit:
-                record = await _request(client, work, i, stop_texts)
+                record = await _request(client, work, i, stop_texts, target)
             on_done()
             return record
 
@@ -76,10 +94,11 @@ async def _run(httpx, base: str, headers: dict, work: Workload, concurrency: int
     return list(records), time.perf_counter() - start
 
 
-def request_body(work: Workload, i: int) -> dict:
+def request_body(work: Workload, i: int, target: ServerTarget | None = None) -> dict:
     """Request i's body: the stop set as stop tokens, with ``ignore_eos`` banned until max_tokens."""
+    texts = target.prompt_texts if target is not None else None
     body = {
-        "prompt": work.token_ids[i],
+        "prompt": texts[i] if texts is not None else work.token_ids[i],
         "max_tokens": work.max_tokens,
         "temperature": work.temperature,
         "seed": i,
@@ -87,6 +106,8 @@ def request_body(work: Workload, i: int) -> dict:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if target is not None and target.model is not None:  # (a router in front fills in "unknown")
+        body["model"] = target.model
     if work.stop_token_ids:
         body["stop_token_ids"] = list(work.stop_token_ids)
     if work.ignore_eos:
@@ -94,9 +115,9 @@ def request_body(work: Workload, i: int) -> dict:
     return body
 
 
-async def _request(client, work: Workload, i: int, stop_texts: frozenset[str]) -> RequestRecord:
+async def _request(client, work: Workload, i: int, stop_texts: frozenset[str], target) -> RequestRecord:
     prompt, ids = work.prompts[i], work.token_ids[i]
-    body = request_body(work, i)
+    body = request_body(work, i, target)
     if work.guided and prompt.schema:
         body["response_format"] = {
             "type": "json_schema",
@@ -108,8 +129,9 @@ async def _request(client, work: Workload, i: int, stop_texts: frozenset[str]) -
     num_stops: int | None = 0  #: None once a chunk comes without its tokens
     async with client.stream("POST", "/v1/completions", json=body) as response:
         if response.status_code != 200:
-            message = json.loads(await response.aread()).get("error", {}).get("message", "")
-            return _failed_record(prompt, ids, f"HTTP {response.status_code}: {message}")
+            return _failed_record(
+                prompt, ids, f"HTTP {response.status_code}: {_message(await response.aread())}"
+            )
         async for line in response.aiter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -146,6 +168,14 @@ async def _request(client, work: Workload, i: int, stop_texts: frozenset[str]) -
         text=text,
         num_stop_tokens=num_stops,
     )
+
+
+def _message(body: bytes) -> str:
+    """An error body's message: OpenAI's ``error.message``, or the text as it came (a router's own)."""
+    try:
+        return str(json.loads(body).get("error", {}).get("message", ""))
+    except (ValueError, AttributeError):
+        return body.decode(errors="replace")[:300]
 
 
 def _spec_counters(httpx, base: str) -> dict[str, float]:
