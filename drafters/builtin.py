@@ -146,9 +146,7 @@ class Eagle3Options(_DraftModelOptions):
     #: the head's weights: auto (int8 where measured faster on this CPU), int8, or null (as loaded);
     #: see `head_quantization.py`
     head_quantization: str | None = "auto"
-    #: how ``draft_tree`` grows: "dynamic" (EAGLE-2: the head expands the best paths at each depth) or
-    #: "siblings" (the head's chain with its runners-up at each depth as leaves, no extra rows)
-    tree_growth: str = "dynamic"
+    tree_growth: str = "dynamic"  #: how ``draft_tree`` grows (`eagle3.drafter.TREE_GROWTHS`)
 
     def __post_init__(self) -> None:
         from .eagle3.drafter import TREE_GROWTHS

@@ -11,20 +11,21 @@ ends). A client that disconnects aborts its request at once; an aborted stream s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..executor.async_executor import AsyncExecutor, ExecutorClosedError
-from ..executor.engine.request import FinishReason, RequestOutput, TokenEvent
+from ..executor.engine.request import FinishReason, RequestOutput
 from . import responses, responses_api
+from .bad_request import HTTPError
 from .metrics import ServerMetrics
 from .protocol import BadRequest, ParsedRequest, parse_chat, parse_completion, template_reads_name
+from .request_events import END, collect, next_or_none
 from .responses_stream import response_events
 from .tool_stream import ToolCallStream
 from .worker_endpoints import add_worker_endpoints
@@ -35,20 +36,6 @@ class ServerLimits:
     max_queued_requests: int = 256  #: waiting + running requests beyond which new ones get 503
     request_timeout_s: float = 600.0  #: a request running longer is aborted (504)
     retry_after_s: int = 1  #: the Retry-After of a 503
-
-
-class HTTPError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        kind: str,
-        param: str | None = None,
-        headers=None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.kind, self.param, self.headers, self.code = status, kind, param, headers, code
 
 
 def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None, limits=None) -> FastAPI:
@@ -173,7 +160,7 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
         gets no token in time is an HTTPError."""
         try:
             events = engine.generate(one)
-            first = await _next_or_none(events, request, deadline)
+            first = await next_or_none(events, request, deadline)
         except ExecutorClosedError as exc:
             raise HTTPError(
                 503, str(exc), "server_error", headers={"Retry-After": str(limits.retry_after_s)}
@@ -190,7 +177,7 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
     async def run(one, request: Request, deadline: float) -> list[RequestOutput]:
         """One prompt's request to its end: every sample's output, in sample order."""
         events, first = await start(one, request, deadline)
-        outputs = await _collect(events, first, request, deadline, limits.request_timeout_s)
+        outputs = await collect(events, first, request, deadline, limits.request_timeout_s)
         for output in outputs:
             metrics.record(output)
         for output in outputs:
@@ -225,16 +212,19 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
         check_model(body)
         admit(parsed)
 
-        def finished(sample: RequestOutput, items: list, continuation: list, final: dict) -> None:
-            metrics.record(sample)
+        def store(final: dict, continuation: list) -> None:
             if asked.store and final:
                 stored.put(final["id"], responses_api.StoredResponse(asked.history + continuation, final))
+
+        def finished(sample: RequestOutput, items: list, continuation: list, final: dict) -> None:
+            metrics.record(sample)  # (a stream's end: `run` records the others)
+            store(final, continuation)
 
         if parsed.stream:
             events, first = await start(parsed.request, request, deadline)
 
             async def next_event():
-                return await _next_or_none(events, request, deadline)
+                return await next_or_none(events, request, deadline)
 
             async def stream():
                 try:
@@ -247,11 +237,7 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
                     await events.aclose()
 
             return StreamingResponse(stream(), media_type="text/event-stream")
-        events, first = await start(parsed.request, request, deadline)
-        (sample,) = await _collect(events, first, request, deadline, limits.request_timeout_s)
-        if sample.finish_reason is FinishReason.ERROR:
-            metrics.record(sample)
-            raise _error_of(sample)
+        (sample,) = await run(parsed.request, request, deadline)  # (an error or an abort: raised)
         items, continuation = responses_api.output_items(
             sample, parsed.tool_plan, responses_api.new_id("msg")
         )
@@ -259,7 +245,7 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
         final = responses_api.response_object(
             response_id, asked, model_name, responses_api.now(), "completed", items, sample
         )
-        finished(sample, items, continuation, final)
+        store(final, continuation)
         return JSONResponse(final)
 
     @app.get("/v1/responses/{response_id}")
@@ -278,60 +264,6 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
     return app
-
-
-_END = object()  #: the request's events are over (every sample finished)
-
-
-async def _next_or_none(events: AsyncIterator[TokenEvent], request: Request, deadline: float):
-    """The next event; ``_END`` after the last; None when the client disconnects or the deadline
-    passes first (the pending read is cancelled, which aborts what is unfinished).
-
-    If this coroutine is itself cancelled (the server cancels a stream whose client went away), the
-    pending read is cancelled and awaited first: until it ends, the generator is still running, and
-    the caller's ``aclose()`` would raise "asynchronous generator is already running"."""
-    step = asyncio.ensure_future(anext(events, _END))
-    try:
-        while True:
-            done, _ = await asyncio.wait({step}, timeout=min(0.5, max(0.0, deadline - time.monotonic())))
-            if done:
-                return step.result()
-            if time.monotonic() >= deadline or await request.is_disconnected():
-                await _cancel(step)  # the generator's own clean-up aborts the request
-                return None
-    except asyncio.CancelledError:
-        await _cancel(step)
-        raise
-
-
-async def _cancel(step: asyncio.Future) -> None:
-    """Cancel a pending read and wait until it has ended."""
-    step.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await step
-
-
-async def _collect(
-    events, first: TokenEvent, request: Request, deadline: float, timeout_s: float
-) -> list[RequestOutput]:
-    """Every sample's output, in sample order, unless ``deadline`` (the request's arrival + ``timeout_s``)
-    passes first."""
-    outputs: dict[int, RequestOutput] = {}
-    event = first
-    while event is not _END:
-        if event.finished and event.output is not None:
-            outputs[event.sample_index] = event.output
-        try:
-            event = await _next_or_none(events, request, deadline)
-        except asyncio.CancelledError:  # (the server stops at once): the request is aborted, now
-            await events.aclose()
-            raise
-        if event is None:
-            await events.aclose()  # aborts what is unfinished
-            if await request.is_disconnected():
-                raise HTTPError(499, "client disconnected", "client_closed_request")
-            raise HTTPError(504, f"the request ran past {timeout_s} s and was aborted", "timeout_error")
-    return [outputs[i] for i in sorted(outputs)]
 
 
 async def _stream(
@@ -355,7 +287,7 @@ async def _stream(
             yield responses.sse(responses.first_chunk(parsed, ids))
         elif parsed.echo:  # the prompt first, as the full response has it before the completion
             yield responses.sse(responses.echo_chunk(parsed, ids))
-        while event is not _END:
+        while event is not END:
             if event is None:
                 if time.monotonic() >= deadline:
                     yield responses.sse(
@@ -381,7 +313,7 @@ async def _stream(
                     if calls.made_calls and output.finish_reason is FinishReason.STOP:
                         finish = "tool_calls"
                     yield responses.sse(responses.delta_chunk(event.sample_index, {}, ids, finish))
-                event = await _next_or_none(events, request, deadline)
+                event = await next_or_none(events, request, deadline)
                 continue
             so_far = None
             if parsed.continuous_usage:
@@ -390,7 +322,7 @@ async def _stream(
                 so_far = {"prompt_tokens": num_prompt, "completion_tokens": num_output}
                 so_far["total_tokens"] = num_prompt + num_output
             yield responses.sse(responses.chunk(event, parsed, ids, so_far))
-            event = await _next_or_none(events, request, deadline)
+            event = await next_or_none(events, request, deadline)
         if parsed.include_usage:
             yield responses.sse(responses.usage_chunk(finished, ids))
         yield b"data: [DONE]\n\n"

@@ -89,10 +89,16 @@ def check_foreign_fields(body: dict, mapped: frozenset[str]) -> dict:
                 raise BadRequest(f"{name} is not supported by this server (only {shown})", name)
         elif name in SCHEMA_FIELDS:
             kept["response_format"] = _schema_format(name, value, kept.get("response_format"))
-        elif name not in _logged:
-            _logged.add(name)
-            logger.warning("request field %r is not known to this server: ignored (logged once)", name)
+        else:
+            log_unknown(name)
     return kept
+
+
+def log_unknown(name: str) -> None:
+    """Log, once per name, that a request field is ignored."""
+    if name not in _logged:
+        _logged.add(name)
+        logger.warning("request field %r is not known to this server: ignored (logged once)", name)
 
 
 def _same(value: Any, allowed: Any) -> bool:

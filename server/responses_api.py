@@ -17,6 +17,7 @@ What maps onto what:
 
 Not supported, refused with a 400 naming the field: built-in tools (web search, file search, ...),
 ``background``, ``conversation``, ``prompt`` templates, reasoning settings and images or files in the input.
+A field no engine here knows is logged once and ignored, as on the chat path.
 """
 
 from __future__ import annotations
@@ -30,24 +31,28 @@ from typing import Any
 
 from ..executor.engine.request import FinishReason, RequestOutput
 from .bad_request import BadRequest
+from .foreign_fields import log_unknown
 from .tools import read_calls
 
 #: responses kept for ``previous_response_id`` at most (the oldest are dropped first)
 MAX_STORED_RESPONSES = 1000
 #: Responses fields answered as the chat field of the same meaning
 _PASSED = ("temperature", "top_p", "parallel_tool_calls", "metadata", "user", "stream")
-#: fields accepted at these values only (null always)
+#: fields this server cannot honour but at these values (null always); (): at none
 _DEFAULT_ONLY = {
     "background": (False,),
+    "conversation": (),
+    "prompt": (),
     "truncation": ("disabled",),
     "include": ([],),
     "service_tier": ("auto", "default"),
     "reasoning": ({},),
-    "prompt_cache_key": None,  #: (a routing hint: any value)
-    "safety_identifier": None,
     "top_logprobs": (0,),
+    "max_tool_calls": (),
 }
-_KNOWN = {
+#: the fields mapped (any other, such as ``prompt_cache_key`` or ``safety_identifier``, is logged once
+#: and ignored, as on the chat path: `foreign_fields.py`)
+_MAPPED = {
     "model",
     "input",
     "instructions",
@@ -59,7 +64,6 @@ _KNOWN = {
     "store",
     "stream_options",
     *_PASSED,
-    *_DEFAULT_ONLY,
 }
 
 
@@ -104,13 +108,14 @@ def to_chat_body(body: Any, store: ResponseStore) -> ResponsesRequest:
     """A Responses body -> the chat body that runs it (BadRequest naming the field when it cannot)."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-    unknown = sorted(set(body) - _KNOWN)
-    if unknown:
-        raise BadRequest(f"not supported by this server's Responses API: {', '.join(unknown)}", unknown[0])
-    for name, allowed in _DEFAULT_ONLY.items():
-        value = body.get(name)
-        if value is not None and allowed is not None and value not in allowed:
-            raise BadRequest(f"{name} is not supported by this server's Responses API", name)
+    for name, value in body.items():
+        if name in _DEFAULT_ONLY:
+            if isinstance(value, dict) and all(v is None for v in value.values()):
+                continue  # (e.g. reasoning: {"effort": null}: nothing asked)
+            if value is not None and value not in _DEFAULT_ONLY[name]:
+                raise BadRequest(f"{name} is not supported by this server's Responses API", name)
+        elif name not in _MAPPED:
+            log_unknown(name)
     history: list[dict] = []
     previous = body.get("previous_response_id")
     if previous is not None:

@@ -17,7 +17,7 @@ import json
 import re
 import uuid
 
-from .tools import HERMES_CALL, ToolPlan, read_calls
+from .tools import HERMES_CALL, MAX_PARALLEL_CALLS, ToolPlan, read_calls
 
 #: the head of one call object, up to where its arguments' value begins
 CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"([A-Za-z0-9_-]+)"\s*,\s*"arguments"\s*:\s*')
@@ -51,7 +51,7 @@ class ToolCallStream:
     # ---- guided: the calls' JSON ----------------------------------------------------------------
     def _guided(self) -> list[dict]:
         deltas, at = [], 0
-        for index in range(16 * 4):  # (a bound; the grammar allows MAX_PARALLEL_CALLS)
+        for index in range(MAX_PARALLEL_CALLS):  # (the grammar's bound on a list of calls)
             head = CALL_HEAD.search(self.text, at)
             if head is None:
                 break

@@ -17,6 +17,8 @@ from specexec.drafters.medusa.heads import load_heads
 from specexec.drafters.medusa.training.data import IGNORE, draft_index, load_rows
 from specexec.drafters.medusa.tree import best_first_tree
 from specexec.executor.config import ExecutorConfig
+from specexec.executor.engine.speculation.confidence_stop import ConfidenceStop
+from specexec.executor.engine.speculation.draft_length import ForwardCostModel
 from specexec.executor.executor import Executor
 from specexec.sampling.tree_shape import depths, first_branch, is_tree
 from test_speculative_identity import BATCHES, num_accepted, num_drafted, run_speculative
@@ -207,8 +209,19 @@ def test_train_medusa_end_to_end_on_a_tiny_model(tmp_path):
 
 def test_under_the_confidence_policy_chains_end_where_a_head_is_unsure(tmp_path):
     spec = medusa_spec(make_medusa_dir(tmp_path), draft_len_policy="confidence")
-    executor, outputs = run_speculative("llama", BATCHES["batch8"], speculative_config=spec)
-    assert executor.speculation.drafter.confidence_stop is not None and num_drafted(outputs) > 0
+    attached = []
+
+    def nearly_free_drafts(executor):  # (the measured curve, on a busy machine, may price every draft out)
+        drafter = executor.speculation.drafter
+        attached.append(drafter.confidence_stop)
+        drafter.confidence_stop = ConfidenceStop(ForwardCostModel([1, 2], [1.0, 1.0001]))
+        drafter.confidence_stop.time_draft_step = lambda seconds: None
+
+    executor, outputs = run_speculative(
+        "llama", BATCHES["batch8"], speculative_config=spec, before_run=nearly_free_drafts
+    )
+    assert attached[0] is not None, "the policy gave the drafter no confidence rule"
+    assert num_drafted(outputs) > 0
 
     class Above:  # keeps a draft while its confidence is above a half
         def keeps(self, odds, confidence, batch_size):

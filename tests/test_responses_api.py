@@ -166,6 +166,14 @@ def test_a_response_cut_by_max_output_tokens_is_incomplete():
         assert answer.status == "incomplete" and answer.incomplete_details.reason == "max_output_tokens"
 
 
+def test_a_field_no_engine_here_knows_is_ignored_and_unasked_reasoning_is_fine():
+    with served() as (base, engine, stack):
+        api = stack.enter_context(client(base))
+        extra = {"prompt_cache_key": "k1", "some_future_field": {"a": 1}, "reasoning": {"effort": None}}
+        answer = api.responses.create(input="hi", extra_body=extra, **GREEDY)
+        assert answer.output_text == api.responses.create(input="hi", **GREEDY).output_text
+
+
 @pytest.mark.parametrize(
     "body, param",
     [
