@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from specexec.drafters.eagle3 import tree_growth
 from specexec.drafters.eagle3.drafter import Eagle3Drafter
 from specexec.drafters.eagle3.dynamic_tree import DynamicTree
 from specexec.drafters.eagle3.head import load_head
@@ -58,7 +59,7 @@ def test_a_small_budget_keeps_a_prefix_closed_tree():
 
 
 @pytest.mark.parametrize("window", [None, 6, 30])
-def test_each_expanded_node_gets_the_output_of_its_path_run_as_a_chain(tmp_path, window):
+def test_each_expanded_node_gets_the_output_of_its_path_run_as_a_chain(tmp_path, window, monkeypatch):
     """A 20-token prompt, trees 4 deep with 3 children per node: every output the head computes under
     the tree mask equals the head run densely over the prompt's positions and the node's path."""
     make_head_dir(tmp_path, sliding_window=window)
@@ -69,16 +70,16 @@ def test_each_expanded_node_gets_the_output_of_its_path_run_as_a_chain(tmp_path,
     features = torch.randn(19, 96, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     request = SimpleNamespace(request_id="r", token_ids=tokens, num_tokens=20, target_hidden=[(0, features)])
     outputs = []
-    add_children = drafter._add_children
+    add_children = tree_growth.add_children
 
-    def recording(expanded, out, logits):
+    def recording(head, branching, expanded, out, logits):
         outputs.extend((tree, node, out[i]) for i, (tree, node) in enumerate(expanded))
-        add_children(expanded, out, logits)
+        add_children(head, branching, expanded, out, logits)
 
-    drafter._add_children = recording
+    monkeypatch.setattr(tree_growth, "add_children", recording)
     assert drafter._take_features(request)
     hidden, logits, roots = drafter._catch_up([request])
-    proposals = drafter._draft_trees([(request, 4)], {"r": 12}, roots, hidden, logits)
+    proposals = tree_growth.grow_trees(drafter, [(request, 4)], {"r": 12}, roots, hidden, logits)
     assert len(proposals["r"].token_ids) == 12 and is_tree(proposals["r"].parents)
     assert grown(num_nodes=1).frontier == [], "a one-node tree expands nothing"
     expanded = [(tree, node, out) for tree, node, out in outputs if node >= 0]
@@ -93,7 +94,7 @@ def test_each_expanded_node_gets_the_output_of_its_path_run_as_a_chain(tmp_path,
                 path.insert(0, tree.nodes[node].token)
                 node = tree.nodes[node].parent
             rows, inputs = real, head.fuse(features)
-            for j, token in enumerate(path):  # the chain: each draft fed its predecessor's output
+            for j in range(len(path)):  # the chain: each draft fed its predecessor's output
                 inputs = torch.cat([inputs, rows[-1:]])
                 ids = torch.tensor(tokens[1:] + path[: j + 1])
                 rows = head.step(ids, inputs, torch.arange(20 + j), attend)

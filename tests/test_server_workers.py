@@ -11,7 +11,7 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 from specexec.server.serve import answering_loading
-from test_server import MESSAGES, NGRAM, client, served, wait_until_idle
+from test_server import MESSAGES, NGRAM, served, wait_until_idle
 from test_speculative_identity import assert_all_pages_free
 
 

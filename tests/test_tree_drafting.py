@@ -216,7 +216,8 @@ def test_tree_sampling_reproduces_the_plain_samples_seed_for_seed(tree_samples):
 
 @pytest.mark.parametrize("growth", ["dynamic", "siblings"])
 @pytest.mark.parametrize("batch", BATCHES)
-def test_eagle_trees_keep_greedy_output_identical(tmp_path, batch, kv_moves, growth):
+def test_eagle_trees_keep_greedy_output_identical(tmp_path, batch, kv_moves, growth, monkeypatch):
+    from specexec.drafters.eagle3 import tree_growth
     from test_eagle3 import eagle_spec, make_head_dir
 
     make_head_dir(tmp_path)
@@ -237,14 +238,13 @@ def test_eagle_trees_keep_greedy_output_identical(tmp_path, batch, kv_moves, gro
             return proposals
 
         drafter.prepare_draft_tokens = recording
-        draft_trees = drafter._draft_trees
 
-        def grown(ready, *args):
-            grown_for.extend(r.request_id for r, _ in ready)
-            return draft_trees(ready, *args)
+    def grown(drafter, ready, *args):
+        grown_for.extend(r.request_id for r, _ in ready)
+        return grow_trees(drafter, ready, *args)
 
-        drafter._draft_trees = grown
-
+    grow_trees = tree_growth.grow_trees
+    monkeypatch.setattr(tree_growth, "grow_trees", grown)
     grown_for = []
     run_speculative("llama", BATCHES[batch], speculative_config=spec, before_run=count_trees)
     assert trees and all(len(p.token_ids) <= 9 for p in trees)

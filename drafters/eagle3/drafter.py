@@ -37,7 +37,7 @@ from ...sampling import sample_from_probs
 from ..base import Drafter, DraftProposal, draft_distribution
 from ..draft_masks import DraftMasks
 from ..ngram import NGramConfig, NGramDrafter
-from .dynamic_tree import DynamicTree
+from . import tree_growth
 from .head import Eagle3Head, default_aux_layers
 from .head_cache import HeadCache, PagedHeadAttention
 from .text_odds import TextOdds
@@ -152,9 +152,9 @@ class Eagle3Drafter(Drafter):
             if self._take_features(s.request):
                 depth = s.max_draft_depth or s.num_draft_slots
                 texts[s.request.request_id] = text = self._text_continuation(s.request)
-                grows_tree = self._grows_tree(s, text)
+                grows_tree = tree_growth.grows_tree(self, s, text)
                 needed = self.cache.blocks_needed(
-                    s.request, self._tree_feed_slots(depth) if grows_tree else None
+                    s.request, tree_growth.feed_slots(self, depth) if grows_tree else None
                 )
                 if needed <= free_blocks:  # else the head's pool is full: no drafts for it this step
                     free_blocks -= needed
@@ -168,8 +168,8 @@ class Eagle3Drafter(Drafter):
             return self._draft_chains(scheduled_requests, ready, hidden, logits, texts)
         trees = [i for i, (r, _) in enumerate(ready) if r.request_id in tree_slots]
         chains = [i for i, (r, _) in enumerate(ready) if r.request_id not in tree_slots]
-        proposals = self._draft_trees(
-            [ready[i] for i in trees], tree_slots, root_inputs, hidden[trees], logits[trees]
+        proposals = tree_growth.grow_trees(
+            self, [ready[i] for i in trees], tree_slots, root_inputs, hidden[trees], logits[trees]
         )
         if chains:
             chain_ready = [ready[i] for i in chains]
@@ -235,71 +235,6 @@ class Eagle3Drafter(Drafter):
             else DraftProposal(tokens, torch.stack(probs[rid]) if probs[rid] else None)
             for rid, tokens in drafts.items()
         }
-
-    # ---- dynamic trees (EAGLE-2) ----------------------------------------------------------------
-    def _grows_tree(self, scheduled, text: tuple[int, ...]) -> bool:
-        """Whether this request's drafts grow as a dynamic tree: a tree step, and none of what drafts
-        a chain (a grammar, sampled drafts, a continuation of its own text, the confidence rule)."""
-        r = scheduled.request
-        return (
-            self.draft_tree is not None
-            and self.tree_growth == "dynamic"
-            and scheduled.max_draft_depth > 1
-            and not text
-            and self.grammar_of(r) is None
-            and not (self.returns_draft_probs and not r.sampling_params.is_greedy)
-            and self.confidence_stop is None
-        )
-
-    def _tree_feed_slots(self, depth: int) -> int:
-        """Head cache slots a dynamic tree of ``depth`` takes past the real ones: its fed nodes."""
-        return max(self.max_draft_len, (depth - 1) * self.draft_tree.branching)
-
-    def _draft_trees(self, ready, num_nodes, root_inputs, hidden, logits) -> dict[str, DraftProposal]:
-        """A dynamic tree per request of ``ready`` ((request, depth) pairs) within its ``num_nodes``; one
-        head forward per depth over every tree (`dynamic_tree.py`)."""
-        branching = self.draft_tree.branching
-        trees = {
-            r.request_id: DynamicTree(
-                r.token_ids[-1], root_inputs[r.request_id], num_nodes[r.request_id], depth, branching
-            )
-            for r, depth in ready
-        }
-        self._add_children([(trees[r.request_id], -1) for r, _ in ready], hidden, logits)
-        bm = self.block_manager
-        depth, growing = 1, [r for r, _ in ready]
-        while True:
-            growing = [r for r in growing if trees[r.request_id].choose_frontier(depth)]
-            # the fed nodes' slots follow the real ones (the root, recomputed, is the last real one)
-            fed_end = {
-                r.request_id: self.cache.states[r.request_id].num_real + len(trees[r.request_id].fed)
-                for r in growing
-            }
-            if not growing or not self.cache.reserve_up_to(growing, fed_end):
-                break
-            seqs, inputs, expanded = [], [], []
-            for r in growing:
-                tree, rid = trees[r.request_id], r.request_id
-                tokens, parents, rows = tree.forward_rows()
-                root_pos = self.cache.states[rid].num_real - 1
-                seqs.append(
-                    SequenceInput(tokens, root_pos, bm.block_tables[rid], len(tree.frontier), parents)
-                )
-                inputs.append(rows)
-                expanded.extend((tree, node) for node in tree.frontier)
-            out, node_logits = self._forward(seqs, torch.cat(inputs))
-            self._add_children(expanded, out, node_logits)
-            depth += 1
-        return {rid: tree.proposal() for rid, tree in trees.items()}
-
-    def _add_children(self, expanded: list, out: torch.Tensor, logits: torch.Tensor) -> None:
-        """Each (tree, node) of ``expanded`` gets the head's top ``branching`` tokens at its row of
-        ``out`` [N, hidden] / ``logits`` [N, draft_vocab] as children (node -1: the root)."""
-        top = torch.log_softmax(logits.float(), dim=-1).topk(self.draft_tree.branching, dim=-1)
-        targets = self.head.to_target_ids(top.indices)  # [N, branching]
-        rows = torch.stack([targets.double(), top.values.double()], dim=1).tolist()  # [N, 2, branching]
-        for i, ((tree, node), (tokens, log_probs)) in enumerate(zip(expanded, rows)):
-            tree.add_children(node, out[i], [int(t) for t in tokens], log_probs)
 
     def _text_continuation(self, request) -> tuple[int, ...]:
         """Prompt lookup: what followed the first earlier occurrence, in the request's own prompt and
