@@ -197,7 +197,8 @@ def agent_run(spec) -> tuple[list[str], str]:
     """The openai-agents SDK's tool-using agent against the server (its Responses model, the SDK's
     default): the calls its tool got and the run's final output (the tool's answer: the agent stops
     at its first tool call, since the tiny model's free text never ends)."""
-    agents = pytest.importorskip("agents", reason="openai-agents is a dev extra")
+    import agents  # (openai-agents, a dev extra)
+
     calls: list[str] = []
 
     @agents.function_tool  # (bounded arguments: a random model's guided JSON ends within the budget)
