@@ -104,10 +104,7 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
     async def complete(request: Request, parse: Callable[..., ParsedRequest]) -> Response:
         deadline = time.monotonic() + limits.request_timeout_s  # one deadline for the whole request
         check_key(request)
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise HTTPError(400, f"the body is not JSON: {exc}", "invalid_request_error") from exc
+        body = await read_body(request)
         try:
             parsed = parse(body, max_model_len, reads_name)
         except BadRequest as exc:

@@ -27,18 +27,20 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 12
 _TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2)
 
 
-#: our series also served under vLLM's name (counters: the name before ``_total``)
-VLLM_TWINS = {
-    "request_success": "request_success",
-    "prompt_tokens": "prompt_tokens",
-    "generation_tokens": "generation_tokens",
-    "prefix_cache_queries": "prefix_cache_queries",
-    "prefix_cache_hits": "prefix_cache_hits",
-    "spec_decode_num_drafts": "spec_decode_num_drafts",
-    "spec_decode_num_draft_tokens": "spec_decode_num_draft_tokens",
-    "spec_decode_num_accepted_tokens": "spec_decode_num_accepted_tokens",
-    "spec_decode_num_accepted_tokens_per_pos": "spec_decode_num_accepted_tokens_per_pos",
-}
+#: our series also served under vLLM's name, ``vllm:<name>`` (counters: the name before ``_total``)
+VLLM_TWINS = frozenset(
+    {
+        "request_success",
+        "prompt_tokens",
+        "generation_tokens",
+        "prefix_cache_queries",
+        "prefix_cache_hits",
+        "spec_decode_num_drafts",
+        "spec_decode_num_draft_tokens",
+        "spec_decode_num_accepted_tokens",
+        "spec_decode_num_accepted_tokens_per_pos",
+    }
+)
 
 
 class _Twins:
@@ -65,10 +67,9 @@ class ServerMetrics:
 
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> _Twins:
             ours = Counter(f"specexec:{name}", doc, labels, registry=registry)
-            twin = VLLM_TWINS.get(name)
-            theirs = (
-                Counter(f"vllm:{twin}", doc, ("model_name", *labels), registry=registry) if twin else None
-            )
+            theirs = None
+            if name in VLLM_TWINS:
+                theirs = Counter(f"vllm:{name}", doc, ("model_name", *labels), registry=registry)
             if theirs is not None and not labels:
                 theirs = theirs.labels(model_name=model_name)
             return _Twins(ours, theirs, model_name)

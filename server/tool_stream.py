@@ -22,6 +22,7 @@ from .tools import HERMES_CALL, MAX_PARALLEL_CALLS, ToolPlan, read_calls
 #: the head of one call object, up to where its arguments' value begins
 CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"([A-Za-z0-9_-]+)"\s*,\s*"arguments"\s*:\s*')
 OPENER = "<tool_call>"
+SCALAR = re.compile(r"[^,}\]\s]+")  #: a number, true, false or null
 
 
 class ToolCallStream:
@@ -135,7 +136,7 @@ def value_end(text: str, start: int) -> int | None:
     if text[i] == '"':
         return _string_end(text, i)
     if text[i] not in "{[":
-        match = re.compile(r"[^,}\]\s]+").match(text, i)
+        match = SCALAR.match(text, i)
         end = match.end() if match else i
         return end if end < n else None
     depth = 0
