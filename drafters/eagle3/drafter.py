@@ -21,6 +21,7 @@ request's grammar mask reaches the draft logits through the same ``d2t`` map.
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import torch
@@ -278,7 +279,7 @@ class Eagle3Drafter(Drafter):
                 )
             fused = self.head.fuse(torch.cat(features))  # [sum(take), hidden]
             out, logits = self._forward(seqs, fused)
-            ends = torch.tensor([take for _, take in items]).cumsum(0).tolist()
+            ends = list(itertools.accumulate(take for _, take in items))
             for k, (r, take) in enumerate(items):
                 st = self.cache.states[r.request_id]
                 st.num_real += take
