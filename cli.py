@@ -20,8 +20,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--quantization",
-        choices=["none", "int8", "int4", "gguf"],
-        help="weight-only quantization of the linear layers; overrides the config (gguf: the file's own)",
+        choices=["auto", "none", "int8", "int4", "gguf"],
+        help="weight-only quantization of the linear layers; overrides the config (default auto: a GGUF "
+        "file at its own codes, any other model as loaded; none: a GGUF dequantized)",
     )
     parser.add_argument(
         "--model-impl",
@@ -51,10 +52,11 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 def _add_drafter_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--decoding-type",
-        help="speculative drafter: NGram, Suffix, REST, DraftTarget, Eagle, UserProvided or a plugin's name "
-        "(`specexec drafters` lists the installed ones; default off)",
+        help="speculative drafter: auto (the default: Suffix under the policy that drafts only where it "
+        "pays), none (off), NGram, Suffix, REST, DraftTarget, Eagle, UserProvided or a plugin's name "
+        "(`specexec drafters` lists the installed ones)",
     )
-    parser.add_argument("--max-draft-len", type=int, default=None, help="draft tokens per step (default 3)")
+    parser.add_argument("--max-draft-len", type=int, default=None, help="draft tokens per step at most (default 3; 8 under auto)")
 
 
 def _version() -> str:
@@ -145,7 +147,7 @@ def _load_config(args: argparse.Namespace):
     if args.dtype:
         config.dtype = args.dtype
     if args.quantization:
-        config.quantization = None if args.quantization == "none" else args.quantization
+        config.quantization = args.quantization
     if args.model_impl:
         config.model_impl = args.model_impl
     if args.quantized_kernel:
@@ -155,18 +157,27 @@ def _load_config(args: argparse.Namespace):
     if args.tensor_parallel_launch:
         config.tensor_parallel_launch = args.tensor_parallel_launch
     config.validate()
-    if getattr(args, "decoding_type", None):
+    decoding_type = getattr(args, "decoding_type", None)
+    max_draft_len = getattr(args, "max_draft_len", None)
+    if decoding_type in ("none", "auto"):
+        config.speculative_config = None if decoding_type == "none" else "auto"
+    if decoding_type not in (None, "none", "auto"):
         from .executor.engine.speculation.speculative_config import SpeculativeConfig
 
         config.speculative_config = SpeculativeConfig(
-            args.decoding_type,
-            args.max_draft_len or 3,
+            decoding_type,
+            max_draft_len or 3,
             options=dict(getattr(config.speculative_config, "options", {}) or {}),
         )
-    elif getattr(args, "max_draft_len", None) is not None:
+    elif max_draft_len is not None:
         if config.speculative_config is None:
-            raise ValueError("--max-draft-len needs --decoding-type or a speculative_config in --config")
-        config.speculative_config.max_draft_len = args.max_draft_len
+            raise ValueError("--max-draft-len needs drafting on: --decoding-type, or a speculative_config")
+        if config.speculative_config == "auto":
+            from .executor.auto_defaults import AUTO_DRAFTER
+            from .executor.engine.speculation.speculative_config import SpeculativeConfig
+
+            config.speculative_config = SpeculativeConfig(AUTO_DRAFTER, max_draft_len, draft_len_policy="auto")
+        config.speculative_config.max_draft_len = max_draft_len
         config.speculative_config.__post_init__()
     return config
 
@@ -190,6 +201,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .executor.executor import Executor
 
     with Executor(config=config) as executor:
+        print(f"[{executor.auto_choices.summary()}]", file=sys.stderr)
         choice = executor.dtype_choice
         print(f"[dtype {choice.dtype}: {choice.reason}]", file=sys.stderr)
         impl = executor.model_impl

@@ -42,8 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--quantization",
-        choices=["none", "int8", "int4", "gguf"],
-        help="overrides every config's weight-only quantization (gguf: the GGUF file's own codes)",
+        choices=["auto", "none", "int8", "int4", "gguf"],
+        help="overrides every config's weight-only quantization (default auto: a GGUF file at its own "
+        "codes; none: dequantized)",
     )
     parser.add_argument(
         "--model-impl",
@@ -61,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the HF baselines' dtype (default: the first configuration's)",
     )
     parser.add_argument(
-        "--decoding-type", help="add one configuration with this drafter (NGram, DraftTarget, ...)"
+        "--decoding-type",
+        help="add one configuration with this drafter (auto: the executor's default; NGram, DraftTarget, ...)",
     )
     parser.add_argument("--max-draft-len", type=int, default=3, help="with --decoding-type (default 3)")
     parser.add_argument(
@@ -174,7 +176,9 @@ def load_configs(args) -> list[NamedConfig]:
                 Path(path).stem if len(blocks) == 1 else f"{Path(path).stem}-{i}"
             )
             configs.append(NamedConfig(str(name), ExecutorConfig.from_dict(merged)))
-    if args.decoding_type:
+    if args.decoding_type == "auto":  # the executor's default drafter (`executor/auto_defaults.py`)
+        configs.append(NamedConfig("auto", ExecutorConfig(speculative_config="auto")))
+    elif args.decoding_type:
         spec = {"decoding_type": args.decoding_type, "max_draft_len": args.max_draft_len}
         name = f"{args.decoding_type.lower()}-k{args.max_draft_len}"
         configs.append(NamedConfig(name, ExecutorConfig(speculative_config=spec)))
@@ -197,7 +201,7 @@ def load_configs(args) -> list[NamedConfig]:
         if args.dtype:
             c.config.dtype = args.dtype
         if args.quantization:
-            c.config.quantization = None if args.quantization == "none" else args.quantization
+            c.config.quantization = args.quantization
         if args.model_impl:
             c.config.model_impl = args.model_impl
         if args.quantized_kernel:
@@ -238,11 +242,12 @@ def chosen_baselines(args) -> list[str]:
 def _check_drafters(configs: list[NamedConfig]) -> None:
     """Each config's drafter exists and its options are good, before any model loads."""
     from ..executor.engine.speculation.speculation_stage import check_drafter_options
+    from ..executor.engine.speculation.speculative_config import SpeculativeConfig
     from ..plugins import get_plugin_manager
 
     plugins = get_plugin_manager()
     for c in configs:
-        if c.config.speculative_config is not None:
+        if isinstance(c.config.speculative_config, SpeculativeConfig):  # (auto: the executor's own choice)
             check_drafter_options(c.config.speculative_config, plugins)
 
 

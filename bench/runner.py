@@ -174,7 +174,7 @@ class BenchRunner:
             extra = {
                 "drafting_share": drafting / (drafting + target) if drafting + target else None,
                 "engine": "specexec",
-                "quantization": cfg.quantization,
+                "quantization": executor.config.quantization,  # (auto resolved)
                 "prefix_caching": cfg.enable_prefix_caching,
                 "tensor_parallel_size": cfg.tensor_parallel_size,
                 # tensor parallelism: the steps' broadcast (post to rank 0's read) over the forwards' time

@@ -125,9 +125,10 @@ class DraftTargetOptions(_DraftModelOptions):
     """``speculative_model`` None = a quantized copy of the target (the self-draft)."""
 
     option_label = "DraftTarget option"  #: (not a field) for the unknown-option error
-    #: the draft model's weight-only quantization (as the executor's ``quantization``: int8, int4, gguf);
-    #: null = int8 for the self-draft, the weights as loaded for a draft model
-    quantization: str | None = None
+    #: the draft model's weight-only quantization (as the executor's ``quantization``: auto, none, int8,
+    #: int4, gguf); auto = int8 for the self-draft, for a draft model the executor's rule (a GGUF file at
+    #: its own codes, any other model as loaded)
+    quantization: str | None = "auto"
 
     def __post_init__(self) -> None:
         _DraftModelOptions.__post_init__(self)
@@ -247,7 +248,12 @@ def make_draft_target(spec_config, context: DrafterContext) -> Drafter:
     path = opts.speculative_model or opts.speculative_model_dir
     cfg = context.executor_config
     if path is None:
-        draft = self_draft(context, opts.quantization or "int8")
+        if opts.quantization == "none":
+            raise ValueError(
+                "DraftTarget option quantization: none leaves the self-draft (no speculative_model) the "
+                "target itself; use auto (int8), int8, int4 or gguf"
+            )
+        draft = self_draft(context, "int8" if opts.quantization in (None, "auto") else opts.quantization)
     else:
         from ..executor.model.model_loader import load_model
 

@@ -49,10 +49,13 @@ class ExecutorConfig:
     #: stays where it is under "auto" and moves (in place) to a device named here
     device: str = "auto"
     device_map: str | None = None  #: accelerate placement over several devices, e.g. "auto"
-    #: weight-only quantization of the linear layers (vLLM's key): null (weights as loaded), int8 (per
-    #: output channel), int4 (groups of 32), gguf (a GGUF file's own Q4_0/Q4_1/Q4_K codes, and
-    #: Q5_0/Q5_1/Q5_K/Q6_K/Q8_0 where int8_dot runs; the rest dequantized: `layers/quantized/gguf_weights.py`). Kernels: `executor/layers/quantized/quantized_linear.py`; a device without one is refused
-    quantization: str | None = None
+    #: weight-only quantization of the linear layers (vLLM's key): auto (the default: a GGUF file at its
+    #: own codes as ``gguf``, wherever its kernels run; any other model as loaded: `executor/auto_defaults.py`),
+    #: none or null (weights as loaded: a GGUF dequantized), int8 (per output channel), int4 (groups of
+    #: 32), gguf (a GGUF file's own Q4_0/Q4_1/Q4_K codes, and Q5_0/Q5_1/Q5_K/Q6_K/Q8_0 where int8_dot
+    #: runs; the rest dequantized: `layers/quantized/gguf_weights.py`). Kernels:
+    #: `executor/layers/quantized/quantized_linear.py`; a device without one is refused
+    quantization: str | None = "auto"
     #: the forward (vLLM's key): auto, specexec, transformers. specexec: its own decoder for the Llama
     #: family (Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3), fused QKV and gate/up weights, a fixed
     #: sequence of ops per layer (`executor/model/decoder/`); transformers: transformers' modules with
@@ -79,8 +82,10 @@ class ExecutorConfig:
     #: at start-up, one tiny forward of each model and one grammar compile, outside every metric, so
     #: that the first request pays no cold start (on in `specexec run`; `Executor.warmup_seconds`)
     warmup: bool = False
-    #: drafter settings (trtllm-bench's block): {decoding_type: NGram, max_draft_len: 3, ...}; None = off
-    speculative_config: SpeculativeConfig | None = None
+    #: drafter settings (trtllm-bench's block): {decoding_type: NGram, max_draft_len: 3, ...}; auto (the
+    #: default: Suffix decoding under the auto draft-length policy, `executor/auto_defaults.py`); none or
+    #: null = off
+    speculative_config: SpeculativeConfig | str | None = "auto"
     #: guided requests: mask each drafting step with the grammar (off only for the ablation)
     draft_side_grammar_masks: bool = True
     #: JSON schemas: longest run of whitespace allowed (small models otherwise loop on whitespace);
@@ -117,6 +122,10 @@ class ExecutorConfig:
     def __post_init__(self) -> None:
         if isinstance(self.speculative_config, dict):
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        if self.speculative_config == "none":
+            self.speculative_config = None
+        if self.quantization == "none":
+            self.quantization = None
         self.validate()
 
     def validate(self) -> None:
@@ -219,10 +228,10 @@ class ExecutorConfig:
         _check(isinstance(self.progress, bool), "progress", self.progress, "true or false")
         _check(isinstance(self.warmup, bool), "warmup", self.warmup, "true or false")
         _check(
-            self.speculative_config is None or isinstance(self.speculative_config, SpeculativeConfig),
+            self.speculative_config in (None, "auto") or isinstance(self.speculative_config, SpeculativeConfig),
             "speculative_config",
             self.speculative_config,
-            "null or a mapping with decoding_type, max_draft_len and drafter options",
+            "auto, none (or null), or a mapping with decoding_type, max_draft_len and drafter options",
         )
 
     @classmethod

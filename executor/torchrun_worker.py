@@ -16,6 +16,7 @@ import logging
 import torch
 import torch.distributed as dist
 
+from .auto_defaults import resolve_auto_defaults
 from .config import ExecutorConfig
 from .engine_setup import load_target
 from .kernel_plan import apply_quantized_kernel
@@ -48,6 +49,7 @@ def run_worker(config: ExecutorConfig) -> None:
     env = TorchrunEnv.from_environ(world)
     if env.rank == 0:
         raise ValueError("torchrun's rank 0 runs the Executor, not run_worker")
+    config, _ = resolve_auto_defaults(None, config, False)  # the same quantization rank 0 resolves
     timeout_s = config.tensor_parallel_timeout_s
     group, store = env.join(timeout_s)
     heartbeat = Heartbeat(store, env.rank)  # (rank 0 names this rank by it if this process dies)

@@ -28,6 +28,7 @@ from transformers.utils import logging as hf_logging
 
 from ..layers.measurement.cache_folder import resolve_cache_dir
 from ..layers.quantized.gguf_sources import find_sources, materialize_placeholders
+from ..layers.quantized.auto_scheme import auto_scheme
 from ..layers.quantized.quantization import QuantizationReport, check_quantization, quantize_model
 from ..layers.quantized.release_memory import trim_freed_heap
 from .decoder.convert import ModelImplChoice, resolve_model_impl
@@ -103,12 +104,17 @@ def load_model(
     `quantization` says (int8, int4, gguf: `executor/layers/quantized/quantization.py`), the fused ones included
     (``quantized_kernel``: the config key, which decides how a GGUF's Q8_0 layers are held)."""
     check_quantization(quantization)
+    if quantization == "none":
+        quantization = None
     if dtype not in DTYPES:
         raise ModelLoadError(f"unsupported dtype {dtype!r}; allowed values: {', '.join(DTYPES)}")
     check_device(device)
     path = default_model_path() if model is None else Path(model).expanduser()
     if not path.exists():
         raise ModelLoadError(f"model path {path} does not exist")
+    if quantization == "auto":
+        quantization, reason = auto_scheme(path, dtype, device, device_map)
+        logger.info("quantization %s", reason)
     with _progress_bars(progress):
         if path.is_dir():
             loaded = _load_dir(path, DTYPES[dtype], device_map, str(path))

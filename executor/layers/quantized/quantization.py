@@ -77,10 +77,14 @@ class QuantizationReport:
         return f"quantization {self.scheme}: {forms}; weights {self.weight_bytes / 2**20:.0f} MiB"
 
 
+#: what the config key takes: the schemes, ``auto`` (`executor/auto_defaults.py`) and ``none``/null
+QUANTIZATION_SETTINGS = ("auto", "none", *QUANTIZATIONS)
+
+
 def check_quantization(value) -> None:
-    if value is not None and value not in QUANTIZATIONS:
+    if value is not None and value not in QUANTIZATION_SETTINGS:
         raise ValueError(
-            f"config key 'quantization': got {value!r}; allowed: null, {', '.join(QUANTIZATIONS)}"
+            f"config key 'quantization': got {value!r}; allowed: {', '.join(QUANTIZATION_SETTINGS)} (or null)"
         )
 
 
@@ -90,7 +94,8 @@ def quantize_model(
     """Quantize ``model``'s linear layers in place (see the module docstring); ``gguf_path``: the file
     the model was converted from (``gguf`` only); ``quantized_kernel``: the config key (not ``torch``:
     a GGUF's Q8_0 layers keep their blocks where the int8_dot kernel runs)."""
-    check_quantization(scheme)
+    if scheme not in QUANTIZATIONS:
+        raise ValueError(f"quantize_model: scheme {scheme!r}; allowed: {', '.join(QUANTIZATIONS)}")
     unpack_linears(model)  # a module an earlier executor packed for oneDNN (`packed_linear.py`)
     for device, dtype in {(m.weight.device, m.weight.dtype) for *_, m in _linears(model)}:
         check_kernel(kernel_scheme(scheme), device, dtype)
