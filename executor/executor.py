@@ -13,8 +13,8 @@ from dataclasses import replace
 from ..drafters.base import Drafter
 from ..plugins import get_plugin_manager
 from ..sampling import SamplingParams
-from .caller_loop import Caller, CallerLoop
 from .auto_defaults import resolve_auto_defaults
+from .caller_loop import Caller, CallerLoop
 from .config import ExecutorConfig
 from .engine.inputs import InvalidRequestError, as_request, check_length, check_token_ids, tokenize_prompt
 from .engine.request import FinishReason, Prompt, Request, RequestOutput, RequestState, TokenEvent
@@ -43,7 +43,9 @@ class Executor:
     ) -> None:
         #: the config as it runs: ``quantization`` and ``speculative_config`` resolved (never "auto";
         #: the config passed in is left as it was), with the reasons in ``auto_choices``
-        self.config, self.auto_choices = resolve_auto_defaults(model, config or ExecutorConfig(), drafter is not None)
+        self.config, self.auto_choices = resolve_auto_defaults(
+            model, config or ExecutorConfig(), drafter is not None
+        )
         config = self.config
         plugins = get_plugin_manager()
         check_before_loading(model, config, drafter, plugins)

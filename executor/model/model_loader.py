@@ -27,8 +27,8 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from ..layers.measurement.cache_folder import resolve_cache_dir
-from ..layers.quantized.gguf_sources import find_sources, materialize_placeholders
 from ..layers.quantized.auto_scheme import auto_scheme
+from ..layers.quantized.gguf_sources import find_sources, materialize_placeholders
 from ..layers.quantized.quantization import QuantizationReport, check_quantization, quantize_model
 from ..layers.quantized.release_memory import trim_freed_heap
 from .decoder.convert import ModelImplChoice, resolve_model_impl
