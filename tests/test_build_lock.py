@@ -1,5 +1,6 @@
-"""The kernel build lock is taken from a builder only when that builder is gone, never by age: a slow
-build keeps its lock however long it takes, a killed one does not block the next forever."""
+"""The kernel build lock is taken from a builder only when that builder is gone or has stopped beating,
+never by the lock's age: a slow build keeps its lock however long it takes, a killed or frozen one (on
+this host or one this process cannot see) does not block the next forever."""
 
 from __future__ import annotations
 
@@ -107,9 +108,40 @@ def test_a_process_id_given_to_a_later_process_does_not_hold_the_lock(tmp_path):
 
 def test_a_lock_from_another_host_or_container_is_waited_on_and_one_from_before_a_reboot_is_not(tmp_path):
     lock = tmp_path / "specexec.lock"
+    lock.touch()  # its holder's heartbeat: just now
     assert not build_lock.is_stale(owner_record(host=socket.gethostname() + "-other", pid=2**22 + 7), lock)
     assert not build_lock.is_stale(owner_record(pid_namespace="pid:[1]", pid=2**22 + 7), lock)
     assert build_lock.is_stale(owner_record(boot="an earlier boot"), lock)
+
+
+@pytest.mark.parametrize(
+    "elsewhere",
+    [{"host": "another-host"}, {"pid_namespace": "pid:[1]"}, {}],
+    ids=["host", "container", "here"],
+)
+def test_a_holder_whose_heartbeat_stopped_is_taken_over_wherever_it_runs(tmp_path, elsewhere):
+    """A holder on another host or in another container cannot be looked up here, and a frozen one
+    here still runs: past `HEARTBEAT_STALE_S` without a beat, each lock is taken over."""
+    lock = tmp_path / "specexec.lock"
+    lock.touch()
+    owner = owner_record(**elsewhere)  # (here: this very process, which is alive)
+    assert not build_lock.is_stale(owner, lock)
+    then = time.time() - build_lock.HEARTBEAT_STALE_S - 1
+    os.utime(lock, (then, then))
+    assert build_lock.is_stale(owner, lock)
+    del owner["heartbeat_s"]  # an older specexec's record, which never beat: its age says nothing
+    assert not build_lock.is_stale(owner, lock)
+
+
+def test_a_holder_beats_while_it_holds_the_lock(tmp_path, monkeypatch):
+    monkeypatch.setattr(build_lock, "HEARTBEAT_S", 0.05)
+    lock = tmp_path / "specexec.lock"
+    with build_lock.held_build_lock(lock):
+        then = time.time() - 600
+        os.utime(lock, (then, then))
+        time.sleep(0.3)
+        assert time.time() - lock.stat().st_mtime < 5
+    assert not lock.exists()
 
 
 @pytest.mark.parametrize("age_s, is_stale", [(1.0, False), (build_lock.UNREADABLE_GRACE_S + 1, True)])

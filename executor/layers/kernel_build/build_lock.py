@@ -1,13 +1,15 @@
-"""A lock on a build folder that says who holds it, so that one left by a dead builder is removed and
-one held by a slow builder never is.
+"""A lock on a build folder that says who holds it and beats while held, so that one left by a dead
+or frozen builder is taken over and one held by a slow builder never is.
 
 torch's own build lock (an empty ``lock`` file) says nothing of its holder: a process killed while it
 built (Ctrl-C, a stopped tensor-parallel worker) leaves it behind and every later build waits on it
 forever, and removing it by age races a build that is only slow. This lock's file records its
-holder's process id, start time, host, boot and process-id namespace; it is removed only when that
-process is gone (the same host, boot and namespace, and no live process with that id and start time)
-or the machine has rebooted since. A holder this process cannot see (another host sharing the home
-folder, another container) is waited on, with one line saying who it is.
+holder's process id, start time, host, boot and process-id namespace, and its holder touches it every
+`HEARTBEAT_S` while it holds it. It is taken over (with a warning) when that process is gone (the same
+host, boot and namespace, and no live process with that id and start time), when the machine has
+rebooted since, or when its heartbeat is older than `HEARTBEAT_STALE_S`: a holder this process cannot
+see (another host sharing the home folder, another container) or one that is frozen is waited on that
+long at most, never forever.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,6 +32,10 @@ POLL_S = 0.2  #: how often a waiting process looks at the lock again
 #: file system has no hard links) is its writer's for this long, then stale
 UNREADABLE_GRACE_S = 60.0
 BREAK_STALE_S = 10.0  #: far longer than a stale lock's removal, which holds the ``.break`` file
+HEARTBEAT_S = 5.0  #: how often a holder touches its lock
+#: a lock whose holder has not touched it for this long is its holder's no more (a live holder, however
+#: slow its build, touches it every `HEARTBEAT_S`)
+HEARTBEAT_STALE_S = 60.0
 
 
 @contextlib.contextmanager
@@ -46,11 +53,27 @@ def held_build_lock(lock: Path) -> Iterator[None]:
             logger.warning("waiting for the build lock %s (held by %s)", lock, held_by)
             has_waited = True
         time.sleep(POLL_S)
+    stop = threading.Event()
+    beat = threading.Thread(
+        target=_beat, args=(lock, owner, stop), name="specexec-lock-heartbeat", daemon=True
+    )
+    beat.start()
     try:
         yield
     finally:
+        stop.set()
+        beat.join()
         if _read_owner(lock) == owner:
             lock.unlink(missing_ok=True)
+
+
+def _beat(lock: Path, owner: dict, stop: threading.Event) -> None:
+    """Touch ``lock`` every `HEARTBEAT_S` while this process holds it (``owner`` in it)."""
+    while not stop.wait(HEARTBEAT_S):
+        if _read_owner(lock) != owner:
+            return  # taken over (this process was frozen past the stale age): not ours to touch
+        with contextlib.suppress(OSError):
+            os.utime(lock)
 
 
 def this_process_owner() -> dict:
@@ -62,6 +85,7 @@ def this_process_owner() -> dict:
         "boot": boot_id(),
         "pid_namespace": pid_namespace(),
         "token": uuid.uuid4().hex,
+        "heartbeat_s": HEARTBEAT_S,
     }
 
 
@@ -73,13 +97,23 @@ def is_stale(owner: dict | None, lock: Path) -> bool:
             return time.time() - lock.stat().st_mtime > UNREADABLE_GRACE_S
         except FileNotFoundError:
             return False  # released meanwhile: try again
+    if "heartbeat_s" in owner and _heartbeat_age(lock) > HEARTBEAT_STALE_S:
+        return True  # its holder, wherever it runs, stopped touching it: gone or frozen
     if owner.get("host") != socket.gethostname():
-        return False  # another machine's process: this one cannot tell
+        return False  # another machine's process: its heartbeat says when it is gone
     if owner.get("boot") != boot_id():
         return True  # the machine rebooted since: every process of then is gone
     if owner.get("pid_namespace") != pid_namespace():
-        return False  # another container's process: its id means nothing here
+        return False  # another container's process: its id means nothing here, its heartbeat does
     return not is_running(owner.get("pid"), owner.get("start"))
+
+
+def _heartbeat_age(lock: Path) -> float:
+    """Seconds since ``lock`` was last touched (0 where it is gone: released meanwhile)."""
+    try:
+        return time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def is_running(pid: object, start: object) -> bool:
