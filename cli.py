@@ -7,56 +7,7 @@ import logging
 import os
 import sys
 
-
-def _add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model", help="HF directory or GGUF file (default: the embedded SmolLM2-135M-Instruct)"
-    )
-    parser.add_argument("--config", help="YAML file with executor settings (see ExecutorConfig)")
-    parser.add_argument(
-        "--dtype",
-        choices=["auto", "float32", "bfloat16", "float16", "float64"],
-        help="overrides the config (default auto: measured once per machine)",
-    )
-    parser.add_argument(
-        "--quantization",
-        choices=["auto", "none", "int8", "int4", "gguf"],
-        help="weight-only quantization of the linear layers; overrides the config (default auto: a GGUF "
-        "file at its own codes, any other model as loaded; none: a GGUF dequantized)",
-    )
-    parser.add_argument(
-        "--model-impl",
-        choices=["auto", "specexec", "transformers"],
-        help="the forward: specexec's own decoder (Llama family) or transformers' modules; overrides "
-        "the config (default auto: specexec where supported)",
-    )
-    parser.add_argument(
-        "--quantized-kernel",
-        choices=["auto", "torch", "int8_dot"],
-        help="a CPU model's quantized layers at decode/verify rows: torch's kernels or int8_dot (integer "
-        "dot products over int8 activations, llama.cpp's way); overrides the config (default auto: measured)",
-    )
-    parser.add_argument(
-        "--tensor-parallel-size",
-        type=int,
-        help="run the target over N worker processes, sharded (CPU, gloo; default 1: one process)",
-    )
-    parser.add_argument(
-        "--tensor-parallel-launch",
-        choices=["spawn", "torchrun"],
-        help="how the ranks start: spawn (worker processes on this machine, the default) or torchrun "
-        "(start this same command on every rank with torchrun; rank 0 serves, the others hold shards)",
-    )
-
-
-def _add_drafter_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--decoding-type",
-        help="speculative drafter: auto (the default: Suffix under the policy that drafts only where it "
-        "pays), none (off), NGram, Suffix, REST, DraftTarget, Eagle, UserProvided or a plugin's name "
-        "(`specexec drafters` lists the installed ones)",
-    )
-    parser.add_argument("--max-draft-len", type=int, default=None, help="draft tokens per step at most (default 3; 8 under auto)")
+from .cli_config import add_drafter_args, add_model_args, load_config
 
 
 def _version() -> str:
@@ -77,7 +28,7 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="generate from one prompt, streaming the text")
     run.add_argument("--prompt", required=True, help="the prompt text ('-' reads it from standard input)")
-    _add_model_args(run)
+    add_model_args(run)
     run.add_argument("--max-tokens", type=int, default=128, help="output tokens at most (default 128)")
     run.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     run.add_argument("--top-p", type=float, default=1.0)
@@ -92,10 +43,10 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip the start-up warm-up (one tiny forward of each model before the prompt runs)",
     )
-    _add_drafter_args(run)
+    add_drafter_args(run)
     serve = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
-    _add_model_args(serve)
-    _add_drafter_args(serve)
+    add_model_args(serve)
+    add_drafter_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 (default: none)")
@@ -111,6 +62,11 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compute every prompt in full (default: share the K/V pages of common prefixes)",
     )
+    tune = sub.add_parser(
+        "tune", help="measure this machine's kernel choices for a model again, store them and print them"
+    )
+    add_model_args(tune)
+    add_drafter_args(tune)
     sub.add_parser("drafters", help="list the installed drafters (built-in and plugins) and their options")
     bench = sub.add_parser("bench", help="measure configurations and baselines side by side")
     from .bench.command import add_arguments
@@ -138,50 +94,6 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_config(args: argparse.Namespace):
-    from .executor.config import ExecutorConfig
-
-    config = ExecutorConfig.from_yaml(args.config) if args.config else ExecutorConfig()
-    if args.model:
-        config.model = args.model
-    if args.dtype:
-        config.dtype = args.dtype
-    if args.quantization:
-        config.quantization = args.quantization
-    if args.model_impl:
-        config.model_impl = args.model_impl
-    if args.quantized_kernel:
-        config.quantized_kernel = args.quantized_kernel
-    if args.tensor_parallel_size is not None:
-        config.tensor_parallel_size = args.tensor_parallel_size
-    if args.tensor_parallel_launch:
-        config.tensor_parallel_launch = args.tensor_parallel_launch
-    config.validate()
-    decoding_type = getattr(args, "decoding_type", None)
-    max_draft_len = getattr(args, "max_draft_len", None)
-    if decoding_type in ("none", "auto"):
-        config.speculative_config = None if decoding_type == "none" else "auto"
-    if decoding_type not in (None, "none", "auto"):
-        from .executor.engine.speculation.speculative_config import SpeculativeConfig
-
-        config.speculative_config = SpeculativeConfig(
-            decoding_type,
-            max_draft_len or 3,
-            options=dict(getattr(config.speculative_config, "options", {}) or {}),
-        )
-    elif max_draft_len is not None:
-        if config.speculative_config is None:
-            raise ValueError("--max-draft-len needs drafting on: --decoding-type, or a speculative_config")
-        if config.speculative_config == "auto":
-            from .executor.auto_defaults import AUTO_DRAFTER
-            from .executor.engine.speculation.speculative_config import SpeculativeConfig
-
-            config.speculative_config = SpeculativeConfig(AUTO_DRAFTER, max_draft_len, draft_len_policy="auto")
-        config.speculative_config.max_draft_len = max_draft_len
-        config.speculative_config.__post_init__()
-    return config
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
     from .sampling import SamplingParams
@@ -194,31 +106,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     params.validate()
-    config = _load_config(args)
+    config = load_config(args)
     if (code := _serve_as_worker_rank(config)) is not None:
         return code
     config.warmup = not args.no_warmup  # the first request then pays no cold start: ttft= is its own
     from .executor.executor import Executor
+    from .executor.layers.measurement.measurement_journal import measurement_notes
+    from .executor.plan_report import measurement_table, plan_lines
 
+    first_note = len(measurement_notes())
     with Executor(config=config) as executor:
-        print(f"[{executor.auto_choices.summary()}]", file=sys.stderr)
-        choice = executor.dtype_choice
-        print(f"[dtype {choice.dtype}: {choice.reason}]", file=sys.stderr)
-        impl = executor.model_impl
-        print(f"[model_impl {impl.impl}: {impl.reason}]", file=sys.stderr)
-        if executor.quantization is not None:
-            print(f"[{executor.quantization.summary()}]", file=sys.stderr)
-        if executor.model.device.type == "cpu":
-            from .executor.layers.cpu_kernels import describe_cpu_kernels
-
-            print(f"[cpu kernels: {describe_cpu_kernels()}]", file=sys.stderr)
-            linear = executor.linear_backend
-            print(f"[cpu_linear {linear.backend}: {linear.reason}]", file=sys.stderr)
-            if executor.quantization is not None:
-                kernel = executor.quantized_kernel
-                print(f"[quantized_kernel {kernel.kernel}: {kernel.reason}]", file=sys.stderr)
-        for report in executor.cuda_graphs:
-            print(f"[{report.describe()}]", file=sys.stderr)
+        for line in plan_lines(executor):
+            print(f"[{line}]", file=sys.stderr)
+        if args.verbose:
+            print(measurement_table(measurement_notes(first_note)), file=sys.stderr)
         prompt = prompt_text
         if not args.raw and getattr(executor.tokenizer, "chat_template", None):
             prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [
@@ -239,6 +140,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    """Measure every choice of the start again for this model and config, store it, print it."""
+    config = load_config(args)
+    config.warmup = False
+    from .executor.executor import Executor
+    from .executor.layers.measurement.measurement_journal import measurement_notes, remeasuring
+    from .executor.plan_report import measurement_table, plan_lines
+
+    first_note = len(measurement_notes())
+    with remeasuring(), Executor(config=config) as executor:
+        print(measurement_table(measurement_notes(first_note)))
+        print("\n".join(plan_lines(executor)))
+    return 0
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         from .server.app import ServerLimits
@@ -252,7 +168,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     limits = ServerLimits(
         max_queued_requests=args.max_queued_requests, request_timeout_s=args.request_timeout
     )
-    config = _load_config(args)
+    config = load_config(args)
     if (code := _serve_as_worker_rank(config)) is not None:
         return code
     config.enable_prefix_caching = not args.no_prefix_caching  # (on by default in serve, as vLLM's)
@@ -375,6 +291,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         commands = {
             "run": _cmd_run,
+            "tune": _cmd_tune,
             "bench": _cmd_bench,
             "train-eagle3": _cmd_train_eagle3,
             "train-medusa": _cmd_train_medusa,

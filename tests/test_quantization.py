@@ -267,7 +267,8 @@ def test_a_quantized_target_decodes_on_cuda_and_frees_its_pages(scheme):
 
 
 def test_the_command_line_sets_quantization_over_the_config(tmp_path):
-    from specexec.cli import _build_parser, _load_config
+    from specexec.cli import _build_parser
+    from specexec.cli_config import load_config as _load_config
 
     config = tmp_path / "c.yaml"
     config.write_text("quantization: int8\n")
@@ -279,6 +280,8 @@ def test_the_command_line_sets_quantization_over_the_config(tmp_path):
     assert _load_config(args).quantization is None
     args = _build_parser().parse_args(["run", "--prompt", "x", "--quantization", "gguf"])
     assert _load_config(args).quantization == "gguf"
+    args = _build_parser().parse_args(["run", "--prompt", "x"])
+    assert _load_config(args).quantization == "auto"  # the default: a GGUF at its codes
 
 
 @pytest.mark.parametrize(("measured", "expected"), [("bfloat16", torch.bfloat16), ("float32", torch.float32)])

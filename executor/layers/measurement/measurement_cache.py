@@ -1,19 +1,23 @@
-"""Measurements of this machine kept across runs (the forward-cost curve, the dtype choice, the attention
-kernels): one JSON file per key in the cache folder, measured when missing or unreadable; and the one
-timing rule they share.
+"""This machine's measurements (the forward-cost curve, the dtype choice, the kernels' row ratios, the
+attention paths), kept across runs: one JSON file per key in the cache folder, measured when missing or
+unreadable; and the one timing rule they share.
 
-A measurement taken while other work shares the CPUs can pick the wrong kernel, and a cached choice
-would then stay wrong on every later run (an attention choice timed under load made decode rows 2.6x
-slower on the AVX512-BF16 EPYC until its file was deleted). So a noisy measurement (`timing_noise`) is
-taken again, and if the second is noisy too, the quieter answer is used for this run only: not
-cached, and measured again next time. A cached file keeps its measurement's noise (`timing_noise`);
-files without it, written before the check, are measured again."""
+A measurement taken while other work shares the CPUs can pick the wrong kernel (an attention choice
+timed under load made decode rows 2.6x slower on the AVX512-BF16 EPYC), but measuring again until the
+machine is quiet made a start on a machine that never is (two replicas starting together, a laptop)
+take minutes: each start measured twice and cached nothing. So a start measures once and stores what
+it measured with its noise (`timing_noise`); one flagged noisy is used as long as the machine is busy
+and measured again at the first start that finds it quiet (or by `specexec tune`). Processes starting
+together measure each key once: one holds its lock (`measurement_lock.py`, a deadline on every wait)
+and the others read its file. Files without a noise record, written before the check, are measured
+again."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +26,9 @@ import torch
 
 from ..cpu_info import cpu_key
 from ..cpu_kernels import kernels_key
-from .timing_noise import measure_with_noise, note_spread
+from .measurement_journal import is_remeasuring, note_measurement
+from .measurement_lock import held_measurement_lock
+from .timing_noise import machine_is_busy, measure_with_noise, note_spread
 
 logger = logging.getLogger("specexec")
 NOISE_FIELD = "timing_noise"  #: the measurement's `TimingNoise`, kept in its cache file
@@ -75,41 +81,76 @@ def cached_measurement(
 ) -> dict:
     """``measure()``'s answer for ``key``, read from ``<cache_dir>/<kind>-<hash>.json`` when the file
     holds every key a fresh answer would (and ``is_stale``, when given, does not reject it); otherwise
-    measured (logging ``what``) and written there, unless the machine was busy while it was timed (see
-    the module docstring). No cache_dir: always measured."""
-    path = None
-    if cache_dir is not None:
-        path = cache_dir / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-        try:
-            cached = json.loads(path.read_text())
-        except (OSError, ValueError):
-            cached = None
-        complete = isinstance(cached, dict) and all(name in cached for name in (*needs, NOISE_FIELD))
-        if complete and (is_stale is None or not is_stale(cached)):
-            return cached
-    logger.info("%s (once%s)", what, f"; cached at {path}" if path else "")
+    measured once (logging ``what``) and stored there, with its noise (see the module docstring).
+    No cache_dir: always measured."""
+    if cache_dir is None:
+        return _measure_and_note(kind, key, measure, what, None)
+    path = cache_dir / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    if not is_remeasuring() and (stored := _stored(path, needs, is_stale)) is not None:
+        return stored
+    with held_measurement_lock(path) as waited:
+        if waited and not is_remeasuring() and (stored := _stored(path, needs, is_stale, accept_noisy=True)):
+            return stored  # another process measured it while this one waited
+        return _measure_and_note(kind, key, measure, what, path)
+
+
+def _stored(path: Path, needs: tuple[str, ...], is_stale, accept_noisy: bool = False) -> dict | None:
+    """The stored measurement, if complete and current. One taken while other work shared the CPUs is
+    used as long as the machine is still busy (or, ``accept_noisy``, always: another process has just
+    measured it); on a quiet machine it is measured again."""
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(cached, dict) and all(name in cached for name in (*needs, NOISE_FIELD))):
+        return None
+    noise = cached[NOISE_FIELD]
+    if not isinstance(noise, dict):
+        return None
+    if noise.get("noisy") and not accept_noisy:
+        if not machine_is_busy():
+            logger.info(
+                "%s was measured while the CPUs were busy; the machine is quiet now: measuring again",
+                path.name,
+            )
+            return None
+        note_measurement(path.stem.rsplit("-", 1)[0], "stored (measured while busy)", 0.0, path)
+        return cached
+    if is_stale is not None and is_stale(cached):
+        return None
+    note_measurement(path.stem.rsplit("-", 1)[0], "stored", 0.0, path)
+    return cached
+
+
+def _measure_and_note(kind: str, key: str, measure: Callable[[], dict], what: str, path: Path | None) -> dict:
+    """Measure once; store the answer at ``path`` with its noise (flagged ``noisy`` where other work
+    shared the CPUs, so that a quiet start or `specexec tune` measures it again: the start itself never
+    waits for a quiet machine, nor measures twice)."""
+    logger.info("%s (once%s)", what, f"; stored at {path}" if path else "")
+    started = time.perf_counter()
     data, noise = measure_with_noise(measure)
-    logger.debug("%s: %s", kind, noise.describe())
-    if noise.noisy:
-        logger.info("%s: %s (the CPUs were busy): measuring again", kind, noise.describe())
-        again, noise_again = measure_with_noise(measure)
-        if not noise_again.noisy or noise_again.spread < noise.spread:
-            data, noise = again, noise_again
+    seconds = time.perf_counter() - started
+    logger.debug("%s: %s (%.1f s)", kind, noise.describe(), seconds)
     if noise.noisy:
         logger.warning(
-            "the %s measurement ran twice while other work shared the CPUs (%s): its choice holds for "
-            "this run only, is not cached, and is measured again next time; for a lasting choice, run "
-            "once on a quiet machine",
+            "the %s measurement ran while other work shared the CPUs (%s): its choice is used, and "
+            "measured again at the next start on a quiet machine, or by `specexec tune`",
             kind, noise.describe(),
         )  # fmt: skip
-        return data
+    note_measurement(kind, "measured while busy" if noise.noisy else "measured", seconds, path)
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            record = {"spread": round(noise.spread, 3), "others_share": noise.others_share}
-            path.write_text(json.dumps({"key": key, **data, NOISE_FIELD: record}))
+            record = {
+                "spread": round(noise.spread, 3),
+                "others_share": noise.others_share,
+                "noisy": noise.noisy,
+            }
+            aside = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            aside.write_text(json.dumps({"key": key, **data, NOISE_FIELD: record}))
+            aside.replace(path)  # (a reader never sees half a file)
         except OSError as exc:
-            logger.warning("could not cache the %s measurement at %s: %s", kind, path, exc)
+            logger.warning("could not store the %s measurement at %s: %s", kind, path, exc)
     return data
 
 

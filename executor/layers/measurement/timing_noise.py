@@ -125,3 +125,25 @@ def _busy_seconds(cpus: set[int]) -> float | None:
         user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
         busy += user + nice + system + irq + softirq + steal
     return busy / ticks
+
+
+#: how long `machine_is_busy` watches the CPUs
+BUSY_CHECK_S = 0.25
+
+
+#: a start asks once for all its stored measurements: the answer holds this long
+BUSY_ANSWER_S = 10.0
+_last_busy_answer: list[tuple[float, bool]] = []
+
+
+def machine_is_busy(seconds: float = BUSY_CHECK_S) -> bool:
+    """Whether other processes take `BUSY_SHARE` of the CPUs torch's threads need, watched for
+    ``seconds`` while this process sleeps (False where ``/proc/stat`` cannot say); an answer is
+    reused for `BUSY_ANSWER_S`."""
+    now = time.monotonic()
+    if _last_busy_answer and now - _last_busy_answer[-1][0] < BUSY_ANSWER_S:
+        return _last_busy_answer[-1][1]
+    _, noise = measure_with_noise(lambda: time.sleep(seconds) or {})
+    busy = (noise.others_share or 0.0) >= BUSY_SHARE
+    _last_busy_answer[:] = [(time.monotonic(), busy)]
+    return busy
