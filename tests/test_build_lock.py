@@ -56,6 +56,7 @@ def test_a_slow_builders_lock_is_waited_on_however_old_and_taken_once_it_is_kill
     monkeypatch.setenv("SPECEXEC_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(kernels_module.SWITCH, raising=False)
     monkeypatch.setattr(torch.utils.cpp_extension, "load", lambda name, **kwargs: calls.append(name))
+    monkeypatch.setattr(kernels_module, "installed_library", lambda: None)  # (the build at first use)
     folder = kernels_module.build_folder(kernels_module.build_identity())
     folder.mkdir(parents=True)
     torch_lock = folder / "lock"

@@ -51,6 +51,7 @@ def fake_build(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECEXEC_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(kernels_module.SWITCH, raising=False)
     monkeypatch.setattr(torch.utils.cpp_extension, "load", build)
+    monkeypatch.setattr(kernels_module, "installed_library", lambda: None)  # (the build at first use)
     kernels_module.cpu_kernels.cache_clear()
     yield build
     kernels_module.cpu_kernels.cache_clear()

@@ -12,8 +12,14 @@
 - ``row_status_argmax`` (`row_summary_cpu.cpp`): each logit row's status and argmax for verification
   (`row_summary.py`).
 
-They are compiled on first use with torch's cpp_extension (``-O3 -march=native``, OpenMP; ninja and a
-C++ compiler) into specexec's cache folder and loaded from there afterwards (the sources include ATen
+They are compiled when the package is installed (`setup.py`), one library per ISA level
+(`kernel_build/isa_variants.py`: AVX2, AVX-512 with VNNI, with VNNI and BF16), and the run loads the
+richest one this CPU reports the instructions of, whose name holds the digest of these sources and
+torch's version (`installed_library`): no run compiles anything. Where none fits (no compiler at
+install, a source edited since, another torch, ``SPECEXEC_CPU_MARCH`` set to a target no library was
+built for, a CPU below x86-64-v3) they are compiled on first use instead, saying so, with torch's
+cpp_extension (``-O3 -march=native``, OpenMP; ninja and a C++ compiler) into specexec's cache folder
+and loaded from there afterwards (the sources include ATen
 and torch/library.h only, not torch/extension.h). A build is keyed by what decides its machine code:
 the compiler's expansion of ``-march=native`` and its version (`compiler_target.py`), this CPU's
 features (`cpu_info.cpu_key`), torch's version, the sources and the flags; the key is recorded beside
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.machinery
 import json
 import logging
 import os
@@ -38,36 +45,16 @@ from pathlib import Path
 
 import torch
 
-from .cpu_info import cpu_key
+from .cpu_info import cpu_flags, cpu_key
+from .kernel_build import isa_variants
 from .kernel_build.build_lock import held_build_lock
 from .kernel_build.compiler_target import compiler_command, compiler_target
 from .measurement.cache_folder import default_cache_dir
 
 logger = logging.getLogger("specexec")
 
-SOURCES = tuple(
-    Path(__file__).parent / name
-    for name in (
-        "paged_attention_cpu.cpp",
-        "fused_ops_cpu.cpp",
-        "quantized/quantized_dot_cpu.cpp",
-        "quantized/q8_dequantize_cpu.cpp",
-        "prenorm_layer_cpu.cpp",
-        "row_summary_cpu.cpp",
-    )
-)
-#: included by the sources: part of a build's identity
-HEADERS = tuple(
-    Path(__file__).parent / name
-    for name in (
-        "float_convert.h",
-        "lanes8.h",
-        "attention_vectors.h",
-        "attention_bf16_dot.h",
-        "quantized/tile_layout.h",
-        "quantized/q5_values.h",
-    )
-)
+SOURCES = tuple(Path(__file__).parent / name for name in isa_variants.SOURCES)
+HEADERS = tuple(Path(__file__).parent / name for name in isa_variants.HEADERS)  #: part of a build's identity
 #: "0" keeps every CPU op on torch; "1" makes a failed build an error; unset: built where it can be
 SWITCH = "SPECEXEC_CPU_KERNELS"
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")  #: (no errno: libm calls vectorize)
@@ -93,6 +80,16 @@ def cpu_kernels():
     if switch == "0":
         logger.info("C++ CPU kernels off (%s=0): torch ops run instead", SWITCH)
         return None
+    installed = installed_library()
+    if installed is not None:
+        try:
+            torch.ops.load_library(str(installed))
+            logger.info("C++ CPU kernels: %s (built at install)", installed.name)
+            return torch.ops.specexec_cpu
+        except (OSError, RuntimeError) as exc:
+            logger.warning(
+                "the installed C++ CPU kernels %s did not load (%s): building them now", installed, exc
+            )
     identity = build_identity()
     build = build_folder(identity)
     started = time.perf_counter()
@@ -128,6 +125,30 @@ def cpu_kernels():
         return None
     logger.info("C++ CPU kernels loaded from %s (%.1f s)", build, time.perf_counter() - started)
     return torch.ops.specexec_cpu
+
+
+def installed_variant() -> isa_variants.IsaVariant | None:
+    """The ISA level this CPU runs the kernels at (``SPECEXEC_CPU_MARCH`` x86-64-v3: AVX2's), or None
+    where no installed level stands for what is asked (another ``-march``, a CPU below x86-64-v3)."""
+    march = os.environ.get(MARCH, "").strip()
+    if march:
+        name = isa_variants.MARCH_VARIANTS.get(march)
+        return next((v for v in isa_variants.VARIANTS if v.name == name), None)
+    return isa_variants.variant_for(cpu_flags())
+
+
+def installed_library(folder: Path = Path(__file__).parent) -> Path | None:
+    """The library `setup.py` built into ``folder`` for this CPU's level from these very sources and
+    this torch, or None (then the kernels are built at first use)."""
+    variant = installed_variant()
+    if variant is None:
+        return None
+    module = variant.module(_sources_digest(), torch.__version__)
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = folder / f"{module}{suffix}"
+        if path.is_file():
+            return path
+    return None
 
 
 def cflags() -> tuple[str, ...]:
@@ -166,6 +187,8 @@ def kernels_key() -> str:
     are switched off. Nothing is built or loaded to say so."""
     if os.environ.get(SWITCH) == "0":
         return "torch ops"
+    if (installed := installed_library()) is not None:
+        return installed.name.split(".")[0]  # (its name holds the sources' digest and the flags')
     return hashlib.sha256("\0".join([_sources_digest(), *cflags()]).encode()).hexdigest()[:12]
 
 
@@ -178,6 +201,9 @@ def _sources_digest() -> str:
 def describe_cpu_kernels() -> str:
     """Which kernels run on the CPU, for `specexec run`'s header: the C++ ones and what they were built
     for, or torch's and why."""
+    if cpu_kernels() is not None and (installed := installed_library()) is not None:
+        variant = installed_variant()
+        return f"C++ (built at install for {variant.name}: {' '.join(variant.march_flags)}; {installed})"
     if cpu_kernels() is not None:
         target = compiler_target(compiler_command(), cflags())
         built_for = (
