@@ -1,8 +1,8 @@
 """Start the server: load the executor (warm-up on), build the app, run uvicorn until SIGTERM / Ctrl-C.
 
 While the model loads, the port already answers: every path with 503 ``{"status": "loading"}`` and a
-``Retry-After`` (a router or a readiness probe sees a replica that is not ready, not a refused
-connection); a port in use fails at once, not after the load.
+``Retry-After``, and a router's gRPC probe with HTTP/2's "use HTTP/1.1" (`loading_answer.py`); a port
+in use fails at once, not after the load.
 
 On SIGTERM (or Ctrl-C) the server drains: no new request is admitted (``/health`` and new completions
 answer 503, so a router sends them elsewhere), uvicorn stops accepting connections and waits up to
@@ -11,18 +11,16 @@ answer 503, so a router sends them elsewhere), uvicorn stops accepting connectio
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import signal
 import threading
-import time
 from pathlib import Path
 
 from ..executor.async_executor import AsyncExecutor
 from ..executor.config import ExecutorConfig
 from ..executor.executor import Executor
 from .app import ServerLimits, build_app
+from .loading_answer import answering_loading
 
 logger = logging.getLogger("specexec")
 
@@ -82,40 +80,3 @@ def serve(
             signal.signal(sig, handler)
     if not server.started:
         raise ValueError(f"the server could not start on {host}:{port} (is the port in use?)")
-
-
-@contextlib.contextmanager
-def answering_loading(host: str, port: int):
-    """Answer 503 ``{"status": "loading"}`` on every path of ``host:port`` while the block runs."""
-    import uvicorn
-
-    server = uvicorn.Server(
-        uvicorn.Config(_loading_app, host=host, port=port, log_level="warning", lifespan="off")
-    )
-    thread = threading.Thread(target=server.run, name="specexec-loading", daemon=True)
-    thread.start()
-    while not server.started and thread.is_alive():
-        time.sleep(0.01)
-    if not server.started:
-        raise ValueError(f"the server could not start on {host}:{port} (is the port in use?)")
-    try:
-        yield
-    finally:
-        server.should_exit = True
-        thread.join()
-
-
-async def _loading_app(scope, receive, send) -> None:
-    if scope["type"] != "http":
-        return
-    body = json.dumps(
-        {"status": "loading", "error": {"message": "the model is loading", "type": "server_error"}}
-    )
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [(b"content-type", b"application/json"), (b"retry-after", b"5")],
-        }
-    )
-    await send({"type": "http.response.body", "body": body.encode()})

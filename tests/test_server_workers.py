@@ -124,3 +124,25 @@ def test_the_port_answers_503_loading_while_the_model_loads():
             assert answer.headers["retry-after"] == "5"
     with socket.socket() as s:  # the port is free again for the real server
         s.bind(("127.0.0.1", port))
+
+
+def test_a_routers_grpc_probe_of_a_loading_replica_is_told_http1_and_nothing_is_logged(caplog):
+    """sglang-router probes a worker whose /health is not 2xx with gRPC on the same port: an HTTP/2
+    preface, which uvicorn logged as an invalid HTTP request on every retry."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with (
+        answering_loading("127.0.0.1", port),
+        socket.create_connection(("127.0.0.1", port), timeout=5) as probe,
+    ):
+        probe.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+        answer = b""
+        while chunk := probe.recv(1024):
+            answer += chunk
+        settings, go_away = answer[:9], answer[9:]
+        assert settings[3] == 0x4 and go_away[3] == 0x7  # frame types SETTINGS, GOAWAY
+        assert int.from_bytes(go_away[-4:], "big") == 0xD  # HTTP_1_1_REQUIRED
+        posted = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"messages": MESSAGES})
+        assert posted.status_code == 503 and posted.json()["status"] == "loading"
+    assert not [r for r in caplog.records if "Invalid HTTP request" in r.getMessage()]
