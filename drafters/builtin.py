@@ -1,8 +1,6 @@
-"""The built-in drafters, registered with the plugin manager like any third-party plugin.
-
-Each factory declares its options dataclass (`declare_options`), so a bad option is refused before
-any model loads; the factory then parses the same options again to build its drafter.
-"""
+"""The built-in drafters, registered with the plugin manager like any third-party plugin. Each factory
+declares its options dataclass (`declare_options`), so a bad option is refused before any model loads;
+the factory then parses the same options again to build its drafter."""
 
 from __future__ import annotations
 
@@ -125,9 +123,8 @@ class DraftTargetOptions(_DraftModelOptions):
     """``speculative_model`` None = a quantized copy of the target (the self-draft)."""
 
     option_label = "DraftTarget option"  #: (not a field) for the unknown-option error
-    #: the draft model's weight-only quantization (as the executor's ``quantization``: auto, none, int8,
-    #: int4, gguf); auto = int8 for the self-draft, for a draft model the executor's rule (a GGUF file at
-    #: its own codes, any other model as loaded)
+    #: the draft model's weight-only quantization (as the executor's: auto, none, int8, int4, gguf); auto
+    #: = int8 for the self-draft, for a draft model the executor's rule (a GGUF at its own codes)
     quantization: str | None = "auto"
 
     def __post_init__(self) -> None:
@@ -248,11 +245,8 @@ def make_draft_target(spec_config, context: DrafterContext) -> Drafter:
     path = opts.speculative_model or opts.speculative_model_dir
     cfg = context.executor_config
     if path is None:
-        if opts.quantization == "none":
-            raise ValueError(
-                "DraftTarget option quantization: none leaves the self-draft (no speculative_model) the "
-                "target itself; use auto (int8), int8, int4 or gguf"
-            )
+        if opts.quantization == "none":  # (the self-draft would be the target itself)
+            raise ValueError("DraftTarget option quantization: a self-draft takes auto, int8, int4, gguf")
         draft = self_draft(context, "int8" if opts.quantization in (None, "auto") else opts.quantization)
     else:
         from ..executor.model.model_loader import load_model

@@ -184,8 +184,9 @@ def greedy_requests(prompts, max_tokens: int = 12) -> list[Request]:
 
 def make_config(**overrides) -> ExecutorConfig:
     settings = dict(
-        num_kv_blocks=128, block_size=BLOCK, max_num_tokens=128, max_batch_size=8, dtype="float64"
-    )
+        num_kv_blocks=128, block_size=BLOCK, max_num_tokens=128, max_batch_size=8, dtype="float64",
+        speculative_config=None,  # the tests that draft name their drafter (the default drafts)
+    )  # fmt: skip
     return ExecutorConfig(**{**settings, **overrides})
 
 

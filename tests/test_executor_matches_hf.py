@@ -31,8 +31,9 @@ MIXED_LENGTHS = [1, 40, 5, 17, 2, 33, 9, 26]
 
 def make_config(**overrides) -> ExecutorConfig:
     settings = dict(
-        num_kv_blocks=128, block_size=4, max_num_tokens=128, max_batch_size=8, dtype="float64", device="cpu"
-    )
+        num_kv_blocks=128, block_size=4, max_num_tokens=128, max_batch_size=8, dtype="float64", device="cpu",
+        speculative_config=None,  # plain decoding, one forward a token (the default drafts)
+    )  # fmt: skip
     settings.update(overrides)
     return ExecutorConfig(**settings)
 
