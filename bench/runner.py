@@ -165,6 +165,7 @@ class BenchRunner:
         for c in self.concurrencies:
             bar.set_postfix_str(f"{named.name} c={c}{self._pass_label()}")
             executor.reset_prefix_cache()  # every run starts cold: nothing reused from the one before
+            executor.forget_finished_requests()  # (Suffix's outputs of the same prompts in an earlier pass)
             stats = executor.speculation.stats
             draft0, target0 = stats.drafting_time, stats.target_time
             broadcast0 = getattr(executor.core.runner, "broadcast_seconds", 0.0)

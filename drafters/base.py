@@ -145,6 +145,10 @@ class Drafter:
     def release(self, request) -> None:
         """Forget a finished or preempted request."""
 
+    def forget_finished_requests(self) -> None:
+        """Forget what finished requests taught it (a drafter that learns from earlier outputs, as
+        Suffix's shared index does): benchmarks start each run cold. Nothing to forget by default."""
+
     def bind_target(self, runner, block_manager) -> None:
         """Called once at start-up with the target's runner (`ModelRunner`) and block manager, for a drafter
         that runs the target's own layers on its KV cache (LayerSkip). The others need nothing."""

@@ -247,6 +247,13 @@ class Executor:
         with self._loop.exclusive():
             return self.core.block_manager.drop_cached()
 
+    def forget_finished_requests(self) -> None:
+        """The drafter forgets what finished requests' outputs taught it (Suffix's shared index; with
+        `reset_prefix_cache`, a benchmark's run then starts cold)."""
+        with self._loop.exclusive():
+            if (drafter := self.core.speculation.drafter) is not None:
+                drafter.forget_finished_requests()
+
     def time_forward(self, num_tokens: int, context_len: int = 128) -> None:
         """One target forward over ``num_tokens`` new tokens after ``context_len`` cached ones."""
         with self._loop.exclusive():

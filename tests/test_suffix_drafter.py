@@ -190,6 +190,21 @@ def test_failed_or_preempted_requests_leave_nothing_and_the_store_keeps_its_boun
     assert drafts(drafter, make_request([9, 200 + 0])) == []  # the oldest evicted
 
 
+def test_forgetting_finished_requests_keeps_the_running_ones():
+    """What a benchmark's run asks before it starts (the same prompts' outputs of an earlier pass)."""
+    drafter = SuffixDrafter(max_draft_len=8)
+    finished = make_request([1, 100, 101, 102])
+    drafts(drafter, finished)
+    finished.token_ids += [200, 201]
+    finished.finish_reason = "stop"
+    drafter.release(finished)
+    running = make_request([3, 300, 301])
+    drafts(drafter, running)
+    drafter.forget_finished_requests()
+    assert drafter.num_cached_requests() == 0 and len(drafter.shared) == 1
+    assert drafts(drafter, make_request([9, 200])) == []
+
+
 def test_a_sequence_that_got_shorter_is_indexed_again():
     drafter = SuffixDrafter(max_draft_len=8, max_cached_requests=0, **PER_MATCHED_TOKEN)
     request = make_request([1, 2, 3, 1, 2, 3, 1, 2])

@@ -108,6 +108,10 @@ class SuffixDrafter(RetrievalDrafter):
         else:
             self._forget(rid)
 
+    def forget_finished_requests(self) -> None:
+        while self._finished:
+            self.shared.remove(self._finished.popleft())
+
     # ---- introspection --------------------------------------------------------------------------
     def num_cached_requests(self) -> int:
         """Finished requests whose outputs are in the shared index."""
