@@ -97,12 +97,9 @@ def load_config(args: argparse.Namespace):
         if config.speculative_config is None:
             raise ValueError("--max-draft-len needs drafting on: --decoding-type, or a speculative_config")
         if config.speculative_config == "auto":
-            from .executor.auto_defaults import AUTO_DRAFTER
-            from .executor.engine.speculation.speculative_config import SpeculativeConfig
+            from .executor.auto_defaults import auto_speculative_config
 
-            config.speculative_config = SpeculativeConfig(
-                AUTO_DRAFTER, max_draft_len, draft_len_policy="auto"
-            )
+            config.speculative_config = auto_speculative_config(max_draft_len)
         config.speculative_config.max_draft_len = max_draft_len
         config.speculative_config.__post_init__()
     return config
