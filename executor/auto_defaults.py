@@ -24,11 +24,11 @@ AUTO_DRAFTER = "Suffix"
 #: Suffix's longest chain under the auto policy: the bench's Suffix rows drafted up to 8 (the policy
 #: shortens each request's chain to what its acceptance pays for)
 AUTO_MAX_DRAFT_LEN = 8
-#: no drafts from this many running requests on: at 8 the auto policy's drafts cost more than they won
-#: (0.91x none on Spec-Bench, 0.85x on HumanEval; 2-core AMD EPYC Zen 5, the shipped Q4_1 at its codes,
-#: `bench/reports/2026-12-02-fast-defaults/`): its cost model prices a batch's draft rows below what they
-#: take (issue 72's batched decode)
-AUTO_NO_DRAFTS_FROM_BATCH = 8
+#: no drafts from this many running requests on: with 4 or 8 running, the auto policy's drafts cost more
+#: than they won (0.83-0.93x none on Spec-Bench and HumanEval; 2-core AMD EPYC Zen 5, the shipped Q4_1 at
+#: its codes, `bench/reports/2026-12-02-fast-defaults/`): its cost model prices a batch's draft rows
+#: below what they take, which is issue 72's (batched decode)
+AUTO_NO_DRAFTS_FROM_BATCH = 2
 
 
 @dataclass(frozen=True, slots=True)

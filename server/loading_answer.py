@@ -7,24 +7,19 @@ replica's 503), tries gRPC on the same port: it opens an HTTP/2 connection with 
 (``PRI * HTTP/2.0``). Answered by uvicorn, which speaks HTTP/1 only, each probe logged ``WARNING:
 Invalid HTTP request received.``, dozens of times while a replica loaded. This listener (asyncio's, a
 few lines of HTTP) answers both: an HTTP/1 request with the 503, the HTTP/2 preface with HTTP/2's own
-"use HTTP/1.1" (a SETTINGS frame, then GOAWAY with HTTP_1_1_REQUIRED), so the probe fails at once and
-nothing is logged."""
+"use HTTP/1.1" (`http2_refusal.py`, as the real server does too), so the probe fails at once and nothing
+is logged."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import socket
 import threading
 
-H2_PREFACE_START = b"PRI * HTTP/2.0"
-#: an empty SETTINGS frame (a server's connection preface), then GOAWAY: last stream 0, HTTP_1_1_REQUIRED
-H2_GO_AWAY = (
-    bytes([0, 0, 0, 0x4, 0, 0, 0, 0, 0])
-    + bytes([0, 0, 8, 0x7, 0, 0, 0, 0, 0])
-    + bytes(4)
-    + (0xD).to_bytes(4, "big")
-)
+from .http2_refusal import H2_GO_AWAY, H2_PREFACE_START
+
 MAX_HEAD_BYTES = 64 * 1024  #: a request head longer than this is answered without reading the rest
 MAX_DRAINED_BYTES = 1 << 20  #: of a request body, read before the answer (so the close does not reset it)
 READ_TIMEOUT_S = 10.0
@@ -35,11 +30,30 @@ BODY = json.dumps(
 ).encode()
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """``host:port`` bound and listening, for the loading answer and then the real server in turn: the
+    one socket passes from one to the other, so a connection made in between waits in its backlog
+    instead of being refused (a refused health check sent sglang-router on to its gRPC probe, which
+    reached the real server)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        raise ValueError(f"the server could not start on {host}:{port} (is the port in use?): {exc}") from exc
+    return sock
+
+
 @contextlib.contextmanager
-def answering_loading(host: str, port: int):
-    """Answer 503 ``{"status": "loading"}`` on every path of ``host:port`` while the block runs; a
-    ValueError at once where the port cannot be had. On leaving, every connection is answered and
-    closed before the port is let go, so the real server binds it at once."""
+def answering_loading(host: str, port: int, sock: socket.socket | None = None):
+    """Answer 503 ``{"status": "loading"}`` on every path of ``host:port`` (or on ``sock``, which stays
+    open and listening for the next server) while the block runs; a ValueError at once where the port
+    cannot be had. On leaving, every connection is answered and closed before the port is let go."""
+    own = sock is None
+    sock = listening_socket(host, port) if own else sock
     loop = asyncio.new_event_loop()
     answering: set[asyncio.Task] = set()
 
@@ -51,11 +65,8 @@ def answering_loading(host: str, port: int):
         finally:
             answering.discard(task)
 
-    try:
-        server = loop.run_until_complete(asyncio.start_server(on_connection, host, port, reuse_address=True))
-    except OSError as exc:
-        loop.close()
-        raise ValueError(f"the server could not start on {host}:{port} (is the port in use?): {exc}") from exc
+    # (a duplicate: asyncio closes the socket it served on, the next server takes the original)
+    server = loop.run_until_complete(asyncio.start_server(on_connection, sock=sock.dup()))
     thread = threading.Thread(target=loop.run_forever, name="specexec-loading", daemon=True)
     thread.start()
     try:
@@ -72,6 +83,8 @@ def answering_loading(host: str, port: int):
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
+        if own:
+            sock.close()
 
 
 async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

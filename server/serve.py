@@ -20,7 +20,8 @@ from ..executor.async_executor import AsyncExecutor
 from ..executor.config import ExecutorConfig
 from ..executor.executor import Executor
 from .app import ServerLimits, build_app
-from .loading_answer import answering_loading
+from .http2_refusal import Http1Protocol
+from .loading_answer import answering_loading, listening_socket
 
 logger = logging.getLogger("specexec")
 
@@ -46,19 +47,29 @@ def serve(
     import uvicorn
 
     config.warmup = True
-    with answering_loading(host, port):
-        engine = AsyncExecutor(Executor(config=config), start_thread=False)
+    sock = listening_socket(host, port)  # (one socket: the loading answer's, then the real server's)
+    try:
+        with answering_loading(host, port, sock):
+            engine = AsyncExecutor(Executor(config=config), start_thread=False)
+    except BaseException:
+        sock.close()  # (a model that did not load: the port goes at once)
+        raise
     name = model_name or served_model_name(config)
     app = build_app(engine, name, api_key=api_key, limits=limits)
     server = uvicorn.Server(
         uvicorn.Config(
-            app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=graceful_shutdown_s
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            timeout_graceful_shutdown=graceful_shutdown_s,
+            http=Http1Protocol,  # (a router's gRPC probe told to use HTTP/1.1, not logged as invalid)
         )
     )
 
     def run_server() -> None:
         try:
-            server.run()  # (its lifespan's end closes the engine, which ends run_loop below)
+            server.run(sockets=[sock])  # (its lifespan's end closes the engine, which ends run_loop below)
         finally:
             engine.stop_loop()  # also when it never started (the port is taken)
 

@@ -146,3 +146,41 @@ def test_a_routers_grpc_probe_of_a_loading_replica_is_told_http1_and_nothing_is_
         posted = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"messages": MESSAGES})
         assert posted.status_code == 503 and posted.json()["status"] == "loading"
     assert not [r for r in caplog.records if "Invalid HTTP request" in r.getMessage()]
+
+
+def test_the_real_server_tells_an_http2_probe_to_use_http1_too(caplog):
+    """A router whose health check met a draining replica's 503 (or a loading one's, just before the
+    real server took its socket) probes gRPC on the port the real server now holds."""
+    import threading
+    import time
+
+    import uvicorn
+    from specexec.server.http2_refusal import Http1Protocol
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(app, port=port, lifespan="off", http=Http1Protocol, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as probe:
+            probe.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            answer = b""
+            while chunk := probe.recv(1024):
+                answer += chunk
+        assert answer[3] == 0x4 and answer[12] == 0x7 and int.from_bytes(answer[-4:], "big") == 0xD
+        assert httpx.get(f"http://127.0.0.1:{port}/health").text == "ok"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert not [r for r in caplog.records if "Invalid HTTP request" in r.getMessage()]
