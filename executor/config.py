@@ -228,7 +228,8 @@ class ExecutorConfig:
         _check(isinstance(self.progress, bool), "progress", self.progress, "true or false")
         _check(isinstance(self.warmup, bool), "warmup", self.warmup, "true or false")
         _check(
-            self.speculative_config in (None, "auto") or isinstance(self.speculative_config, SpeculativeConfig),
+            self.speculative_config in (None, "auto")
+            or isinstance(self.speculative_config, SpeculativeConfig),
             "speculative_config",
             self.speculative_config,
             "auto, none (or null), or a mapping with decoding_type, max_draft_len and drafter options",

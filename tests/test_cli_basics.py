@@ -138,7 +138,9 @@ def test_the_console_command_runs_a_prompt_to_the_end_and_exits_with_its_code(tm
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.split()) >= 1 and done.stdout.endswith("\n")
     assert f"[model: {path}]" in done.stderr
-    assert "[cpu kernels: C++ (built at install for " in done.stderr, "which CPU kernels run, and built for what"
+    assert "[cpu kernels: C++ (built at install for " in done.stderr, (
+        "which CPU kernels run, and built for what"
+    )
     assert "[finish=length prompt=" in done.stderr and "output=5" in done.stderr
     failed = subprocess.run(command + ["--prompt", "w1", "--max-tokens", "0"], capture_output=True, text=True)
     assert failed.returncode == 2 and "max_tokens" in failed.stderr

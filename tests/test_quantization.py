@@ -137,7 +137,9 @@ def test_match_rows_takes_a_negative_zero_for_a_zero():
 
 def test_quantization_setting_is_checked_with_the_allowed_values():
     assert ExecutorConfig(quantization="int4").quantization == "int4"
-    with pytest.raises(ValueError, match=r"'quantization': got 'q4_k'; allowed: auto, none, int8, int4, gguf"):
+    with pytest.raises(
+        ValueError, match=r"'quantization': got 'q4_k'; allowed: auto, none, int8, int4, gguf"
+    ):
         ExecutorConfig(quantization="q4_k")
 
 

@@ -15,7 +15,10 @@ def auto_scheme(path: Path, dtype: str, device: str, device_map) -> tuple[str | 
     if not is_gguf_file(path):
         return None, "none: auto: a dense checkpoint runs as loaded"
     if device_map is not None:
-        return None, "none: auto: device_map spreads the model over devices; GGUF codes run on one (dequantized)"
+        return (
+            None,
+            "none: auto: device_map spreads the model over devices; GGUF codes run on one (dequantized)",
+        )
     if dtype == "float64":
         return None, "none: auto: float64 (the reference dtype) runs the GGUF dequantized"
     if device.startswith("cuda") and dtype not in ("auto", "bfloat16"):
