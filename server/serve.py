@@ -1,7 +1,7 @@
 """Start the server: load the executor (warm-up on), build the app, run uvicorn until SIGTERM / Ctrl-C.
 
 While the model loads, the port already answers: every path with 503 ``{"status": "loading"}`` and a
-``Retry-After``, and a router's gRPC probe with HTTP/2's "use HTTP/1.1" (`loading_answer.py`); a port
+``Retry-After``, and a router's gRPC probe with HTTP/2's "use HTTP/1.1" (`listener.py`); a port
 in use fails at once, not after the load.
 
 On SIGTERM (or Ctrl-C) the server drains: no new request is admitted (``/health`` and new completions
@@ -20,8 +20,7 @@ from ..executor.async_executor import AsyncExecutor
 from ..executor.config import ExecutorConfig
 from ..executor.executor import Executor
 from .app import ServerLimits, build_app
-from .http2_refusal import Http1Protocol
-from .loading_answer import answering_loading, listening_socket
+from .listener import Http1Protocol, answering_loading, listening_socket
 
 logger = logging.getLogger("specexec")
 

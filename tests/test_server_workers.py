@@ -155,7 +155,7 @@ def test_the_real_server_tells_an_http2_probe_to_use_http1_too(caplog):
     import time
 
     import uvicorn
-    from specexec.server.http2_refusal import Http1Protocol
+    from specexec.server.listener import Http1Protocol
 
     async def app(scope, receive, send):
         if scope["type"] == "http":

@@ -1,14 +1,17 @@
-"""While the model loads, the port already answers: every HTTP request with 503 ``{"status":
-"loading"}`` and a ``Retry-After`` (a router or a readiness probe sees a replica that is not ready, not
-a refused connection), and a port in use fails at once, not after the load.
+"""The server's port: one listening socket, answered while the model loads and then by the real server,
+and HTTP/2 told to use HTTP/1.1 on it.
 
-sglang-router's worker detection asks ``/health`` over HTTP and, where that answer is not 2xx (a loading
-replica's 503), tries gRPC on the same port: it opens an HTTP/2 connection with its preface
-(``PRI * HTTP/2.0``). Answered by uvicorn, which speaks HTTP/1 only, each probe logged ``WARNING:
-Invalid HTTP request received.``, dozens of times while a replica loaded. This listener (asyncio's, a
-few lines of HTTP) answers both: an HTTP/1 request with the 503, the HTTP/2 preface with HTTP/2's own
-"use HTTP/1.1" (`http2_refusal.py`, as the real server does too), so the probe fails at once and nothing
-is logged."""
+- While the model loads the port already answers: every HTTP request with 503 ``{"status":
+  "loading"}`` and a ``Retry-After`` (a router or a readiness probe sees a replica that is not ready,
+  not a refused connection); a port in use fails at once, not after the load. The socket then passes
+  to the real server, so a connection made in the handover waits in its backlog, not refused.
+- The server speaks HTTP/1 only; a client that opens an HTTP/2 connection (its preface, ``PRI *
+  HTTP/2.0``) is told, in HTTP/2's own words, to use HTTP/1.1: an empty SETTINGS frame, then GOAWAY
+  with HTTP_1_1_REQUIRED. sglang-router sends one: where a worker's ``/health`` is not 2xx (loading or
+  draining: 503) or its connection is refused, its worker detection tries gRPC on the same port, which
+  uvicorn logged as ``WARNING: Invalid HTTP request received.`` on every retry. The loading answer
+  (asyncio's, a few lines of HTTP) and the real server (`Http1Protocol`, uvicorn's protocol) both do.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +21,33 @@ import json
 import socket
 import threading
 
-from .http2_refusal import H2_GO_AWAY, H2_PREFACE_START
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+H2_PREFACE_START = b"PRI * HTTP/2.0"
+#: an empty SETTINGS frame, then GOAWAY: last stream 0, error HTTP_1_1_REQUIRED (0xd)
+H2_GO_AWAY = (
+    bytes([0, 0, 0, 0x4, 0, 0, 0, 0, 0])
+    + bytes([0, 0, 8, 0x7, 0, 0, 0, 0, 0])
+    + bytes(4)
+    + (0xD).to_bytes(4, "big")
+)
+
+
+class Http1Protocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
+    """uvicorn's HTTP/1 protocol, answering an HTTP/2 preface with `H2_GO_AWAY` instead of an
+    invalid-request warning (``uvicorn.Config(http=Http1Protocol)``)."""
+
+    _is_first_data = True
+
+    def data_received(self, data: bytes) -> None:
+        if self._is_first_data:
+            self._is_first_data = False
+            if data.startswith(H2_PREFACE_START):
+                self.transport.write(H2_GO_AWAY)
+                self.transport.close()
+                return
+        super().data_received(data)
+
 
 MAX_HEAD_BYTES = 64 * 1024  #: a request head longer than this is answered without reading the rest
 MAX_DRAINED_BYTES = 1 << 20  #: of a request body, read before the answer (so the close does not reset it)
