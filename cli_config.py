@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from .executor.layers.quantized.auto_scheme import QUANTIZATION_SETTINGS
+
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -18,7 +20,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--quantization",
-        choices=["auto", "none", "int8", "int4", "gguf"],
+        choices=QUANTIZATION_SETTINGS,
         help="weight-only quantization of the linear layers; overrides the config (default auto: a GGUF "
         "file at its own codes, any other model as loaded; none: a GGUF dequantized)",
     )

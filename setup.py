@@ -12,7 +12,6 @@ the kernels are built at first use instead, which the run says.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.util
 import os
 import re
@@ -70,12 +69,6 @@ def torch_cxx11_abi(torch_dir: Path) -> str:
     return found.group(1) if found else "1"
 
 
-def sources_digest() -> str:
-    """The digest `cpu_kernels.py` checks at run time: a source edited since the install is built anew."""
-    texts = [(ROOT / LAYERS / name).read_text() for name in (*isa.SOURCES, *isa.HEADERS)]
-    return hashlib.sha256("\0".join(texts).encode()).hexdigest()
-
-
 class BuildCpuKernels(build_ext):
     """build_ext with every variant compiled at once."""
 
@@ -94,7 +87,7 @@ def cpu_kernel_extensions() -> list[Extension]:
             file=sys.stderr,
         )
         return []
-    version, digest = torch_version(torch_dir), sources_digest()
+    version, digest = torch_version(torch_dir), isa.sources_digest(ROOT / LAYERS)
     extensions = []
     for variant in isa.VARIANTS:
         flags = [*isa.COMMON_FLAGS, *variant.march_flags]

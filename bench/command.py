@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..executor.layers.quantized.auto_scheme import QUANTIZATION_SETTINGS
 from .machine import describe_machine, torch_threads
 
 logger = logging.getLogger("specexec")
@@ -42,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--quantization",
-        choices=["auto", "none", "int8", "int4", "gguf"],
+        choices=QUANTIZATION_SETTINGS,
         help="overrides every config's weight-only quantization (default auto: a GGUF file at its own "
         "codes; none: dequantized)",
     )

@@ -18,6 +18,7 @@ import torch
 
 from .config import ExecutorConfig
 from .engine.speculation.speculative_config import SpeculativeConfig
+from .engine_setup import resolve_device
 from .layers.quantized.auto_scheme import auto_scheme
 
 AUTO_DRAFTER = "Suffix"
@@ -66,9 +67,7 @@ def resolve_quantization(model, config: ExecutorConfig) -> tuple[str | None, str
         from .model.model_loader import default_model_path
 
         source = default_model_path()
-    device = config.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = str(resolve_device(config.device))
     return auto_scheme(Path(source), config.dtype, device, config.device_map)
 
 

@@ -82,7 +82,7 @@ def resolve_dtype(model, config: ExecutorConfig) -> DtypeChoice:
 
     shape = peek_text_config(model if model is not None else config.model)
     return choose_dtype(
-        _resolve_device(config.device),
+        resolve_device(config.device),
         shape,
         resolve_cache_dir(config.cache_dir),
         config.quantization,
@@ -195,7 +195,7 @@ def capture_cuda_graphs(
     return reports
 
 
-def _resolve_device(device: str) -> torch.device:
+def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
@@ -225,7 +225,7 @@ def load_target(model, tokenizer, config: ExecutorConfig, dtype: str):
     loaded = load_model(
         model if model is not None else config.model,
         dtype=dtype,
-        device=str(_resolve_device(config.device)),
+        device=str(resolve_device(config.device)),
         device_map=config.device_map,
         cache_dir=config.cache_dir,
         progress=config.progress,

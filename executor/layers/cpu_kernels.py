@@ -195,7 +195,7 @@ def kernels_key() -> str:
 @functools.cache
 def _sources_digest() -> str:
     """The sources' and headers' sha256, as a build records it (read once a process)."""
-    return hashlib.sha256("\0".join(s.read_text() for s in SOURCES + HEADERS).encode()).hexdigest()
+    return isa_variants.sources_digest(Path(__file__).parent)
 
 
 def describe_cpu_kernels() -> str:

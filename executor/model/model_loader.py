@@ -27,7 +27,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from ..layers.measurement.cache_folder import resolve_cache_dir
-from ..layers.quantized.auto_scheme import auto_scheme
+from ..layers.quantized.auto_scheme import GGUF_MAGIC, auto_scheme
 from ..layers.quantized.gguf_sources import find_sources, materialize_placeholders
 from ..layers.quantized.quantization import QuantizationReport, check_quantization, quantize_model
 from ..layers.quantized.release_memory import trim_freed_heap
@@ -174,7 +174,7 @@ def _check_gguf_magic(path: Path) -> None:
             magic = fh.read(4)
     except OSError as exc:
         raise ModelLoadError(f"cannot read model file {path}: {exc}") from exc
-    if magic != b"GGUF":
+    if magic != GGUF_MAGIC:
         raise ModelLoadError(
             f"{path} is not a GGUF file (magic {magic!r}, expected b'GGUF'); "
             "pass a .gguf file or a Hugging Face model directory"

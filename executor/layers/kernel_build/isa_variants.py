@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 SOURCES = (
     "paged_attention_cpu.cpp",
@@ -27,6 +28,13 @@ HEADERS = (
     "quantized/q5_values.h",
 )  #: included by the sources: part of a build's identity
 COMMON_FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-std=c++17")  #: (no errno: libm calls vectorize)
+
+
+def sources_digest(layers: Path) -> str:
+    """The sha256 of the sources and headers under ``layers`` (``executor/layers/``): what the build at
+    install names its libraries by and what a run asks for, so a source edited since is built anew."""
+    texts = [(layers / name).read_text() for name in (*SOURCES, *HEADERS)]
+    return hashlib.sha256("\0".join(texts).encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

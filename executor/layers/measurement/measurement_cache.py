@@ -86,15 +86,21 @@ def cached_measurement(
     if cache_dir is None:
         return _measure_and_note(kind, key, measure, what, None)
     path = cache_dir / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-    if not is_remeasuring() and (stored := _stored(path, needs, is_stale)) is not None:
+    if not is_remeasuring() and (stored := _stored(kind, path, needs, is_stale)) is not None:
         return stored
     with held_measurement_lock(path) as waited:
-        if waited and not is_remeasuring() and (stored := _stored(path, needs, is_stale, accept_noisy=True)):
+        if (
+            waited
+            and not is_remeasuring()
+            and (stored := _stored(kind, path, needs, is_stale, accept_noisy=True))
+        ):
             return stored  # another process measured it while this one waited
         return _measure_and_note(kind, key, measure, what, path)
 
 
-def _stored(path: Path, needs: tuple[str, ...], is_stale, accept_noisy: bool = False) -> dict | None:
+def _stored(
+    kind: str, path: Path, needs: tuple[str, ...], is_stale, accept_noisy: bool = False
+) -> dict | None:
     """The stored measurement, if complete and current. One taken while other work shared the CPUs is
     used as long as the machine is still busy (or, ``accept_noisy``, always: another process has just
     measured it); on a quiet machine it is measured again."""
@@ -114,11 +120,11 @@ def _stored(path: Path, needs: tuple[str, ...], is_stale, accept_noisy: bool = F
                 path.name,
             )
             return None
-        note_measurement(path.stem.rsplit("-", 1)[0], "stored (measured while busy)", 0.0, path)
+        note_measurement(kind, "stored (measured while busy)", 0.0, path)
         return cached
     if is_stale is not None and is_stale(cached):
         return None
-    note_measurement(path.stem.rsplit("-", 1)[0], "stored", 0.0, path)
+    note_measurement(kind, "stored", 0.0, path)
     return cached
 
 

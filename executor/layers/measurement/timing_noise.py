@@ -127,10 +127,7 @@ def _busy_seconds(cpus: set[int]) -> float | None:
     return busy / ticks
 
 
-#: how long `machine_is_busy` watches the CPUs
-BUSY_CHECK_S = 0.25
-
-
+BUSY_CHECK_S = 0.25  #: how long `machine_is_busy` watches the CPUs
 #: a start asks once for all its stored measurements: the answer holds this long
 BUSY_ANSWER_S = 10.0
 _last_busy_answer: list[tuple[float, bool]] = []

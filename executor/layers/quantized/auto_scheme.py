@@ -7,6 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 GGUF_MAGIC = b"GGUF"
+QUANTIZATIONS = ("int8", "int4", "gguf")  #: the schemes `quantization.quantize_model` applies
+#: what the ``quantization`` key takes (config, ``--quantization``): the schemes, auto and none
+QUANTIZATION_SETTINGS = ("auto", "none", *QUANTIZATIONS)
 
 
 def auto_scheme(path: Path, dtype: str, device: str, device_map) -> tuple[str | None, str]:

@@ -42,6 +42,7 @@ from torch import nn
 
 from ..cpu_kernels import fused_ops_take
 from ..packed_linear import unpack_linears
+from .auto_scheme import QUANTIZATION_SETTINGS, QUANTIZATIONS
 from .gguf_sources import dense, source_of
 from .gguf_weights import INT4_TYPES, INT8_BLOCK_TYPES, GGUFFile, match_rows
 from .q8_block_linear import Int8BlockLinear
@@ -62,8 +63,6 @@ from .release_memory import own_mapped_tensors, trim_freed_heap
 
 logger = logging.getLogger("specexec")
 
-QUANTIZATIONS = ("int8", "int4", "gguf")
-
 
 @dataclass(slots=True)
 class QuantizationReport:
@@ -75,10 +74,6 @@ class QuantizationReport:
     def summary(self) -> str:
         forms = ", ".join(f"{n} {form}" for form, n in sorted(self.layers.items()))
         return f"quantization {self.scheme}: {forms}; weights {self.weight_bytes / 2**20:.0f} MiB"
-
-
-#: what the config key takes: the schemes, ``auto`` (`executor/auto_defaults.py`) and ``none``/null
-QUANTIZATION_SETTINGS = ("auto", "none", *QUANTIZATIONS)
 
 
 def check_quantization(value) -> None:
