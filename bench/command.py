@@ -202,7 +202,7 @@ def load_configs(args) -> list[NamedConfig]:
         if args.dtype:
             c.config.dtype = args.dtype
         if args.quantization:
-            c.config.quantization = args.quantization
+            c.config.quantization = None if args.quantization == "none" else args.quantization
         if args.model_impl:
             c.config.model_impl = args.model_impl
         if args.quantized_kernel:
