@@ -16,7 +16,14 @@ from ..sampling import SamplingParams
 from .auto_defaults import resolve_auto_defaults
 from .caller_loop import Caller, CallerLoop
 from .config import ExecutorConfig
-from .engine.inputs import InvalidRequestError, as_request, check_length, check_token_ids, tokenize_prompt
+from .engine.inputs import (
+    InvalidRequestError,
+    as_request,
+    check_cache_salt,
+    check_length,
+    check_token_ids,
+    tokenize_prompt,
+)
 from .engine.request import FinishReason, Prompt, Request, RequestOutput, RequestState, TokenEvent
 from .engine.scratch_forward import scratch_forward
 from .engine_setup import build_engine_core, check_before_loading, resolve_dtype
@@ -113,6 +120,7 @@ class Executor:
                 f"{base_id}#{i}",
                 request.response_format,
                 request.tools,
+                request.cache_salt,
             )
             state = self._submit(sample, None, caller, streaming)
             state.sample_index = i
@@ -142,6 +150,7 @@ class Executor:
             token_ids=[],
             num_prompt_tokens=0,
             sampling_params=params,
+            cache_salt=request.cache_salt,
             is_streaming=streaming,
         )
         if not self._loop.claim(state.request_id, caller):
@@ -154,6 +163,7 @@ class Executor:
                     f"sampling_params must be SamplingParams, got {type(params).__name__}"
                 )
             params.validate()
+            check_cache_salt(request.cache_salt)
             state.token_ids = tokenize_prompt(
                 request.prompt, self.tokenizer, self.core.vocab_size, request.tools
             )

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from ..executor.engine.inputs import check_cache_salt
 from ..executor.engine.request import Prompt, Request
 from ..executor.engine.tool_prompt import chat_template_text
 from ..sampling import SamplingParams
@@ -48,6 +49,7 @@ _COMMON_FIELDS = _SAMPLING_FIELDS | {
     "logit_bias",
     "user",
     "metadata",
+    "cache_salt",
 }
 #: what ``stream_options`` takes: OpenAI's include_usage and include_obfuscation, vLLM's
 #: continuous_usage_stats (the usage so far in every chunk; guidellm sends it)
@@ -236,7 +238,11 @@ def _parsed(
     if user is not None and not isinstance(user, str):
         raise BadRequest("user must be a string", "user")
     _check_metadata(body.get("metadata"))
-    request = Request(prompt, params, response_format=response_format)
+    try:  # (the tenant's cache namespace: prefix-cache pages and drafter pools, `Request.cache_salt`)
+        cache_salt = check_cache_salt(body.get("cache_salt"))
+    except ValueError as exc:
+        raise BadRequest(str(exc), "cache_salt") from exc
+    request = Request(prompt, params, response_format=response_format, cache_salt=cache_salt)
     return ParsedRequest(
         [request],
         is_chat,

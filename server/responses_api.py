@@ -10,7 +10,8 @@ What maps onto what:
 - ``tools`` (flat ``{"type": "function", "name", "description", "parameters"}``) and ``tool_choice``
   -> the chat ones; a call comes back as a ``function_call`` output item;
 - ``text.format`` (``json_schema`` / ``json_object``) -> ``response_format`` (guided decoding);
-- ``max_output_tokens``, ``temperature``, ``top_p``, ``parallel_tool_calls``, ``metadata``, ``user`` as is;
+- ``max_output_tokens``, ``temperature``, ``top_p``, ``parallel_tool_calls``, ``metadata``, ``user``,
+  ``cache_salt`` as is;
 - ``previous_response_id``: the stored conversation of an earlier response (its input, instructions
   excepted as OpenAI's are, and its output) goes before this input. Responses are stored unless
   ``store: false``, in memory, for the server's lifetime, the oldest dropped past a bound.
@@ -37,7 +38,7 @@ from .tools import read_calls
 #: responses kept for ``previous_response_id`` at most (the oldest are dropped first)
 MAX_STORED_RESPONSES = 1000
 #: Responses fields answered as the chat field of the same meaning
-_PASSED = ("temperature", "top_p", "parallel_tool_calls", "metadata", "user", "stream")
+_PASSED = ("temperature", "top_p", "parallel_tool_calls", "metadata", "user", "stream", "cache_salt")
 #: fields this server cannot honour but at these values (null always); (): at none
 _DEFAULT_ONLY = {
     "background": (False,),

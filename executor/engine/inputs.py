@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .request import Prompt, Request
+from .request import MAX_CACHE_SALT_CHARS, Prompt, Request
 from .tool_prompt import hermes_messages, native_messages, template_renders_tools
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -19,6 +19,15 @@ def as_request(item: Request | Prompt, default_params) -> Request:
     if isinstance(item, Request):
         return item
     return Request(prompt=item, sampling_params=default_params)
+
+
+def check_cache_salt(cache_salt: Any) -> str | None:
+    """The request's ``cache_salt`` as given: None, or a string of 1..`MAX_CACHE_SALT_CHARS` characters
+    (an empty salt would look like a namespace of its own and is more likely a client's bug)."""
+    if cache_salt is None or (isinstance(cache_salt, str) and 1 <= len(cache_salt) <= MAX_CACHE_SALT_CHARS):
+        return cache_salt
+    shown = type(cache_salt).__name__ if not isinstance(cache_salt, str) else f"{len(cache_salt)} characters"
+    raise InvalidRequestError(f"cache_salt must be a string of 1..{MAX_CACHE_SALT_CHARS} characters, got {shown}")
 
 
 def _check_messages(messages: Sequence[Any]) -> None:

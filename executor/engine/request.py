@@ -30,6 +30,14 @@ class Request:
     #: OpenAI's tool objects ({"type": "function", "function": {name, description, parameters}}),
     #: rendered into a chat prompt by its template, or in the Hermes format (`tool_prompt.py`)
     tools: list[dict] | None = None
+    #: a tenant's name for its cache namespace (vLLM's ``cache_salt``): the prefix-cache pages and the
+    #: NGram/Suffix pools of requests with different salts are never shared (1..`MAX_CACHE_SALT_CHARS`
+    #: characters; None: the unsalted namespace every unsalted request shares)
+    cache_salt: str | None = None
+
+
+#: longest ``cache_salt`` taken (characters)
+MAX_CACHE_SALT_CHARS = 256
 
 
 class FinishReason(str, enum.Enum):
@@ -171,6 +179,8 @@ class RequestState:
     num_prompt_tokens: int
     sampling_params: SamplingParams
     generator: torch.Generator | None = None
+    #: the request's ``cache_salt``: which prefix-cache pages and drafter pools it may read and feed
+    cache_salt: str | None = None
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0  #: tokens whose K/V are in the cache
     finish_reason: FinishReason | None = None
