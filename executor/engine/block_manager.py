@@ -23,6 +23,11 @@ its tokens start with (`cached_prefix`) and computes only the rest. Pages are re
 until the pool needs it, oldest first. Only full pages of verified tokens are ever shared, so a
 request writes only into pages it holds alone: its draft slots and rejected drafts are past its
 verified tokens, and `rewind` never reaches a shared page. Evictable pages count as free.
+
+A request's ``cache_salt`` (vLLM's) starts its chain at a digest of the salt (`root_digest`) instead of
+`ROOT_DIGEST`, so pages of requests with different salts never match: one tenant can neither read
+another's K/V nor learn from a cache hit (``cached_tokens``) that another sent a prompt. Unsalted
+requests share one namespace, as before salts.
 """
 
 from __future__ import annotations
@@ -31,8 +36,19 @@ import hashlib
 from array import array
 from collections import OrderedDict, deque
 
-#: the digest before a request's first page
+#: the digest before an unsalted request's first page
 ROOT_DIGEST = bytes(32)
+#: what a salt's digest starts with: a page's digest input starts with a digest, never with these
+#: bytes, so no salt's root can equal a page's digest (short of a SHA-256 preimage)
+_SALT_TAG = b"specexec cache_salt\0"
+
+
+def root_digest(cache_salt: str | None) -> bytes:
+    """The digest before a request's first page: `ROOT_DIGEST` unsalted, else SHA-256 of a tag and
+    the salt's UTF-8 bytes (a lone surrogate, which JSON can carry, encoded as is rather than refused)."""
+    if cache_salt is None:
+        return ROOT_DIGEST
+    return hashlib.sha256(_SALT_TAG + cache_salt.encode("utf-8", "surrogatepass")).digest()
 
 
 def page_digest(parent: bytes, page_token_ids) -> bytes:
@@ -157,14 +173,17 @@ class BlockManager:
         self._give_back(unheld)
 
     # ---- prefix caching ------------------------------------------------------------------------------
-    def cached_prefix(self, token_ids: list[int], max_tokens: int) -> tuple[list[int], list[bytes]]:
-        """(pages, their digests) of the longest run of registered pages ``token_ids`` starts with, at
-        most ``max_tokens`` tokens' worth (a request must compute at least its last token)."""
+    def cached_prefix(
+        self, token_ids: list[int], max_tokens: int, cache_salt: str | None = None
+    ) -> tuple[list[int], list[bytes]]:
+        """(pages, their digests) of the longest run of registered pages ``token_ids`` starts with under
+        ``cache_salt``, at most ``max_tokens`` tokens' worth (a request must compute at least its last
+        token)."""
         pages: list[int] = []
         digests: list[bytes] = []
         if not self.enable_prefix_caching:
             return pages, digests
-        bs, parent = self.block_size, ROOT_DIGEST
+        bs, parent = self.block_size, root_digest(cache_salt)
         for i in range(max_tokens // bs):
             parent = page_digest(parent, token_ids[i * bs : (i + 1) * bs])
             page = self._cached.get(parent)
@@ -174,9 +193,11 @@ class BlockManager:
             digests.append(parent)
         return pages, digests
 
-    def register(self, request_id: str, token_ids: list[int], num_verified: int) -> None:
+    def register(
+        self, request_id: str, token_ids: list[int], num_verified: int, cache_salt: str | None = None
+    ) -> None:
         """Register the request's pages that are full of verified tokens (its first ``num_verified``
-        tokens' K/V written and kept) so later requests can share them."""
+        tokens' K/V written and kept) so later requests of its ``cache_salt`` can share them."""
         if not self.enable_prefix_caching or request_id not in self.block_tables:
             return
         digests, table, bs = (
@@ -185,7 +206,8 @@ class BlockManager:
             self.block_size,
         )
         for i in range(len(digests), min(num_verified // bs, len(table))):
-            digest = page_digest(digests[-1] if digests else ROOT_DIGEST, token_ids[i * bs : (i + 1) * bs])
+            parent = digests[-1] if digests else root_digest(cache_salt)
+            digest = page_digest(parent, token_ids[i * bs : (i + 1) * bs])
             digests.append(digest)
             page = table[i]
             if digest not in self._cached and page not in self._page_digest:

@@ -318,7 +318,7 @@ class EngineCore:
         for s, v in zip(batch, verifications):
             r = s.request
             if r not in faults:
-                self.block_manager.register(r.request_id, r.token_ids, r.num_computed_tokens)
+                self.block_manager.register(r.request_id, r.token_ids, r.num_computed_tokens, r.cache_salt)
             if r in faults:
                 self._finish_with_error(r, faults[r], kept.get(r, []))
             elif r.finish_reason is not None:

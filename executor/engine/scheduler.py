@@ -5,7 +5,8 @@ slots; a chunk of its prompt when prefilling), in admission order, under the tok
 ``max_num_tokens``; then waiting requests are admitted while the budget, ``max_batch_size`` and the
 KV pool allow. A long prompt is prefilled in chunks across steps. When pages run out, draft slots go
 first, then the newest running request is preempted: its pages are freed and it waits to be recomputed.
-With prefix caching a request is admitted after the cached pages of its prefix (`block_manager.py`).
+With prefix caching a request is admitted after the cached pages of its prefix (`block_manager.py`),
+pages registered by requests of its own ``cache_salt`` only.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ class Scheduler:
         prompt row is needed)."""
         if not self.reuses_prefixes or request.num_computed_tokens or request.prompt_logprobs:
             return [], []
-        return self.block_manager.cached_prefix(request.token_ids, request.num_tokens - 1)
+        return self.block_manager.cached_prefix(request.token_ids, request.num_tokens - 1, request.cache_salt)
 
     def _next_page_in_flight(self, request: RequestState, num_cached_pages: int) -> bool:
         """Whether a running request (admitted earlier, this step included) is computing the waiting
@@ -161,6 +162,7 @@ class Scheduler:
         page = tokens[end - bs : end]
         return any(
             other.num_computed_tokens < end
+            and other.cache_salt == request.cache_salt  # (another salt's page is never shared)
             and other.token_ids[end - bs : end] == page  # (cheap first: most differ here)
             and other.token_ids[: end - bs] == tokens[: end - bs]
             for other in self.running
