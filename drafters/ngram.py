@@ -18,6 +18,10 @@ first; the first key with a continuation gives the drafts (the oldest or the new
 * **Bounded memory.** Each pool is an LRU of at most ``max_pool_entries`` keys (used = looked up with
   a hit or updated); a private pool is dropped when its request is released. A key with a single
   continuation stores the bare tuple, not a container.
+* **One shared pool per cache salt.** A request with a ``cache_salt`` indexes into, and drafts from,
+  its salt's pool only, so one tenant's text is never proposed to another (unsalted requests share the
+  unsalted pool). The salted pools hold ``max_pool_entries`` keys between them; past that the pool of
+  the least recently used salt is dropped.
 * **Exact slot reservation.** ``num_draft_slots`` does the lookup and reserves as many slots as
   there are drafts (none without a match), so no batch budget or KV page is spent on slots that
   would stay empty; ``propose`` reuses that lookup.
@@ -145,7 +149,10 @@ class NGramDrafter(Drafter):
         self.config = config
         self._k = config.max_draft_len
         self._n = config.max_matching_ngram_size
-        self._shared = self._new_pool() if config.is_public_pool else None
+        self._shared = self._new_pool() if config.is_public_pool else None  #: the unsalted requests' pool
+        #: cache salt -> the shared pool of its requests, least recently used salt first
+        self._salted: OrderedDict[str, NGramPool] = OrderedDict()
+        self._num_salted_keys = 0  #: keys in all of ``_salted`` together
         self._private: dict[str, NGramPool] = {}  #: request id -> its pool (private mode)
         self._indexed: dict[str, int] = {}  #: request id -> tokens indexed (continuations ending there)
         self._planned: dict[str, tuple[int, Continuation]] = {}  #: request id -> (num tokens, drafts)
@@ -155,20 +162,39 @@ class NGramDrafter(Drafter):
         return NGramPool(c.max_pool_entries, c.is_keep_all, c.is_use_oldest)
 
     # ---- indexing -------------------------------------------------------------------------------
-    def _pool(self, request_id: str) -> NGramPool:
-        if self._shared is not None:
+    def _pool(self, request) -> NGramPool:
+        """The request's private pool, or the shared pool of its cache salt (marked as used)."""
+        if self._shared is None:
+            pool = self._private.get(request.request_id)
+            if pool is None:
+                pool = self._private[request.request_id] = self._new_pool()
+            return pool
+        salt = getattr(request, "cache_salt", None)
+        if salt is None:
             return self._shared
-        pool = self._private.get(request_id)
+        pool = self._salted.pop(salt, None)
         if pool is None:
-            pool = self._private[request_id] = self._new_pool()
+            pool = self._new_pool()
+        self._salted[salt] = pool  # (put back last: the most recently used)
         return pool
+
+    def _count_salted_keys(self, pool: NGramPool, num_before: int) -> None:
+        """After ``pool`` went from ``num_before`` keys to its size now: keep the salted pools within
+        ``max_pool_entries`` keys together, dropping the least recently used salts' pools first."""
+        if pool is self._shared or self._shared is None:
+            return
+        self._num_salted_keys += len(pool) - num_before
+        while self._num_salted_keys > self.config.max_pool_entries and len(self._salted) > 1:
+            _, dropped = self._salted.popitem(last=False)  # (``pool`` was used last: never this one)
+            self._num_salted_keys -= len(dropped)
 
     def _update(self, request) -> tuple[Sequence[int], NGramPool]:
         """Index the continuations completed since the last call; returns (tokens, pool)."""
         tokens = request.token_ids
         num_tokens = len(tokens)
         rid = request.request_id
-        pool = self._pool(rid)
+        pool = self._pool(request)
+        num_keys = len(pool)
         done = self._indexed.get(rid, 0)
         if done > num_tokens:  # the sequence got shorter: what was indexed may not hold any more
             if self._shared is None:
@@ -183,6 +209,7 @@ class NGramDrafter(Drafter):
             for n in range(1, min(n_max, c) + 1):
                 add(tuple(tokens[c - n : c]), continuation)
         self._indexed[rid] = num_tokens
+        self._count_salted_keys(pool, num_keys)
         return tokens, pool
 
     # ---- lookup ---------------------------------------------------------------------------------
@@ -305,17 +332,21 @@ class NGramDrafter(Drafter):
             self._private.pop(rid, None)
         elif getattr(request, "finish_reason", None) not in (None, "error"):
             tokens, pool = self._update(request)
-            num_tokens, k = len(tokens), self._k
+            num_tokens, k, num_keys = len(tokens), self._k, len(pool)
             for c in range(max(1, num_tokens - k + 1), num_tokens):
                 continuation = tuple(tokens[c:])
                 for n in range(1, min(self._n, c) + 1):
                     pool.add(tuple(tokens[c - n : c]), continuation)
+            self._count_salted_keys(pool, num_keys)
         self._indexed.pop(rid, None)
 
     # ---- introspection --------------------------------------------------------------------------
     def pool_size(self, request=None) -> int:
-        """Keys in the shared pool, or in the request's private pool (0 if it has none)."""
+        """Keys in the shared pool the request reads (its cache salt's; the unsalted one without a
+        request), or in the request's private pool (0 if it has none)."""
         if self._shared is not None:
-            return len(self._shared)
-        pool = self._private.get(request.request_id) if request is not None else None
+            salt = getattr(request, "cache_salt", None)
+            pool = self._shared if salt is None else self._salted.get(salt)
+        else:
+            pool = self._private.get(request.request_id) if request is not None else None
         return len(pool) if pool is not None else 0
