@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
 import pytest
 import torch
 from specexec.executor.model import model_loader
@@ -31,6 +32,15 @@ def _tiny_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def _write_header_only_gguf(path: Path) -> None:
+    """A GGUF file with a header and no tensors: what the fake conversions below stand in for."""
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 def _logits(loaded: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
@@ -114,7 +124,7 @@ def test_default_model_path() -> None:
 def test_conversion_cache_logic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Cache write/read/rebuild/atomicity, with the slow GGUF dequantization replaced by a tiny model."""
     fake = tmp_path / "fake.gguf"
-    fake.write_bytes(b"GGUF" + bytes(64))
+    _write_header_only_gguf(fake)
     calls: list[Path] = []
 
     def fake_convert(path: Path):
@@ -185,7 +195,7 @@ def test_a_tokenizer_that_reloads_broken_is_refused_and_its_cache_removed(tmp_pa
     """transformers 5.5.x saved GGUF tokenizers that reloaded with spaces turned into a special token:
     the conversion checks the reloaded tokenizer against the one it converted."""
     fake = tmp_path / "fake.gguf"
-    fake.write_bytes(b"GGUF" + bytes(64))
+    _write_header_only_gguf(fake)
     monkeypatch.setattr(model_loader, "_convert_gguf", lambda path: (_tiny_model(), _tiny_tokenizer()))
     real_load_dir = model_loader._load_dir
 

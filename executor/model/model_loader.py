@@ -28,6 +28,8 @@ from transformers.utils import logging as hf_logging
 
 from ..layers.measurement.cache_folder import resolve_cache_dir
 from ..layers.quantized.auto_scheme import GGUF_MAGIC, auto_scheme
+from ..layers.quantized.gguf_fingerprint import GGUFFingerprint
+from ..layers.quantized.gguf_index import GGUFFormatError
 from ..layers.quantized.gguf_sources import find_sources, materialize_placeholders
 from ..layers.quantized.quantization import QuantizationReport, check_quantization, quantize_model
 from ..layers.quantized.release_memory import trim_freed_heap
@@ -47,8 +49,10 @@ DTYPES: dict[str, torch.dtype] = {
 }
 #: 2: conversions are checked for a tokenizer that reloads as it was converted (caches written before
 #: the check are converted again, and checked); 3: the config and generation config carry what the
-#: file's metadata says and transformers drops (`gguf_metadata.py`: stop ids, rope scaling, Gemma's scales)
-CACHE_FORMAT_VERSION = 3
+#: file's metadata says and transformers drops (`gguf_metadata.py`: stop ids, rope scaling, Gemma's scales);
+#: 4: a cache is found by the file's path and used only for the file it records (`gguf_fingerprint.py`:
+#: the header's digest and the file's inode, size, mtime and ctime), no longer keyed by (size, mtime)
+CACHE_FORMAT_VERSION = 4
 #: text whose tokens a converted tokenizer must give back after saving and reloading: spaces, a newline
 #: and a tab, which transformers 5.5.x's saved GGUF tokenizers turned into <|endoftext|>
 TOKENIZER_PROBE = "Hello world!\n  Two spaces,\ta tab and 3 digits: 042."
@@ -203,14 +207,30 @@ def _cache_valid(target: Path) -> bool:
     )
 
 
+def _cache_mismatch(target: Path, fingerprint: GGUFFingerprint) -> str | None:
+    """Why the cache folder ``target`` cannot serve the file ``fingerprint`` names: "" where it holds no
+    whole cache, None where it can."""
+    if not _cache_valid(target):
+        return ""
+    try:
+        recorded = json.loads((target / _MARKER).read_text()).get("gguf")
+    except (OSError, ValueError, AttributeError) as exc:
+        return f"its record is unreadable ({exc})"
+    return fingerprint.mismatch(recorded)
+
+
 def _load_gguf(
     path: Path, dtype: torch.dtype, device_map: str | dict | None, root: Path, codes: bool
 ) -> LoadedModel:
     """``codes``: the cache keeps the weights that are the file's rows by reference (`gguf_codes.py`),
-    else it holds the dense float32 model."""
-    stat = path.stat()
+    else it holds the dense float32 model. The cache folder is the path's; what it holds is used only
+    if it was made from the file as it is now (`gguf_fingerprint.py`), else it is made again."""
+    try:
+        fingerprint = GGUFFingerprint.of(path)
+    except GGUFFormatError as exc:
+        raise ModelLoadError(f"GGUF file {path} is corrupt, truncated or unsupported: {exc}") from exc
     kind = f"codes{CODES_CACHE_VERSION}\0" if codes else ""
-    key_text = f"v{CACHE_FORMAT_VERSION}\0{kind}{path}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    key_text = f"v{CACHE_FORMAT_VERSION}\0{kind}{path}"
     name = f"{path.stem}-codes" if codes else path.stem
     target = root / f"{name}-{hashlib.sha256(key_text.encode()).hexdigest()[:16]}"
 
@@ -224,17 +244,24 @@ def _load_gguf(
                 f"cannot load the cached conversion at {target}: {type(exc).__name__}: {exc}"
             ) from exc
 
-    if _cache_valid(target):
+    stale = _cache_mismatch(target, fingerprint)
+    if stale is None:
         try:
             with _progress_bars(False):  # under a second: quiet after the first conversion
                 return load(f"{path} (cached conversion at {target})")
         except ModelLoadError as exc:
             logger.warning("cached conversion at %s is unreadable (%s); rebuilding it", target, exc)
+    elif stale:
+        logger.warning(
+            "cached conversion at %s is not of %s as it is now: %s; rebuilding it", target, path, stale
+        )
     what = "its weights' row orders and what else it holds go" if codes else "the converted copy goes"
     loading_logger.info("converting %s to float32 once; %s to %s", path.name, what, target)
     model, tokenizer = _convert_gguf(path)
     try:
-        _write_cache(model, tokenizer, target, key_text, find_sources(model, path) if codes else None)
+        sources = find_sources(model, path) if codes else None
+        record = {"key": key_text, "gguf": fingerprint.as_record()}
+        _write_cache(model, tokenizer, target, record, sources, path)
     except OSError as exc:
         if device_map is not None:
             raise ModelLoadError(
@@ -307,11 +334,13 @@ def _write_cache(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     target: Path,
-    key: str,
+    record: dict,
     sources: dict[str, tuple[str, torch.Tensor]] | None = None,
+    gguf_path: Path | None = None,
 ) -> None:
     """Save model + tokenizer into a temp dir next to `target`, then atomically rename it into place
-    (``sources``: the codes cache's weights kept in the GGUF, `gguf_codes.py`; None: all saved dense)."""
+    (``record``: what the marker says the cache was made from; ``sources``: the codes cache's weights kept
+    in ``gguf_path``, `gguf_codes.py`; None: all saved dense)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
@@ -321,11 +350,11 @@ def _write_cache(
         if sources is None:
             model.save_pretrained(tmp)
         else:
-            save_codes_cache(model, sources, tmp)
+            save_codes_cache(model, sources, tmp, gguf_path)  # type: ignore[arg-type]  # (given with sources)
         if model.generation_config is not None:
             model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / _MARKER).write_text(json.dumps({"format": CACHE_FORMAT_VERSION, "key": key}))
+        (tmp / _MARKER).write_text(json.dumps({"format": CACHE_FORMAT_VERSION, **record}))
         if target.exists():
             shutil.rmtree(target)
         try:
