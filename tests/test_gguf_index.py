@@ -15,7 +15,8 @@ from gguf_files import FAMILIES, make_source_model, write_gguf
 from specexec.executor.layers.quantized.gguf_index import GGUFFormatError, read_gguf_index
 from specexec.executor.layers.quantized.gguf_weights import GGUFFile
 from specexec.executor.layers.quantized.quantized_linear import QuantizationError
-from specexec.executor.model.model_loader import default_model_path
+from specexec.executor.model.model_loader import ModelLoadError, default_model_path, load_model
+from specexec.executor.model.model_peek import peek_text_config
 
 
 def _assert_same_as_gguf_py(path) -> None:
@@ -227,3 +228,15 @@ def test_the_header_digest_names_the_header_not_the_values(tmp_path):
     other = tmp_path / "other.gguf"
     write_gguf(other, "qwen2")
     assert read_gguf_index(other).header_digest != first.header_digest
+
+
+@pytest.mark.parametrize("reason", sorted(HOSTILE_HEADERS))
+def test_hostile_headers_are_a_load_error_and_unknown_to_the_peek(tmp_path, reason):
+    """Loading one says the file is bad (ModelLoadError, the format error as its cause) before gguf-py or
+    transformers read it; the shape peek made before loading (`model_peek`) cannot tell, and says so."""
+    path = tmp_path / "hostile.gguf"
+    path.write_bytes(HOSTILE_HEADERS[reason])
+    with pytest.raises(ModelLoadError, match="GGUF") as error:
+        load_model(path, cache_dir=tmp_path / "cache", quantization="gguf", progress=False)
+    assert reason == "empty" or isinstance(error.value.__cause__, GGUFFormatError)
+    assert peek_text_config(path) == {}

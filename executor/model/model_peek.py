@@ -8,6 +8,7 @@ import os
 import struct
 from pathlib import Path
 
+from ..layers.quantized.gguf_index import MAX_NESTING
 from .model_loader import ModelLoadError, default_model_path
 
 #: GGUF ``<arch>.<key>`` -> the transformers config key it fills
@@ -48,23 +49,42 @@ def peek_max_position_embeddings(model: str | os.PathLike | None) -> int | None:
 
 def _gguf_text_config(path: Path) -> dict:
     """The architecture's keys from a GGUF file's key-value header, read up to the tokenizer's arrays
-    (they follow the architecture's scalars and are most of the header)."""
+    (they follow the architecture's scalars and are most of the header). A hostile header raises
+    ValueError or struct.error, which `peek_text_config` takes as "cannot tell": arrays nested deeper than
+    `MAX_NESTING` are refused (5,000 deep overflowed the stack) and arrays of fixed-size values are
+    stepped over whole, never element by element through a count the file could not hold."""
+    size = path.stat().st_size
     with path.open("rb") as fh:
 
         def read(fmt: str):
             return struct.unpack("<" + fmt, fh.read(struct.calcsize("<" + fmt)))[0]
 
         def read_str() -> str:
-            return fh.read(read("Q")).decode("utf-8", "replace")
+            length = read("Q")
+            if fh.tell() + length > size:
+                raise ValueError(f"{path} is truncated: a string ends past the file's end")
+            return fh.read(length).decode("utf-8", "replace")
 
-        def skip(value_type: int) -> object:
+        def skip(value_type: int, depth: int = 0) -> object:
             if value_type == 8:
                 return read_str()
             if value_type == 9:
                 item_type, count = read("I"), read("Q")
+                if depth >= MAX_NESTING:
+                    raise ValueError(f"{path}: metadata arrays nested more than {MAX_NESTING} deep")
+                if item_type in _GGUF_SCALARS:
+                    end = fh.tell() + count * struct.calcsize("<" + _GGUF_SCALARS[item_type])
+                    if end > size:
+                        raise ValueError(f"{path} is truncated: an array ends past the file's end")
+                    fh.seek(end)
+                    return None
+                if fh.tell() + count * 8 > size:  # (a string or an array takes 8 bytes at least)
+                    raise ValueError(f"{path} is truncated: {count} array elements cannot fit in it")
                 for _ in range(count):
-                    skip(item_type)
+                    skip(item_type, depth + 1)
                 return None
+            if value_type not in _GGUF_SCALARS:
+                raise ValueError(f"{path}: unknown metadata value type {value_type}")
             return read(_GGUF_SCALARS[value_type])
 
         if fh.read(4) != b"GGUF" or read("I") < 2:
