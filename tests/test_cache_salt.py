@@ -135,6 +135,16 @@ def test_requests_of_other_salts_do_not_wait_for_each_others_pages():
     assert_all_pages_free(executor)
 
 
+def test_the_samples_of_a_salted_request_share_its_pages_with_each_other_only():
+    executor = make_executor()
+    params = SamplingParams(max_tokens=4, ignore_eos=True, n=3)
+    (sampled,) = executor.run([Request(PROMPT, params, cache_salt="tenant-a")])
+    assert [s.metrics.num_cached_tokens for s in sampled.samples] == [0, 28, 28]
+    assert run_one(executor, "tenant-b").metrics.num_cached_tokens == 0
+    assert run_one(executor, "tenant-a").metrics.num_cached_tokens == 28
+    assert_all_pages_free(executor)
+
+
 @pytest.mark.parametrize("salt", ["", "x" * (MAX_CACHE_SALT_CHARS + 1), 7, b"bytes"])
 def test_a_bad_salt_finishes_its_request_with_an_error_and_holds_nothing(salt):
     executor = make_executor()
