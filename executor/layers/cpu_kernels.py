@@ -25,13 +25,18 @@ the compiler's expansion of ``-march=native`` and its version (`compiler_target.
 features (`cpu_info.cpu_key`), torch's version, the sources and the flags; the key is recorded beside
 the ``.so`` (`RECORD`) and checked before loading, so a cache copied from another CPU (a shared home,
 a CI cache, a container image) is built again, never loaded to die on an instruction this CPU lacks.
-The first build says so, with how long it takes, on the loading log or else on standard error. Where
+The first build says so, with how long it takes, on the loading log or else on standard error. A build
+folder that another user could write (it or a folder above it writable by group or others, or owned by
+another user: `cache_folder.others_could_write`) is never loaded from, since its ``.so`` would run their
+code: the kernels are built for this process in a private temporary folder instead, with a warning
+that names the folder and the ``chmod`` that makes it trusted again. Where
 they cannot be built, or with ``SPECEXEC_CPU_KERNELS=0``, every caller runs its torch ops instead and
 the log says so once; ``SPECEXEC_CPU_KERNELS=1`` makes a failed build an error instead.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import importlib.machinery
@@ -39,7 +44,9 @@ import json
 import logging
 import os
 import shutil
+import stat
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,7 +56,7 @@ from .cpu_info import cpu_flags, cpu_key
 from .kernel_build import isa_variants
 from .kernel_build.build_lock import held_build_lock
 from .kernel_build.compiler_target import compiler_command, compiler_target
-from .measurement.cache_folder import default_cache_dir
+from .measurement.cache_folder import default_cache_dir, make_private_folders, others_could_write
 
 logger = logging.getLogger("specexec")
 
@@ -91,12 +98,11 @@ def cpu_kernels():
                 "the installed C++ CPU kernels %s did not load (%s): building them now", installed, exc
             )
     identity = build_identity()
-    build = build_folder(identity)
     started = time.perf_counter()
     try:
         from torch.utils.cpp_extension import load
 
-        build.mkdir(parents=True, exist_ok=True)
+        build = usable_build_folder(identity)
         with held_build_lock(build / LOCK):
             _drop_stale_lock(build / "lock")
             _match_record_inplace(build, identity)
@@ -111,6 +117,8 @@ def cpu_kernels():
                 verbose=False,
                 is_python_module=False,
             )
+            for library in build.glob("*.so"):  # ours, in a folder of ours: closed as the next start wants
+                library.chmod(stat.S_IMODE(library.stat().st_mode) & ~0o022)
     except Exception as exc:  # no compiler, no ninja, a failed build: torch ops instead
         last_line = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
         if switch == "1":
@@ -181,6 +189,40 @@ def build_folder(identity: dict[str, str]) -> Path:
     return default_cache_dir() / "cpu-kernels" / f"specexec_cpu_{digest}"
 
 
+def usable_build_folder(identity: dict[str, str]) -> Path:
+    """The folder to build and load ``identity``'s kernels in: `build_folder` (created ``0o700``) where no
+    other user could have written it or a library in it, else a private folder of this process (with a
+    warning naming the folder and what to do); RuntimeError where even that is not private."""
+    folder = _usable_build_folder(json.dumps(identity, sort_keys=True), str(default_cache_dir()))
+    make_private_folders(folder)  # (again: removed since the first call, it is made again, private)
+    return folder
+
+
+@functools.cache  # (one private folder a process, whoever asks: the build and `describe_cpu_kernels`)
+def _usable_build_folder(identity_json: str, cache_dir: str) -> Path:
+    build = build_folder(json.loads(identity_json))
+    make_private_folders(build)
+    libraries = sorted(build.glob("*.so"))
+    problem = next(filter(None, map(others_could_write, [build, *libraries])), None)
+    if problem is None:
+        return build
+    private = Path(tempfile.mkdtemp(prefix="specexec-cpu-kernels-")) / build.name
+    private.mkdir(mode=0o700)
+    atexit.register(shutil.rmtree, private.parent, ignore_errors=True)
+    if (still := others_could_write(private)) is not None:
+        raise RuntimeError(f"no private folder to build them in: {problem}, and {still}")
+    logger.warning(
+        "not loading specexec's C++ CPU kernels from %s: %s, so another user could have put code there "
+        "that would run as you; building them for this process in %s instead (%s). Make the folder "
+        "yours alone (chmod go-w, or chown it to you) or set SPECEXEC_CACHE_DIR to a folder of yours",
+        build,
+        problem,
+        private,
+        FIRST_BUILD_TIME,
+    )
+    return private
+
+
 def kernels_key() -> str:
     """Which kernels run the CPU's ops, for the keys of measurements that time them (beside the CPU and
     torch, which those keys name already): the sources' and flags' digest, or "torch ops" where they
@@ -209,7 +251,8 @@ def describe_cpu_kernels() -> str:
         built_for = (
             f"-march={target.cpu}" if target.cpu else next(f for f in cflags() if f.startswith("-march"))
         )
-        return f"C++ ({built_for}, {target.version or target.compiler}; {build_folder(build_identity())})"
+        folder = usable_build_folder(build_identity())
+        return f"C++ ({built_for}, {target.version or target.compiler}; {folder})"
     if os.environ.get(SWITCH) == "0":
         return f"torch ({SWITCH}=0)"
     return "torch (the C++ build failed: see the warning above; it needs a C++ compiler with OpenMP)"
