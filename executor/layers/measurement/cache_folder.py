@@ -1,6 +1,5 @@
-"""Where specexec keeps what it builds and measures on this machine: converted GGUF models, the C++
-kernels' builds, the measurements; and whether a folder there can be
-trusted with code that gets loaded.
+"""Where specexec keeps what it builds and measures on this machine (converted GGUF models, the C++
+kernels' builds, the measurements), and whether a folder there can be trusted with code that gets loaded.
 
 A library loaded from a folder that another user could write runs their code as ours. As ssh refuses a
 key file (``StrictModes``), `others_could_write` refuses a path where it, or any folder above it, is
