@@ -111,7 +111,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return code
     config.warmup = not args.no_warmup  # the first request then pays no cold start: ttft= is its own
     from .executor.executor import Executor
-    from .executor.layers.measurement.measurement_journal import measurement_notes
+    from .executor.kernel_plan.measurement.journal import measurement_notes
     from .executor.plan_report import measurement_table, plan_lines
 
     first_note = len(measurement_notes())
@@ -145,7 +145,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     config = load_config(args)
     config.warmup = False
     from .executor.executor import Executor
-    from .executor.layers.measurement.measurement_journal import measurement_notes, remeasuring
+    from .executor.kernel_plan.measurement.journal import measurement_notes, remeasuring
     from .executor.plan_report import measurement_table, plan_lines
 
     first_note = len(measurement_notes())

@@ -193,10 +193,10 @@ class BenchRunner:
     def _measure_forward_cost(self, executor) -> None:
         """How much one target forward over 1 + k tokens costs against one token (decides how far
         speculation can go), at a context of about the workload's prompt length."""
-        from ..executor.engine.speculation.draft_length import ForwardCostModel
+        from ..executor.kernel_plan.forward_cost import measure_forward_cost
 
         context = max(16, sum(len(t) for t in self._workload().token_ids) // len(self.prompts))
-        cost = ForwardCostModel.measure(
+        cost = measure_forward_cost(
             lambda n: executor.time_forward(n, context),
             sizes=(1, 2, 4, 6, 8, 16),
             repeats=FORWARD_COST_REPEATS,

@@ -147,8 +147,8 @@ class Eagle3Options(_DraftModelOptions):
     tree_growth: str = "dynamic"  #: how ``draft_tree`` grows (`eagle3.drafter.TREE_GROWTHS`)
 
     def __post_init__(self) -> None:
+        from ..executor.kernel_plan.head_quantization import check_setting
         from .eagle3.drafter import TREE_GROWTHS
-        from .eagle3.head_quantization import check_setting
 
         _DraftModelOptions.__post_init__(self)
         if not isinstance(self.prompt_lookup, bool):
@@ -302,7 +302,7 @@ def self_draft_dtype(context: DrafterContext, quantization: str) -> str:
     measures for the quantized weights (on the AVX512-BF16 machine the int8 kernel took ~10x longer
     with float32 activations than with bfloat16 ones, so a float32 draft would cost more than the
     target). The draft's dtype does not touch the output: the target verifies every token."""
-    from ..executor.layers.dtype_choice import choose_dtype
+    from ..executor.kernel_plan.dtype import choose_dtype
     from ..executor.layers.measurement.cache_folder import resolve_cache_dir
 
     param = next(context.target_model.parameters())
@@ -331,10 +331,10 @@ def cuda_kernel_dtype(device: torch.device, dtype: torch.dtype, quantization: st
 
 @declare_options(Eagle3Options)
 def make_eagle3(spec_config, context: DrafterContext) -> Drafter:
+    from ..executor.kernel_plan.head_quantization import apply_head_quantization, choose_head_quantization
     from ..executor.layers.measurement.cache_folder import resolve_cache_dir
     from .eagle3.drafter import Eagle3Drafter
     from .eagle3.head import SHIPPED_HEAD, load_head
-    from .eagle3.head_quantization import apply_head_quantization, choose_head_quantization
 
     opts = parse_options(Eagle3Options, spec_config.options)
     cfg = context.executor_config

@@ -9,9 +9,9 @@ from typing import Any
 
 from .engine.options import reject_unknown_keys
 from .engine.speculation.speculative_config import SpeculativeConfig
-from .layers.linear_backend import check_cpu_linear
+from .kernel_plan.dense_backend import check_cpu_linear
+from .kernel_plan.quantized_kernel import check_quantized_kernel
 from .layers.quantized.quantization import check_quantization
-from .layers.quantized.quantized_dot import check_quantized_kernel
 from .model.decoder.convert import check_model_impl
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
@@ -43,7 +43,7 @@ class ExecutorConfig:
     model: str | None = None  #: HF directory, GGUF file, or None for the embedded SmolLM2-135M-Instruct
     #: weights and KV cache of a model the executor loads: auto, float32, bfloat16, float16, float64. auto:
     #: bfloat16 on CUDA, and on a CPU with native bf16 where a one-time measurement finds it faster;
-    #: float32 elsewhere (`executor/layers/dtype_choice.py`). A module passed in keeps its own.
+    #: float32 elsewhere (`executor/kernel_plan/dtype.py`). A module passed in keeps its own.
     dtype: str = "auto"
     #: "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:N"; a model passed in as a module
     #: stays where it is under "auto" and moves (in place) to a device named here
@@ -63,12 +63,12 @@ class ExecutorConfig:
     model_impl: str = "auto"
     #: a CPU model's dense linear layers: auto, blas (torch's F.linear), onednn (weights packed once
     #: for oneDNN, the drafter's models too). auto measures both once per CPU and model shape and keeps
-    #: the faster (`executor/layers/linear_backend.py`); on CUDA and for float64/float16: blas
+    #: the faster (`executor/kernel_plan/dense_backend.py`); on CUDA and for float64/float16: blas
     cpu_linear: str = "auto"
     #: a CPU model's quantized layers (decode, verify, prefill chunks): auto, torch (torch's weight-only kernels,
     #: exact in float32), int8_dot (C++ integer dot products over activations quantized to int8 in blocks
     #: of 32, llama.cpp's way). auto times both once per CPU and model and takes int8_dot for the row
-    #: counts where it is faster (`executor/layers/quantized/quantized_dot.py`); on CUDA: torch
+    #: counts where it is faster (`executor/kernel_plan/quantized_kernel.py`); on CUDA: torch
     quantized_kernel: str = "auto"
     max_batch_size: int = 16  #: requests in one forward at most
     max_num_tokens: int = 2048  #: tokens in one forward at most (prefill chunks + decode + draft tokens)
@@ -78,6 +78,10 @@ class ExecutorConfig:
     num_kv_blocks: int | None = None  #: exact number of KV pages (tests use small pools)
     capture_hidden_layers: list[int] = field(default_factory=list)  #: hidden_states indices to capture
     cache_dir: str | None = None  #: where converted GGUF models are cached (default ~/.cache/specexec)
+    #: seconds a start may spend measuring this machine's kernel plan (`executor/kernel_plan/`): past
+    #: them, or while other work takes the CPUs, a choice with nothing stored takes this ISA's static
+    #: default and is measured at the next quiet start or by `specexec tune`; null: no bound
+    measuring_budget_s: float | None = 30.0
     progress: bool = True  #: transformers' progress bars while a model loads (false: quiet)
     #: at start-up, one tiny forward of each model and one grammar compile, outside every metric, so
     #: that the first request pays no cold start (on in `specexec run`; `Executor.warmup_seconds`)
@@ -187,6 +191,12 @@ class ExecutorConfig:
             "grammar_compile_timeout_s",
             self.grammar_compile_timeout_s,
             "a number of seconds > 0",
+        )
+        _check(
+            self.measuring_budget_s is None or _is_positive_number(self.measuring_budget_s),
+            "measuring_budget_s",
+            self.measuring_budget_s,
+            "null or a number of seconds > 0",
         )
         _check(
             self.drafter_timeout_s is None or _is_positive_number(self.drafter_timeout_s),

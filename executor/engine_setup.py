@@ -16,22 +16,15 @@ from .engine.engine_core import EngineCore
 from .engine.guided import MAX_FORCED_TOKENS, GuidedDecodingStage
 from .engine.output_processor import OutputProcessor
 from .engine.scheduler import Scheduler
-from .engine.scratch_forward import scratch_decode, scratch_forward
 from .engine.speculation.confidence_stop import ConfidenceStop
-from .engine.speculation.draft_length import (
-    MEASURED_BATCH_SIZES,
-    MEASURED_SIZES,
-    DraftLengthPolicy,
-    ForwardCostModel,
-    cost_cache_key,
-)
+from .engine.speculation.draft_length import DraftLengthPolicy, ForwardCostModel
 from .engine.speculation.speculation_stage import SpeculationStage, build_drafter, check_drafter_options
 from .engine.speculation.tree_config import resolve_draft_tree
-from .kernel_plan import apply_quantized_kernel, plan_kernels
-from .layers.dtype_choice import DtypeChoice, choose_dtype
+from .kernel_plan.dtype import DtypeChoice, choose_dtype
+from .kernel_plan.forward_cost import target_forward_cost
+from .kernel_plan.plan import plan_kernels, route_quantized_layers
 from .layers.measurement.cache_folder import resolve_cache_dir
 from .layers.packed_linear import unpack_linears
-from .model.attention_paths import choose_attention_paths
 from .model.cuda_graphs import CudaGraphCapture, GraphCaptureReport
 from .model.decoder.convert import resolve_model_impl
 from .model.graph_shapes import GraphShapes
@@ -91,20 +84,21 @@ def resolve_dtype(model, config: ExecutorConfig) -> DtypeChoice:
 
 
 def build_engine_core(
-    model, config: ExecutorConfig, tokenizer, drafter: Drafter | None, plugins, dtype: str
+    model, config: ExecutorConfig, tokenizer, drafter: Drafter | None, plugins, dtype: DtypeChoice
 ) -> EngineCore:
     """Load (in ``dtype``, see `resolve_dtype`), size the KV pool, build the stages."""
-    model, tokenizer, target_path, quantization, model_impl = load_target(model, tokenizer, config, dtype)
-    extra = (target_path, quantization, model_impl)
+    model, tokenizer, target_path, quantization, model_impl = load_target(
+        model, tokenizer, config, dtype.dtype
+    )
+    extra = (target_path, quantization, model_impl, dtype)
     param = next(model.parameters())
     spec = KVCacheSpec.from_model_config(model.config, param.dtype)
     num_blocks = config.num_kv_blocks or num_blocks_for_budget(
         spec, config.block_size, int(config.kv_cache_memory_gb * 2**30)
     )
     block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-    text_config = model.config.get_text_config()
     if config.tensor_parallel_size > 1:  # the shards keep the quantized layers' int8_dot routing
-        apply_quantized_kernel(config, model, None)
+        route_quantized_layers(config, model)
         runner = start_ranks(model, spec, num_blocks, config)
         try:
             runner.capture(tuple(config.capture_hidden_layers))
@@ -118,29 +112,23 @@ def build_engine_core(
         config.max_num_tokens,
         tuple(config.capture_hidden_layers),
     )
-    runner.attention_paths = choose_attention_paths(
-        text_config.num_attention_heads,
-        spec.num_kv_heads,
-        spec.head_dim,
-        spec.dtype,
-        param.device,
-        resolve_cache_dir(config.cache_dir),
-    )
     return _assemble(model, tokenizer, config, drafter, plugins, runner, block_manager, extra)
 
 
 def _assemble(model, tokenizer, config, drafter, plugins, runner, block_manager, extra) -> EngineCore:
     """The stages around the runner: drafter, kernels chosen, graphs, speculation, grammar, scheduler."""
-    target_path, quantization, model_impl = extra
+    target_path, quantization, model_impl, dtype = extra
     param = next(model.parameters())
     text_config = model.config.get_text_config()
     vocab_size = text_config.vocab_size
     max_model_len = _max_model_len(model, config, block_manager)
     context = DrafterContext(model, tokenizer, vocab_size, config, target_path)
     drafter = _setup_drafter(context, drafter, plugins, runner, block_manager)
-    kernels = plan_kernels(config, model, runner, drafter)
+    kernels = plan_kernels(config, model, runner, drafter, dtype)
     graph_reports = capture_cuda_graphs(config, runner, drafter, max_model_len)
     speculation = _speculation_stage(model, vocab_size, config, drafter, plugins, runner, block_manager)
+    if speculation.policy is not None:
+        kernels.forward_cost = speculation.policy.cost_model
     eos_token_ids = _eos_token_ids(model, tokenizer)
     guided = GuidedDecodingStage(
         tokenizer,
@@ -314,20 +302,7 @@ def _speculation_stage(
     if spec is not None and spec.draft_len_policy != "fixed":
         cost = ForwardCostModel.linear()
         if spec.draft_len_policy in ("auto", "confidence"):
-            limit = min(config.max_num_tokens, block_manager.capacity_tokens)
-            sizes = tuple(n for n in MEASURED_SIZES if n <= limit) or (1,)
-            batch_limit = min(config.max_batch_size, limit, block_manager.num_blocks)
-            batch_sizes = tuple(b for b in MEASURED_BATCH_SIZES if b <= batch_limit)
-            key = cost_cache_key(model) + ("|cuda graphs" if runner.graphs is not None else "")
-            key += f"|decode batches {batch_sizes}"  # (max_batch_size and the pool bound them)
-            cost = ForwardCostModel.cached(
-                key,
-                lambda n: scratch_forward(runner, block_manager, n),
-                resolve_cache_dir(config.cache_dir),
-                sizes,
-                lambda b: scratch_decode(runner, block_manager, b),
-                batch_sizes,
-            )
+            cost = target_forward_cost(config, model, runner, block_manager)
         if spec.draft_len_policy == "confidence" and drafter.reports_confidence:
             drafter.confidence_stop = ConfidenceStop(cost)  # the drafter ends each chain itself
         else:

@@ -7,6 +7,7 @@ in `engine_setup.py`.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 
@@ -27,8 +28,12 @@ from .engine.inputs import (
 from .engine.request import FinishReason, Prompt, Request, RequestOutput, RequestState, TokenEvent
 from .engine.scratch_forward import scratch_forward
 from .engine_setup import build_engine_core, check_before_loading, resolve_dtype
+from .kernel_plan.measurement.budget import measuring_budget
+from .kernel_plan.measurement.journal import MeasurementNote, measurement_notes
 from .layers.quantized.release_memory import trim_freed_heap
 from .warmup import warm_up
+
+logger = logging.getLogger("specexec")
 
 
 class Executor:
@@ -56,9 +61,12 @@ class Executor:
         config = self.config
         plugins = get_plugin_manager()
         check_before_loading(model, config, drafter, plugins)
-        #: the dtype the model runs in, and why (``dtype: auto`` measures this machine once)
-        self.dtype_choice = resolve_dtype(model, config)
-        self.core = build_engine_core(model, config, tokenizer, drafter, plugins, self.dtype_choice.dtype)
+        notes = len(measurement_notes())
+        with measuring_budget(config.measuring_budget_s):
+            #: the dtype the model runs in, and why (``dtype: auto`` measures this machine once)
+            self.dtype_choice = resolve_dtype(model, config)
+            self.core = build_engine_core(model, config, tokenizer, drafter, plugins, self.dtype_choice)
+        _say_what_was_not_measured(measurement_notes(notes))
         #: seconds the start-up warm-up took (``warmup: true``), else None
         self.warmup_seconds = warm_up(self.core) if config.warmup else None
         trim_freed_heap()  # what the start-up measurements and the warm-up freed goes back to the system
@@ -287,3 +295,15 @@ class Executor:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this Executor is closed")
+
+
+def _say_what_was_not_measured(notes: list[MeasurementNote]) -> None:
+    """One line for a start that took static defaults instead of measuring (`kernel_plan/static_defaults.py`)."""
+    static = [note for note in notes if note.how.startswith("static default")]
+    if static:
+        why = sorted({note.how.removeprefix("static default (").rstrip(")") for note in static})
+        logger.warning(
+            "kernel plan: %s took this CPU level's static defaults (%s); the next quiet start or "
+            "`specexec tune` measures them",
+            ", ".join(note.kind for note in static), "; ".join(why),
+        )  # fmt: skip

@@ -4,7 +4,7 @@ measurements (measured now, or read from the store, and how long each took)."""
 
 from __future__ import annotations
 
-from .layers.measurement.measurement_journal import MeasurementNote
+from .kernel_plan.measurement.journal import MeasurementNote
 
 
 def plan_lines(executor) -> list[str]:

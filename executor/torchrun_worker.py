@@ -19,7 +19,7 @@ import torch.distributed as dist
 from .auto_defaults import resolve_auto_defaults
 from .config import ExecutorConfig
 from .engine_setup import load_target
-from .kernel_plan import apply_quantized_kernel
+from .kernel_plan.plan import route_quantized_layers
 from .model.kv_cache import KVCache, KVCacheSpec
 from .model.model_runner import ModelRunner
 from .parallel.gloo_collectives import GlooCollectives, broadcast_step
@@ -66,12 +66,12 @@ def run_worker(config: ExecutorConfig) -> None:
         if shard is None:  # (a GGUF): the whole model, then this rank's slices of it
             model, *_ = load_target(None, None, config, str(dtype).removeprefix("torch."))
             check_shardable(model, world)
-            apply_quantized_kernel(config, model, None)
+            route_quantized_layers(config, model)
             shard = shard_model(model, env.rank, world, comm)
             del model
         else:
             logger.info("tensor parallelism: rank %d read its shard layer by layer", env.rank)
-            apply_quantized_kernel(config, shard, None)
+            route_quantized_layers(config, shard)
         kv_spec = rank_kv_spec(KVCacheSpec.from_model_config(shard.config, dtype), world, env.rank)
         cache = KVCache(kv_spec, num_blocks, config.block_size, torch.device("cpu"))
         runner = ModelRunner(shard, cache, max_num_tokens)

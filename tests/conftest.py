@@ -31,7 +31,7 @@ def quiet_timing_noise(monkeypatch):
     """Whether a measurement is cached must not hang on what else this machine runs during a test: the
     noise check (`timing_noise`) sees a quiet machine here, except in `test_timing_noise.py`, which
     tests it."""
-    from specexec.executor.layers.measurement import timing_noise
+    from specexec.executor.kernel_plan.measurement import timing_noise
 
     real = SimpleNamespace(busy_seconds=timing_noise._busy_seconds, noisy_spread=timing_noise.NOISY_SPREAD)
     monkeypatch.setattr(timing_noise, "_busy_seconds", lambda cpus: None)

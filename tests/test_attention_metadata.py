@@ -188,8 +188,9 @@ def test_gather_pages_reads_whole_pages_in_table_order():
 
 
 def test_kernel_choice_is_measured_once_per_machine_and_cached(tmp_path, monkeypatch):
-    import specexec.executor.model.attention_paths as paths_module
-    from specexec.executor.model.attention_paths import CASES, CONTEXTS, choose_attention_paths
+    import specexec.executor.kernel_plan.attention_path as paths_module
+    from specexec.executor.kernel_plan.attention_path import choose_attention_paths
+    from specexec.executor.model.attention_paths import CASES, CONTEXTS
 
     calls = []
     real = paths_module.measure_attention_paths
@@ -215,7 +216,7 @@ def test_kernel_choice_is_measured_once_per_machine_and_cached(tmp_path, monkeyp
 
 def test_without_the_cpp_kernel_the_choice_is_between_the_torch_kernels(tmp_path, monkeypatch):
     from specexec.executor.layers import cpu_kernels as kernels_module
-    from specexec.executor.model import attention_paths as paths_module
+    from specexec.executor.kernel_plan import attention_path as paths_module
 
     monkeypatch.setattr(paths_module, "CONTEXTS", (16, 64))  # tiny timings
     monkeypatch.setenv(kernels_module.SWITCH, "0")

@@ -193,18 +193,18 @@ def capture_key(*args, **kwargs):
 
 def key_of(monkeypatch, cache: str) -> str:
     """The key one measurement cache asks for on the CPU `cpu_info._cpuinfo` now reports."""
-    from specexec.drafters.eagle3 import head_quantization
-    from specexec.executor.engine.speculation.draft_length import cost_cache_key
-    from specexec.executor.layers import dtype_choice, linear_backend
-    from specexec.executor.layers.quantized import quantized_dot
-    from specexec.executor.model import attention_paths
+    from specexec.executor.kernel_plan import attention_path as attention_paths
+    from specexec.executor.kernel_plan import dense_backend as linear_backend
+    from specexec.executor.kernel_plan import dtype as dtype_choice
+    from specexec.executor.kernel_plan import head_quantization, quantized_kernel
+    from specexec.executor.kernel_plan.forward_cost import cost_cache_key
     from tiny_models import make_tiny_model
 
     shape = dtype_choice.ModelShape(64, 128, 4, 2, 16, 2, 100)
     layers = [SimpleNamespace(scheme="int8", in_features=64, out_features=128)]
     for module in (dtype_choice, attention_paths, head_quantization):
         monkeypatch.setattr(module, "cached_measurement", capture_key)
-    monkeypatch.setattr(quantized_dot, "cached_row_ratios", capture_key)
+    monkeypatch.setattr(quantized_kernel, "cached_row_ratios", capture_key)
     monkeypatch.setattr(attention_paths, "cpu_kernels", lambda: None)
     measurements = {
         "dtype-choice": lambda: dtype_choice._cached_bf16_ratio(shape, Path("."), None),
@@ -212,7 +212,7 @@ def key_of(monkeypatch, cache: str) -> str:
         "attention-paths": lambda: attention_paths.choose_attention_paths(
             4, 2, 16, torch.float32, torch.device("cpu"), Path(".")
         ),
-        "quantized-kernel": lambda: quantized_dot._cached_ratios(layers, torch.float32, Path(".")),
+        "quantized-kernel": lambda: quantized_kernel._cached_ratios(layers, torch.float32, Path(".")),
         "eagle3-head": lambda: head_quantization._cached_times(((64, 128),), torch.float32, Path(".")),
         "forward-cost": lambda: cost_cache_key(make_tiny_model("llama", dtype=torch.float32)[1]),
     }

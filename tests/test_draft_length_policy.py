@@ -19,18 +19,19 @@ import pytest
 import torch
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.engine.request import Request
-from specexec.executor.engine.speculation import draft_length
-from specexec.executor.engine.speculation.draft_length import (
-    MEASURED_SIZES,
-    DraftLengthPolicy,
-    ForwardCostModel,
-    cost_cache_key,
-)
+from specexec.executor.engine.speculation.draft_length import DraftLengthPolicy, ForwardCostModel
 from specexec.executor.executor import Executor
+from specexec.executor.kernel_plan import forward_cost
+from specexec.executor.kernel_plan.forward_cost import (
+    MEASURED_SIZES,
+    cost_cache_key,
+    measure_forward_cost,
+    stored_forward_cost,
+)
+from specexec.executor.kernel_plan.measurement import store as measurement_cache
+from specexec.executor.kernel_plan.measurement.store import NOISE_FIELD
 from specexec.executor.layers.cpu_info import describe_cpu
-from specexec.executor.layers.measurement import measurement_cache
 from specexec.executor.layers.measurement.cache_folder import default_cache_dir
-from specexec.executor.layers.measurement.measurement_cache import NOISE_FIELD
 from specexec.executor.layers.packed_linear import RowBands, pack_linears, unpack_linears
 from specexec.sampling import SamplingParams
 from tiny_models import make_tiny_model
@@ -310,7 +311,7 @@ def fake_forward(monkeypatch) -> FakeForward:
 
 
 def test_measure_keeps_one_timing_per_size(fake_forward):
-    model = ForwardCostModel.measure(fake_forward, sizes=(1, 8, 32), repeats=3)
+    model = measure_forward_cost(fake_forward, sizes=(1, 8, 32), repeats=3)
     assert model.num_tokens == [1, 8, 32]
     assert model.seconds == pytest.approx([0.051, 0.058, 0.082])
     assert fake_forward.calls == [1] * 4 + [8] * 4 + [32] * 4  # a warm-up, then the repeats
@@ -321,7 +322,7 @@ def test_measure_times_the_decode_batches_too(fake_forward):
         fake_forward.calls.append(("batch", b))
         fake_forward.clock += 0.05 + 0.01 * b
 
-    model = ForwardCostModel.measure(
+    model = measure_forward_cost(
         fake_forward, sizes=(1, 8), decode_batch=decode_batch, batch_sizes=(1, 4)
     )
     assert model.batch_sizes == [1, 4] and model.batch_seconds == pytest.approx([0.06, 0.09])
@@ -330,7 +331,7 @@ def test_measure_times_the_decode_batches_too(fake_forward):
 
 def test_cached_measures_once_writes_json_then_reuses_it(tmp_path, fake_forward, caplog):
     with caplog.at_level(logging.INFO, logger="specexec"):
-        first = ForwardCostModel.cached("tiny|float64", fake_forward, tmp_path)
+        first = stored_forward_cost("tiny|float64", fake_forward, tmp_path)
     assert fake_forward.calls, "nothing measured"
     assert any("measuring" in r.getMessage() for r in caplog.records)
     (path,) = tmp_path.glob("forward-cost-*.json")
@@ -340,7 +341,7 @@ def test_cached_measures_once_writes_json_then_reuses_it(tmp_path, fake_forward,
     assert data["seconds"] == pytest.approx([0.05 + 0.001 * n for n in MEASURED_SIZES])
 
     fake_forward.calls.clear()
-    second = ForwardCostModel.cached("tiny|float64", fake_forward, tmp_path)
+    second = stored_forward_cost("tiny|float64", fake_forward, tmp_path)
     assert fake_forward.calls == [1] * 4, "only the check of the smallest size: a warm-up, then 3 timed"
     assert second == first
     assert second.cost(3) == pytest.approx(first.cost(3))
@@ -348,7 +349,7 @@ def test_cached_measures_once_writes_json_then_reuses_it(tmp_path, fake_forward,
 
 
 def write_curve(cache_dir, key: str, seconds: list[float]) -> None:
-    ForwardCostModel.cached(key, FakeForward(), cache_dir)  # (a real clock: only the file's name matters)
+    stored_forward_cost(key, FakeForward(), cache_dir)  # (a real clock: only the file's name matters)
     (path,) = cache_dir.glob("forward-cost-*.json")
     noise = {"spread": 1.0, "others_share": 0.0}  # measured on a quiet machine, as far as it could tell
     path.write_text(json.dumps({"key": key, "num_tokens": [1, 8], "seconds": seconds, NOISE_FIELD: noise}))
@@ -357,7 +358,7 @@ def write_curve(cache_dir, key: str, seconds: list[float]) -> None:
 def test_a_cached_curve_measured_on_a_busier_machine_is_measured_again(tmp_path, fake_forward, caplog):
     write_curve(tmp_path, "k", [0.051 * 2, 0.2])  # twice a one-token forward now (0.051 s)
     with caplog.at_level(logging.INFO, logger="specexec"):
-        model = ForwardCostModel.cached("k", fake_forward, tmp_path)
+        model = stored_forward_cost("k", fake_forward, tmp_path)
     assert model.num_tokens == list(MEASURED_SIZES)
     assert model.seconds[0] == pytest.approx(0.051)
     assert any("measuring again" in r.getMessage() for r in caplog.records)
@@ -368,34 +369,34 @@ def test_a_cached_curve_measured_on_a_busier_machine_is_measured_again(tmp_path,
 @pytest.mark.parametrize("then", [0.051 * 1.4, 0.051, 0.051 / 3], ids=["a-bit-slower", "same", "busier-now"])
 def test_a_cached_curve_within_reach_of_a_forward_now_is_kept(tmp_path, fake_forward, then):
     write_curve(tmp_path, "k", [then, 0.2])
-    model = ForwardCostModel.cached("k", fake_forward, tmp_path)
+    model = stored_forward_cost("k", fake_forward, tmp_path)
     assert model == ForwardCostModel([1, 8], [then, 0.2])
     assert fake_forward.calls == [1] * 4
 
 
 @pytest.mark.parametrize("curve", [{"num_tokens": [], "seconds": []}, {"num_tokens": ["x"], "seconds": [1]}])
 def test_a_cached_file_that_is_not_a_curve_is_measured_again(tmp_path, fake_forward, curve):
-    ForwardCostModel.cached("k", FakeForward(), tmp_path)
+    stored_forward_cost("k", FakeForward(), tmp_path)
     (path,) = tmp_path.glob("forward-cost-*.json")
     path.write_text(json.dumps({"key": "k", **curve}))
-    model = ForwardCostModel.cached("k", fake_forward, tmp_path)
+    model = stored_forward_cost("k", fake_forward, tmp_path)
     assert model.num_tokens == list(MEASURED_SIZES)
 
 
 def test_cached_measures_again_for_another_key(tmp_path, fake_forward):
-    ForwardCostModel.cached("model-a", fake_forward, tmp_path)
+    stored_forward_cost("model-a", fake_forward, tmp_path)
     num_calls = len(fake_forward.calls)
-    ForwardCostModel.cached("model-b", fake_forward, tmp_path)
+    stored_forward_cost("model-b", fake_forward, tmp_path)
     assert len(fake_forward.calls) == 2 * num_calls
     assert len(list(tmp_path.glob("forward-cost-*.json"))) == 2
 
 
 @pytest.mark.parametrize("content", ["", "{not json", '{"num_tokens": [1, 2]}'])
 def test_cached_remeasures_over_an_unreadable_file(tmp_path, fake_forward, content):
-    ForwardCostModel.cached("k", fake_forward, tmp_path)
+    stored_forward_cost("k", fake_forward, tmp_path)
     (path,) = tmp_path.glob("forward-cost-*.json")
     path.write_text(content)
-    model = ForwardCostModel.cached("k", fake_forward, tmp_path)
+    model = stored_forward_cost("k", fake_forward, tmp_path)
     assert model.num_tokens == list(MEASURED_SIZES)
     assert json.loads(path.read_text())["num_tokens"] == list(MEASURED_SIZES)
 
@@ -404,7 +405,7 @@ def test_cached_still_returns_the_measurement_when_the_cache_is_not_writable(tmp
     blocker = tmp_path / "file"
     blocker.write_text("a file where the cache directory should be")
     with caplog.at_level(logging.WARNING, logger="specexec"):
-        model = ForwardCostModel.cached("k", fake_forward, blocker / "cache")
+        model = stored_forward_cost("k", fake_forward, blocker / "cache")
     assert model.num_tokens == list(MEASURED_SIZES)
     assert any("could not store" in r.getMessage() for r in caplog.records)
 
@@ -484,10 +485,10 @@ def test_auto_policy_measures_once_and_reuses_the_cache(tmp_path, monkeypatch):
     def no_measuring(*args, **kwargs):
         raise AssertionError("the second executor measured again")
 
-    monkeypatch.setattr(ForwardCostModel, "measure", classmethod(no_measuring))
+    monkeypatch.setattr(forward_cost, "measure_forward_cost", no_measuring)
     # (the check of a cached curve against a forward now is tested on a fake clock above: a tiny model's
     # sub-millisecond forwards are too noisy for it here)
-    monkeypatch.setattr(draft_length, "STALE_FACTOR", float("inf"))
+    monkeypatch.setattr(forward_cost, "STALE_FACTOR", float("inf"))
     assert measured.batch_sizes == [1, 2, 4, 8] and all(s > 0 for s in measured.batch_seconds)
     second = make_policy_executor("auto", tmp_path)
     assert second.speculation.policy.cost_model == measured
@@ -524,11 +525,11 @@ def test_a_cached_curve_without_the_decode_batches_asked_for_is_measured_again(t
     def decode_batch(b):
         fake_forward.clock += 0.05 * b
 
-    model = ForwardCostModel.cached(
+    model = stored_forward_cost(
         "k", fake_forward, tmp_path, decode_batch=decode_batch, batch_sizes=(1, 2)
     )
     assert model.batch_sizes == [1, 2] and model.batch_seconds == pytest.approx([0.05, 0.1])
-    again = ForwardCostModel.cached(
+    again = stored_forward_cost(
         "k", fake_forward, tmp_path, decode_batch=decode_batch, batch_sizes=(1, 2)
     )
     assert again == model, "read back from the cache"

@@ -10,8 +10,8 @@ import pytest
 import torch
 from specexec import Executor, ExecutorConfig
 from specexec.executor.engine_setup import resolve_dtype
-from specexec.executor.layers import dtype_choice
-from specexec.executor.layers.dtype_choice import Bf16Timing, ModelShape, choose_dtype, measure_bf16_ratio
+from specexec.executor.kernel_plan import dtype as dtype_choice
+from specexec.executor.kernel_plan.dtype import Bf16Timing, ModelShape, choose_dtype, measure_bf16_ratio
 from specexec.executor.model.model_peek import peek_max_position_embeddings, peek_text_config
 from tiny_models import make_tiny_model, save_tiny_model_dir
 

@@ -10,10 +10,10 @@ import copy
 import pytest
 import torch
 from specexec.executor.executor import Executor
+from specexec.executor.kernel_plan.quantized_kernel import QuantizedKernelChoice, set_int8_dot
 from specexec.executor.layers.attention_kernels import PAGED_CPU, SDPA
 from specexec.executor.layers.packed_linear import PackedLinear, can_pack
 from specexec.executor.layers.quantized.q8_block_linear import Int8BlockLinear
-from specexec.executor.layers.quantized.quantized_dot import QuantizedKernelChoice, set_int8_dot
 from specexec.executor.layers.quantized.quantized_linear import (
     DENSE,
     ONEDNN,

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from specexec.drafters.eagle3 import head_quantization
 from specexec.drafters.eagle3.head import load_head
-from specexec.drafters.eagle3.head_quantization import (
+from specexec.executor.executor import Executor
+from specexec.executor.kernel_plan import head_quantization
+from specexec.executor.kernel_plan.head_quantization import (
     HeadQuantization,
     apply_head_quantization,
     choose_head_quantization,
 )
-from specexec.executor.executor import Executor
 from specexec.executor.layers.quantized.quantized_linear import Int8WeightOnlyLinear
 from test_eagle3 import eagle_spec, make_head_dir
 from test_speculative_identity import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 from specexec.executor.executor import Executor
-from specexec.executor.kernel_plan import KernelPlan
+from specexec.executor.kernel_plan.plan import KernelPlan
 from specexec.executor.layers.quantized.quantized_dot import MAX_ROWS
 from test_speculative_identity import make_config
 from tiny_models import make_tiny_model

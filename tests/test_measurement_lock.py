@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from specexec.executor.layers.measurement import measurement_lock
-from specexec.executor.layers.measurement.measurement_cache import cached_measurement
+from specexec.executor.kernel_plan.measurement import lock as measurement_lock
+from specexec.executor.kernel_plan.measurement.store import cached_measurement
 
 
 class SlowMeasurement:

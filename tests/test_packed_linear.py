@@ -11,14 +11,14 @@ import torch
 import torch.nn.functional as F
 from specexec.drafters.base import Drafter, DraftProposal
 from specexec.executor.executor import Executor
-from specexec.executor.layers import linear_backend
-from specexec.executor.layers.dtype_choice import ModelShape
-from specexec.executor.layers.linear_backend import (
+from specexec.executor.kernel_plan import dense_backend as linear_backend
+from specexec.executor.kernel_plan.dense_backend import (
     MEASURED_ROWS,
     choice_from_ratios,
     choose_linear_backend,
     measure_onednn_ratios,
 )
+from specexec.executor.kernel_plan.dtype import ModelShape
 from specexec.executor.layers.packed_linear import (
     PackedLinear,
     RowBands,
@@ -317,7 +317,7 @@ def test_the_executor_fits_its_kernels_to_the_memory_available(tmp_path, monkeyp
     make_head_dir(tmp_path)
     monkeypatch.setattr(linear_backend, "measure_onednn_ratios", lambda *args: _ratios({4, 6, 8}))
     monkeypatch.setattr(linear_backend, "measure_mkl_ratio", lambda *args: 0.5)
-    from specexec.executor import kernel_plan
+    from specexec.executor.kernel_plan import plan as kernel_plan
 
     monkeypatch.setattr(kernel_plan, "available_memory_bytes", lambda: 1)
     _, model = make_tiny_model("llama", dtype=torch.float32)

@@ -290,7 +290,7 @@ def test_the_command_line_sets_quantization_over_the_config(tmp_path):
 def test_a_float32_targets_self_draft_takes_the_dtype_measured_for_its_quantized_kernels(
     measured, expected, monkeypatch
 ):
-    from specexec.executor.layers import dtype_choice
+    from specexec.executor.kernel_plan import dtype as dtype_choice
 
     asked = []
 
@@ -326,7 +326,7 @@ def test_a_self_draft_on_cuda_computes_in_a_dtype_its_kernels_take():
 
 
 def test_the_forward_cost_curve_is_cached_per_quantization():
-    from specexec.executor.engine.speculation.draft_length import cost_cache_key
+    from specexec.executor.kernel_plan.forward_cost import cost_cache_key
 
     keys = set()
     for scheme in (None, "int8", "int4"):

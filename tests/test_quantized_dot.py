@@ -10,6 +10,13 @@ import pytest
 import torch
 from cpu_isa_builds import compile_to_assembly, cpu_flags, require_x86_64_linux_with_avx2, run_build
 from specexec.executor.executor import Executor
+from specexec.executor.kernel_plan import quantized_kernel
+from specexec.executor.kernel_plan.quantized_kernel import (
+    QuantizedKernelChoice,
+    choice_from_ratios,
+    choose_quantized_kernel,
+    set_int8_dot,
+)
 from specexec.executor.layers.cpu_kernels import cpu_kernels
 from specexec.executor.layers.quantized import quantized_dot
 from specexec.executor.layers.quantized.q8_block_linear import Int8BlockLinear
@@ -17,15 +24,11 @@ from specexec.executor.layers.quantized.quantization import quantize_model
 from specexec.executor.layers.quantized.quantized_dot import (
     BLOCK,
     MAX_ROWS,
-    QuantizedKernelChoice,
-    choice_from_ratios,
-    choose_quantized_kernel,
     pack_q4,
     pack_q5,
     pack_q8,
     q4_linear,
     q8_linear,
-    set_int8_dot,
     tile_block_scales,
     unpack_q5,
     unpack_q8,
@@ -411,7 +414,7 @@ def test_a_clearly_faster_first_pass_ends_the_timing(monkeypatch):
             time.sleep(0.001)
 
     layer = Slow()
-    ratios = quantized_dot.measure_ratios([layer], torch.float32)
+    ratios = quantized_kernel.measure_ratios([layer], torch.float32)
     assert list(ratios) == [1] and ratios[1] < 0.25
     assert layer.calls == [("torch", 1), ("int8_dot", 1)] * 2, "an untimed warm-up, then one timed pass"
 
@@ -434,7 +437,7 @@ def test_one_time_work_in_the_first_call_does_not_decide(monkeypatch):
         def _int8_dot(self, x):
             time.sleep(0.002)
 
-    ratios = quantized_dot.measure_ratios([FirstCallSlow()], torch.float32, repeats=3)
+    ratios = quantized_kernel.measure_ratios([FirstCallSlow()], torch.float32, repeats=3)
     assert ratios[1] > 0.5, "the equal kernels are timed as equal, not 25x apart"
 
 
@@ -463,7 +466,7 @@ def test_auto_measures_each_scheme_once_and_caches_it(tmp_path, monkeypatch):
         calls.append({m.scheme for m in layers})
         return {1: 0.5, 2: 0.5, 4: 2.0} if layers[0].scheme == "int4" else {1: 2.0}
 
-    monkeypatch.setattr(quantized_dot, "measure_ratios", fake_measure)
+    monkeypatch.setattr(quantized_kernel, "measure_ratios", fake_measure)
     model = quantized_tiny()  # int4 layers and an int8 LM head
     choice = choose_quantized_kernel("auto", model, tmp_path)
     assert (choice.kernel, choice.int4_rows, choice.int8_rows) == ("int8_dot", 2, 0)
@@ -474,9 +477,9 @@ def test_auto_measures_each_scheme_once_and_caches_it(tmp_path, monkeypatch):
 
 def test_the_real_measurement_times_both_kernels_at_each_count():
     model = quantized_tiny()
-    layers = quantized_dot.quantized_layers(model)
-    ratios = quantized_dot.measure_ratios([m for m in layers if m.scheme == "int4"], torch.float32, repeats=1)
-    assert set(ratios) <= set(quantized_dot.MEASURED_ROWS) and 1 in ratios
+    layers = quantized_kernel.quantized_layers(model)
+    ratios = quantized_kernel.measure_ratios([m for m in layers if m.scheme == "int4"], torch.float32, repeats=1)
+    assert set(ratios) <= set(quantized_kernel.MEASURED_ROWS) and 1 in ratios
     assert all(r > 0 for r in ratios.values())
 
 
@@ -516,7 +519,7 @@ def test_speculation_on_an_int8_dot_target_keeps_its_greedy_output(scheme):
         )
         with Executor(model, config) as executor:
             assert executor.quantized_kernel.kernel == "int8_dot"
-            layers = quantized_dot.quantized_layers(executor.model)
+            layers = quantized_kernel.quantized_layers(executor.model)
             assert layers and all(m.int8_dot_rows == MAX_ROWS for m in layers)
             alone = [executor.run(make_requests([p]))[0] for p in prompts]
             together = executor.run(make_requests(prompts[:4]))
@@ -534,7 +537,7 @@ def test_a_float32_executor_with_torch_keeps_torch_kernels():
     _, model = make_tiny_model("llama", dtype=torch.float32)
     with Executor(model, make_config(dtype="float32", quantization="int4", quantized_kernel="torch")) as ex:
         assert ex.quantized_kernel.kernel == "torch"
-        assert all(m.int8_dot_rows == 0 for m in quantized_dot.quantized_layers(ex.model))
+        assert all(m.int8_dot_rows == 0 for m in quantized_kernel.quantized_layers(ex.model))
 
 
 # ---- the AVX2, AVX-VNNI and plain C++ paths, built apart (this CPU may run the AVX-512 one) --------------
@@ -714,7 +717,7 @@ def test_a_self_drafts_int8_layers_get_their_own_choice():
     with Executor(model, config) as executor:
         assert "no quantized layer" in executor.quantized_kernel.reason
         draft = executor.speculation.drafter.runner.model
-        layers = quantized_dot.quantized_layers(draft)
+        layers = quantized_kernel.quantized_layers(draft)
         assert layers and all(m.int8_dot_rows == MAX_ROWS for m in layers)
         outputs = executor.run(make_requests(make_prompts(2, (5, 9), seed=3)))
         assert all(len(o.token_ids) > 0 for o in outputs)

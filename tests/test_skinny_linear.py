@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from specexec import Executor, ExecutorConfig, Request, SamplingParams
 from specexec.executor.layers import skinny_linear
-from specexec.executor.layers.skinny_linear import SkinnyLinear, choose_skinny_kernels, project_normed
+from specexec.executor.kernel_plan.skinny_gemm import choose_skinny_kernels
+from specexec.executor.layers.skinny_linear import SkinnyLinear, project_normed
 from tiny_models import make_prompts, make_tiny_model
 
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -89,7 +90,7 @@ def test_an_executor_on_the_skinny_kernel_gives_the_tokens_of_cublas(arch, monke
             proj.configs = dict(forced)
         return choice
 
-    monkeypatch.setattr("specexec.executor.kernel_plan.choose_skinny_kernels", choose)
+    monkeypatch.setattr("specexec.executor.kernel_plan.plan.choose_skinny_kernels", choose)
     prompts = make_prompts(4, [3, 12, 7, 20], seed=5)
     prompts[1] = [5, 6, 7, 8] * 3
     results = {}

@@ -16,13 +16,14 @@ import sys
 import time
 
 import pytest
-from specexec.executor.layers.measurement import measurement_cache, timing_noise
-from specexec.executor.layers.measurement.measurement_cache import (
+from specexec.executor.kernel_plan.measurement import store as measurement_cache
+from specexec.executor.kernel_plan.measurement import timing_noise
+from specexec.executor.kernel_plan.measurement.journal import measurement_notes, remeasuring
+from specexec.executor.kernel_plan.measurement.store import (
     NOISE_FIELD,
     cached_measurement,
     median_seconds,
 )
-from specexec.executor.layers.measurement.measurement_journal import measurement_notes, remeasuring
 
 
 @pytest.fixture
@@ -215,7 +216,7 @@ def test_the_attention_kernels_take_turns_while_timed(monkeypatch):
     """The measurement that did harm: each case's kernels alternate, so a busy moment falls on each
     alike instead of on whichever kernel was being timed then."""
     import torch
-    from specexec.executor.model import attention_paths
+    from specexec.executor.kernel_plan import attention_path as attention_paths
 
     order = []
     monkeypatch.setattr(attention_paths, "attend", lambda *args: order.append(args[-1]))

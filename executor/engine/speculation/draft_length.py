@@ -11,8 +11,8 @@ gains and takes the total that maximizes tokens per second; no drafts when none 
 with a one-token probe every ``probe_interval`` steps so a request whose text turns predictable again
 gets drafts back.
 
-``C`` comes from `ForwardCostModel`: measured once on this machine for this model and dtype (mode
-"auto"), or a linear guess where each extra token costs ``DEFAULT_TOKEN_COST`` of a one-token forward
+``C`` comes from `ForwardCostModel`: measured once on this machine for this model and dtype by the
+kernel plan (`kernel_plan/forward_cost.py`, mode "auto"), or a linear guess where each extra token costs ``DEFAULT_TOKEN_COST`` of a one-token forward
 (mode "acceptance").
 """
 
@@ -20,24 +20,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
-
-import torch
-
-from ...layers.measurement.measurement_cache import cached_measurement, machine_key, median_seconds
-from ...layers.packed_linear import PackedLinear
 
 logger = logging.getLogger("specexec")
 
-#: a cached curve whose smallest forward took over this many times a fresh one was measured on a busier
-#: machine: it is measured again (one slower now is kept: the machine is the busier one now)
-STALE_FACTOR = 1.5
 DEFAULT_TOKEN_COST = 0.25  #: extra token's cost relative to a one-token forward, when not measured
 #: a probing draft may cost at most about this share of a one-token forward per step: a drafter whose
 #: draft costs more probes that many times less often (LayerSkip's draft is most of a forward)
 PROBE_COST_SHARE = 0.1
-MEASURED_SIZES = (1, 2, 3, 4, 8, 16, 32, 64)  #: 3 and 4: MKL's small-matrix path ends at 3 rows
-MEASURED_BATCH_SIZES = (1, 2, 4, 8, 16)  #: decode steps of this many sequences (up to max_batch_size)
 
 
 @dataclass(slots=True)
@@ -69,66 +58,6 @@ class ForwardCostModel:
     def linear(cls, token_cost: float = DEFAULT_TOKEN_COST) -> ForwardCostModel:
         return cls([1, 2], [1.0, 1.0 + token_cost])
 
-    @classmethod
-    def measure(
-        cls, forward_n_tokens, sizes=MEASURED_SIZES, repeats: int = 3, decode_batch=None, batch_sizes=()
-    ) -> ForwardCostModel:
-        """``forward_n_tokens(n)`` runs one forward over n new tokens, ``decode_batch(b)`` one decode step
-        of b sequences; the median of repeats is kept."""
-
-        def timed(run, n) -> float:
-            run(n)  # warm-up
-            return median_seconds(lambda: run(n), repeats)
-
-        seconds = [timed(forward_n_tokens, n) for n in sizes]
-        batch_seconds = [timed(decode_batch, b) for b in batch_sizes] if decode_batch else []
-        return cls(list(sizes), seconds, list(batch_sizes) if decode_batch else [], batch_seconds)
-
-    @classmethod
-    def cached(
-        cls,
-        key: str,
-        forward_n_tokens,
-        cache_dir: Path,
-        sizes=MEASURED_SIZES,
-        decode_batch=None,
-        batch_sizes=(),
-    ) -> ForwardCostModel:
-        def measure() -> dict:
-            model = cls.measure(forward_n_tokens, sizes, decode_batch=decode_batch, batch_sizes=batch_sizes)
-            return {
-                "num_tokens": model.num_tokens,
-                "seconds": model.seconds,
-                "batch_sizes": model.batch_sizes,
-                "batch_seconds": model.batch_seconds,
-            }
-
-        def measured_on_a_busier_machine(cached: dict) -> bool:
-            try:
-                n, then = int(cached["num_tokens"][0]), float(cached["seconds"][0])
-            except (TypeError, ValueError, IndexError, KeyError):
-                return True  # not a curve: measure it
-            if decode_batch is not None and list(cached.get("batch_sizes", [])) != list(batch_sizes):
-                return True  # measured for other batch sizes (or before they were measured)
-            forward_n_tokens(n)  # warm-up
-            now = median_seconds(lambda: forward_n_tokens(n), 3)
-            if then <= STALE_FACTOR * now:
-                return False
-            logger.info(
-                "the cached forward cost has %.1f ms for %d tokens, %.1fx a forward now: measuring again",
-                then * 1e3, n, then / now,
-            )  # fmt: skip
-            return True
-
-        what = f"measuring the target's forward cost over 1..{sizes[-1]} tokens"
-        needs = ("num_tokens", "seconds")
-        data = cached_measurement(
-            cache_dir, "forward-cost", key, measure, what, needs, measured_on_a_busier_machine
-        )
-        return cls(
-            data["num_tokens"], data["seconds"], data.get("batch_sizes", []), data.get("batch_seconds", [])
-        )
-
 
 def _interpolate(xs: list[int], ys: list[float], n: int) -> float:
     """ys at n, linear between the points, clamped below the first and extrapolated past the last."""
@@ -139,24 +68,6 @@ def _interpolate(xs: list[int], ys: list[float], n: int) -> float:
             return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
     slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
     return ys[-1] + slope * (n - xs[-1])
-
-
-def cost_cache_key(model: torch.nn.Module) -> str:
-    param = next(model.parameters())
-    num_params = sum(p.numel() for p in model.parameters())
-    # quantized weights are buffers: their bytes tell an int8 model from an int4 one of the same params
-    buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
-    name = getattr(model.config, "_name_or_path", "") or type(model).__name__
-    # packed layers' weights are neither: their count tells a oneDNN model from the same model on BLAS,
-    # their row bands one that runs only some row counts on oneDNN
-    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
-    bands = sorted({m.describe_kernels() for m in packed})
-    # on the CPU what every measurement's key names (`machine_key`: the CPU, torch, the kernels' build)
-    where = machine_key() if param.device.type == "cpu" else torch.cuda.get_device_name(param.device)
-    return (
-        f"{name}|{num_params}|buffers={buffer_bytes}|packed={len(packed)}|rows={bands}|{param.dtype}"
-        f"|{param.device}|{where}|threads={torch.get_num_threads()}"
-    )
 
 
 @dataclass(slots=True)

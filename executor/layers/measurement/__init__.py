@@ -1,1 +1,1 @@
-"""Timing this machine: the measurements kept across runs and whether the CPUs were quiet for them."""
+"""Where specexec keeps what it builds and measures on this machine."""

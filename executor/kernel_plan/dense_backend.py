@@ -33,15 +33,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .cpu_info import describe_cpu
-from .dtype_choice import DecodeStepWork, ModelShape
-from .measurement.measurement_cache import (
+from ..layers.cpu_info import describe_cpu
+from ..layers.packed_linear import PackedLinear, RowBands, can_pack, can_pack_mkl
+from .dtype import DecodeStepWork, ModelShape
+from .measurement.store import (
     cached_measurement,
     cached_row_ratios,
     interleaved_medians,
     machine_key,
 )
-from .packed_linear import PackedLinear, RowBands, can_pack, can_pack_mkl
+from .static_defaults import case_name, static_default
 
 CPU_LINEARS = ("auto", "blas", "onednn")
 ONEDNN_MARGIN = 0.9  #: oneDNN must take under this fraction of the BLAS's time to be chosen
@@ -175,6 +176,7 @@ def _cached_onednn_ratios(
         lambda: measure_onednn_ratios(shape, dtype, quantization),
         "cpu_linear auto: timing oneDNN's packed linears against the BLAS on this CPU",
         field="onednn_ratios",
+        default=static_default("linear-backend", case_name(dtype=dtype, quantization=quantization)),
     )
 
 
@@ -193,6 +195,9 @@ def _cached_mkl_ratio(
         lambda: {"mkl_ratio": measure_mkl_ratio(shape, dtype, rows, other, quantization)},
         f"cpu_linear auto: timing MKL's packed GEMM at {rows} rows on this CPU",
         ("mkl_ratio",),
+        default=static_default(
+            "linear-backend-mkl", case_name(dtype=dtype, quantization=quantization, rows=rows, against=other)
+        ),
     )
     try:
         return float(data["mkl_ratio"])

@@ -23,13 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...executor.layers.measurement.measurement_cache import (
+from ..layers.quantized.quantization import quantize_model
+from ..layers.quantized.quantized_linear import Int8WeightOnlyLinear
+from .measurement.store import (
     cached_measurement,
     interleaved_medians,
     machine_key,
 )
-from ...executor.layers.quantized.quantization import quantize_model
-from ...executor.layers.quantized.quantized_linear import Int8WeightOnlyLinear
 
 SETTINGS = ("auto", "int8", None)
 #: int8 is taken where its time is under this share of the dense head's

@@ -24,14 +24,16 @@ from pathlib import Path
 
 import torch
 
-from ..cpu_info import cpu_key
-from ..cpu_kernels import kernels_key
-from .measurement_journal import is_remeasuring, note_measurement
-from .measurement_lock import held_measurement_lock
+from ...layers.cpu_info import cpu_key
+from ...layers.cpu_kernels import kernels_key
+from .budget import why_not_measure
+from .journal import is_remeasuring, note_measurement
+from .lock import held_measurement_lock
 from .timing_noise import machine_is_busy, measure_with_noise, note_spread
 
 logger = logging.getLogger("specexec")
 NOISE_FIELD = "timing_noise"  #: the measurement's `TimingNoise`, kept in its cache file
+STATIC_FIELD = "static_default"  #: in an answer that was not measured here: which static default it is
 
 
 def machine_key() -> str:
@@ -78,16 +80,23 @@ def cached_measurement(
     what: str,
     needs: tuple[str, ...],
     is_stale: Callable[[dict], bool] | None = None,
+    default: dict | None = None,
 ) -> dict:
     """``measure()``'s answer for ``key``, read from ``<cache_dir>/<kind>-<hash>.json`` when the file
     holds every key a fresh answer would (and ``is_stale``, when given, does not reject it); otherwise
     measured once (logging ``what``) and stored there, with its noise (see the module docstring).
-    No cache_dir: always measured."""
+    ``default``: this ISA's static answer (`static_defaults.py`, marked with `STATIC_FIELD`), taken
+    instead of measuring where the start's budget is spent or other work takes the CPUs
+    (`budget.why_not_measure`); nothing is stored then. No cache_dir: always measured."""
     if cache_dir is None:
         return _measure_and_note(kind, key, measure, what, None)
     path = cache_dir / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     if not is_remeasuring() and (stored := _stored(kind, path, needs, is_stale)) is not None:
         return stored
+    if default is not None and (why := why_not_measure()) is not None:
+        logger.info("%s: %s and nothing is stored for this machine: %s", kind, why, default[STATIC_FIELD])
+        note_measurement(kind, f"static default ({why})", 0.0, None)
+        return default
     with held_measurement_lock(path) as waited:
         if (
             waited
@@ -167,10 +176,13 @@ def cached_row_ratios(
     measure: Callable[[], dict[int, float]],
     what: str,
     field: str = "ratios",
+    default: dict | None = None,
 ) -> dict[int, float]:
     """A ratio per row count (one kernel's time over another's), as `cached_measurement` keeps it under
     ``field``; a file that does not hold such ratios (one for 1 row at least) is measured again, uncached."""
-    data = cached_measurement(cache_dir, kind, key, lambda: {field: measure()}, what, (field,))
+    data = cached_measurement(
+        cache_dir, kind, key, lambda: {field: measure()}, what, (field,), default=default
+    )
     try:
         ratios = {int(n): float(ratio) for n, ratio in data[field].items()}
         if 1 in ratios:

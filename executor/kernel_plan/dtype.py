@@ -30,13 +30,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention_kernels import attend
-from .cpu_info import describe_cpu, native_bf16_flags
-from .measurement.measurement_cache import cached_measurement, machine_key, median_seconds
-from .paged_attention_cpu import attend_paged_cpu, paged_cpu_kernel_runs
-from .quantized.q8_block_linear import Int8BlockLinear
-from .quantized.quantized_dot import BLOCK, MAX_ROWS, TILE, int8_dot_loads
-from .quantized.quantized_linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear, fits_int4, kernel_scheme
+from ..layers.attention_kernels import attend
+from ..layers.cpu_info import describe_cpu, native_bf16_flags
+from ..layers.paged_attention_cpu import attend_paged_cpu, paged_cpu_kernel_runs
+from ..layers.quantized.q8_block_linear import Int8BlockLinear
+from ..layers.quantized.quantized_dot import BLOCK, MAX_ROWS, TILE, int8_dot_loads
+from ..layers.quantized.quantized_linear import (
+    Int4WeightOnlyLinear,
+    Int8WeightOnlyLinear,
+    fits_int4,
+    kernel_scheme,
+)
+from .measurement.store import cached_measurement, machine_key, median_seconds
+from .static_defaults import case_name, static_default
 
 logger = logging.getLogger("specexec")
 
@@ -143,6 +149,7 @@ def _cached_bf16_ratio(
         measure,
         "dtype auto: timing bfloat16 against float32 on this CPU",
         ("bf16_ratio", "bf16_turns"),
+        default=static_default("dtype-choice", case_name(quantization=quantization, int8_dot=int8_dot)),
     )
     try:
         return Bf16Timing(float(data["bf16_ratio"]), tuple(float(t) for t in data["bf16_turns"]))
