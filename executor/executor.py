@@ -122,13 +122,8 @@ class Executor:
         samples = []
         for i in range(n):
             seed = None if params.seed is None else params.seed + i
-            sample = Request(
-                request.prompt,
-                replace(params, n=1, seed=seed),
-                f"{base_id}#{i}",
-                request.response_format,
-                request.tools,
-                request.cache_salt,
+            sample = replace(
+                request, sampling_params=replace(params, n=1, seed=seed), request_id=f"{base_id}#{i}"
             )
             state = self._submit(sample, None, caller, streaming)
             state.sample_index = i
@@ -173,7 +168,12 @@ class Executor:
             params.validate()
             check_cache_salt(request.cache_salt)
             state.token_ids = tokenize_prompt(
-                request.prompt, self.tokenizer, self.core.vocab_size, request.tools
+                request.prompt,
+                self.tokenizer,
+                self.core.vocab_size,
+                request.tools,
+                add_special_tokens=request.add_special_tokens,
+                template_kwargs=request.chat_template_kwargs,
             )
             check_token_ids(params.logit_bias, self.core.vocab_size, "logit_bias")
             state.num_prompt_tokens = state.metrics.num_prompt_tokens = len(state.token_ids)

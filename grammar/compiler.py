@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import queue
 import re
 import threading
@@ -13,13 +14,14 @@ from concurrent.futures import Future
 
 import xgrammar as xgr
 
-from .spec import GrammarError, GrammarSpec
+from .spec import GrammarError, GrammarSpec, choice_ebnf
 
 _LABELS = {
     "json_schema": "invalid JSON schema",
     "json_object": "cannot compile the JSON grammar",
     "regex": "invalid regex",
     "ebnf": "invalid EBNF grammar",
+    "choice": "cannot compile the choices",
     "structural_tag": "invalid structural tag",
 }
 _LOG_PREFIX = re.compile(r"\[[\d:.]+\]\s+\S+:\d+:\s*")  # "[06:33:38] /project/cpp/x.cc:83: "
@@ -231,6 +233,8 @@ class GrammarCompilerPool:
             return c.compile_regex(spec.text)
         if spec.kind == "ebnf":
             return c.compile_grammar(spec.text)
+        if spec.kind == "choice":
+            return c.compile_grammar(choice_ebnf(json.loads(spec.text)))
         return c.compile_structural_tag(spec.text)
 
     def _evict_if_cancelled(self, key: tuple[str, str], fut: Future) -> None:

@@ -3,8 +3,8 @@
 Guided decoding enforces xgrammar's reading of the request, which leaves some JSON Schema keywords out
 (schema_support.py). This module checks the finished output against the request itself: jsonschema for a
 JSON schema (the original one, honouring its ``$schema``), ``json.loads`` for a JSON object, a full
-match for a regex. Patterns (a regex, a schema's ``pattern`` and ``patternProperties``) run through the
-``regex`` module with a time bound: a catastrophic pattern gives ``valid=None``, never a stalled loop. EBNF grammars and structural tags have no independent checker
+match for a regex, membership for a choice. Patterns (a regex, a schema's ``pattern`` and
+``patternProperties``) run through the ``regex`` module with a time bound: a catastrophic pattern gives ``valid=None``, never a stalled loop. EBNF grammars and structural tags have no independent checker
 (``valid=None``). Duplicate object keys count as invalid: ``json.loads`` would keep only the last value,
 and xgrammar can emit a key twice through ``patternProperties``/``additionalProperties``.
 """
@@ -42,7 +42,8 @@ class GuidedVerdict:
 def check_guided_output(kind: str, source_text: str, output_text: str) -> GuidedVerdict:
     """The verdict on ``output_text`` for a request of grammar ``kind``; never raises.
 
-    ``source_text``: the original JSON schema as JSON text for "json_schema", the regex for "regex";
+    ``source_text``: the original JSON schema as JSON text for "json_schema", the regex for "regex",
+    the choices' JSON list for "choice";
     ignored for "json_object" (any JSON object is valid), "ebnf" and "structural_tag".
     """
     try:
@@ -55,6 +56,10 @@ def check_guided_output(kind: str, source_text: str, output_text: str) -> Guided
             return GuidedVerdict(error is None, error)
         if kind == "regex":
             return _check_regex(source_text, output_text)
+        if kind == "choice":
+            if output_text in json.loads(source_text):
+                return GuidedVerdict(True, None)
+            return GuidedVerdict(False, "the output is none of the choices")
         if kind in _UNCHECKED:
             return GuidedVerdict(None, f"no independent checker for {kind!r} outputs")
         return GuidedVerdict(None, f"unknown grammar kind {kind!r}")

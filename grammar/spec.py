@@ -6,7 +6,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-KINDS = ("json_schema", "json_object", "regex", "ebnf", "structural_tag")
+KINDS = ("json_schema", "json_object", "regex", "ebnf", "choice", "structural_tag")
+#: most strings one ``choice`` format lists
+MAX_CHOICES = 1024
 
 
 class GrammarError(ValueError):
@@ -25,7 +27,8 @@ def canonical_json(obj: Any) -> str:
 @dataclass(frozen=True, slots=True)
 class GrammarSpec:
     kind: str  # one of KINDS
-    text: str  # canonical source: schema / structural-tag JSON, regex, EBNF; "" for json_object
+    #: canonical source: schema / structural-tag JSON, regex, EBNF, the choices' JSON list; "" for json_object
+    text: str
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -55,9 +58,11 @@ class GrammarSpec:
             return cls("regex", _nonempty_str(rf, "regex"))
         if kind == "grammar":
             return cls("ebnf", _nonempty_str(rf, "grammar"))
+        if kind == "choice":
+            return cls("choice", canonical_json(_choices(rf)))
         if kind == "structural_tag":
             return cls("structural_tag", canonical_json(_structural_tag(rf)))
-        allowed = "text, json_object, json_schema, regex, grammar, structural_tag"
+        allowed = "text, json_object, json_schema, regex, grammar, choice, structural_tag"
         raise GrammarError(f"unsupported response_format type {kind!r}; allowed: {allowed}")
 
 
@@ -66,6 +71,24 @@ def _nonempty_str(rf: dict, key: str) -> str:
     if not isinstance(value, str) or not value:
         raise GrammarError(f'response_format type "{rf["type"]}" needs a non-empty string "{key}"')
     return value
+
+
+def _choices(rf: dict) -> list[str]:
+    """``{"type": "choice", "choice": [...]}``: the output is exactly one of these strings."""
+    choices = rf.get("choice")
+    if (
+        not isinstance(choices, list)
+        or not 1 <= len(choices) <= MAX_CHOICES
+        or not all(isinstance(c, str) for c in choices)
+    ):
+        raise GrammarError(f'response_format type "choice" needs a "choice" list of 1..{MAX_CHOICES} strings')
+    return choices
+
+
+def choice_ebnf(choices: list[str]) -> str:
+    """The EBNF grammar whose only sentences are ``choices``: an alternation of string literals, each
+    written as JSON writes it (xgrammar's EBNF reads JSON's escapes, control characters included)."""
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
 def _structural_tag(rf: dict) -> dict:

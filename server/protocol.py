@@ -1,7 +1,7 @@
-"""OpenAI request bodies -> what the executor takes. A field is mapped, or refused with a 400 naming it
-where it asks for what this server cannot do, or (a name no engine here knows) logged and ignored, as
-vLLM does (`foreign_fields.py`). ``user`` and ``metadata`` are checked and accepted (nothing is stored:
-there is no stored-completions API here).
+"""OpenAI request bodies -> what the executor takes. What each field does (mapped, refused with a 400
+naming it unless at its default, or ignored because it cannot change the output) is one table,
+`requests/field_table.py`; a name no engine here knows is logged and ignored, as vLLM does. ``user`` and
+``metadata`` are checked and accepted (nothing is stored: there is no stored-completions API here).
 
 Defaults follow OpenAI's API, not `SamplingParams`: ``temperature`` 1, ``max_tokens`` the rest of the
 context.
@@ -13,13 +13,16 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from ..executor.engine.inputs import check_cache_salt
+from ..executor.engine.inputs import InvalidRequestError, check_cache_salt, check_template_kwargs
 from ..executor.engine.request import Prompt, Request
 from ..executor.engine.tool_prompt import chat_template_text
 from ..sampling import SamplingParams
 from .bad_request import BadRequest
-from .foreign_fields import check_foreign_fields
-from .tools import ToolPlan, guided_format, parse_tools
+from .requests.field_table import CHAT, COMPLETIONS
+from .requests.fields import check_fields
+from .requests.guided_fields import guided_format
+from .tools import ToolPlan, parse_tools
+from .tools import guided_format as tool_format
 
 #: fields both endpoints map onto SamplingParams (same name, same meaning); ignore_eos, min_tokens and
 #: stop_token_ids are vLLM's extensions
@@ -38,42 +41,11 @@ _SAMPLING_FIELDS = frozenset(
         "repetition_penalty",
     }
 )
-_COMMON_FIELDS = _SAMPLING_FIELDS | {
-    "model",
-    "max_tokens",
-    "stop",
-    "n",
-    "stream",
-    "stream_options",
-    "response_format",
-    "logit_bias",
-    "user",
-    "metadata",
-    "cache_salt",
-}
 #: what ``stream_options`` takes: OpenAI's include_usage and include_obfuscation, vLLM's
 #: continuous_usage_stats (the usage so far in every chunk; guidellm sends it)
 STREAM_OPTIONS = ("include_usage", "include_obfuscation", "continuous_usage_stats")
 #: roles a chat message may have; OpenAI's ``developer`` is its newer name for ``system``
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-CHAT_FIELDS = _COMMON_FIELDS | {
-    "messages",
-    "max_completion_tokens",
-    "logprobs",
-    "top_logprobs",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-}
-#: ``echo`` (the prompt before the completion, with its log-probabilities when ``logprobs`` is set) and
-#: vLLM's ``prompt_logprobs``: what lm-evaluation-harness's log-likelihood tasks read
-COMPLETION_FIELDS = _COMMON_FIELDS | {
-    "prompt",
-    "logprobs",
-    "echo",
-    "prompt_logprobs",
-    "max_completion_tokens",
-}
 MAX_PROMPTS = 64  #: prompts in one /v1/completions request at most
 MAX_LOGPROBS = 20  #: top alternatives per token at most (OpenAI's limit)
 MAX_N = 16  #: samples per request at most
@@ -105,12 +77,12 @@ class ParsedRequest:
 def parse_chat(body: Any, max_model_len: int, template_reads_name: bool = False) -> ParsedRequest:
     """``template_reads_name``: the chat template renders a message's ``name`` (else a name is refused:
     it would be dropped)."""
-    body = check_foreign_fields(_object(body), CHAT_FIELDS)
+    body = check_fields(_object(body), CHAT)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list of {role, content} objects", "messages")
     prompt = [_message(m, i, template_reads_name) for i, m in enumerate(messages)]
-    max_tokens = _first_set(body, "max_completion_tokens", "max_tokens")
+    max_tokens = _max_tokens(body)
     top = None
     if body.get("logprobs") is not None:
         if not isinstance(body["logprobs"], bool):
@@ -119,16 +91,19 @@ def parse_chat(body: Any, max_model_len: int, template_reads_name: bool = False)
             top = _int_in(body.get("top_logprobs", 0), "top_logprobs", 0, MAX_LOGPROBS)
     elif body.get("top_logprobs"):  # (0 without logprobs, as routers fill it in, asks for nothing)
         raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
+    prompt_top = None
+    if body.get("prompt_logprobs") is not None:
+        prompt_top = _int_in(body["prompt_logprobs"], "prompt_logprobs", 0, MAX_LOGPROBS)
+        if body.get("stream"):
+            raise BadRequest("prompt_logprobs are not streamed: send stream: false", "prompt_logprobs")
     plan = parse_tools(body)
-    guided = guided_format(plan) if plan is not None else None
-    if guided is not None:
-        given = body.get("response_format")
-        if isinstance(given, dict) and given.get("type") not in (None, "text"):
-            raise BadRequest(
-                "tool_choice required or a named function takes no response_format", "tool_choice"
-            )
-        body = {**body, "response_format": guided}
-    parsed = _parsed(body, prompt, max_tokens, max_model_len, top, is_chat=True)
+    response_format = guided_format(body, CHAT)
+    forced = tool_format(plan) if plan is not None else None
+    if forced is not None:
+        if response_format is not None:
+            raise BadRequest("tool_choice required or a named function takes no output format", "tool_choice")
+        response_format = forced
+    parsed = _parsed(body, prompt, max_tokens, max_model_len, top, True, response_format, prompt_top)
     if plan is not None:
         parsed.tool_plan = plan
         parsed.requests = [replace(parsed.request, tools=plan.tools)]
@@ -136,7 +111,7 @@ def parse_chat(body: Any, max_model_len: int, template_reads_name: bool = False)
 
 
 def parse_completion(body: Any, max_model_len: int, template_reads_name: bool = False) -> ParsedRequest:
-    body = check_foreign_fields(_object(body), COMPLETION_FIELDS)
+    body = check_fields(_object(body), COMPLETIONS)
     prompt = body.get("prompt")
     prompts = (
         prompt
@@ -166,14 +141,15 @@ def parse_completion(body: Any, max_model_len: int, template_reads_name: bool = 
         prompt_top = _int_in(body["prompt_logprobs"], "prompt_logprobs", 0, MAX_LOGPROBS)
     if echo and top is not None:  # the prompt's tokens are listed with their log-probabilities
         prompt_top = max(top, prompt_top or 0)
-    max_tokens = _first_set(body, "max_completion_tokens", "max_tokens")  # (the chat name: routers send it)
+    max_tokens = _max_tokens(body)  # (max_completion_tokens, the chat name, too: routers send it)
     if max_tokens == 0 and not echo and prompt_top is None:
         raise BadRequest(
             "max_tokens: 0 needs echo or prompt_logprobs (nothing would be returned)", "max_tokens"
         )
     if max_tokens == 0 and prompt_top is None:  # echo alone: the prompt's text is what comes back
         prompt_top = 0
-    parsed = _parsed(body, prompts[0], max_tokens, max_model_len, top, is_chat=False, prompt_top=prompt_top)
+    response_format = guided_format(body, COMPLETIONS)
+    parsed = _parsed(body, prompts[0], max_tokens, max_model_len, top, False, response_format, prompt_top)
     params = parsed.request.sampling_params
     parsed.requests = [
         replace(parsed.request, prompt=one, sampling_params=replace(params)) for one in prompts
@@ -194,6 +170,7 @@ def _parsed(
     max_model_len: int,
     top: int | None,
     is_chat: bool,
+    response_format: dict | None,
     prompt_top: int | None = None,
 ) -> ParsedRequest:
     options: dict[str, Any] = {"temperature": 1.0}
@@ -231,9 +208,6 @@ def _parsed(
             raise BadRequest(f"stream_options.{name} must be true or false", "stream_options")
     if stream_options and not stream:
         raise BadRequest("stream_options needs stream: true", "stream_options")
-    response_format = body.get("response_format")
-    if isinstance(response_format, dict) and response_format.get("type") == "text":
-        response_format = None
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise BadRequest("user must be a string", "user")
@@ -242,7 +216,9 @@ def _parsed(
         cache_salt = check_cache_salt(body.get("cache_salt"))
     except ValueError as exc:
         raise BadRequest(str(exc), "cache_salt") from exc
-    request = Request(prompt, params, response_format=response_format, cache_salt=cache_salt)
+    request = Request(
+        prompt, params, response_format=response_format, cache_salt=cache_salt, **_prompt_options(body)
+    )
     return ParsedRequest(
         [request],
         is_chat,
@@ -253,6 +229,26 @@ def _parsed(
         obfuscation=bool(stream_options.get("include_obfuscation")),
         user=user,
     )
+
+
+def _max_tokens(body: dict) -> Any:
+    """OpenAI's max_completion_tokens or max_tokens, or llama.cpp's n_predict (-1: no bound)."""
+    value = _first_set(body, "max_completion_tokens", "max_tokens")
+    if value is None and body.get("n_predict") is not None:
+        value = None if body["n_predict"] == -1 else body["n_predict"]
+    return value
+
+
+def _prompt_options(body: dict) -> dict:
+    """How the prompt is tokenized: vLLM's add_special_tokens and chat_template_kwargs."""
+    special = body.get("add_special_tokens")
+    if special is not None and not isinstance(special, bool):
+        raise BadRequest("add_special_tokens must be true or false", "add_special_tokens")
+    try:
+        kwargs = check_template_kwargs(body.get("chat_template_kwargs"))
+    except InvalidRequestError as exc:
+        raise BadRequest(str(exc), "chat_template_kwargs") from exc
+    return {"add_special_tokens": special, "chat_template_kwargs": kwargs}
 
 
 def _logit_bias(value: Any) -> dict[int, float]:

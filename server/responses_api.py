@@ -9,9 +9,11 @@ What maps onto what:
   and ``function_call_output`` items) and ``instructions`` (a system message first) -> ``messages``;
 - ``tools`` (flat ``{"type": "function", "name", "description", "parameters"}``) and ``tool_choice``
   -> the chat ones; a call comes back as a ``function_call`` output item;
-- ``text.format`` (``json_schema`` / ``json_object``) -> ``response_format`` (guided decoding);
+- ``text.format`` (``json_schema`` / ``json_object``) -> ``response_format`` (guided decoding); a key of
+  ``text`` or of its format this server does not read is a 400;
 - ``max_output_tokens``, ``temperature``, ``top_p``, ``parallel_tool_calls``, ``metadata``, ``user``,
-  ``cache_salt`` as is;
+  ``cache_salt``, and vLLM's ``seed``, ``stop``, ``top_k``, ``repetition_penalty``, ``ignore_eos`` and
+  ``structured_outputs`` as chat takes them;
 - ``previous_response_id``: the stored conversation of an earlier response (its input, instructions
   excepted as OpenAI's are, and its output) goes before this input. Responses are stored unless
   ``store: false``, in memory, for the server's lifetime, the oldest dropped past a bound.
@@ -32,39 +34,35 @@ from typing import Any
 
 from ..executor.engine.request import FinishReason, RequestOutput
 from .bad_request import BadRequest
-from .foreign_fields import log_unknown
+from .requests.field_table import RESPONSES
+from .requests.fields import check_fields, check_object
 from .tools import read_calls
 
 #: responses kept for ``previous_response_id`` at most (the oldest are dropped first)
 MAX_STORED_RESPONSES = 1000
-#: Responses fields answered as the chat field of the same meaning
-_PASSED = ("temperature", "top_p", "parallel_tool_calls", "metadata", "user", "stream", "cache_salt")
-#: fields this server cannot honour but at these values (null always); (): at none
-_DEFAULT_ONLY = {
-    "background": (False,),
-    "conversation": (),
-    "prompt": (),
-    "truncation": ("disabled",),
-    "include": ([],),
-    "service_tier": ("auto", "default"),
-    "reasoning": ({},),
-    "top_logprobs": (0,),
-    "max_tool_calls": (),
-}
-#: the fields mapped (any other, such as ``prompt_cache_key`` or ``safety_identifier``, is logged once
-#: and ignored, as on the chat path: `foreign_fields.py`)
-_MAPPED = {
-    "model",
-    "input",
-    "instructions",
-    "tools",
-    "tool_choice",
-    "text",
-    "max_output_tokens",
-    "previous_response_id",
-    "store",
-    "stream_options",
-    *_PASSED,
+#: Responses fields answered as the chat field of the same meaning (what each does, and what is refused
+#: or ignored on this endpoint: `requests/field_table.py`)
+_PASSED = (
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "metadata",
+    "user",
+    "stream",
+    "cache_salt",
+    # vLLM's Responses extensions, sampled as chat samples them
+    "seed",
+    "stop",
+    "top_k",
+    "repetition_penalty",
+    "ignore_eos",
+    "structured_outputs",
+)
+#: what ``text.format`` of each type may hold
+_FORMAT_KEYS = {
+    "text": {"type"},
+    "json_object": {"type"},
+    "json_schema": {"type", "name", "schema", "strict", "description"},
 }
 
 
@@ -109,14 +107,7 @@ def to_chat_body(body: Any, store: ResponseStore) -> ResponsesRequest:
     """A Responses body -> the chat body that runs it (BadRequest naming the field when it cannot)."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-    for name, value in body.items():
-        if name in _DEFAULT_ONLY:
-            if isinstance(value, dict) and all(v is None for v in value.values()):
-                continue  # (e.g. reasoning: {"effort": null}: nothing asked)
-            if value is not None and value not in _DEFAULT_ONLY[name]:
-                raise BadRequest(f"{name} is not supported by this server's Responses API", name)
-        elif name not in _MAPPED:
-            log_unknown(name)
+    check_fields(body, RESPONSES)  # (refused fields raise; the rest are read below by name)
     history: list[dict] = []
     previous = body.get("previous_response_id")
     if previous is not None:
@@ -227,19 +218,23 @@ def _chat_tool_choice(choice: Any) -> Any:
 
 
 def _response_format(text: Any) -> dict | None:
-    if not isinstance(text, dict):
-        raise BadRequest("text must be an object with a format", "text")
-    format_ = text.get("format")
-    if format_ is None or (isinstance(format_, dict) and format_.get("type") == "text"):
+    """``text`` -> chat's response_format: ``text.format`` (a key it does not read is a 400 naming text;
+    its json_schema's keys are then checked as chat's)."""
+    format_ = check_object("text", text, RESPONSES).get("format")
+    if format_ is None:
         return None
-    if not isinstance(format_, dict):
-        raise BadRequest("text.format must be an object", "text")
-    if format_.get("type") == "json_object":
+    if not isinstance(format_, dict) or format_.get("type") not in _FORMAT_KEYS:
+        raise BadRequest("text.format must be an object of type text, json_object or json_schema", "text")
+    kind = format_["type"]
+    unread = sorted(set(format_) - _FORMAT_KEYS[kind])
+    if unread:
+        raise BadRequest(f"text.format.{unread[0]} does not go with type {kind}", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
         return {"type": "json_object"}
-    if format_.get("type") == "json_schema":
-        schema = {k: format_[k] for k in ("name", "schema", "strict") if format_.get(k) is not None}
-        return {"type": "json_schema", "json_schema": schema}
-    raise BadRequest("text.format.type must be text, json_object or json_schema", "text")
+    schema = {k: v for k, v in format_.items() if k != "type" and v is not None}
+    return {"type": "json_schema", "json_schema": schema}
 
 
 # ---- answering ------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Request fields from other engines' clients and routers (`server/foreign_fields.py`): mapped where
+"""Request fields from other engines' clients and routers (`server/requests/`): mapped where
 they mean what ours do, refused with a 400 naming them where honouring them is beyond this server,
 logged once and ignored where no engine here knows them. sglang-router's re-written body is taken."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from specexec.server import foreign_fields
+from specexec.server.requests import fields
 from specexec.server.protocol import BadRequest, parse_chat, parse_completion
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -65,9 +65,10 @@ def test_sglang_routers_bodies_are_taken_with_their_values():
         ("use_beam_search", True),
         ("skip_special_tokens", False),
         ("include_stop_str_in_output", True),
-        ("regex", "[a-z]+"),
-        ("ebnf", "root ::= 'a'"),
-        ("guided_regex", "[0-9]"),
+        ("typical_p", 0.9),
+        ("logits_processors", ["my.module:Processor"]),
+        ("stop_regex", ["[0-9]+"]),
+        ("guided_whitespace_pattern", "[ ]?"),
         ("lora_path", "adapter"),
         ("echo", True),
         ("skip_special_tokens", 1),  # (not a boolean)
@@ -97,7 +98,7 @@ def test_vllm_and_sglang_schema_fields_become_the_response_format():
 
 
 def test_an_unknown_field_is_ignored_and_logged_once(caplog, monkeypatch):
-    monkeypatch.setattr(foreign_fields, "_logged", set())
+    monkeypatch.setattr(fields, "_logged", set())
     with caplog.at_level(logging.WARNING, "specexec.server"):
         for _ in range(3):
             parsed = parse_chat({"messages": MESSAGES, "max_tokens": 4, "x_trace_hint": {"a": 1}}, 512)

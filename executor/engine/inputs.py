@@ -45,55 +45,121 @@ def _check_messages(messages: Sequence[Any]) -> None:
             )
 
 
-def _render_chat(tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
+#: what `apply_chat_template` takes itself (and the template's ``messages``): not a template variable
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+
+def check_template_kwargs(kwargs: Any) -> dict[str, Any] | None:
+    """A request's ``chat_template_kwargs``: None, or an object of template variables (names that
+    `apply_chat_template` takes itself are refused: they would change how it renders, not what)."""
+    if kwargs is None:
+        return None
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise InvalidRequestError("chat_template_kwargs must be an object of template variables")
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
+    if reserved:
+        raise InvalidRequestError(f"chat_template_kwargs cannot set {', '.join(reserved)}")
+    return kwargs
+
+
+def _render_chat(
+    tokenizer,
+    messages: list[dict[str, Any]],
+    tools: list[dict] | None = None,
+    add_special_tokens: bool = False,
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """The messages through the chat template; ``add_special_tokens`` also tokenizes the rendered text
+    with the tokenizer's special tokens (BOS...), which the template's own text usually has already."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise InvalidRequestError("chat messages need a tokenizer with a chat template; this model has none")
     _check_messages(messages)
     from jinja2 import TemplateError
 
-    extra = {}
+    extra = dict(check_template_kwargs(template_kwargs) or {})
     if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
         if template_renders_tools(tokenizer):
-            messages, extra = native_messages(messages), ({"tools": tools} if tools else {})
+            messages = native_messages(messages)
+            extra.update({"tools": tools} if tools else {})
         else:  # the Hermes format as text (`tool_prompt.py`)
             messages = hermes_messages(messages, tools)
     try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
+        rendered = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=not add_special_tokens, **extra
+        )
     except TemplateError as exc:  # a template's raise_exception(...), e.g. roles out of order
         raise InvalidRequestError(f"the chat template rejected the messages: {exc}") from exc
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return list(ids)
+    if add_special_tokens:
+        return list(tokenizer(rendered, add_special_tokens=True)["input_ids"])
+    if isinstance(rendered, dict) or hasattr(rendered, "input_ids"):
+        rendered = rendered["input_ids"]
+    return list(rendered)
 
 
-def tokenize_prompt(prompt: Prompt, tokenizer, vocab_size: int, tools: list[dict] | None = None) -> list[int]:
+def tokenize_prompt(
+    prompt: Prompt,
+    tokenizer,
+    vocab_size: int,
+    tools: list[dict] | None = None,
+    *,
+    add_special_tokens: bool | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
     """Token ids of a prompt given as text, token ids or chat messages (with ``tools``: see
-    `tool_prompt.py`)."""
+    `tool_prompt.py`). ``add_special_tokens``: with the tokenizer's special tokens (None: for text yes,
+    for chat no: the template writes its own); ``template_kwargs``: the chat template's extra variables
+    (`Request.add_special_tokens`, `Request.chat_template_kwargs`). Token ids are taken as given."""
     if tools is not None and not (
         isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt)
     ):
         raise InvalidRequestError("tools need a chat prompt (a list of messages)")
-    ids = _tokenize(prompt, tokenizer, tools)
+    ids = _tokenize(prompt, tokenizer, tools, add_special_tokens, template_kwargs)
     if not ids:
         raise InvalidRequestError("prompt is empty after tokenization")
     check_token_ids(ids, vocab_size)
     return ids
 
 
-def _tokenize(prompt: Prompt, tokenizer, tools: list[dict] | None = None) -> list[int]:
+def _tokenize(
+    prompt: Prompt,
+    tokenizer,
+    tools: list[dict] | None,
+    add_special_tokens: bool | None,
+    template_kwargs: dict[str, Any] | None,
+) -> list[int]:
+    if add_special_tokens is not None and not isinstance(add_special_tokens, bool):
+        raise InvalidRequestError(f"add_special_tokens must be a bool, got {add_special_tokens!r}")
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidRequestError("empty prompt")
         if tokenizer is None:
             raise InvalidRequestError("a text prompt needs a tokenizer; pass token ids instead")
-        return list(tokenizer(prompt)["input_ids"])
+        return list(tokenizer(prompt, add_special_tokens=add_special_tokens is not False)["input_ids"])
     if not isinstance(prompt, (list, tuple)) or not prompt:
         raise InvalidRequestError(
             "prompt must be non-empty text, a list of token ids or a list of chat messages, "
             f"got {type(prompt).__name__} {prompt!r:.60}"
         )
     if all(isinstance(t, dict) for t in prompt):
-        return _render_chat(tokenizer, list(prompt), tools)
+        return _render_chat(tokenizer, list(prompt), tools, bool(add_special_tokens), template_kwargs)
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         raise InvalidRequestError("a list prompt must hold only token ids (int) or only chat messages (dict)")
     return list(prompt)

@@ -25,7 +25,8 @@ class Request:
     sampling_params: SamplingParams = field(default_factory=SamplingParams)  #: how to sample, when to stop
     request_id: str | None = None  #: any unique name; the executor numbers requests that have none
     #: guided decoding, OpenAI shape: {"type": "json_schema", "json_schema": {"schema": {...}}},
-    #: {"type": "json_object"}; also {"type": "regex", "regex": ...}, {"type": "grammar", "grammar": EBNF}
+    #: {"type": "json_object"}; also {"type": "regex", "regex": ...}, {"type": "grammar", "grammar": EBNF
+    #: or GBNF}, {"type": "choice", "choice": [strings]} (the output is one of them)
     response_format: dict | None = None
     #: OpenAI's tool objects ({"type": "function", "function": {name, description, parameters}}),
     #: rendered into a chat prompt by its template, or in the Hermes format (`tool_prompt.py`)
@@ -34,6 +35,12 @@ class Request:
     #: NGram/Suffix pools of requests with different salts are never shared (1..`MAX_CACHE_SALT_CHARS`
     #: characters; None: the unsalted namespace every unsalted request shares)
     cache_salt: str | None = None
+    #: tokenize with the tokenizer's special tokens (BOS...): vLLM's ``add_special_tokens``. None: for a
+    #: text prompt yes, for chat messages no (the template writes its own); token ids are taken as given
+    add_special_tokens: bool | None = None
+    #: the chat template's extra variables (``chat_template_kwargs`` of vLLM, SGLang and llama.cpp, e.g.
+    #: ``{"enable_thinking": False}``); names `apply_chat_template` takes itself are refused
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 #: longest ``cache_salt`` taken (characters)
