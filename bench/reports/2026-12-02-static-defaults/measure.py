@@ -33,6 +33,7 @@ from specexec.executor.kernel_plan.quantized_kernel import SCHEMES, measure_rati
 from specexec.executor.kernel_plan.static_defaults import case_name
 from specexec.executor.layers.cpu_info import describe_cpu
 from specexec.executor.layers.cpu_kernels import cpu_kernels, installed_variant
+from specexec.executor.layers.packed_linear import can_pack_mkl
 from specexec.executor.model.model_peek import peek_text_config
 
 VERIFY_ROWS = 9  #: 1 + the auto drafter's 8 drafts: the MKL case a start measures
@@ -69,7 +70,7 @@ def dense_entries(shape: ModelShape, config: dict) -> dict[str, dict]:
         kinds["linear-backend"][case_name(dtype=dtype, quantization=None)] = {
             "onednn_ratios": {n: round(r, 3) for n, r in ratios.items()}
         }
-        for other in ("blas", "onednn"):
+        for other in ("blas", "onednn") if can_pack_mkl(dtype) else ():
             ratio = measure_mkl_ratio(shape, dtype, VERIFY_ROWS, other, None)
             case = case_name(dtype=dtype, quantization=None, rows=VERIFY_ROWS, against=other)
             kinds["linear-backend-mkl"][case] = {"mkl_ratio": round(ratio, 3)}
