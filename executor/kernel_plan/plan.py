@@ -42,7 +42,6 @@ from ..layers.packed_linear import PackedLinear, pack_linears, packable_linear_b
 from ..layers.quantized.quantized_dot import MAX_ROWS
 from ..layers.quantized.quantized_linear import WeightOnlyLinear
 from ..model.attention_paths import AttentionPaths
-from ..model.kv_cache import KVCacheSpec
 from ..model.model_runner import ModelRunner
 from .attention_path import choose_attention_paths
 from .dense_backend import LinearBackendChoice, choose_linear_backend, fit_in_memory
@@ -110,14 +109,13 @@ def _attention_paths(config: ExecutorConfig, model: nn.Module, runner: ModelRunn
     """The measured paths at the KV cache's head shape; tensor-parallel ranks keep their runner's."""
     if config.tensor_parallel_size > 1:
         return runner.attention_paths
-    param = next(model.parameters())
-    spec = KVCacheSpec.from_model_config(model.config, param.dtype)
+    spec = runner.kv_cache.spec  # (the pool's own head shape and dtype)
     return choose_attention_paths(
         model.config.get_text_config().num_attention_heads,
         spec.num_kv_heads,
         spec.head_dim,
         spec.dtype,
-        param.device,
+        next(model.parameters()).device,
         resolve_cache_dir(config.cache_dir),
     )
 
