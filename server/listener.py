@@ -84,18 +84,25 @@ def answering_loading(host: str, port: int, sock: socket.socket | None = None):
     own = sock is None
     sock = listening_socket(host, port) if own else sock
     loop = asyncio.new_event_loop()
+    listener = sock.dup()  # (closed when loading ends; the next server takes the original)
+    listener.setblocking(False)
     answering: set[asyncio.Task] = set()
 
-    async def on_connection(reader, writer) -> None:
-        task = asyncio.current_task()
-        answering.add(task)
-        try:
-            await _answer(reader, writer)
-        finally:
-            answering.discard(task)
+    def accept_waiting() -> None:
+        """(On the loop, when the socket is readable.) Every connection waiting is accepted and gets
+        its task at once, in this callback: none is ever accepted and then left unanswered. (asyncio's
+        own server accepted several per wake-up and created their transports later; those accepted
+        just before it closed were reset.)"""
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:  # (BlockingIOError: none waits any more)
+                return
+            task = loop.create_task(_answer_connection(connection))
+            answering.add(task)
+            task.add_done_callback(answering.discard)
 
-    # (a duplicate: asyncio closes the socket it served on, the next server takes the original)
-    server = loop.run_until_complete(asyncio.start_server(on_connection, sock=sock.dup()))
+    loop.call_soon_threadsafe(loop.add_reader, listener.fileno(), accept_waiting)
     thread = threading.Thread(target=loop.run_forever, name="specexec-loading", daemon=True)
     thread.start()
     try:
@@ -103,10 +110,13 @@ def answering_loading(host: str, port: int, sock: socket.socket | None = None):
     finally:
 
         async def close() -> None:
-            server.close()
-            await server.wait_closed()
-            if answering:
-                await asyncio.wait(set(answering), timeout=READ_TIMEOUT_S + CLIENT_CLOSE_WAIT_S)
+            # no accept after this (a connection not accepted yet waits in the backlog for the next
+            # server); every one accepted is answered and closed
+            loop.remove_reader(listener.fileno())
+            listener.close()
+            deadline = loop.time() + READ_TIMEOUT_S + CLIENT_CLOSE_WAIT_S
+            while answering and loop.time() < deadline:
+                await asyncio.wait(set(answering), timeout=deadline - loop.time())
 
         asyncio.run_coroutine_threadsafe(close(), loop).result()
         loop.call_soon_threadsafe(loop.stop)
@@ -114,6 +124,15 @@ def answering_loading(host: str, port: int, sock: socket.socket | None = None):
         loop.close()
         if own:
             sock.close()
+
+
+async def _answer_connection(connection: socket.socket) -> None:
+    try:
+        reader, writer = await asyncio.open_connection(sock=connection)
+    except OSError:
+        connection.close()
+        return
+    await _answer(reader, writer)
 
 
 async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

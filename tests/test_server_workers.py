@@ -184,3 +184,60 @@ def test_the_real_server_tells_an_http2_probe_to_use_http1_too(caplog):
         server.should_exit = True
         thread.join(10)
     assert not [r for r in caplog.records if "Invalid HTTP request" in r.getMessage()]
+
+
+def test_no_connection_is_refused_while_the_loading_answer_hands_the_port_to_the_real_server():
+    """Probes that keep connecting across the handover (held here for 0.3 s, longer than it takes) get
+    503 loading, then the real server's answer, and never a refused connection: the one listening
+    socket passes from one to the other, a connection made in between waits in its backlog."""
+    import threading
+    import time
+
+    import uvicorn
+    from specexec.server.listener import Http1Protocol, listening_socket
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sock = listening_socket("127.0.0.1", port)
+    statuses: list[bytes] = []
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        while not stop.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+                    connection.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    statuses.append(connection.recv(12)[9:12])
+            except OSError as exc:  # (ConnectionRefusedError among them)
+                failures.append(exc)
+
+    probes = [threading.Thread(target=probe, daemon=True) for _ in range(2)]
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", http=Http1Protocol, log_level="warning"))
+    serving = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    try:
+        with answering_loading("127.0.0.1", port, sock):
+            for thread in probes:
+                thread.start()
+            while b"503" not in statuses:
+                time.sleep(0.01)
+        time.sleep(0.3)  # (the model's load is over; the real server is not accepting yet)
+        serving.start()
+        while b"200" not in statuses[-4:]:
+            assert not failures, failures
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for thread in probes:
+            thread.join(15)
+        server.should_exit = True
+        serving.join(10)
+        sock.close()
+    assert not failures, failures
+    assert set(statuses) == {b"503", b"200"}, set(statuses)
