@@ -49,13 +49,27 @@ def _build_parser() -> argparse.ArgumentParser:
     add_drafter_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 (default: none)")
+    serve.add_argument(
+        "--api-key",
+        action="append",
+        help="require 'Authorization: Bearer KEY' (repeat for several keys; each owns its stored responses)",
+    )
     serve.add_argument("--served-model-name", help="the id clients pass as model (default: the file's name)")
     serve.add_argument(
         "--max-queued-requests", type=int, default=256, help="waiting + running requests before 503"
     )
     serve.add_argument(
         "--request-timeout", type=float, default=600.0, help="seconds before a request is aborted"
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=int,
+        help="larger request bodies are refused (413); default 256 per token of context, at least 8 MiB",
+    )
+    serve.add_argument(
+        "--allow-remote-admin",
+        action="store_true",
+        help="without --api-key, serve /flush_cache and /reset_prefix_cache to any client (default: loopback)",
     )
     serve.add_argument(
         "--no-prefix-caching",
@@ -165,14 +179,26 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         ) from exc
     if args.max_queued_requests < 1 or args.request_timeout <= 0:
         raise ValueError("--max-queued-requests must be >= 1 and --request-timeout > 0")
+    if args.max_body_bytes is not None and args.max_body_bytes < 1:
+        raise ValueError("--max-body-bytes must be >= 1")
     limits = ServerLimits(
-        max_queued_requests=args.max_queued_requests, request_timeout_s=args.request_timeout
+        max_queued_requests=args.max_queued_requests,
+        request_timeout_s=args.request_timeout,
+        max_body_bytes=args.max_body_bytes,
     )
     config = load_config(args)
     if (code := _serve_as_worker_rank(config)) is not None:
         return code
     config.enable_prefix_caching = not args.no_prefix_caching  # (on by default in serve, as vLLM's)
-    serve(config, args.host, args.port, args.api_key, limits, args.served_model_name)
+    serve(
+        config,
+        args.host,
+        args.port,
+        args.api_key,
+        limits,
+        args.served_model_name,
+        allow_remote_admin=args.allow_remote_admin,
+    )
     return 0
 
 

@@ -5,6 +5,11 @@ request's events from an asyncio queue, and the requests of every caller run in 
         async for event in engine.generate(prompt, SamplingParams(max_tokens=64)):
             print(event.text, end="")
 
+A request is submitted (tokenized, its chat template rendered, its grammar queued) in one worker thread,
+in the order of arrival, so the event loop goes on meanwhile (``/health`` answered while a long prompt
+is tokenized); a submit that fails after the request's id was claimed aborts what it queued and frees
+the id before the error propagates.
+
 Cancelling the consumer (or closing the generator) aborts its request: the abort is handed to the loop
 thread, which frees the request's pages before its next step. `close()` stops taking requests, lets the
 running ones finish (up to a deadline, then aborts them), stops the loop and closes the executor.
@@ -21,7 +26,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from ..sampling import SamplingParams
 from .caller_loop import Caller
@@ -65,6 +71,9 @@ class AsyncExecutor:
         self._stopping = False
         self._fault: str | None = None  # set when the loop died: every later call fails
         self._loop_done = threading.Event()
+        #: submits, one at a time in arrival order, off the event loop (tokenization can take seconds)
+        self._submitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specexec-submit")
+        self._num_submitting = 0  #: generate() calls whose submit has not returned (close() waits for them)
         if start_thread:
             threading.Thread(target=self.run_loop, name="specexec-loop", daemon=True).start()
 
@@ -80,17 +89,32 @@ class AsyncExecutor:
         return sum(self.executor.core.queue_sizes())
 
     async def generate(
-        self, request: Request | Prompt, sampling_params: SamplingParams | None = None
+        self,
+        request: Request | Prompt,
+        sampling_params: SamplingParams | None = None,
+        on_submitted: Callable[[], None] | None = None,
     ) -> AsyncIterator[TokenEvent]:
         """The request's events as they are generated; the last has ``finished`` and ``output``. A bad
         request yields one finished event with ``finish_reason="error"``. With ``n`` > 1 the samples'
-        events interleave (``sample_index``), each sample's last one ``finished``."""
+        events interleave (``sample_index``), each sample's last one ``finished``. ``on_submitted`` is
+        called once the samples are queued (they count in `num_unfinished` from then on) or refused."""
         if not self._accepting or self._fault is not None:
             raise ExecutorClosedError(self._fault or "the executor is closing: no new requests")
         queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
         caller = Caller()
-        caller.events = _QueueEvents(asyncio.get_running_loop(), queue, self.abort)  # type: ignore[assignment]
-        samples = self.executor._submit_samples(request, sampling_params, caller, streaming=True)
+        loop = asyncio.get_running_loop()
+        caller.events = _QueueEvents(loop, queue, self.abort)  # type: ignore[assignment]
+        submitted = loop.run_in_executor(self._submitter, self._submit, request, sampling_params, caller)
+        self._num_submitting += 1
+        try:
+            samples = await asyncio.shield(submitted)
+        except asyncio.CancelledError:  # the consumer went away: abort what the submit queues
+            submitted.add_done_callback(lambda _: [self.abort(i) for i in list(caller.unfinished)])
+            raise
+        finally:
+            self._num_submitting -= 1
+            if on_submitted is not None:
+                on_submitted()
         self._notify()
         unfinished = {s.request_id for s in samples}
         try:
@@ -102,6 +126,18 @@ class AsyncExecutor:
         finally:
             for request_id in unfinished:  # cancelled, or the consumer stopped: abort on the loop thread
                 self.abort(request_id)
+
+    def _submit(self, request: Request | Prompt, sampling_params: SamplingParams | None, caller: Caller):
+        """(In the submit thread.) The request's samples queued in the engine; on any error, what was
+        queued is aborted and every id claimed is freed before it propagates (a tokenizer's TypeError on
+        a lone surrogate left its request id registered for ever)."""
+        try:
+            return self.executor._submit_samples(request, sampling_params, caller, streaming=True)
+        except BaseException as exc:
+            self.executor._loop.cancel(caller)
+            if self.is_closing and isinstance(exc, Exception):
+                raise ExecutorClosedError(self._fault or "the executor is closing: no new requests") from exc
+            raise
 
     def drain(self) -> None:
         """Stop taking requests (from any thread, a signal handler's too); those in flight go on.
@@ -119,10 +155,15 @@ class AsyncExecutor:
         rest, stop the loop thread and close the executor."""
         self._accepting = False
         deadline = time.monotonic() + timeout_s
-        while self.num_unfinished and time.monotonic() < deadline and not self._loop_done.is_set():
+        while (
+            (self.num_unfinished or self._num_submitting)
+            and time.monotonic() < deadline
+            and not self._loop_done.is_set()
+        ):
             await asyncio.sleep(0.02)
         self.stop_loop()
         await asyncio.to_thread(self._loop_done.wait)
+        await asyncio.to_thread(self._submitter.shutdown, wait=True, cancel_futures=True)
         self.executor.close()
 
     def stop_loop(self) -> None:

@@ -3,15 +3,15 @@ streaming and not), ``/v1/responses`` (`responses_api.py`), ``/v1/models``, ``/h
 and the worker endpoints routers call (`worker_endpoints.py`).
 
 What a client sees when something goes wrong: a bad body or a request the executor refuses -> 400 with
-an OpenAI error object whose ``param`` names the field; an internal fault -> 500; the queue full ->
-503 with ``Retry-After``; past the request timeout -> 504 (streaming: an error event, then the stream
-ends). A client that disconnects aborts its request at once; an aborted stream simply ends.
+an OpenAI error object whose ``param`` names the field; a body past the size limit -> 413; an internal
+fault -> 500; the queue full (counted in sequences) -> 503 with ``Retry-After``; past the request timeout
+-> 504 (streaming: an error event, then the stream ends). A client that disconnects aborts its request at
+once; an aborted stream simply ends. The bounds and who may call what: `limits/`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +23,10 @@ from ..executor.async_executor import AsyncExecutor, ExecutorClosedError
 from ..executor.engine.request import FinishReason, RequestOutput
 from . import responses, responses_api
 from .bad_request import HTTPError
+from .limits.access import Access
+from .limits.admission import Admission, Reservation
+from .limits.body import default_max_body_bytes, read_json_body
+from .limits.text_bounds import check_prompt_size, check_user, max_chars_per_token
 from .metrics import ServerMetrics
 from .protocol import BadRequest, ParsedRequest, parse_chat, parse_completion, template_reads_name
 from .request_events import END, collect, next_or_none
@@ -33,19 +37,36 @@ from .worker_endpoints import add_worker_endpoints
 
 @dataclass(slots=True)
 class ServerLimits:
-    max_queued_requests: int = 256  #: waiting + running requests beyond which new ones get 503
+    #: waiting + running sequences (a request's prompts x n) beyond which new requests get 503
+    max_queued_requests: int = 256
     request_timeout_s: float = 600.0  #: a request running longer is aborted (504)
     retry_after_s: int = 1  #: the Retry-After of a 503
+    #: a larger request body is refused (413) unread; None: from the context (`default_max_body_bytes`)
+    max_body_bytes: int | None = None
+    #: the Responses store's budget (the JSON of its conversations and bodies); the oldest go first
+    max_stored_response_bytes: int = responses_api.MAX_STORED_BYTES
 
 
-def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None, limits=None) -> FastAPI:
-    """The app around a running `AsyncExecutor`; closing the app's lifespan closes the engine."""
+def build_app(
+    engine: AsyncExecutor,
+    model_name: str,
+    api_key: str | list[str] | None = None,
+    limits=None,
+    allow_remote_admin: bool = False,
+) -> FastAPI:
+    """The app around a running `AsyncExecutor`; closing the app's lifespan closes the engine.
+    ``api_key``: one key or several (any opens the API; each owns what it stores); without keys the
+    admin endpoints answer loopback clients only, unless ``allow_remote_admin`` (`limits/access.py`)."""
     limits = limits or ServerLimits()
     metrics = ServerMetrics(engine.executor, model_name)
     max_model_len = engine.executor.core.max_model_len
     tokenizer = engine.executor.tokenizer
     reads_name = template_reads_name(tokenizer)
     created = int(time.time())
+    access = Access(api_key, allow_remote_admin)
+    admission = Admission(engine, limits.max_queued_requests, limits.retry_after_s)
+    max_body_bytes = limits.max_body_bytes or default_max_body_bytes(max_model_len)
+    max_prompt_chars = max_model_len * max_chars_per_token(tokenizer)
 
     async def lifespan(app: FastAPI):
         yield
@@ -65,23 +86,10 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
         return JSONResponse(responses.error_body(str(exc), "invalid_request_error", exc.param), 400)
 
     async def read_body(request: Request) -> dict:
-        """The request's JSON object (a 400 when it is not JSON, or not an object)."""
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise HTTPError(400, f"the body is not JSON: {exc}", "invalid_request_error") from exc
-        if not isinstance(body, dict):
-            raise HTTPError(400, "the request body must be a JSON object", "invalid_request_error")
-        return body
+        """The request's JSON object, within the body's bounds (`limits/body.py`)."""
+        return await read_json_body(request, max_body_bytes)
 
-    def check_key(request: Request) -> None:
-        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
-            raise HTTPError(
-                401,
-                "missing or wrong API key (Authorization: Bearer ...)",
-                "authentication_error",
-                code="invalid_api_key",
-            )
+    check_key = access.check_key
 
     @app.get("/health")
     async def health() -> Response:
@@ -107,18 +115,21 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
         body = await read_body(request)
         try:
             parsed = parse(body, max_model_len, reads_name)
+            check_user(parsed.user)
+            check_prompt_size(parsed.requests, max_prompt_chars, "messages" if parsed.is_chat else "prompt")
         except BadRequest as exc:
             raise HTTPError(400, str(exc), "invalid_request_error", exc.param) from exc
         check_model(body)
-        admit(parsed)
+        reservations = admission.admit(parsed.requests)
         ids = responses.ResponseIds(parsed.is_chat, model_name, tokenizer)
         if parsed.stream:
-            events, first = await start(parsed.request, request, deadline)
+            events, first = await start(parsed.request, request, deadline, reservations[0])
             chunks = _stream(events, first, parsed, ids, metrics, request, deadline, limits.request_timeout_s)
             return StreamingResponse(chunks, media_type="text/event-stream")
         # every prompt's request runs at once (in the same batches); the first error is the answer
         results = await asyncio.gather(
-            *(run(one, request, deadline) for one in parsed.requests), return_exceptions=True
+            *(run(one, request, deadline, held) for one, held in zip(parsed.requests, reservations)),
+            return_exceptions=True,
         )
         for result in results:
             if isinstance(result, BaseException):
@@ -135,33 +146,19 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
                 code="model_not_found",
             )
 
-    def admit(parsed: ParsedRequest) -> None:
-        """A 503 with Retry-After when the queue is full, or when the server drains (SIGTERM)."""
-        if engine.is_closing:
-            raise HTTPError(
-                503,
-                "the server is shutting down: send the request to another replica",
-                "server_error",
-                headers={"Retry-After": str(limits.retry_after_s)},
-            )
-        if engine.num_unfinished + len(parsed.requests) > limits.max_queued_requests:
-            raise HTTPError(
-                503,
-                f"{engine.num_unfinished} requests queued: try again later",
-                "server_error",
-                headers={"Retry-After": str(limits.retry_after_s)},
-            )
-
-    async def start(one, request: Request, deadline: float):
-        """Submit one request; (its events, its first event). A request refused at once or one that
-        gets no token in time is an HTTPError."""
+    async def start(one, request: Request, deadline: float, reservation: Reservation):
+        """Submit one request (its reservation handed over to the engine's count once it is queued);
+        (its events, its first event). A request refused at once or one that gets no token in time is
+        an HTTPError."""
         try:
-            events = engine.generate(one)
+            events = engine.generate(one, on_submitted=reservation.release)
             first = await next_or_none(events, request, deadline)
         except ExecutorClosedError as exc:
             raise HTTPError(
                 503, str(exc), "server_error", headers={"Retry-After": str(limits.retry_after_s)}
             ) from exc
+        finally:
+            reservation.release()  # (also when the generator never ran)
         if first is None:  # the client went away, or it ran past the timeout before its first token
             await events.aclose()
             raise HTTPError(504, f"no token within {limits.request_timeout_s} s", "timeout_error")
@@ -171,9 +168,9 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
             raise _error_of(first.output)
         return events, first
 
-    async def run(one, request: Request, deadline: float) -> list[RequestOutput]:
+    async def run(one, request: Request, deadline: float, reservation: Reservation) -> list[RequestOutput]:
         """One prompt's request to its end: every sample's output, in sample order."""
-        events, first = await start(one, request, deadline)
+        events, first = await start(one, request, deadline, reservation)
         outputs = await collect(events, first, request, deadline, limits.request_timeout_s)
         for output in outputs:
             metrics.record(output)
@@ -184,7 +181,7 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
                 raise HTTPError(503, "the request was aborted (the server is shutting down)", "server_error")
         return outputs
 
-    add_worker_endpoints(app, engine, model_name, check_key, read_body)
+    add_worker_endpoints(app, engine, model_name, check_key, read_body, access.check_admin)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
@@ -194,31 +191,33 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
     async def completions(request: Request) -> Response:
         return await complete(request, parse_completion)
 
-    stored = responses_api.ResponseStore()
+    stored = responses_api.ResponseStore(max_bytes=limits.max_stored_response_bytes)
 
     @app.post("/v1/responses")
     async def create_response(request: Request) -> Response:
         deadline = time.monotonic() + limits.request_timeout_s
-        check_key(request)
+        owner = check_key(request)
         body = await read_body(request)
         try:
-            asked = responses_api.to_chat_body(body, stored)
+            asked = responses_api.to_chat_body(body, stored, owner)
             parsed = parse_chat(asked.chat_body, max_model_len, reads_name)
+            check_prompt_size(parsed.requests, max_prompt_chars, "input")
         except BadRequest as exc:
             raise HTTPError(400, str(exc), "invalid_request_error", exc.param) from exc
         check_model(body)
-        admit(parsed)
+        (reservation,) = admission.admit(parsed.requests)
 
         def store(final: dict, continuation: list) -> None:
             if asked.store and final:
-                stored.put(final["id"], responses_api.StoredResponse(asked.history + continuation, final))
+                conversation = asked.history + continuation
+                stored.put(final["id"], responses_api.StoredResponse(conversation, final, owner))
 
         def finished(sample: RequestOutput, items: list, continuation: list, final: dict) -> None:
             metrics.record(sample)  # (a stream's end: `run` records the others)
             store(final, continuation)
 
         if parsed.stream:
-            events, first = await start(parsed.request, request, deadline)
+            events, first = await start(parsed.request, request, deadline, reservation)
 
             async def next_event():
                 return await next_or_none(events, request, deadline)
@@ -234,7 +233,9 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
                     await events.aclose()
 
             return StreamingResponse(stream(), media_type="text/event-stream")
-        (sample,) = await run(parsed.request, request, deadline)  # (an error or an abort: raised)
+        (sample,) = await run(
+            parsed.request, request, deadline, reservation
+        )  # (an error or an abort: raised)
         items, continuation = responses_api.output_items(
             sample, parsed.tool_plan, responses_api.new_id("msg")
         )
@@ -247,16 +248,14 @@ def build_app(engine: AsyncExecutor, model_name: str, api_key: str | None = None
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, request: Request) -> JSONResponse:
-        check_key(request)
-        found = stored.get(response_id)
+        found = stored.get(response_id, check_key(request))  # (another owner's: as if never stored)
         if found is None:
             raise HTTPError(404, f"no stored response {response_id!r}", "not_found_error", "response_id")
         return JSONResponse(found.body)
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str, request: Request) -> JSONResponse:
-        check_key(request)
-        if not stored.delete(response_id):
+        if not stored.delete(response_id, check_key(request)):
             raise HTTPError(404, f"no stored response {response_id!r}", "not_found_error", "response_id")
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 

@@ -16,7 +16,9 @@ What maps onto what:
   ``structured_outputs`` as chat takes them;
 - ``previous_response_id``: the stored conversation of an earlier response (its input, instructions
   excepted as OpenAI's are, and its output) goes before this input. Responses are stored unless
-  ``store: false``, in memory, for the server's lifetime, the oldest dropped past a bound.
+  ``store: false``, in memory, for the server's lifetime, the oldest dropped past a count and a byte
+  budget (the JSON of what each holds); each belongs to the API key that made it (`limits/access.py`):
+  another key's GET, DELETE or ``previous_response_id`` of it is answered as for an id never stored.
 
 Not supported, refused with a 400 naming the field: built-in tools (web search, file search, ...),
 ``background``, ``conversation``, ``prompt`` templates, reasoning settings and images or files in the input.
@@ -34,12 +36,15 @@ from typing import Any
 
 from ..executor.engine.request import FinishReason, RequestOutput
 from .bad_request import BadRequest
+from .limits.text_bounds import check_user
 from .requests.field_table import RESPONSES
 from .requests.fields import check_fields, check_object
 from .tools import read_calls
 
 #: responses kept for ``previous_response_id`` at most (the oldest are dropped first)
 MAX_STORED_RESPONSES = 1000
+#: the store's budget in bytes of JSON (conversations and bodies); the oldest are dropped past it
+MAX_STORED_BYTES = 256 << 20
 #: Responses fields answered as the chat field of the same meaning (what each does, and what is refused
 #: or ignored on this endpoint: `requests/field_table.py`)
 _PASSED = (
@@ -72,25 +77,45 @@ class StoredResponse:
 
     messages: list[dict]  #: chat messages, instructions excluded
     body: dict  #: the response object, as answered
+    owner: str = ""  #: the identity of the API key that made it ("" on a server without keys)
+    num_bytes: int = 0  #: its JSON's size, counted against the store's budget (set by `ResponseStore.put`)
 
 
 @dataclass
 class ResponseStore:
-    """Stored responses, newest last, at most ``limit``."""
+    """Stored responses, newest last, at most ``limit`` of them and ``max_bytes`` of their JSON (the
+    oldest dropped first; one larger than the whole budget is not kept)."""
 
     limit: int = MAX_STORED_RESPONSES
+    max_bytes: int = MAX_STORED_BYTES
+    num_bytes: int = 0  #: what the stored responses take now
     _items: OrderedDict = field(default_factory=OrderedDict)
 
     def put(self, response_id: str, stored: StoredResponse) -> None:
+        self.delete(response_id, stored.owner)
+        stored.num_bytes = _json_size(stored.messages) + _json_size(stored.body)
+        if stored.num_bytes > self.max_bytes:
+            return
         self._items[response_id] = stored
-        while len(self._items) > self.limit:
-            self._items.popitem(last=False)
+        self.num_bytes += stored.num_bytes
+        while len(self._items) > self.limit or self.num_bytes > self.max_bytes:
+            _, dropped = self._items.popitem(last=False)
+            self.num_bytes -= dropped.num_bytes
 
-    def get(self, response_id: str) -> StoredResponse | None:
-        return self._items.get(response_id)
+    def get(self, response_id: str, owner: str) -> StoredResponse | None:
+        """The stored response when ``owner`` made it; None otherwise, as for an id never stored."""
+        found = self._items.get(response_id)
+        return found if found is not None and found.owner == owner else None
 
-    def delete(self, response_id: str) -> bool:
-        return self._items.pop(response_id, None) is not None
+    def delete(self, response_id: str, owner: str) -> bool:
+        if self.get(response_id, owner) is None:
+            return False
+        self.num_bytes -= self._items.pop(response_id).num_bytes
+        return True
+
+
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False))
 
 
 @dataclass(slots=True)
@@ -103,15 +128,17 @@ class ResponsesRequest:
     store: bool
 
 
-def to_chat_body(body: Any, store: ResponseStore) -> ResponsesRequest:
-    """A Responses body -> the chat body that runs it (BadRequest naming the field when it cannot)."""
+def to_chat_body(body: Any, store: ResponseStore, owner: str = "") -> ResponsesRequest:
+    """A Responses body -> the chat body that runs it (BadRequest naming the field when it cannot);
+    ``owner`` (the caller's key identity) may continue only its own stored responses."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    check_user(body.get("user"))
     check_fields(body, RESPONSES)  # (refused fields raise; the rest are read below by name)
     history: list[dict] = []
     previous = body.get("previous_response_id")
     if previous is not None:
-        stored = store.get(previous) if isinstance(previous, str) else None
+        stored = store.get(previous, owner) if isinstance(previous, str) else None
         if stored is None:
             raise BadRequest(f"previous_response_id {previous!r} is not stored here", "previous_response_id")
         history = list(stored.messages)

@@ -36,13 +36,16 @@ def serve(
     config: ExecutorConfig,
     host: str = "127.0.0.1",
     port: int = 8000,
-    api_key: str | None = None,
+    api_key: str | list[str] | None = None,
     limits: ServerLimits | None = None,
     model_name: str | None = None,
     graceful_shutdown_s: float = 30.0,
+    allow_remote_admin: bool = False,
 ) -> None:
     """Serve until SIGTERM or Ctrl-C (a second one stops at once). The executor steps in this (the main)
-    thread, where torch's CPU kernels run fastest; uvicorn's event loop runs in a thread beside it."""
+    thread, where torch's CPU kernels run fastest; uvicorn's event loop runs in a thread beside it.
+    ``api_key``: one key or several; ``allow_remote_admin``: the admin endpoints answer any client when
+    no key is set (else loopback ones only)."""
     import uvicorn
 
     config.warmup = True
@@ -54,7 +57,7 @@ def serve(
         sock.close()  # (a model that did not load: the port goes at once)
         raise
     name = model_name or served_model_name(config)
-    app = build_app(engine, name, api_key=api_key, limits=limits)
+    app = build_app(engine, name, api_key=api_key, limits=limits, allow_remote_admin=allow_remote_admin)
     server = uvicorn.Server(
         uvicorn.Config(
             app,

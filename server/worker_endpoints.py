@@ -6,7 +6,8 @@ vLLM and SGLang serve them:
 - ``GET /get_model_info`` and ``GET /get_server_info``, SGLang's (sglang-router 0.3 calls them
   ``/model_info`` and ``/server_info`` when a worker joins: both names answer): what is served, and how;
 - ``POST /flush_cache`` (SGLang) and ``POST /reset_prefix_cache`` (vLLM): drop the prefix cache's pages
-  that no request holds.
+  that no request holds. They change the server's state, so they answer as admin endpoints do
+  (`limits/access.py`): with the API key where one is set, else from loopback clients only.
 
 A router health-checks ``GET /health`` (`app.py`), which answers 503 while the server drains.
 """
@@ -23,9 +24,10 @@ from ..executor.engine.inputs import tokenize_prompt
 from .bad_request import BadRequest
 
 
-def add_worker_endpoints(app: FastAPI, engine, model_name: str, check_key, read_body) -> None:
-    """Register the endpoints on ``app``; ``check_key(request)`` enforces the API key and
-    ``read_body(request)`` returns the JSON object (both raise the app's HTTP errors)."""
+def add_worker_endpoints(app: FastAPI, engine, model_name: str, check_key, read_body, check_admin) -> None:
+    """Register the endpoints on ``app``; ``check_key(request)`` enforces the API key,
+    ``check_admin(request)`` the admin endpoints' rule and ``read_body(request)`` returns the JSON
+    object (all raise the app's HTTP errors)."""
     executor = engine.executor
     tokenizer = executor.tokenizer
     max_model_len = executor.core.max_model_len
@@ -36,7 +38,7 @@ def add_worker_endpoints(app: FastAPI, engine, model_name: str, check_key, read_
         check_key(request)
         body = await read_body(request)
         prompt = _prompt_of(body)
-        ids = tokenize_prompt(prompt, tokenizer, vocab_size)
+        ids = await asyncio.to_thread(tokenize_prompt, prompt, tokenizer, vocab_size)  # (off the event loop)
         return JSONResponse({"count": len(ids), "max_model_len": max_model_len, "tokens": ids})
 
     @app.post("/detokenize")
@@ -46,7 +48,7 @@ def add_worker_endpoints(app: FastAPI, engine, model_name: str, check_key, read_
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(_is_id(t, vocab_size) for t in tokens):
             raise BadRequest(f"tokens must be a list of token ids in 0..{vocab_size - 1}", "tokens")
-        return JSONResponse({"prompt": tokenizer.decode(tokens)})
+        return JSONResponse({"prompt": await asyncio.to_thread(tokenizer.decode, tokens)})
 
     @app.get("/get_model_info")
     @app.get("/model_info")
@@ -90,7 +92,7 @@ def add_worker_endpoints(app: FastAPI, engine, model_name: str, check_key, read_
         )
 
     async def flush(request: Request) -> PlainTextResponse:
-        check_key(request)
+        check_admin(request)
         dropped = await asyncio.to_thread(executor.reset_prefix_cache)
         return PlainTextResponse(f"Cache flushed: {dropped} cached pages dropped.\n")
 

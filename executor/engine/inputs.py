@@ -27,7 +27,9 @@ def check_cache_salt(cache_salt: Any) -> str | None:
     if cache_salt is None or (isinstance(cache_salt, str) and 1 <= len(cache_salt) <= MAX_CACHE_SALT_CHARS):
         return cache_salt
     shown = type(cache_salt).__name__ if not isinstance(cache_salt, str) else f"{len(cache_salt)} characters"
-    raise InvalidRequestError(f"cache_salt must be a string of 1..{MAX_CACHE_SALT_CHARS} characters, got {shown}")
+    raise InvalidRequestError(
+        f"cache_salt must be a string of 1..{MAX_CACHE_SALT_CHARS} characters, got {shown}"
+    )
 
 
 def _check_messages(messages: Sequence[Any]) -> None:
