@@ -84,12 +84,38 @@ def test_a_static_default_is_looked_up_by_the_loaded_level_and_case(monkeypatch)
         pytest.fail("this test needs an x86-64-v3 CPU or richer (every machine here is one)")
     case = static_defaults.case_name(dtype=torch.float32, cpp=True)
     assert case == "cpp=True|dtype=torch.float32"
-    table = {variant.name: ("measured here", {"attention-paths": {case: {"decode_single@256": "sdpa"}}})}
+    level = static_defaults.static_level()
+    table = {
+        level: {
+            "source": "measured here",
+            "kinds": {"attention-paths": {case: {"decode_single@256": "sdpa"}}},
+        }
+    }
     monkeypatch.setattr(static_defaults, "STATIC_DEFAULTS", table)
     answer = static_defaults.static_default("attention-paths", case)
-    assert answer["decode_single@256"] == "sdpa" and variant.name in answer[STATIC_FIELD]
+    assert answer["decode_single@256"] == "sdpa" and level in answer[STATIC_FIELD]
     assert static_defaults.static_default("attention-paths", "dtype=torch.float64") is None
     assert static_defaults.static_default("dtype-choice", case) is None
+
+
+def test_an_amx_level_without_an_entry_of_its_own_takes_its_avx512_levels(monkeypatch):
+    monkeypatch.setattr(static_defaults, "static_level", lambda: "avx512_bf16+amx")
+    entry = {"source": "measured on one", "kinds": {"dtype-choice": {"c": {"bf16_ratio": 0.5}}}}
+    monkeypatch.setattr(static_defaults, "STATIC_DEFAULTS", {"avx512_bf16": entry})
+    assert "for avx512_bf16 (" in static_defaults.static_default("dtype-choice", "c")[STATIC_FIELD]
+    amx = {"source": "measured on an AMX one", "kinds": {"dtype-choice": {"c": {"bf16_ratio": 0.9}}}}
+    monkeypatch.setattr(static_defaults, "STATIC_DEFAULTS", {"avx512_bf16": entry, "avx512_bf16+amx": amx})
+    assert static_defaults.static_default("dtype-choice", "c")["bf16_ratio"] == 0.9
+
+
+def test_the_level_has_amx_only_where_onednn_may_use_it(monkeypatch):
+    monkeypatch.setattr(static_defaults, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16"}))
+    variant = installed_variant()
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    expected = f"{variant.name}+amx" if variant.name.startswith("avx512") else variant.name
+    assert static_defaults.static_level() == expected
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    assert static_defaults.static_level() == variant.name
 
 
 def test_every_shipped_static_default_reads_as_its_kinds_measurement():
@@ -103,7 +129,8 @@ def test_every_shipped_static_default_reads_as_its_kinds_measurement():
         "forward-cost": ("num_tokens", "seconds"),
     }
     assert static_defaults.STATIC_DEFAULTS, "no level has static defaults"
-    for level, (source, kinds) in static_defaults.STATIC_DEFAULTS.items():
+    for level, entry in static_defaults.STATIC_DEFAULTS.items():
+        source, kinds = entry["source"], entry["kinds"]
         assert source and set(kinds) <= set(needs), level
         for kind, cases in kinds.items():
             for case, answer in cases.items():
@@ -122,7 +149,7 @@ def test_a_start_past_its_budget_runs_on_static_defaults_and_says_so_once(tmp_pa
         for name in ("decode_single", "decode_batched", "verify_single", "verify_batched")
         for context in (256, 2048)
     }
-    table = {variant.name: ("measured here", {"attention-paths": {case: paths}})}
+    table = {variant.name: {"source": "measured here", "kinds": {"attention-paths": {case: paths}}}}
     monkeypatch.setattr(static_defaults, "STATIC_DEFAULTS", table)
     monkeypatch.setattr(budget, "machine_is_busy", lambda: True)
     config = make_config(dtype="float32", cache_dir=str(tmp_path), speculative_config=None)

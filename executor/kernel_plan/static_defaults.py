@@ -1,197 +1,61 @@
 """What a start takes for a choice it does not measure (the CPUs busy, or its measuring budget spent:
 `measurement/budget.py`) when nothing is stored for this machine: per ISA level of the C++ kernels
 (`layers/kernel_build/isa_variants.py`, the one this run loads), the answers measured for SmolLM2-135M-Instruct on a CPU of
-that level, written out by `bench/reports/2026-12-02-static-defaults/measure.py` (run it on a quiet machine of the level to
-rewrite its entry). Each answer has the measured format of its kind, marked with `STATIC_FIELD`, so
+that level, written out by `bench/reports/2026-12-02-static-defaults/measure.py` into `static_defaults.json`
+(run it on a quiet machine of the level to rewrite its entry). Each answer has the measured format of its kind, marked with `STATIC_FIELD`, so
 the choice reads it as it reads a measurement; nothing static is ever stored, so the next quiet start
 (or `specexec tune`) measures the machine itself.
 
-A level with no entry (AVX-512 without BF16: no such CPU has been drawn here), or a case no entry
+Entries: ``avx512_bf16`` (a Zen 5 EPYC), ``avx512_bf16+amx`` (a Sapphire Rapids Xeon: oneDNN's bfloat16
+runs on its AMX tiles) and ``avx2``, an estimate (the AVX2 builds and ISA limits on that Xeon: no
+AVX2-only CPU has been drawn here). A level with no entry (AVX-512 without BF16), or a case no entry
 holds (another dtype, a quantization not measured), is measured as before, whatever the CPUs do.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
+from ..layers.cpu_info import cpu_flags
 from ..layers.cpu_kernels import installed_variant
 from .measurement.store import STATIC_FIELD
 
-#: level -> (where its figures come from, {kind: {case: the answer in that kind's measured format}})
-STATIC_DEFAULTS: dict[str, tuple[str, dict[str, dict[str, dict]]]] = {'avx512_bf16': ('SmolLM2-135M-Instruct on AMD EPYC (avx2, avx512f, avx512_vnni, avx512_bf16), 2 threads, '
-                 '2026-12-02',
-                 {'attention-paths': {'cpp=True|dtype=torch.bfloat16': {'decode_batched@2048': 'paged_cpu',
-                                                                        'decode_batched@256': 'paged_cpu',
-                                                                        'decode_single@2048': 'paged_cpu',
-                                                                        'decode_single@256': 'paged_cpu',
-                                                                        'verify_batched@2048': 'paged_cpu',
-                                                                        'verify_batched@256': 'paged_cpu',
-                                                                        'verify_single@2048': 'paged_cpu',
-                                                                        'verify_single@256': 'paged_cpu'},
-                                      'cpp=True|dtype=torch.float32': {'decode_batched@2048': 'paged_cpu',
-                                                                       'decode_batched@256': 'paged_cpu',
-                                                                       'decode_single@2048': 'paged_cpu',
-                                                                       'decode_single@256': 'paged_cpu',
-                                                                       'verify_batched@2048': 'paged_cpu',
-                                                                       'verify_batched@256': 'paged_cpu',
-                                                                       'verify_single@2048': 'paged_cpu',
-                                                                       'verify_single@256': 'paged_cpu'}},
-                  'dtype-choice': {'int8_dot=False|quantization=None': {'bf16_ratio': 0.392,
-                                                                        'bf16_turns': [0.413, 0.392, 0.392,
-                                                                                       0.358, 0.388]},
-                                   'int8_dot=True|quantization=gguf': {'bf16_ratio': 0.912,
-                                                                       'bf16_turns': [0.933, 0.974, 0.817,
-                                                                                      0.912, 0.85]}},
-                  'forward-cost': {'batch_sizes=(1, 2, 4, 8, 16)|codes=False|dtype=torch.bfloat16|sizes=(1, 2, 3, 4, 8, 16, 32, 64)': {'batch_seconds': [0.963,
-                                                                                                                                                         1.171,
-                                                                                                                                                         1.355,
-                                                                                                                                                         1.848,
-                                                                                                                                                         2.761],
-                                                                                                                                       'batch_sizes': [1,
-                                                                                                                                                       2,
-                                                                                                                                                       4,
-                                                                                                                                                       8,
-                                                                                                                                                       16],
-                                                                                                                                       'num_tokens': [1,
-                                                                                                                                                      2,
-                                                                                                                                                      3,
-                                                                                                                                                      4,
-                                                                                                                                                      8,
-                                                                                                                                                      16,
-                                                                                                                                                      32,
-                                                                                                                                                      64],
-                                                                                                                                       'seconds': [1.0,
-                                                                                                                                                   0.986,
-                                                                                                                                                   0.999,
-                                                                                                                                                   0.901,
-                                                                                                                                                   1.078,
-                                                                                                                                                   1.247,
-                                                                                                                                                   1.823,
-                                                                                                                                                   2.97]},
-                                   'batch_sizes=(1, 2, 4, 8, 16)|codes=False|dtype=torch.float32|sizes=(1, 2, 3, 4, 8, 16, 32, 64)': {'batch_seconds': [0.842,
-                                                                                                                                                        1.13,
-                                                                                                                                                        1.323,
-                                                                                                                                                        1.976,
-                                                                                                                                                        2.942],
-                                                                                                                                      'batch_sizes': [1,
-                                                                                                                                                      2,
-                                                                                                                                                      4,
-                                                                                                                                                      8,
-                                                                                                                                                      16],
-                                                                                                                                      'num_tokens': [1,
-                                                                                                                                                     2,
-                                                                                                                                                     3,
-                                                                                                                                                     4,
-                                                                                                                                                     8,
-                                                                                                                                                     16,
-                                                                                                                                                     32,
-                                                                                                                                                     64],
-                                                                                                                                      'seconds': [1.0,
-                                                                                                                                                  1.048,
-                                                                                                                                                  0.965,
-                                                                                                                                                  0.989,
-                                                                                                                                                  1.064,
-                                                                                                                                                  1.232,
-                                                                                                                                                  1.715,
-                                                                                                                                                  2.988]},
-                                   'batch_sizes=(1, 2, 4, 8, 16)|codes=True|dtype=torch.bfloat16|sizes=(1, 2, 3, 4, 8, 16, 32, 64)': {'batch_seconds': [0.759,
-                                                                                                                                                        1.301,
-                                                                                                                                                        1.959,
-                                                                                                                                                        3.504,
-                                                                                                                                                        5.53],
-                                                                                                                                      'batch_sizes': [1,
-                                                                                                                                                      2,
-                                                                                                                                                      4,
-                                                                                                                                                      8,
-                                                                                                                                                      16],
-                                                                                                                                      'num_tokens': [1,
-                                                                                                                                                     2,
-                                                                                                                                                     3,
-                                                                                                                                                     4,
-                                                                                                                                                     8,
-                                                                                                                                                     16,
-                                                                                                                                                     32,
-                                                                                                                                                     64],
-                                                                                                                                      'seconds': [1.0,
-                                                                                                                                                  1.044,
-                                                                                                                                                  1.115,
-                                                                                                                                                  1.392,
-                                                                                                                                                  2.291,
-                                                                                                                                                  3.077,
-                                                                                                                                                  4.758,
-                                                                                                                                                  7.505]},
-                                   'batch_sizes=(1, 2, 4, 8, 16)|codes=True|dtype=torch.float32|sizes=(1, 2, 3, 4, 8, 16, 32, 64)': {'batch_seconds': [0.8,
-                                                                                                                                                       1.637,
-                                                                                                                                                       2.546,
-                                                                                                                                                       4.342,
-                                                                                                                                                       25.256],
-                                                                                                                                     'batch_sizes': [1,
-                                                                                                                                                     2,
-                                                                                                                                                     4,
-                                                                                                                                                     8,
-                                                                                                                                                     16],
-                                                                                                                                     'num_tokens': [1,
-                                                                                                                                                    2,
-                                                                                                                                                    3,
-                                                                                                                                                    4,
-                                                                                                                                                    8,
-                                                                                                                                                    16,
-                                                                                                                                                    32,
-                                                                                                                                                    64],
-                                                                                                                                     'seconds': [1.0,
-                                                                                                                                                 1.205,
-                                                                                                                                                 1.431,
-                                                                                                                                                 1.51,
-                                                                                                                                                 2.307,
-                                                                                                                                                 2.54,
-                                                                                                                                                 4.454,
-                                                                                                                                                 7.972]}},
-                  'linear-backend': {'dtype=torch.bfloat16|quantization=None': {'onednn_ratios': {1: 0.697,
-                                                                                                  2: 0.827,
-                                                                                                  3: 0.756,
-                                                                                                  4: 0.694,
-                                                                                                  6: 0.679,
-                                                                                                  8: 0.657,
-                                                                                                  12: 0.699,
-                                                                                                  16: 0.777,
-                                                                                                  24: 0.759,
-                                                                                                  32: 0.812,
-                                                                                                  64: 0.88,
-                                                                                                  128: 0.966}},
-                                     'dtype=torch.float32|quantization=None': {'onednn_ratios': {1: 0.566,
-                                                                                                 2: 0.373,
-                                                                                                 3: 0.283,
-                                                                                                 4: 0.394,
-                                                                                                 6: 0.385,
-                                                                                                 8: 0.519,
-                                                                                                 12: 0.483,
-                                                                                                 16: 0.478,
-                                                                                                 24: 0.463,
-                                                                                                 32: 0.449,
-                                                                                                 64: 0.486,
-                                                                                                 128: 0.482}}},
-                  'linear-backend-mkl': {'against=blas|dtype=torch.float32|quantization=None|rows=9': {'mkl_ratio': 0.981},
-                                         'against=onednn|dtype=torch.float32|quantization=None|rows=9': {'mkl_ratio': 3.197}},
-                  'quantized-kernel': {'dtype=torch.bfloat16|scheme=int4': {'ratios': {1: 0.822,
-                                                                                       2: 0.745,
-                                                                                       4: 0.764,
-                                                                                       8: 0.93,
-                                                                                       16: 0.795,
-                                                                                       32: 0.679,
-                                                                                       64: 0.621,
-                                                                                       128: 0.449,
-                                                                                       512: 1.02}},
-                                       'dtype=torch.float32|scheme=int4': {'ratios': {1: 0.031}}}})}  # fmt: skip
+#: level -> {"source": where its figures come from, "kinds": {kind: {case: the answer in that kind's
+#: measured format, as the store holds it (JSON: integer keys as strings)}}}
+STATIC_DEFAULTS: dict[str, dict] = json.loads((Path(__file__).parent / "static_defaults.json").read_text())
+
+
+def static_level() -> str | None:
+    """This run's level: its C++ kernels' ISA variant (``SPECEXEC_CPU_MARCH=x86-64-v3``: the AVX2 level
+    on a richer CPU), with ``+amx`` on an AVX-512 level whose CPU has AMX tiles that oneDNN may use (its
+    bfloat16 GEMMs run on them: the dense figures differ from an AVX-512 CPU without), or None."""
+    variant = installed_variant()
+    if variant is None:
+        return None
+    limit = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    if variant.name.startswith("avx512") and "amx_bf16" in cpu_flags() and (not limit or "AMX" in limit):
+        return f"{variant.name}+amx"
+    return variant.name
 
 
 def static_default(kind: str, case: str) -> dict | None:
-    """This CPU's level's answer for ``kind`` in ``case`` (see `case_name`), or None."""
-    variant = installed_variant()  # (SPECEXEC_CPU_MARCH=x86-64-v3: the AVX2 level on a richer CPU)
-    if variant is None or variant.name not in STATIC_DEFAULTS:
+    """This CPU's level's answer for ``kind`` in ``case`` (see `case_name`), or None. A level with AMX
+    and no entry of its own takes its AVX-512 level's."""
+    level = static_level()
+    if level is None:
         return None
-    source, kinds = STATIC_DEFAULTS[variant.name]
+    if level not in STATIC_DEFAULTS:
+        level = level.removesuffix("+amx")
+    if level not in STATIC_DEFAULTS:
+        return None
+    entry = STATIC_DEFAULTS[level]
+    source, kinds = entry["source"], entry["kinds"]
     answer = kinds.get(kind, {}).get(case)
     if answer is None:
         return None
-    return {**answer, STATIC_FIELD: f"the static default for {variant.name} ({source})"}
+    return {**answer, STATIC_FIELD: f"the static default for {level} ({source})"}
 
 
 def case_name(**context) -> str:

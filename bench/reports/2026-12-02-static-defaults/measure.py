@@ -16,7 +16,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.engine.scratch_forward import scratch_decode, scratch_forward
 from specexec.executor.executor import Executor
@@ -30,10 +29,10 @@ from specexec.executor.kernel_plan.forward_cost import (
 )
 from specexec.executor.kernel_plan.measurement.journal import remeasuring
 from specexec.executor.kernel_plan.quantized_kernel import SCHEMES, measure_ratios, quantized_layers
-from specexec.executor.kernel_plan.static_defaults import case_name
+from specexec.executor.kernel_plan.static_defaults import case_name, static_level
 from specexec.executor.layers.cpu_info import describe_cpu
-from specexec.executor.layers.cpu_kernels import cpu_kernels, installed_variant
-from specexec.executor.layers.packed_linear import can_pack_mkl
+from specexec.executor.layers.cpu_kernels import cpu_kernels
+from specexec.executor.layers.packed_linear import can_pack, can_pack_mkl
 from specexec.executor.model.model_peek import peek_text_config
 
 VERIFY_ROWS = 9  #: 1 + the auto drafter's 8 drafts: the MKL case a start measures
@@ -66,10 +65,11 @@ def dense_entries(shape: ModelShape, config: dict) -> dict[str, dict]:
         kinds["attention-paths"][case_name(dtype=dtype, cpp=cpu_kernels() is not None)] = {
             name: path for name, path in paths.items() if not name.endswith("_seconds")
         }
-        ratios = measure_onednn_ratios(shape, dtype, None)
-        kinds["linear-backend"][case_name(dtype=dtype, quantization=None)] = {
-            "onednn_ratios": {n: round(r, 3) for n, r in ratios.items()}
-        }
+        if can_pack(dtype):  # (as a start asks: oneDNN packs no bfloat16 on an AVX2 CPU)
+            ratios = measure_onednn_ratios(shape, dtype, None)
+            kinds["linear-backend"][case_name(dtype=dtype, quantization=None)] = {
+                "onednn_ratios": {n: round(r, 3) for n, r in ratios.items()}
+            }
         for other in ("blas", "onednn") if can_pack_mkl(dtype) else ():
             ratio = measure_mkl_ratio(shape, dtype, VERIFY_ROWS, other, None)
             case = case_name(dtype=dtype, quantization=None, rows=VERIFY_ROWS, against=other)
@@ -130,9 +130,9 @@ def main() -> None:
         ):
             for kind, cases in executor_entries(gguf, dtype, quantization).items():
                 kinds.setdefault(kind, {}).update(cases)
-    variant = installed_variant()
+    level = static_level()  # (the variant, with +amx where oneDNN may use AMX tiles)
     source = f"SmolLM2-135M-Instruct on {describe_cpu()}, 2 threads, {datetime.date.today()}"
-    print(f"{variant.name if variant else None!r}: (")
+    print(f"{level!r}: (")
     print(f"    {source!r},")
     print(pprint.pformat(kinds, width=100, sort_dicts=True))
     print("),")
