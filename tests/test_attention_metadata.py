@@ -215,8 +215,8 @@ def test_kernel_choice_is_measured_once_per_machine_and_cached(tmp_path, monkeyp
 
 
 def test_without_the_cpp_kernel_the_choice_is_between_the_torch_kernels(tmp_path, monkeypatch):
-    from specexec.executor.layers import cpu_kernels as kernels_module
     from specexec.executor.kernel_plan import attention_path as paths_module
+    from specexec.executor.layers import cpu_kernels as kernels_module
 
     monkeypatch.setattr(paths_module, "CONTEXTS", (16, 64))  # tiny timings
     monkeypatch.setenv(kernels_module.SWITCH, "0")

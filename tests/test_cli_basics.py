@@ -96,11 +96,10 @@ def test_a_cached_conversion_loads_quietly_and_the_cli_says_where_it_lies(tmp_pa
     import logging
 
     import torch
+    from gguf_files import write_gguf
     from specexec.cli import _show_loading
     from specexec.executor.model import model_loader
     from tiny_models import make_tiny_model, make_tiny_tokenizer
-
-    from gguf_files import write_gguf
 
     fake = tmp_path / "tiny.gguf"  # a real header (the caches are keyed by it); its conversion is faked
     write_gguf(fake, "llama3")

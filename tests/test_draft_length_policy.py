@@ -322,9 +322,7 @@ def test_measure_times_the_decode_batches_too(fake_forward):
         fake_forward.calls.append(("batch", b))
         fake_forward.clock += 0.05 + 0.01 * b
 
-    model = measure_forward_cost(
-        fake_forward, sizes=(1, 8), decode_batch=decode_batch, batch_sizes=(1, 4)
-    )
+    model = measure_forward_cost(fake_forward, sizes=(1, 8), decode_batch=decode_batch, batch_sizes=(1, 4))
     assert model.batch_sizes == [1, 4] and model.batch_seconds == pytest.approx([0.06, 0.09])
     assert fake_forward.calls[-8:] == [("batch", 1)] * 4 + [("batch", 4)] * 4
 
@@ -525,13 +523,9 @@ def test_a_cached_curve_without_the_decode_batches_asked_for_is_measured_again(t
     def decode_batch(b):
         fake_forward.clock += 0.05 * b
 
-    model = stored_forward_cost(
-        "k", fake_forward, tmp_path, decode_batch=decode_batch, batch_sizes=(1, 2)
-    )
+    model = stored_forward_cost("k", fake_forward, tmp_path, decode_batch=decode_batch, batch_sizes=(1, 2))
     assert model.batch_sizes == [1, 2] and model.batch_seconds == pytest.approx([0.05, 0.1])
-    again = stored_forward_cost(
-        "k", fake_forward, tmp_path, decode_batch=decode_batch, batch_sizes=(1, 2)
-    )
+    again = stored_forward_cost("k", fake_forward, tmp_path, decode_batch=decode_batch, batch_sizes=(1, 2))
     assert again == model, "read back from the cache"
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from specexec.server.requests import fields
 from specexec.server.protocol import BadRequest, parse_chat, parse_completion
+from specexec.server.requests import fields
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 #: what sglang-router 0.3.2 forwarded for a chat request sent as {messages, max_tokens: 8, temperature:

@@ -478,7 +478,9 @@ def test_auto_measures_each_scheme_once_and_caches_it(tmp_path, monkeypatch):
 def test_the_real_measurement_times_both_kernels_at_each_count():
     model = quantized_tiny()
     layers = quantized_kernel.quantized_layers(model)
-    ratios = quantized_kernel.measure_ratios([m for m in layers if m.scheme == "int4"], torch.float32, repeats=1)
+    ratios = quantized_kernel.measure_ratios(
+        [m for m in layers if m.scheme == "int4"], torch.float32, repeats=1
+    )
     assert set(ratios) <= set(quantized_kernel.MEASURED_ROWS) and 1 in ratios
     assert all(r > 0 for r in ratios.values())
 

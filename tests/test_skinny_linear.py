@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from specexec import Executor, ExecutorConfig, Request, SamplingParams
-from specexec.executor.layers import skinny_linear
 from specexec.executor.kernel_plan.skinny_gemm import choose_skinny_kernels
+from specexec.executor.layers import skinny_linear
 from specexec.executor.layers.skinny_linear import SkinnyLinear, project_normed
 from tiny_models import make_prompts, make_tiny_model
 
