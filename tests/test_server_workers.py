@@ -15,6 +15,19 @@ from test_server import MESSAGES, NGRAM, served, wait_until_idle
 from test_speculative_identity import assert_all_pages_free
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def answer_ok(scope, receive, send) -> None:
+    """An ASGI app answering every HTTP request 200 ``ok``: the real server's place in the port tests."""
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
 def samples_of(text: str) -> dict[str, list]:
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
@@ -114,9 +127,7 @@ def test_draining_refuses_new_requests_and_finishes_those_in_flight():
 
 
 def test_the_port_answers_503_loading_while_the_model_loads():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with answering_loading("127.0.0.1", port):
         for path in ("/health", "/v1/models", "/v1/chat/completions"):
             answer = httpx.get(f"http://127.0.0.1:{port}{path}")
@@ -129,9 +140,7 @@ def test_the_port_answers_503_loading_while_the_model_loads():
 def test_a_routers_grpc_probe_of_a_loading_replica_is_told_http1_and_nothing_is_logged(caplog):
     """sglang-router probes a worker whose /health is not 2xx with gRPC on the same port: an HTTP/2
     preface, which uvicorn logged as an invalid HTTP request on every retry."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with (
         answering_loading("127.0.0.1", port),
         socket.create_connection(("127.0.0.1", port), timeout=5) as probe,
@@ -157,16 +166,9 @@ def test_the_real_server_tells_an_http2_probe_to_use_http1_too(caplog):
     import uvicorn
     from specexec.server.listener import Http1Protocol
 
-    async def app(scope, receive, send):
-        if scope["type"] == "http":
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            await send({"type": "http.response.body", "body": b"ok"})
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(app, port=port, lifespan="off", http=Http1Protocol, log_level="warning")
+        uvicorn.Config(answer_ok, port=port, lifespan="off", http=Http1Protocol, log_level="warning")
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -196,14 +198,7 @@ def test_no_connection_is_refused_while_the_loading_answer_hands_the_port_to_the
     import uvicorn
     from specexec.server.listener import Http1Protocol, listening_socket
 
-    async def app(scope, receive, send):
-        if scope["type"] == "http":
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            await send({"type": "http.response.body", "body": b"ok"})
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     sock = listening_socket("127.0.0.1", port)
     statuses: list[bytes] = []
     failures: list[BaseException] = []
@@ -219,7 +214,9 @@ def test_no_connection_is_refused_while_the_loading_answer_hands_the_port_to_the
                 failures.append(exc)
 
     probes = [threading.Thread(target=probe, daemon=True) for _ in range(2)]
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", http=Http1Protocol, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(answer_ok, lifespan="off", http=Http1Protocol, log_level="warning")
+    )
     serving = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     try:
         with answering_loading("127.0.0.1", port, sock):
