@@ -22,7 +22,7 @@ import sys
 
 from ..executor.layers.cpu_info import describe_cpu
 
-PROMPTS = [  # tests/test_smollm2_end_to_end.py
+PROMPTS = [  # tests/executor/test_smollm2_end_to_end.py
     "What is the capital of France?",
     "Explain photosynthesis in one paragraph.",
     "Write a haiku about the sea.",

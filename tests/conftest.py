@@ -1,13 +1,17 @@
-"""Lets the test modules import the `tiny_models` helper next to them."""
+"""Lets the test modules import the shared helpers (`tiny_models`, ...) in tests/."""
 
 import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-_TESTS = str(Path(__file__).resolve().parent)
-if _TESTS not in sys.path:
-    sys.path.insert(0, _TESTS)
+_TESTS = Path(__file__).resolve().parent
+# The helpers (tiny_models, ...) sit in tests/; the folders below mirror the code. Some test modules still
+# import a neighbour's helpers by module name (`from test_speculative_identity import make_config`), so
+# every folder is on the path until those helpers move to one factories module.
+for _folder in [_TESTS, *sorted(p for p in _TESTS.iterdir() if p.is_dir() and p.name != "data")]:
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

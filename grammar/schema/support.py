@@ -2,7 +2,7 @@
 
 Measured with ``xgr.Grammar.from_json_schema(text, strict_mode=True)`` and
 ``xgrammar.testing._is_grammar_accept_string``: for every keyword below there is an instance that
-xgrammar accepts and jsonschema rejects (tests/test_schema_support.py holds each one).
+xgrammar accepts and jsonschema rejects (tests/grammar/test_schema_support.py holds each one).
 
 How xgrammar reads one schema object: it takes the first of ``$ref``, ``const``, ``enum``, ``anyOf``,
 ``oneOf``, ``allOf`` (in that order) and ignores every other assertion next to it. Without any of them it

@@ -23,8 +23,8 @@ python3 -c "import torch, transformers, xgrammar; print(torch.__version__, trans
 echo "setup done at $((SECONDS-T0)) s"
 
 # phase 1: the tests beside the feature rebuild; the graphs benchmark once the tests are done
-(timeout 200 python3 -m pytest -p no:cacheprovider -q -m gpu tests/test_cuda_executor.py tests/test_mask_kernels.py \
-  tests/test_quantization.py tests/test_eagle3_training.py -rf --durations=10 > $OUT/tests.log 2>&1; echo "tests rc=$? at $((SECONDS-T0)) s" >> $OUT/tests.log) &
+(timeout 200 python3 -m pytest -p no:cacheprovider -q -m gpu tests/executor/test_cuda_executor.py tests/kernels/test_mask_kernels.py \
+  tests/model/test_quantization.py tests/drafters/test_eagle3_training.py -rf --durations=10 > $OUT/tests.log 2>&1; echo "tests rc=$? at $((SECONDS-T0)) s" >> $OUT/tests.log) &
 TESTS=$!
 (timeout 290 python3 -m specexec train-eagle3 --output /tmp/c --device cuda --corpus-only --corpus-minutes 4.3 \
   --num-prompts 0 --self-instruct 0 --pool-minutes 0 --max-minutes 5 2>&1 | tr '\r' '\n' | awk '!/^target answers/ || NR % 400 == 0') &

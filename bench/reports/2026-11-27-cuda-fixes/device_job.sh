@@ -8,8 +8,8 @@ export PYTHONPATH=/tmp/site SPECEXEC_CACHE_DIR=$PWD/.dev/cache
 nvidia-smi -L
 python3 -c "import torch, transformers, xgrammar, cupy; print(torch.__version__, transformers.__version__, cupy.__version__, torch.cuda.get_device_name())" || exit 5
 echo "setup done at $((SECONDS-T0)) s"
-timeout ${TESTS_S:-300} python3 -m pytest -p no:cacheprovider -q -m gpu tests/test_cuda_executor.py tests/test_mask_kernels.py \
-  tests/test_quantization.py tests/test_eagle3_training.py -rfE --tb=long --durations=8 ${PYARGS} > $OUT/tests.log 2>&1
+timeout ${TESTS_S:-300} python3 -m pytest -p no:cacheprovider -q -m gpu tests/executor/test_cuda_executor.py tests/kernels/test_mask_kernels.py \
+  tests/model/test_quantization.py tests/drafters/test_eagle3_training.py -rfE --tb=long --durations=8 ${PYARGS} > $OUT/tests.log 2>&1
 echo "tests rc=$? at $((SECONDS-T0)) s"; tail -25 $OUT/tests.log
 if [ -n "$BENCH" ]; then
 timeout 120 python3 -m specexec.bench.graph_bench --models tiny --drafters none,ngram,eagle3 --batches 1,8 \

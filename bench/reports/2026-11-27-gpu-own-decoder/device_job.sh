@@ -39,6 +39,6 @@ echo "replay llama8b rc=$? at $((SECONDS-T0)) s"; grep -E "^(==|step)" $OUT/repl
 
 # 4. every gpu-marked test, now on the own decoder (model_impl: auto)
 LEFT=$(( 575 - (SECONDS-T0) ))
-timeout $LEFT python3 -m pytest -p no:cacheprovider -v -m gpu tests/test_cuda_executor.py tests/test_mask_kernels.py \
-  tests/test_quantization.py tests/test_eagle3_training.py -rfE --tb=short --durations=5 > $OUT/tests.log 2>&1
+timeout $LEFT python3 -m pytest -p no:cacheprovider -v -m gpu tests/executor/test_cuda_executor.py tests/kernels/test_mask_kernels.py \
+  tests/model/test_quantization.py tests/drafters/test_eagle3_training.py -rfE --tb=short --durations=5 > $OUT/tests.log 2>&1
 echo "tests rc=$? at $((SECONDS-T0)) s"; grep -E "passed|failed|FAILED|ERROR" $OUT/tests.log | tail -25

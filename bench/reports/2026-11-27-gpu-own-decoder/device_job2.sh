@@ -18,8 +18,8 @@ python3 -c "import triton, torch; print('triton', triton.__version__, 'torch', t
 left() { local l=$(( END - (SECONDS-T0) )); echo $(( l < $1 ? l : $1 )); }
 
 # 1. the gpu-marked tests: the new own-decoder and Triton tests first
-timeout $(left 150) python3 -m pytest -p no:cacheprovider -q -m gpu tests/test_cuda_executor.py tests/test_mask_kernels.py \
-  tests/test_quantization.py tests/test_eagle3_training.py -rfE --tb=short --durations=5 > $OUT/tests.log 2>&1
+timeout $(left 150) python3 -m pytest -p no:cacheprovider -q -m gpu tests/executor/test_cuda_executor.py tests/kernels/test_mask_kernels.py \
+  tests/model/test_quantization.py tests/drafters/test_eagle3_training.py -rfE --tb=short --durations=5 > $OUT/tests.log 2>&1
 echo "tests rc=$? at $((SECONDS-T0)) s"; grep -E "passed|failed|^FAILED|^ERROR" $OUT/tests.log | tail -15
 
 # 2. SmolLM2, the own decoder, graphs on: Triton kernels (every drafter) and torch ops (no drafts)

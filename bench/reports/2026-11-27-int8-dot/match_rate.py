@@ -1,6 +1,6 @@
 """How close each kernel and dtype stays to the GGUF's exact model: greedy outputs and top-1 agreement
 against the GGUF dequantized to a dense float32 model (the file's weights exactly, as
-`tests/test_gguf_quantization_smollm2.py` checks; torch's float32 int4 path computes the same products
+`tests/model/test_gguf_quantization_smollm2.py` checks; torch's float32 int4 path computes the same products
 but ~10x slower), on chat prompts.
 
     python bench/reports/2026-11-27-int8-dot/match_rate.py [--num-prompts 20] [--max-tokens 48]

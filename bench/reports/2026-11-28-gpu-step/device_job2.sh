@@ -17,8 +17,8 @@ R=bench/reports/2026-11-28-gpu-step
 left() { local l=$(( 470 - (SECONDS-T0) )); echo $(( l < $1 ? l : $1 )); }
 echo "setup at $((SECONDS-T0)) s"
 # 1. the new kernels' GPU tests, and the own decoder's CUDA tests
-PYTHONPATH=/tmp/site timeout $(left 115) python3 -m pytest -p no:cacheprovider -q -m gpu tests/test_skinny_linear.py \
-  tests/test_triton_kernels.py tests/test_cuda_executor.py -k "skinny or triton or compiled or graph_replay_gives or no_host_sync or own_decoder" \
+PYTHONPATH=/tmp/site timeout $(left 115) python3 -m pytest -p no:cacheprovider -q -m gpu tests/layers/test_skinny_linear.py \
+  tests/layers/test_triton_kernels.py tests/executor/test_cuda_executor.py -k "skinny or triton or compiled or graph_replay_gives or no_host_sync or own_decoder" \
   -rfE --tb=short > $OUT/tests.log 2>&1
 echo "tests rc=$? at $((SECONDS-T0)) s"; grep -E "passed|failed|^FAILED|^ERROR" $OUT/tests.log | tail -12
 # 2. SmolLM2's shapes, no drafts, batch 1 and 8: before, after, before, after

@@ -14,7 +14,7 @@
   took 3.8 ms for SmolLM2's head against 4.75 dense), so without int8_dot SmolLM2's Q8_0 token
   embedding stays dense and the LM head tied to it is run
   - in float32 (and float64): dense, dequantized: `gguf` in float32 is the file's model exactly
-    (`tests/test_gguf_quantization_smollm2.py`); requantized per row, top-1 agreement with the file
+    (`tests/model/test_gguf_quantization_smollm2.py`); requantized per row, top-1 agreement with the file
     fell to 97.9% and 1 of 6 greedy chat outputs stayed the same, so float32 keeps the file's values;
   - in bfloat16 and float16: int8 with one scale per output row, requantized from the file's values,
     so no longer the file's own. A dense bfloat16 head already rounds every weight to 8 significant

@@ -10,7 +10,7 @@ torch's; which one runs a layer is the kernel plan's ``quantized_kernel`` choice
   codes 32), interleaved 8 weight rows to a tile so that one integer dot product serves 8 rows, where
   torch's int4 kernel dequantizes each weight before a float multiply. The one
   extra rounding is the activations' int8 step (a block's dot is off by at most sum(|w|) * scale / 2;
-  `tests/test_quantized_dot.py`). Each row is quantized on its own, so a row's output does not depend on
+  `tests/layers/test_quantized_dot.py`). Each row is quantized on its own, so a row's output does not depend on
   the other rows of the call (a verify step's rows equal the same tokens decoded one at a time). It
   takes prefill chunks too: from 128 rows torch's route dequantizes a layer's weights for one dense
   matmul, which int8_dot beat at 128 and 512 rows (float32: 2-13x; bfloat16: 1.0-3.4x).

@@ -1,7 +1,7 @@
 """A pre-norm layer's whole forward as one C++ op on the CPU (``prenorm_layer``, built from
 `executor/layers/prenorm_layer_cpu.cpp`): the ops `PreNormLayer.forward` calls, in the same order on
 the same tensors, with no Python between them. The output is the Python layer's, bit for bit
-(`tests/test_fused_layer.py`); what it saves is the Python (about 90 us a layer on the 2-core EPYC).
+(`tests/layers/test_fused_layer.py`); what it saves is the Python (about 90 us a layer on the 2-core EPYC).
 
 It runs where every piece of the layer is one of the C++ ops or one kernel call:
 - the step (`FusedStep.of`): on the CPU, in float32, bfloat16 or float16, with the C++ ops loaded, one

@@ -337,7 +337,7 @@ def test_workers_exit_when_the_front_process_is_killed(tmp_path):
         "print(*executor.core.runner.worker_pids(), flush=True)\n"
         "time.sleep(600)\n"
     )
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     front = subprocess.Popen([sys.executable, str(script), tests_dir], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(p) for p in front.stdout.readline().split()]

@@ -7,7 +7,7 @@ import re
 import textwrap
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "specexec"
 NOT_LIBRARY = ("tests", "build", "bench/reports")  #: folders that hold no library modules
 MAX_MODULES_PER_FOLDER = 15

@@ -34,7 +34,7 @@ from specexec.sampling import SamplingParams
 from test_speculative_identity import drafting_every_step
 from tiny_models import make_tiny_model, make_tiny_tokenizer
 
-TESTS_DIR = Path(__file__).resolve().parent
+TESTS_DIR = Path(__file__).resolve().parents[1]
 ECHO_PLUGIN_SRC = TESTS_DIR / "data" / "specexec_echo_plugin"
 BUILTIN_NAMES = ("NGram", "DraftTarget", "UserProvided")
 PROMPT = [9, 10, 11] * 6

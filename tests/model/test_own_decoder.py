@@ -306,7 +306,7 @@ def test_fused_gguf_layers_hold_the_files_codes_exactly_in_float32():
         quantization="gguf",
         model_impl="specexec",
         cpu_linear="blas",
-        quantized_kernel="torch",  # torch's int4 kernel, exact in float32 (int8_dot: tests/test_quantized_dot.py)
+        quantized_kernel="torch",  # torch's int4 kernel, exact in float32 (int8_dot: tests/layers/test_quantized_dot.py)
         num_kv_blocks=16,
         progress=False,
     )

@@ -2,7 +2,7 @@
 
 Evidence is an instance that jsonschema rejects and the compiled grammar accepts; xgrammar's own testing
 helpers need no tokenizer. Run this file as a script to check every JSONSchemaBench split:
-``python tests/test_schema_support.py``.
+``python tests/grammar/test_schema_support.py``.
 """
 
 from __future__ import annotations

@@ -322,6 +322,6 @@ def test_every_mapped_row_has_a_probe():
 
 
 def test_the_docs_print_the_table():
-    docs = (Path(__file__).parents[1] / "docs" / "serving.md").read_text()
+    docs = (Path(__file__).parents[2] / "docs" / "serving.md").read_text()
     printed = docs.split("<!-- fields:start -->\n", 1)[1].split("\n<!-- fields:end -->", 1)[0]
     assert printed == markdown_table(), "docs/serving.md: print markdown_table() between the markers"

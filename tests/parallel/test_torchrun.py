@@ -40,7 +40,7 @@ def torchrun(args: list[str], timeout: float = 240) -> subprocess.CompletedProce
     env = {
         k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     }
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
     command = [*TORCHRUN, "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -111,7 +111,7 @@ def start_by_hand(model_dir: Path, tmp_path: Path, mode: str) -> tuple[list[subp
     script.write_text(FRONT)
     out = tmp_path / "out.json"
     env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
     env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     args = [sys.executable, str(script), str(model_dir), str(tmp_path / "pid"), str(out), mode]
     popen = [

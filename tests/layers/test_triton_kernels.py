@@ -22,7 +22,7 @@ import torch
 import triton  # (xgrammar requires it on Linux x86-64: every install of specexec there has it)
 from specexec.executor.layers.triton_kernels import fused_ops, paged_attention, row_summary, skinny_gemm
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]
 
 
 @pytest.fixture(scope="module")
