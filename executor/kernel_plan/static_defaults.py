@@ -1,8 +1,9 @@
 """What a start takes for a choice it does not measure (the CPUs busy, or its measuring budget spent:
 `measurement/budget.py`) when nothing is stored for this machine: per ISA level of the C++ kernels
 (`layers/kernel_build/isa_variants.py`, the one this run loads), the answers measured for SmolLM2-135M-Instruct on a CPU of
-that level, written out by `bench/reports/2026-12-02-static-defaults/measure.py` into `static_defaults.json`
-(run it on a quiet machine of the level to rewrite its entry). Each answer has the measured format of its kind, marked with `STATIC_FIELD`, so
+that level, written out by that report's `measure.py` into `static_defaults.json` (`bench/reports/2026-12-02-static-defaults/`;
+the script left the tree with the reports' internals, `git show 7cc0815:bench/reports/2026-12-02-static-defaults/measure.py`:
+run it on a quiet machine of the level to rewrite its entry). Each answer has the measured format of its kind, marked with `STATIC_FIELD`, so
 the choice reads it as it reads a measurement; nothing static is ever stored, so the next quiet start
 (or `specexec tune`) measures the machine itself.
 

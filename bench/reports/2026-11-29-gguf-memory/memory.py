@@ -13,8 +13,7 @@ import os
 import sys
 
 import torch
-from specexec import Executor, Request, SamplingParams
-from specexec.executor.config import ExecutorConfig
+from specexec import Executor, ExecutorConfig, Request, SamplingParams
 
 MIB = 2**20
 
