@@ -222,10 +222,6 @@ class StepGraphs:
     def is_captured(self) -> bool:
         return bool(self._replays)
 
-    def replay_of(self, shape: GraphShape) -> Callable[[], Outputs]:
-        """The captured forward of ``shape``, to launch alone (benchmarks time it without the step)."""
-        return self._replays[shape]
-
     def shape_for(self, seqs: list[SequenceInput]) -> GraphShape | None:
         bs = self.inputs.kv_cache.block_size
         shape = self.shapes.pick(
