@@ -1,4 +1,5 @@
 #!/bin/bash
+# The report scripts this runs left the tree (issue 71): their READMEs' Scripts sections name the commits that hold them.
 # The device run of issue 42 (2026-11-27): the own decoder on an H100, timed first, then tested.
 # Staged before it by two short calls on the same warm machine: /tmp/stage/{a,b} (the GGUF in two parts,
 # carried as .stage/a and .stage/b) and /tmp/site (the wheels the image lacks: xgrammar, gguf, jsonschema,

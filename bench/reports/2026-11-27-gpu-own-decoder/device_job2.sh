@@ -1,4 +1,5 @@
 #!/bin/bash
+# The report scripts this runs left the tree (issue 71): their READMEs' Scripts sections name the commits that hold them.
 # The second device run of issue 42 (2026-11-27): the own decoder's Triton kernels on an H100, tested
 # first, then timed against the same decoder on torch ops (SPECEXEC_CUDA_KERNELS=0) in the same run.
 # Staged before it as for device_job.sh: /tmp/stage/{a,b} and /tmp/site (the wheels); carries .stage/pkg.

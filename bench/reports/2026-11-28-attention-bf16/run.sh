@@ -1,4 +1,5 @@
 #!/bin/bash
+# The report scripts this runs left the tree (issue 71): their READMEs' Scripts sections name the commits that hold them.
 # Issue 42, sixth part: the attention kernel and the host work around a step, before (fa66346) and after
 # on the same CPU. Writes its outputs beside itself; takes about 25 minutes on the 2-core EPYC.
 set -u

@@ -1,4 +1,5 @@
 #!/bin/bash
+# The report scripts this runs left the tree (issue 71): their READMEs' Scripts sections name the commits that hold them.
 # After the bfloat16 keys' transpose (the final kernel of this part): the kernel A/B again (run.sh's
 # attention_ab.txt is overwritten with it), one forward before/after, the sampled host share
 # before/after (py-spy), and a third Spec-Bench pair. About 12 minutes.

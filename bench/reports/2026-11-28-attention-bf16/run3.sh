@@ -1,4 +1,5 @@
 #!/bin/bash
+# The report scripts this runs left the tree (issue 71): their READMEs' Scripts sections name the commits that hold them.
 # One forward (decode row, 4-row verify) with the final code against the code before this part, taking
 # turns three times (the host drifts by up to 30% within minutes). About 6 minutes.
 set -u

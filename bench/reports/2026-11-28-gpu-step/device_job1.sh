@@ -1,4 +1,5 @@
 #!/bin/bash
+# The report scripts this runs left the tree (issue 71): their READMEs' Scripts sections name the commits that hold them.
 # The first device run of this part (2026-11-28): where a batch-1 step's host time goes, and cuBLAS
 # against the skinny-GEMM kernel's configs for the decode projections. Carries .whl (the wheels the
 # image lacks) and .stage/tok (SmolLM2's tokenizer and config: the GGUF does not travel).

@@ -1,4 +1,5 @@
 #!/bin/bash
+# The report scripts this runs left the tree (issue 71): their READMEs' Scripts sections name the commits that hold them.
 # The second device run of this part (2026-11-28): the GPU tests of the new kernels, then the code
 # before this part (commit 9d5185f with this part's graph_bench.py: .stage/before) and after it,
 # taking turns on one warm H200: SmolLM2's shapes (random weights) and Llama-3-8B's.

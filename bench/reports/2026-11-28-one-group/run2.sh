@@ -1,4 +1,5 @@
 #!/bin/bash
+# The report scripts this runs left the tree (issue 71): their READMEs' Scripts sections name the commits that hold them.
 # The rest of the figures: dense against HF generate, guided extraction against llama.cpp, and one
 # target forward's cost (decode and a 4-row verify) at 300, 1000 and 1300 cached tokens.
 set -u

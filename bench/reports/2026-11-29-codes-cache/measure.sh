@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# The report scripts this runs left the tree (issue 71): their READMEs' Scripts sections name the commits that hold them.
 # The gguf scheme's load before (commit cf7ec62: the dense float32 conversion cache, gguf-py's reader) and
 # after (the codes cache, the header-only tensor index), each in fresh processes, taking turns.
 # Usage: bash measure.sh [OUT_FOLDER]; needs the files of ../2026-11-29-random-0.5b/make_files.sh in /opt/gguf.
