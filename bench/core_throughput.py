@@ -129,7 +129,7 @@ def bench_dtype(dtype: str, args, result: dict, bar: tqdm) -> None:
         bar.update()
         return outputs
 
-    eos = executor.core.outputs.eos_token_ids
+    eos = executor.eos_token_ids
     spec_b1 = measure("specexec_batch1", run_spec, batched=False)
     hf_b1 = measure("hf_batch1", run_hf, batched=False)
     result["hf_batch1"]["mode"] = "sequential"

@@ -299,7 +299,7 @@ def profile_scenario(
         shares["wall ms"] = statistics.median(walls) * 1e3
         shares["model ms"] = totals[MODEL] / num_steps / 1e3
         shares["step ms (profiled)"] = totals[STEP] / num_steps / 1e3
-        num_layers = len(executor.core.runner.model.model.layers)
+        num_layers = len(executor.model.model.layers)
         return shares, layer_ops(events, num_steps, num_layers)
     finally:
         executor.close()

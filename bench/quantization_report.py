@@ -79,7 +79,7 @@ def measure_setting(quantization: str | None, dtype: str, max_tokens: int, refer
         "layers": dict(executor.quantization.layers) if executor.quantization else None,
         "rss_mib": memory["VmRSS"],
         "weights_mib": _tensor_bytes(executor.model) / 2**20,
-        "kv_pool_mib": executor.core.runner.kv_cache.kv.nbytes / 2**20,
+        "kv_pool_mib": executor.kv_cache_bytes / 2**20,
         "peak_rss_mib": memory["VmHWM"],
         "prompt_ids": [o.prompt_token_ids for o in outputs],
         "outputs": [o.token_ids for o in outputs],

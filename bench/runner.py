@@ -168,10 +168,10 @@ class BenchRunner:
             executor.forget_finished_requests()  # (Suffix's outputs of the same prompts in an earlier pass)
             stats = executor.speculation.stats
             draft0, target0 = stats.drafting_time, stats.target_time
-            broadcast0 = getattr(executor.core.runner, "broadcast_seconds", 0.0)
+            broadcast0 = executor.broadcast_seconds
             records, wall = run(executor, work, c, bar.update)
             drafting, target = stats.drafting_time - draft0, stats.target_time - target0
-            broadcast = getattr(executor.core.runner, "broadcast_seconds", 0.0) - broadcast0
+            broadcast = executor.broadcast_seconds - broadcast0
             extra = {
                 "drafting_share": drafting / (drafting + target) if drafting + target else None,
                 "engine": "specexec",

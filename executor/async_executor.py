@@ -86,7 +86,7 @@ class AsyncExecutor:
     @property
     def num_unfinished(self) -> int:
         """Requests waiting or running (the server's queue limit counts these)."""
-        return sum(self.executor.core.queue_sizes())
+        return sum(self.executor.queue_sizes())
 
     async def generate(
         self,
@@ -101,9 +101,8 @@ class AsyncExecutor:
         if not self._accepting or self._fault is not None:
             raise ExecutorClosedError(self._fault or "the executor is closing: no new requests")
         queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        caller = Caller()
         loop = asyncio.get_running_loop()
-        caller.events = _QueueEvents(loop, queue, self.abort)  # type: ignore[assignment]
+        caller = Caller(events=_QueueEvents(loop, queue, self.abort))
         submitted = loop.run_in_executor(self._submitter, self._submit, request, sampling_params, caller)
         self._num_submitting += 1
         try:
@@ -132,9 +131,9 @@ class AsyncExecutor:
         queued is aborted and every id claimed is freed before it propagates (a tokenizer's TypeError on
         a lone surrogate left its request id registered for ever)."""
         try:
-            return self.executor._submit_samples(request, sampling_params, caller, streaming=True)
+            return self.executor.submit(request, sampling_params, caller, streaming=True)
         except BaseException as exc:
-            self.executor._loop.cancel(caller)
+            self.executor.cancel(caller)
             if self.is_closing and isinstance(exc, Exception):
                 raise ExecutorClosedError(self._fault or "the executor is closing: no new requests") from exc
             raise
@@ -186,24 +185,23 @@ class AsyncExecutor:
 
     def run_loop(self) -> None:
         """Step the shared loop whenever a request is unfinished, until `stop_loop()` (or `close()`)."""
-        core = self.executor.core
         try:
             while True:
                 with self._wake:
-                    while not (self._stopping or self._aborts or core.has_unfinished()):
+                    while not (self._stopping or self._aborts or self.executor.has_unfinished()):
                         self._wake.wait()
                     aborts, self._aborts = self._aborts, []
                     if self._stopping:
-                        self.executor._loop.abort_all()
+                        self.executor.abort_all()
                         return
                 for request_id in aborts:
                     self.executor.abort_request(request_id)
-                if core.has_unfinished():
-                    self.executor._loop.step()
+                if self.executor.has_unfinished():
+                    self.executor.advance()
         except BaseException as exc:  # a bug in the loop itself: fail every request, take no more
             self._fault = f"the executor's loop stopped: {type(exc).__name__}: {exc}"
             logger.exception("the async executor's loop stopped")
-            self.executor._loop.abort_all()
+            self.executor.abort_all()
             if not isinstance(exc, Exception):
                 raise
         finally:

@@ -10,20 +10,33 @@ import contextlib
 import queue
 import threading
 from collections.abc import Iterator
+from typing import Protocol
 
 from .engine.engine_core import EngineCore
 from .engine.request import TokenEvent
 from .interrupts import keyboard_interrupt_after
 
 
-class Caller:
-    """One run() / stream() call (or the add_request() / step() user): its requests and its events."""
+class EventSink(Protocol):
+    """Where a caller's events go: a queue by default, an asyncio hand-over for AsyncExecutor."""
 
-    def __init__(self) -> None:
-        self.events: queue.SimpleQueue[TokenEvent] = queue.SimpleQueue()
+    def put(self, event: TokenEvent) -> None: ...
+
+    def empty(self) -> bool: ...
+
+
+class Caller:
+    """One run() / stream() call (or the add_request() / step() user, or one async request): its
+    requests and where its events go (``events``: a queue unless the caller brings its own sink)."""
+
+    def __init__(self, events: EventSink | None = None) -> None:
+        self.events: EventSink = events if events is not None else queue.SimpleQueue()
         self.unfinished: set[str] = set()  #: its request ids still running or waiting
 
     def drain(self) -> list[TokenEvent]:
+        """The events queued so far (none for a caller with its own sink: it hands them on as they come)."""
+        if not isinstance(self.events, queue.SimpleQueue):
+            return []
         events = []
         while True:
             try:

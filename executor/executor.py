@@ -259,6 +259,64 @@ class Executor:
         samples = [rid for rid in self._loop.unfinished_ids() if rid.rpartition("#")[0] == request_id]
         return any([self._loop.abort(rid) for rid in samples])
 
+    # ---- what a front that drives the loop itself uses (AsyncExecutor, the server) ----------------
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt + output a request may have, in tokens."""
+        return self.core.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.core.vocab_size
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """The token ids that end a request (the tokenizer's and the generation config's)."""
+        return self.core.outputs.eos_token_ids
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """The target's KV page pool, in bytes."""
+        return self.core.runner.kv_cache.kv.nbytes
+
+    @property
+    def broadcast_seconds(self) -> float:
+        """With tensor parallelism, the seconds rank 0 spent sending steps to the other ranks (0.0 on
+        one process)."""
+        return float(getattr(self.core.runner, "broadcast_seconds", 0.0))
+
+    def queue_sizes(self) -> tuple[int, int]:
+        """(waiting, running) requests, a snapshot."""
+        return self.core.queue_sizes()
+
+    def has_unfinished(self) -> bool:
+        return self.core.has_unfinished()
+
+    def submit(
+        self,
+        request: Request | Prompt,
+        sampling_params: SamplingParams | None,
+        caller: Caller,
+        *,
+        streaming: bool,
+    ) -> list[RequestState]:
+        """Queue a request for ``caller`` (its events go to ``caller.events``): its samples' states, one
+        unless ``n`` > 1. A bad request is finished at once with ``finish_reason="error"``."""
+        return self._submit_samples(request, sampling_params, caller, streaming)
+
+    def cancel(self, caller: Caller) -> None:
+        """Abort every unfinished request of ``caller`` and free the ids it claimed."""
+        self._loop.cancel(caller)
+
+    def advance(self) -> None:
+        """One step of the shared loop, for a front that steps it from its own thread; each request's
+        events go to its caller (unlike `step()`, which returns those of `add_request`)."""
+        self._loop.step()
+
+    def abort_all(self) -> None:
+        """Abort every unfinished request, whoever submitted it."""
+        self._loop.abort_all()
+
     def reset_prefix_cache(self) -> int:
         """Forget the cached prefix pages no request holds (benchmarks start each run cold); the number
         of pages dropped."""

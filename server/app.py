@@ -59,7 +59,7 @@ def build_app(
     admin endpoints answer loopback clients only, unless ``allow_remote_admin`` (`limits/access.py`)."""
     limits = limits or ServerLimits()
     metrics = ServerMetrics(engine.executor, model_name)
-    max_model_len = engine.executor.core.max_model_len
+    max_model_len = engine.executor.max_model_len
     tokenizer = engine.executor.tokenizer
     reads_name = template_reads_name(tokenizer)
     created = int(time.time())

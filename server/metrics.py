@@ -153,7 +153,7 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         """The registry in Prometheus' text format, the gauges read now."""
-        waiting, running = self.executor.core.queue_sizes()
+        waiting, running = self.executor.queue_sizes()
         self.waiting.set(waiting)
         self.running.set(running)
         bm = self.executor.block_manager

@@ -30,8 +30,8 @@ def add_worker_endpoints(app: FastAPI, engine, model_name: str, check_key, read_
     object (all raise the app's HTTP errors)."""
     executor = engine.executor
     tokenizer = executor.tokenizer
-    max_model_len = executor.core.max_model_len
-    vocab_size = executor.core.vocab_size
+    max_model_len = executor.max_model_len
+    vocab_size = executor.vocab_size
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> JSONResponse:
@@ -70,7 +70,7 @@ def add_worker_endpoints(app: FastAPI, engine, model_name: str, check_key, read_
         check_key(request)
         cfg = executor.config
         spec = cfg.speculative_config
-        waiting, running = executor.core.queue_sizes()
+        waiting, running = executor.queue_sizes()
         bm = executor.block_manager
         return JSONResponse(
             {
