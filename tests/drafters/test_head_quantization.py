@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import assert_all_pages_free
 from specexec.drafters.eagle3.head import load_head
 from specexec.executor.executor import Executor
 from specexec.executor.kernel_plan import head_quantization
@@ -16,13 +17,7 @@ from specexec.executor.kernel_plan.head_quantization import (
 )
 from specexec.executor.layers.quantized.quantized_linear import Int8WeightOnlyLinear
 from test_eagle3 import eagle_spec, make_head_dir
-from test_speculative_identity import (
-    BATCHES,
-    assert_all_pages_free,
-    make_config,
-    make_requests,
-    num_drafted,
-)
+from test_speculative_identity import BATCHES, make_config, make_requests, num_drafted
 from tiny_models import make_tiny_model
 
 CPU = torch.device("cpu")

@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 import torch
+from factories import assert_all_pages_free
 from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
 from specexec.sampling import SamplingParams
@@ -20,7 +21,7 @@ from test_speculative_distribution import (
     make_target,
 )
 from test_speculative_distribution import make_config as make_distribution_config
-from test_speculative_identity import BATCHES, SELF_DRAFT_SPEC, assert_all_pages_free, make_config
+from test_speculative_identity import BATCHES, SELF_DRAFT_SPEC, make_config
 from tiny_models import make_tiny_model
 
 NGRAM = {"decoding_type": "NGram", "max_draft_len": 3}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import assert_all_pages_free
 from specexec.executor.engine import logit_stages
 from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
@@ -12,7 +13,7 @@ from specexec.sampling import SamplingParams
 from specexec.sampling.logits import apply_sampling_filters
 from specexec.sampling.logprobs import token_logprobs
 from test_eagle3 import eagle_spec, make_head_dir
-from test_speculative_identity import BATCHES, SELF_DRAFT_SPEC, assert_all_pages_free, make_config
+from test_speculative_identity import BATCHES, SELF_DRAFT_SPEC, make_config
 from tiny_models import make_tiny_model
 
 NGRAM = {"decoding_type": "NGram", "max_draft_len": 3}

@@ -4,10 +4,11 @@ one output per request (sample 0's, with every sample listed), abort by the requ
 from __future__ import annotations
 
 import pytest
+from factories import assert_all_pages_free
 from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
 from specexec.sampling import SamplingParams
-from test_speculative_identity import assert_all_pages_free, make_config
+from test_speculative_identity import make_config
 from tiny_models import make_tiny_model
 
 PROMPT = [5, 6, 7, 5, 6, 7, 5]

@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 import torch
+from factories import assert_all_pages_free
 from specexec.executor.engine.request import Request
 from specexec.executor.executor import Executor
 from specexec.sampling import SamplingParams
@@ -24,7 +25,7 @@ from test_speculative_distribution import (
     make_target,
 )
 from test_speculative_distribution import make_config as make_distribution_config
-from test_speculative_identity import BATCHES, SELF_DRAFT_SPEC, assert_all_pages_free, make_config
+from test_speculative_identity import BATCHES, SELF_DRAFT_SPEC, make_config
 from tiny_models import make_tiny_model
 
 #: Each changes the tiny model's greedy output (checked), yet leaves it repetitive enough that every

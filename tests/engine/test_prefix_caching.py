@@ -9,11 +9,12 @@ import functools
 import random
 
 import pytest
+from factories import assert_all_pages_free
 from rest_stores import token_datastore_file
 from specexec import Executor, Request, SamplingParams
 from specexec.executor.engine.block_manager import BlockManager
 from test_eagle3 import eagle_spec, make_head_dir
-from test_speculative_identity import SELF_DRAFT_SPEC, assert_all_pages_free, make_config
+from test_speculative_identity import SELF_DRAFT_SPEC, make_config
 from tiny_models import make_prompts, make_tiny_model
 
 NGRAM = {"decoding_type": "NGram", "max_draft_len": 3}

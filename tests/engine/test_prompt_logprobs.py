@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import assert_all_pages_free
 from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
 from specexec.sampling import SamplingParams
-from test_speculative_identity import assert_all_pages_free, make_config
+from test_speculative_identity import make_config
 from tiny_models import make_prompts, make_tiny_model
 
 PROMPTS = make_prompts(5, [23, 1, 9, 40, 17], seed=11)

@@ -16,6 +16,7 @@ import logging
 import numpy as np
 import pytest
 import torch
+from factories import assert_all_pages_free
 from rest_stores import token_datastore_file
 from specexec.drafters.base import Drafter, DraftProposal
 from specexec.drafters.draft_target import DraftTargetDrafter
@@ -91,18 +92,6 @@ def reference(arch: str, prompts: list[list[int]], max_tokens=MAX_TOKENS) -> lis
     if isinstance(max_tokens, int):
         max_tokens = [max_tokens] * len(prompts)
     return _reference(arch, tuple(map(tuple, prompts)), tuple(max_tokens))
-
-
-def assert_all_pages_free(executor: Executor) -> None:
-    bm = executor.block_manager
-    assert bm.num_free_blocks == bm.num_blocks, "target pages leaked"  # (cached pages no one holds count)
-    assert not bm.block_tables and not bm.num_slots
-    bm.check_references()
-    assert not executor.core.scheduler.has_unfinished()
-    draft_bm = getattr(executor.speculation.drafter, "block_manager", None)
-    if draft_bm is not None:
-        assert draft_bm.num_free_blocks == draft_bm.num_blocks, "draft model pages leaked"
-        assert not draft_bm.block_tables and not draft_bm.num_slots
 
 
 def run_speculative(

@@ -15,6 +15,7 @@ import time
 
 import pytest
 import torch
+from factories import assert_all_pages_free
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.drafters import DraftProposal
 from specexec.drafters.ngram import NGramConfig, NGramDrafter
@@ -95,9 +96,8 @@ def tiny_clean_output(executor: Executor, request: Request):
 
 
 def assert_all_free(executor: Executor) -> None:
-    bm = executor.block_manager
-    assert bm.num_free_blocks == bm.num_blocks and not bm.block_tables
-    assert not executor.core.has_unfinished()
+    """The page check of every test, and no drafter plan left behind by a fault."""
+    assert_all_pages_free(executor)
     drafter = executor.speculation.drafter
     if executor.speculation.guard.is_enabled and getattr(drafter, "stage", None) != "release":
         assert not getattr(drafter, "_planned", None)  # the drafter was told of every finished request

@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from factories import assert_all_pages_free
 from specexec.executor.async_executor import AsyncExecutor, ExecutorClosedError
 from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
 from specexec.sampling import SamplingParams
-from test_speculative_identity import BATCHES, assert_all_pages_free, make_config, reference
+from test_speculative_identity import BATCHES, make_config, reference
 from tiny_models import make_tiny_model
 
 

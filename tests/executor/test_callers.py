@@ -9,6 +9,7 @@ import signal
 import threading
 
 import pytest
+from factories import assert_all_pages_free
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.drafters.ngram import NGramConfig, NGramDrafter
 from tiny_models import make_prompts, make_tiny_model
@@ -35,12 +36,6 @@ def reference(prompts, max_tokens: int = MAX_TOKENS) -> list[list[int]]:
     _, model = make_tiny_model("llama")
     executor = Executor(model, ExecutorConfig(num_kv_blocks=100, block_size=4, dtype="float64", device="cpu"))
     return [executor.run(requests([p], max_tokens))[0].token_ids for p in prompts]
-
-
-def assert_all_free(executor: Executor) -> None:
-    bm = executor.block_manager
-    assert bm.num_free_blocks == bm.num_blocks and not bm.block_tables
-    assert not executor.core.has_unfinished()
 
 
 PROMPTS_A = make_prompts(8, [3, 9, 5, 14], seed=1)
@@ -71,7 +66,7 @@ def test_two_threads_share_one_loop_and_each_gets_its_own_outputs():
         assert [o.request_id for o in outputs] == [f"{name}{i}" for i in range(len(prompts))]
         assert [o.token_ids for o in outputs] == reference(prompts)
     assert max(o.metrics.num_forwards for o in results["a"]) < 2 * MAX_TOKENS  # batched together, not turns
-    assert_all_free(executor)
+    assert_all_pages_free(executor)
     assert [o.token_ids for o in executor.run(requests(PROMPTS_A[:2]))] == reference(PROMPTS_A[:2])
 
 
@@ -90,7 +85,7 @@ def test_a_stream_and_a_run_in_two_threads():
     worker.join(120)
     assert [streamed[f"s{i}"] for i in range(4)] == reference(PROMPTS_A[:4])
     assert [o.token_ids for o in outputs] == reference(PROMPTS_B[:4])
-    assert_all_free(executor)
+    assert_all_pages_free(executor)
 
 
 def test_the_same_request_id_in_two_calls_at_once_is_refused_for_the_second():
@@ -100,7 +95,7 @@ def test_the_same_request_id_in_two_calls_at_once_is_refused_for_the_second():
     assert out.finish_reason is FinishReason.ERROR and "already in use" in out.error
     while executor.core.has_unfinished():
         executor.step()
-    assert_all_free(executor)
+    assert_all_pages_free(executor)
 
 
 def test_abort_a_waiting_and_a_running_request():
@@ -116,7 +111,7 @@ def test_abort_a_waiting_and_a_running_request():
     held = executor.block_manager.num_blocks - executor.block_manager.num_free_blocks
     assert held > 0 and running.request_id in executor.block_manager.block_tables
     assert executor.abort_request("run0")
-    assert_all_free(executor)  # pages back at once, not at the next step
+    assert_all_pages_free(executor)  # pages back at once, not at the next step
     assert running.finish_reason is FinishReason.ABORT and running.grammar is None
     assert "run0" not in executor.speculation.drafter._indexed  # the drafter forgot it
     (event,) = executor.step()
@@ -130,7 +125,7 @@ def test_a_closed_stream_aborts_what_is_left_of_its_requests():
     for _ in range(3):
         next(stream)
     stream.close()
-    assert_all_free(executor)
+    assert_all_pages_free(executor)
     assert [o.token_ids for o in executor.run(requests(PROMPTS_B[:2]))] == reference(PROMPTS_B[:2])
 
 
@@ -170,7 +165,7 @@ def test_an_interrupt_inside_run_aborts_its_requests_then_propagates(how):
     worker.join(120)
     assert not errors, repr(errors)
     assert [o.token_ids for o in other] == reference(PROMPTS_B[:3])
-    assert_all_free(executor)
+    assert_all_pages_free(executor)
     runner.forward = forward
     assert [o.token_ids for o in executor.run(requests(PROMPTS_A[:2]))] == reference(PROMPTS_A[:2])
 
@@ -184,6 +179,6 @@ def test_close_stops_the_worker_threads_and_refuses_later_calls():
     mask_worker._thread.join(5)
     executor.speculation.guard._thread.join(5)
     assert not mask_worker._thread.is_alive() and not executor.speculation.guard._thread.is_alive()
-    assert_all_free(executor)  # close() aborted the open stream's requests
+    assert_all_pages_free(executor)  # close() aborted the open stream's requests
     with pytest.raises(RuntimeError, match="closed"):
         executor.run(requests(PROMPTS_A[:1]))

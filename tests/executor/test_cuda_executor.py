@@ -18,6 +18,7 @@ import warnings
 import jsonschema
 import pytest
 import torch
+from factories import assert_all_pages_free
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.executor.engine_setup import capture_cuda_graphs
 from specexec.executor.model.cuda_graphs import CudaGraphCapture, EagerReplay
@@ -49,15 +50,6 @@ def greedy_requests(prompts=PROMPTS) -> list[Request]:
         Request(p, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True), request_id=f"r{i}")
         for i, p in enumerate(prompts)
     ]
-
-
-def assert_all_free(executor: Executor) -> None:
-    bm = executor.block_manager
-    assert bm.num_free_blocks == bm.num_blocks and not bm.block_tables
-    assert not executor.core.has_unfinished()
-    draft_bm = getattr(executor.speculation.drafter, "block_manager", None)
-    if draft_bm is not None:
-        assert draft_bm.num_free_blocks == draft_bm.num_blocks
 
 
 def cpu_reference(arch: str) -> list[list[int]]:
@@ -92,7 +84,7 @@ def test_greedy_output_on_cuda_equals_the_cpu_output_for_every_drafter(arch, dra
             assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
         assert executor.cuda_graphs and all(r.error is None for r in executor.cuda_graphs)
         assert all(s.num_replays > 0 for s in graph_stats(executor))
-        assert_all_free(executor)
+        assert_all_pages_free(executor)
 
 
 def graph_stats(executor: Executor) -> list:
@@ -126,7 +118,7 @@ def graphs_and_eager_replay(make_model, requests, tokenizer=None, **config) -> d
             stats = graph_stats(executor)
             assert stats and all(s.num_replays > 0 for s in stats)
             assert executor.speculation.stats.num_drafter_errors == 0
-            assert_all_free(executor)
+            assert_all_pages_free(executor)
             tokens[mode] = [o.token_ids for o in outputs]
     return tokens
 
@@ -148,7 +140,7 @@ def test_the_own_decoder_on_cuda_gives_the_tokens_of_transformers_modules(arch):
             if graphs:
                 assert [r.error for r in executor.cuda_graphs] == [None] * len(executor.cuda_graphs)
                 assert executor.core.runner.graphs.stats.num_replays > 0
-            assert_all_free(executor)
+            assert_all_pages_free(executor)
     assert outputs["specexec"] == outputs["transformers"]
 
 
@@ -181,7 +173,7 @@ def test_the_triton_kernels_give_the_tokens_and_logprobs_of_torch_ops(arch, monk
                 ]
                 outputs = executor.run(requests)
                 assert executor.core.runner.graphs.stats.num_replays > 0
-                assert_all_free(executor)
+                assert_all_pages_free(executor)
         finally:
             monkeypatch.delenv(triton_kernels.SWITCH, raising=False)
             triton_kernels.triton_available.cache_clear()
@@ -241,7 +233,7 @@ def test_guided_outputs_on_cuda_validate_and_equal_the_cpu_outputs(dtype):
                 if out.finish_reason is FinishReason.STOP:
                     jsonschema.validate(json.loads(out.text), SCHEMA)
                     assert out.guided_valid is True
-            assert_all_free(executor)
+            assert_all_pages_free(executor)
             results[device] = [o.token_ids for o in outputs]
     # greedy must agree; sampled rows draw from per-request generators on each device, so only greedy
     assert results["cuda"][0] == results["cpu"][0]
@@ -428,7 +420,7 @@ def test_nan_logits_on_cuda_fail_only_their_request():
         outputs = executor.run(greedy_requests())
         assert outputs[0].finish_reason is FinishReason.ERROR and "NaN" in outputs[0].error
         assert [o.token_ids for o in outputs[1:]] == cpu_reference("llama")[1:]
-        assert_all_free(executor)
+        assert_all_pages_free(executor)
         runner.forward = forward
         assert [o.token_ids for o in executor.run(greedy_requests())] == cpu_reference("llama")
 
@@ -456,4 +448,4 @@ def test_two_threads_and_an_abort_on_cuda():
         finished = {e.request_id: e.output for e in stream if e.finished}
         assert finished["r2"].finish_reason is FinishReason.ABORT
         assert finished["r5"].token_ids == expected[5]
-        assert_all_free(executor)
+        assert_all_pages_free(executor)

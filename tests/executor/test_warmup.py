@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import assert_all_pages_free
 from specexec.drafters.eagle3.drafter import Eagle3Drafter
 from specexec.executor.executor import Executor
 from specexec.executor.model.model_runner import ModelRunner
@@ -13,7 +14,6 @@ from test_eagle3 import eagle_spec, make_head_dir
 from test_speculative_identity import (
     BATCHES,
     SELF_DRAFT_SPEC,
-    assert_all_pages_free,
     make_config,
     make_requests,
     reference,

@@ -11,6 +11,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import torch
+from factories import assert_all_pages_free
 from medusa_heads import make_medusa_dir
 from rest_stores import text_datastore_file
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
@@ -118,10 +119,6 @@ def make_requests(n: int, temperature: float = 0.0, max_tokens: int = 60) -> lis
         )
         for i, p in enumerate(prompts)
     ]
-
-
-def assert_all_pages_free(executor: Executor) -> None:
-    assert executor.block_manager.num_free_blocks == executor.block_manager.num_blocks
 
 
 @pytest.mark.parametrize("spec_name", list(SPECS))

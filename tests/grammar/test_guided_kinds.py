@@ -6,10 +6,11 @@ temperature."""
 from __future__ import annotations
 
 import pytest
+from factories import assert_all_pages_free
 from specexec import FinishReason, Request, SamplingParams
 from specexec.grammar import GrammarError, GrammarSpec
 from specexec.grammar.output_check import check_guided_output
-from test_guided_decoding import SPECS, assert_all_pages_free, make_executor
+from test_guided_decoding import SPECS, make_executor
 from xgrammar.testing import _is_grammar_accept_string as grammar_accepts
 
 EMAIL = r"[a-z]{1,6}@[a-z]{2,5}\.(com|org)"

@@ -10,6 +10,7 @@ import time
 
 import jsonschema
 import pytest
+from factories import assert_all_pages_free
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.grammar import RequestGrammar
 from test_grammar_support import smollm2_tokenizer
@@ -45,12 +46,6 @@ def good_request(max_tokens: int = 40) -> Request:
     return Request(CHAT, SamplingParams(max_tokens=max_tokens), response_format=schema_format(GOOD_SCHEMA))
 
 
-def assert_all_free(executor: Executor) -> None:
-    bm = executor.block_manager
-    assert bm.num_free_blocks == bm.num_blocks and not bm.block_tables
-    assert not executor.core.has_unfinished()
-
-
 @pytest.mark.parametrize(
     "response_format",
     [
@@ -73,7 +68,7 @@ def test_a_grammar_that_admits_no_token_fails_alone(response_format):
         out_good.guided_valid is (out_good.finish_reason is FinishReason.STOP)
         or out_good.guided_valid is False
     )
-    assert_all_free(executor)
+    assert_all_pages_free(executor)
     assert executor.run([good_request()])[0].token_ids == clean.token_ids  # the next call works
 
 
@@ -97,7 +92,7 @@ def test_a_grammar_whose_only_derivation_is_infinite_is_bounded(response_format)
     if out.finish_reason is FinishReason.LENGTH:
         assert len(out.token_ids) == 30 and out.guided_valid is not True
     assert out_good.finish_reason is not FinishReason.ERROR
-    assert_all_free(executor)
+    assert_all_pages_free(executor)
 
 
 def test_forced_tokens_are_walked_one_allowed_token_at_a_time():
@@ -136,7 +131,7 @@ def test_a_tokenizer_without_eos_keeps_guided_decoding_working():
     assert out_good.finish_reason is FinishReason.STOP, out_good.text
     jsonschema.validate(json.loads(out_good.text), GOOD_SCHEMA)
     assert out_good.guided_valid is True and out_regex.guided_valid is True
-    assert_all_free(executor)
+    assert_all_pages_free(executor)
 
 
 #: xgrammar alone lets outputs through that break this: it falls back to anyOf semantics
@@ -240,4 +235,4 @@ def test_a_grammar_matcher_that_breaks_mid_request_fails_only_its_request(monkey
     out_bad, out_other = executor.run([bad, other])
     assert out_bad.finish_reason is FinishReason.ERROR and "matcher state lost" in out_bad.error
     assert out_other.finish_reason is not FinishReason.ERROR
-    assert_all_free(executor)
+    assert_all_pages_free(executor)

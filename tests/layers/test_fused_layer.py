@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+from factories import assert_all_pages_free
 from specexec.executor.executor import Executor
 from specexec.executor.kernel_plan.quantized_kernel import QuantizedKernelChoice, set_int8_dot
 from specexec.executor.layers.attention_kernels import PAGED_CPU, SDPA
@@ -26,7 +27,7 @@ from specexec.executor.model.attention_paths import AttentionPaths
 from specexec.executor.model.decoder import forward as decoder_forward
 from specexec.executor.model.decoder import fused_layer
 from specexec.executor.model.forward_io import SequenceInput
-from test_speculative_identity import assert_all_pages_free, make_config, make_requests
+from test_speculative_identity import make_config, make_requests
 from tiny_models import make_prompts, make_tiny_model
 from torch import nn
 

@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from factories import assert_all_pages_free
 from specexec.drafters.base import Drafter, DraftProposal
 from specexec.executor.executor import Executor
 from specexec.executor.kernel_plan import dense_backend as linear_backend
@@ -29,13 +30,7 @@ from specexec.executor.layers.packed_linear import (
 )
 from specexec.executor.layers.quantized.quantized_linear import Int8WeightOnlyLinear
 from test_eagle3 import eagle_spec, make_head_dir
-from test_speculative_identity import (
-    BATCHES,
-    assert_all_pages_free,
-    make_config,
-    make_requests,
-    num_drafted,
-)
+from test_speculative_identity import BATCHES, make_config, make_requests, num_drafted
 from tiny_models import make_tiny_model
 
 CPU = torch.device("cpu")

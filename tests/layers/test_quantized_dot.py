@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from cpu_isa_builds import compile_to_assembly, cpu_flags, require_x86_64_linux_with_avx2, run_build
+from factories import assert_all_pages_free
 from specexec.executor.executor import Executor
 from specexec.executor.kernel_plan import quantized_kernel
 from specexec.executor.kernel_plan.quantized_kernel import (
@@ -40,7 +41,7 @@ from specexec.executor.layers.quantized.quantized_linear import (
     Int4Weights,
     Int8WeightOnlyLinear,
 )
-from test_speculative_identity import assert_all_pages_free, make_config, make_requests, num_accepted
+from test_speculative_identity import make_config, make_requests, num_accepted
 from tiny_models import make_prompts, make_tiny_model
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

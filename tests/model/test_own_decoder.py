@@ -9,6 +9,7 @@ import functools
 
 import pytest
 import torch
+from factories import assert_all_pages_free
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.drafters.draft_target import DraftTargetDrafter
 from specexec.executor.layers import cpu_kernels as kernels_module
@@ -16,7 +17,7 @@ from specexec.executor.layers.norm import RMSNorm
 from specexec.executor.layers.rotary import RotaryTable, apply_rotary
 from specexec.executor.model.decoder.convert import convert_to_own_decoder, is_own_decoder, unsupported_reason
 from test_eagle3 import eagle_spec, make_head_dir
-from test_speculative_identity import BATCHES, assert_all_pages_free, make_independent_draft_model
+from test_speculative_identity import BATCHES, make_independent_draft_model
 from tiny_models import ARCHS, EXTRA_ARCHS, make_prompts, make_tiny_model
 
 FAMILIES = ARCHS + EXTRA_ARCHS  # llama, qwen2, qwen3, mistral, gemma3, gemma2

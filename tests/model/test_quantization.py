@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import assert_all_pages_free
 from specexec.drafters.quantize import has_quantized_layers
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.engine.speculation.speculative_config import SpeculativeConfig
@@ -20,7 +21,7 @@ from specexec.executor.layers.quantized.quantized_linear import (
     QuantizationError,
     check_kernel,
 )
-from test_speculative_identity import BATCHES, assert_all_pages_free, make_config, make_requests, num_accepted
+from test_speculative_identity import BATCHES, make_config, make_requests, num_accepted
 from tiny_models import make_tiny_model
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -13,10 +13,11 @@ import time
 
 import pytest
 import torch
+from factories import assert_all_pages_free
 from specexec import Executor, Request, SamplingParams
 from specexec.executor.model.forward_io import SequenceInput
 from specexec.executor.parallel.tp_runner import TensorParallelError
-from test_speculative_identity import SELF_DRAFT_SPEC, assert_all_pages_free, make_config
+from test_speculative_identity import SELF_DRAFT_SPEC, make_config
 from tiny_models import make_prompts, make_tiny_model
 
 NGRAM = {"decoding_type": "NGram", "max_draft_len": 3}
@@ -328,7 +329,7 @@ def test_workers_exit_when_the_front_process_is_killed(tmp_path):
     script = tmp_path / "front.py"
     script.write_text(
         "import sys, time\n"
-        "sys.path.insert(0, sys.argv[1])\n"
+        "sys.path[:0] = sys.argv[1:]\n"
         "from specexec import Executor\n"
         "from test_speculative_identity import make_config\n"
         "from tiny_models import make_tiny_model\n"
@@ -338,7 +339,8 @@ def test_workers_exit_when_the_front_process_is_killed(tmp_path):
         "time.sleep(600)\n"
     )
     tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    front = subprocess.Popen([sys.executable, str(script), tests_dir], stdout=subprocess.PIPE, text=True)
+    paths = [tests_dir, os.path.join(tests_dir, "engine")]  # tiny_models; make_config's module
+    front = subprocess.Popen([sys.executable, str(script), *paths], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(p) for p in front.stdout.readline().split()]
         assert len(pids) == 2

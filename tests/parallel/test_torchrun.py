@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from factories import free_port
 from specexec import Executor, ExecutorConfig
 from tiny_models import make_tiny_model, make_tiny_tokenizer
 
@@ -28,12 +28,6 @@ def model_dir(tmp_path_factory) -> Path:
     model.save_pretrained(path)
     make_tiny_tokenizer().save_pretrained(path)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:

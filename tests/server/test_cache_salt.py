@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+from factories import assert_all_pages_free
 from specexec import Executor, Request, SamplingParams
 from specexec.drafters.ngram import NGramConfig, NGramDrafter
 from specexec.drafters.retrieval.suffix import SuffixDrafter
@@ -17,7 +18,7 @@ from specexec.executor.engine.block_manager import ROOT_DIGEST, BlockManager, pa
 from specexec.executor.engine.request import MAX_CACHE_SALT_CHARS
 from test_ngram_drafter import FakeRequest
 from test_server import served, wait_until_idle
-from test_speculative_identity import assert_all_pages_free, make_config
+from test_speculative_identity import make_config
 from tiny_models import make_prompts, make_tiny_model
 
 BS = 4  #: tokens per page in the block-manager tests

@@ -13,6 +13,7 @@ from typing import Annotated
 import jsonschema
 import openai
 import pytest
+from factories import assert_all_pages_free
 from pydantic import Field
 from test_guided_decoding import PERSON
 from test_server import (
@@ -25,7 +26,6 @@ from test_server import (
     served_engine,
     wait_until_idle,
 )
-from test_speculative_identity import assert_all_pages_free
 
 GREEDY = {"model": "tiny", "temperature": 0, "max_output_tokens": 16}
 TOOL = {"type": "function", **WEATHER["function"]}  # the Responses API's flat shape

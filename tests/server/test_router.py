@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,22 +19,16 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from factories import assert_all_pages_free, free_port
 from prometheus_client.parser import text_string_to_metric_families
 from specexec.executor.async_executor import AsyncExecutor
 from specexec.server.app import build_app
 from test_guided_decoding import make_executor
 from test_server import wait_until_idle
-from test_speculative_identity import assert_all_pages_free
 
 pytestmark = pytest.mark.slow
 
 TURNS = ["Tell me about cats.", "And dogs?", "Which is friendlier?"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Replica:

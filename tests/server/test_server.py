@@ -18,12 +18,12 @@ import openai
 import pytest
 import torch
 import uvicorn
+from factories import assert_all_pages_free
 from prometheus_client.parser import text_string_to_metric_families
 from specexec import Request, SamplingParams
 from specexec.executor.async_executor import AsyncExecutor
 from specexec.server.app import ServerLimits, build_app
 from test_guided_decoding import PERSON, make_executor, schema_format
-from test_speculative_identity import assert_all_pages_free
 
 NGRAM = {"decoding_type": "NGram", "max_draft_len": 3, "max_matching_ngram_size": 2}
 MESSAGES = [{"role": "user", "content": "Say something about cats and dogs."}]

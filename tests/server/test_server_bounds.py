@@ -13,13 +13,13 @@ import time
 
 import httpx
 import pytest
+from factories import assert_all_pages_free
 from specexec.server.app import ServerLimits
 from specexec.server.limits.body import default_max_body_bytes
 from specexec.server.limits.text_bounds import MAX_USER_CHARS, max_chars_per_token
 from specexec.server.responses_api import ResponseStore, StoredResponse
 from test_guided_decoding import make_executor
 from test_server import served, served_engine, wait_until_idle
-from test_speculative_identity import assert_all_pages_free
 
 CHAT = "/v1/chat/completions"
 

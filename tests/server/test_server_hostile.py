@@ -10,6 +10,7 @@ import contextlib
 
 import httpx
 import pytest
+from factories import assert_all_pages_free
 from specexec import Request, SamplingParams
 from specexec.executor.async_executor import AsyncExecutor
 from specexec.server.app import build_app
@@ -17,7 +18,6 @@ from specexec.server.limits.access import key_identity
 from specexec.server.limits.body import MAX_JSON_DEPTH
 from test_guided_decoding import make_executor
 from test_server import MESSAGES, served, wait_until_idle
-from test_speculative_identity import assert_all_pages_free
 
 CHAT = "/v1/chat/completions"
 JSON = {"content-type": "application/json"}

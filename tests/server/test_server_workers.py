@@ -9,16 +9,10 @@ import socket
 
 import httpx
 import openai
+from factories import assert_all_pages_free, free_port
 from prometheus_client.parser import text_string_to_metric_families
 from specexec.server.serve import answering_loading
 from test_server import MESSAGES, NGRAM, served, wait_until_idle
-from test_speculative_identity import assert_all_pages_free
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def answer_ok(scope, receive, send) -> None:
