@@ -2,6 +2,7 @@
 
 - `assert_all_pages_free`: the page-accounting invariant after every request ended (target and draft
   caches, reference counts equal to their holders, nothing left in the scheduler).
+- `tiny_config`: the executor settings the float64 tiny-model tests start from.
 - `free_port`: a loopback port no one listens on, for tests that start servers or ranks.
 """
 
@@ -9,7 +10,18 @@ from __future__ import annotations
 
 import socket
 
+from specexec import ExecutorConfig
 from specexec.executor.executor import Executor
+
+#: what the float64 tiny-model tests run with unless a test says otherwise
+TINY_SETTINGS = dict(
+    num_kv_blocks=128, block_size=4, max_num_tokens=128, max_batch_size=8, dtype="float64", device="cpu"
+)
+
+
+def tiny_config(**overrides) -> ExecutorConfig:
+    """An ExecutorConfig for a tiny random model: TINY_SETTINGS with ``overrides`` on top."""
+    return ExecutorConfig(**{**TINY_SETTINGS, **overrides})
 
 
 def assert_all_pages_free(executor: Executor) -> None:

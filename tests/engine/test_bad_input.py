@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import tiny_config
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
@@ -18,17 +19,8 @@ MAX_TOKENS = 4
 
 def make_executor(**config_overrides) -> Executor:
     _, model = make_tiny_model("llama")
-    settings = dict(
-        num_kv_blocks=32,
-        block_size=4,
-        max_num_tokens=64,
-        max_batch_size=8,
-        dtype="float64",
-        device="cpu",
-        max_model_len=MAX_MODEL_LEN,
-    )
-    settings.update(config_overrides)
-    return Executor(model, ExecutorConfig(**settings), tokenizer=make_tiny_tokenizer())
+    settings = dict(num_kv_blocks=32, max_num_tokens=64, max_model_len=MAX_MODEL_LEN)
+    return Executor(model, tiny_config(**{**settings, **config_overrides}), tokenizer=make_tiny_tokenizer())
 
 
 def greedy(max_tokens: int = MAX_TOKENS, **kwargs) -> SamplingParams:

@@ -16,7 +16,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from factories import assert_all_pages_free
+from factories import assert_all_pages_free, tiny_config
 from rest_stores import token_datastore_file
 from specexec.drafters.base import Drafter, DraftProposal
 from specexec.drafters.draft_target import DraftTargetDrafter
@@ -52,12 +52,8 @@ BATCHES = {"batch1": [SINGLE_PROMPT], "batch8": make_batch_prompts()}
 
 
 def make_config(**overrides) -> ExecutorConfig:
-    settings = dict(
-        num_kv_blocks=128, block_size=4, max_num_tokens=128, max_batch_size=8, dtype="float64", device="cpu"
-    )
-    settings.update(overrides)
-    settings["speculative_config"] = drafting_every_step(settings.get("speculative_config"))
-    return ExecutorConfig(**settings)
+    spec = drafting_every_step(overrides.pop("speculative_config", None))
+    return tiny_config(**overrides, speculative_config=spec)
 
 
 def drafting_every_step(spec):

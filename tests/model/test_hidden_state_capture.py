@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import tiny_config
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
 from specexec.executor.model.forward_io import SequenceInput
@@ -15,15 +16,7 @@ CAPTURED = [0, 1, NUM_LAYERS // 2, NUM_LAYERS]
 
 def make_executor(arch: str):
     ref, model = make_tiny_model(arch, num_hidden_layers=NUM_LAYERS)
-    config = ExecutorConfig(
-        num_kv_blocks=32,
-        block_size=4,
-        max_num_tokens=64,
-        max_batch_size=8,
-        dtype="float64",
-        device="cpu",
-        capture_hidden_layers=CAPTURED,
-    )
+    config = tiny_config(num_kv_blocks=32, max_num_tokens=64, capture_hidden_layers=CAPTURED)
     return ref, Executor(model, config)
 
 

@@ -9,7 +9,7 @@ import functools
 
 import pytest
 import torch
-from factories import assert_all_pages_free
+from factories import assert_all_pages_free, tiny_config
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.drafters.draft_target import DraftTargetDrafter
 from specexec.executor.layers import cpu_kernels as kernels_module
@@ -27,16 +27,7 @@ SMALL_POOL = 40
 
 
 def make_config(impl: str, **overrides) -> ExecutorConfig:
-    settings = dict(
-        num_kv_blocks=128,
-        block_size=4,
-        max_num_tokens=128,
-        max_batch_size=8,
-        dtype="float64",
-        device="cpu",
-        model_impl=impl,
-    )
-    return ExecutorConfig(**{**settings, **overrides})
+    return tiny_config(**{"model_impl": impl, **overrides})
 
 
 def make_requests(prompts) -> list[Request]:
