@@ -100,17 +100,20 @@ class Executor:
     ) -> RequestState:
         """Queue one request; its events come back from `step()`. A bad one is finished at once with
         ``finish_reason="error"``. With ``n`` > 1 every sample is queued; sample 0's state is returned."""
-        return self._submit_samples(request, sampling_params, self._direct, streaming=False)[0]
+        return self.submit(request, sampling_params, self._direct, streaming=False)[0]
 
-    def _submit_samples(
+    def submit(
         self,
         request: Request | Prompt,
         sampling_params: SamplingParams | None,
         caller: Caller,
+        *,
         streaming: bool,
     ) -> list[RequestState]:
-        """A request with ``n`` > 1 becomes n requests ``<id>#<i>``, sample i seeded with seed + i (the
-        prompt is computed for each); any other request is submitted as it is (and checked there)."""
+        """Queue a request for ``caller`` (its events go to ``caller.events``); its samples' states. A bad
+        request is finished at once with ``finish_reason="error"``. A request with ``n`` > 1 becomes n
+        requests ``<id>#<i>``, sample i seeded with seed + i (the prompt is computed for each); any other
+        request is submitted as it is (and checked there)."""
         request = as_request(request, sampling_params or SamplingParams())
         params = request.sampling_params
         n = getattr(params, "n", 1)
@@ -214,7 +217,7 @@ class Executor:
         interrupt (Ctrl-C) aborts this call's requests before it propagates."""
         caller = Caller()
         try:
-            groups = [self._submit_samples(r, sampling_params, caller, streaming=False) for r in requests]
+            groups = [self.submit(r, sampling_params, caller, streaming=False) for r in requests]
             for _ in self._loop.drive(caller):
                 pass
         except BaseException:
@@ -230,7 +233,7 @@ class Executor:
         caller = Caller()
         try:
             for r in requests:
-                self._submit_samples(r, sampling_params, caller, streaming=True)
+                self.submit(r, sampling_params, caller, streaming=True)
             yield from self._loop.drive(caller)
         finally:
             if caller.unfinished:
@@ -291,18 +294,6 @@ class Executor:
 
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
-
-    def submit(
-        self,
-        request: Request | Prompt,
-        sampling_params: SamplingParams | None,
-        caller: Caller,
-        *,
-        streaming: bool,
-    ) -> list[RequestState]:
-        """Queue a request for ``caller`` (its events go to ``caller.events``): its samples' states, one
-        unless ``n`` > 1. A bad request is finished at once with ``finish_reason="error"``."""
-        return self._submit_samples(request, sampling_params, caller, streaming)
 
     def cancel(self, caller: Caller) -> None:
         """Abort every unfinished request of ``caller`` and free the ids it claimed."""
