@@ -242,14 +242,14 @@ def chosen_baselines(args) -> list[str]:
 
 def _check_drafters(configs: list[NamedConfig]) -> None:
     """Each config's drafter exists and its options are good, before any model loads."""
-    from ..executor.engine.speculation.speculation_stage import check_drafter_options
+    from ..executor.engine.speculation.speculation_stage import choose_drafter
     from ..executor.engine.speculation.speculative_config import SpeculativeConfig
     from ..plugins import get_plugin_manager
 
     plugins = get_plugin_manager()
     for c in configs:
         if isinstance(c.config.speculative_config, SpeculativeConfig):  # (auto: the executor's own choice)
-            check_drafter_options(c.config.speculative_config, plugins)
+            choose_drafter(c.config.speculative_config, plugins)
 
 
 def run(args) -> int:

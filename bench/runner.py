@@ -228,7 +228,7 @@ class BenchRunner:
                 self._summarize("hf-guided", 1, records, wall, extra, "transformers")
             return
         if 1 in self.concurrencies:
-            from ..drafters.quantize import quantized_copy
+            from ..drafters.draft_target.quantized_copy import quantized_copy
 
             variants: dict[str, dict] = {"hf": {}}
             for n in self._prompt_lookup_lengths():
@@ -304,7 +304,7 @@ class BenchRunner:
 
     def _self_draft_dtype(self, model) -> torch.dtype:
         from ..drafters.base import DrafterContext
-        from ..drafters.builtin import self_draft_dtype
+        from ..drafters.draft_target.self_draft import self_draft_dtype
 
         context = DrafterContext(model, self._tokenizer, 0, self.configs[0].config)
         return getattr(torch, self_draft_dtype(context, "int8"))

@@ -8,6 +8,7 @@ overrides (``propose``, or ``prepare_draft_tokens`` for batched drafters).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from ..sampling import compute_probs, device_tensor
 from ..sampling.params import filter_flags
 
 __all__ = [
+    "DraftBinding",
     "DraftProposal",
     "Drafter",
     "DrafterContext",
@@ -41,13 +43,50 @@ class DraftProposal:
 
 @dataclass(slots=True)
 class DrafterContext:
-    """What a drafter factory gets to build a drafter."""
+    """What a drafter factory gets, besides its options, to build a drafter."""
 
     target_model: torch.nn.Module  #: the target model (a draft may share its embeddings or copy it)
     tokenizer: object | None  #: the target's tokenizer
     vocab_size: int  #: the target's vocabulary size
     executor_config: object  #: the ExecutorConfig (dtype, device, KV budget, block size)
     target_path: Path | None = None  #: the file or directory the target was loaded from (None: a module)
+    max_draft_len: int = 3  #: ``speculative_config.max_draft_len``: the most drafts per request per step
+
+
+@dataclass(frozen=True, slots=True)
+class DraftBinding:
+    """What the executor decides for one run and hands a drafter once, when it binds it
+    (`Drafter.bind_target`): the target it drafts for and how. A drafter reads it as ``self.binding``
+    (or through `Drafter.draft_tree`, `Drafter.confidence_stop`, `Drafter.use_grammar_masks`); nothing
+    else is written onto a drafter after it is built, so one passed in again binds afresh."""
+
+    runner: object = None  #: the target's `ModelRunner` (LayerSkip runs its layers on its KV cache)
+    block_manager: object = None  #: the target's `BlockManager`
+    #: False turns draft-side grammar masks off (``draft_side_grammar_masks``, for the ablation)
+    use_grammar_masks: bool = True
+    #: with ``speculative_config.draft_tree``: the `TreeShape` to draft within (``num_draft_slots`` then
+    #: still answers a depth; the scheduled slots are the tree's nodes); None: chains
+    draft_tree: object = None
+    #: under draft_len_policy "confidence", for a drafter that ``reports_confidence``: the
+    #: `ConfidenceStop` that ends each chain where one more draft does not pay; else None
+    confidence_stop: object = None
+
+
+def options_from(options_type: type, options, fields: dict):
+    """A drafter constructor's options: ``options`` (an ``options_type``) or ``fields`` (its fields as
+    keyword arguments), not both; neither: the defaults."""
+    if options is not None and fields:
+        raise TypeError(f"pass either a {options_type.__name__} or its fields as keyword arguments, not both")
+    if options is None:
+        return options_type(**fields)
+    if not isinstance(options, options_type):
+        raise TypeError(f"options must be a {options_type.__name__}, got {type(options).__name__}")
+    return options
+
+
+def option_fields(options) -> dict:
+    """An options dataclass as keyword arguments."""
+    return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
 
 
 def draft_distribution(logits: torch.Tensor, params) -> torch.Tensor:
@@ -64,10 +103,12 @@ def draft_distribution(logits: torch.Tensor, params) -> torch.Tensor:
 
 
 def declare_options(options_type: type):
-    """Decorator for a drafter factory: the dataclass of its options (``speculative_config`` keys other
-    than decoding_type, max_draft_len, draft_len_schedule and draft_len_policy). The executor builds it
-    from the config before any model loads, so an unknown key or a bad value fails at once; decorate
-    the dataclass with ``specexec.executor.options.reject_unknown_keys`` for a clear unknown-key error."""
+    """Decorator for a drafter factory ``make(options, context)``: the dataclass of its options
+    (``speculative_config`` keys other than decoding_type, max_draft_len, draft_len_schedule and
+    draft_len_policy). The executor parses them into it once, before any model loads, so an unknown key
+    or a bad value fails at once, and hands the factory that object; decorate the dataclass with
+    ``specexec.executor.engine.options.reject_unknown_keys`` for a clear unknown-key error. A factory
+    that declares none gets the options as the mapping the config holds."""
 
     def mark(factory):
         factory.options = options_type
@@ -89,8 +130,6 @@ class Drafter:
     hidden_state_layers: tuple[int, ...] = ()
     #: it keeps a KV cache of its own (rewound with the target's)
     owns_kv_cache: bool = False
-    #: set by the executor: False turns draft-side grammar masks off (for the ablation)
-    use_grammar_masks: bool = True
     #: its calls run on the loop's thread instead of the guard's (no thread hop: on CPU a second thread's
     #: OpenMP team slows a drafter's model by about a quarter); the deadline is then checked when a call
     #: returns, and a call that never returns cannot be cut short. The built-in drafters set it.
@@ -98,8 +137,6 @@ class Drafter:
     #: it ends each request's chain early when ``confidence_stop`` says one more draft does not pay,
     #: judged by its own confidence (draft_len_policy "confidence"; others fall back to "auto")
     reports_confidence: bool = False
-    #: set by the executor under draft_len_policy "confidence" (an `executor.confidence_stop.ConfidenceStop`)
-    confidence_stop = None
     #: after each verifying forward, ``request.target_tokens`` holds its drafts and the target's greedy
     #: token at each of their rows (the root's first), read at the next call (Lookahead's Jacobi iterate)
     wants_target_tokens: bool = False
@@ -108,9 +145,24 @@ class Drafter:
     initial_acceptance: float | None = None
     #: the tree shape ``draft_tree: true`` takes (a `tree_config.TreeShape`); None: it drafts chains only
     default_tree = None
-    #: set by the executor when ``speculative_config.draft_tree`` is on: the `TreeShape` to draft within
-    #: (``num_draft_slots`` then still answers a depth; the scheduled slots are the tree's nodes)
-    draft_tree = None
+    #: what the executor decided for this run (`DraftBinding`), given by `bind_target`; None: not bound
+    binding: DraftBinding | None = None
+
+    @property
+    def use_grammar_masks(self) -> bool:
+        """Whether guided requests' drafts are masked by their grammar (the binding's; True unbound)."""
+        return self.binding is None or self.binding.use_grammar_masks
+
+    @property
+    def draft_tree(self):
+        """The `TreeShape` to draft within, under ``speculative_config.draft_tree``; None: chains."""
+        return None if self.binding is None else self.binding.draft_tree
+
+    @property
+    def confidence_stop(self):
+        """The `ConfidenceStop` under draft_len_policy "confidence" (a drafter that reports confidence
+        ends each chain with it); None otherwise."""
+        return None if self.binding is None else self.binding.confidence_stop
 
     def grammar_of(self, request):
         """This step's snapshot of the request's grammar (``fork_for_drafting()``, ``is_terminated()``)
@@ -122,6 +174,7 @@ class Drafter:
         if not isinstance(max_draft_len, int) or not 1 <= max_draft_len <= 32:
             raise ValueError(f"max_draft_len must be an integer in 1..32, got {max_draft_len!r}")
         self.max_draft_len = max_draft_len
+        self.binding = None  #: set by `bind_target` only
 
     # ---- what subclasses override -------------------------------------------------------------
     def num_draft_slots(self, request) -> int:
@@ -149,9 +202,12 @@ class Drafter:
         """Forget what finished requests taught it (a drafter that learns from earlier outputs, as
         Suffix's shared index does): benchmarks start each run cold. Nothing to forget by default."""
 
-    def bind_target(self, runner, block_manager) -> None:
-        """Called once at start-up with the target's runner (`ModelRunner`) and block manager, for a drafter
-        that runs the target's own layers on its KV cache (LayerSkip). The others need nothing."""
+    def bind_target(self, binding: DraftBinding) -> None:
+        """Called once at start-up, after the target's kernels, graphs and forward costs are settled,
+        with what the executor decided for this run; binding again replaces it. A drafter that runs the
+        target's own layers on its KV cache (LayerSkip) overrides it to set itself up on
+        ``binding.runner``, calling this one too."""
+        self.binding = binding
 
     def capture_cuda_graphs(self, backend, max_batch_size: int, max_model_len: int) -> list:
         """Capture the models this drafter runs every step (called once at start-up on CUDA, after the

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..drafters.base import Drafter, DrafterContext
+from ..drafters.base import DraftBinding, Drafter, DrafterContext
 from .config import ExecutorConfig
 from .engine.block_manager import BlockManager
 from .engine.engine_core import EngineCore
@@ -18,7 +18,7 @@ from .engine.output_processor import OutputProcessor
 from .engine.scheduler import Scheduler
 from .engine.speculation.confidence_stop import ConfidenceStop
 from .engine.speculation.draft_length import DraftLengthPolicy, ForwardCostModel
-from .engine.speculation.speculation_stage import SpeculationStage, build_drafter, check_drafter_options
+from .engine.speculation.speculation_stage import DrafterChoice, SpeculationStage, choose_drafter
 from .engine.speculation.tree_config import resolve_draft_tree
 from .kernel_plan.dtype import DtypeChoice, choose_dtype
 from .kernel_plan.forward_cost import target_forward_cost
@@ -35,13 +35,14 @@ from .parallel.launch import refuse_unbuilt_options, start_ranks
 logger = logging.getLogger("specexec")
 
 
-def check_before_loading(model, config: ExecutorConfig, drafter, plugins) -> None:
+def check_before_loading(model, config: ExecutorConfig, drafter, plugins) -> Drafter | DrafterChoice | None:
     """Refuse, with a ValueError naming the key, whatever is wrong without loading any model: the
-    drafter and its options, and a ``max_model_len`` beyond the model's position embeddings."""
+    drafter and its options, and a ``max_model_len`` beyond the model's position embeddings. Returns
+    the drafter to build the engine with: the one passed in, or the config's with its options parsed."""
     if drafter is not None and not isinstance(drafter, Drafter):
         raise ValueError(f"drafter must be a specexec Drafter, got {type(drafter).__name__}")
     if config.speculative_config is not None and drafter is None:
-        check_drafter_options(config.speculative_config, plugins)
+        drafter = choose_drafter(config.speculative_config, plugins)
     if config.tensor_parallel_size > 1:
         refuse_unbuilt_options(model, config)
         if config.speculative_config is not None and config.speculative_config.draft_tree:
@@ -53,6 +54,7 @@ def check_before_loading(model, config: ExecutorConfig, drafter, plugins) -> Non
                 f"config key 'max_model_len': got {config.max_model_len}; allowed: at most {limit}, "
                 "the model's max_position_embeddings"
             )
+    return drafter
 
 
 def _model_position_limit(model, config: ExecutorConfig) -> int | None:
@@ -84,9 +86,15 @@ def resolve_dtype(model, config: ExecutorConfig) -> DtypeChoice:
 
 
 def build_engine_core(
-    model, config: ExecutorConfig, tokenizer, drafter: Drafter | None, plugins, dtype: DtypeChoice
+    model,
+    config: ExecutorConfig,
+    tokenizer,
+    drafter: Drafter | DrafterChoice | None,
+    plugins,
+    dtype: DtypeChoice,
 ) -> EngineCore:
-    """Load (in ``dtype``, see `resolve_dtype`), size the KV pool, build the stages."""
+    """Load (in ``dtype``, see `resolve_dtype`), size the KV pool, build the stages; ``drafter`` is what
+    `check_before_loading` returned."""
     model, tokenizer, target_path, quantization, model_impl = load_target(
         model, tokenizer, config, dtype.dtype
     )
@@ -122,11 +130,13 @@ def _assemble(model, tokenizer, config, drafter, plugins, runner, block_manager,
     text_config = model.config.get_text_config()
     vocab_size = text_config.vocab_size
     max_model_len = _max_model_len(model, config, block_manager)
-    context = DrafterContext(model, tokenizer, vocab_size, config, target_path)
-    drafter = _setup_drafter(context, drafter, plugins, runner, block_manager)
+    drafter = _setup_drafter(model, tokenizer, config, target_path, drafter, plugins, runner)
+    draft_tree = _draft_tree(config.speculative_config, drafter)
     kernels = plan_kernels(config, model, runner, drafter, dtype)
     graph_reports = capture_cuda_graphs(config, runner, drafter, max_model_len)
-    speculation = _speculation_stage(model, vocab_size, config, drafter, plugins, runner, block_manager)
+    speculation = _speculation_stage(
+        model, vocab_size, config, drafter, draft_tree, plugins, runner, block_manager
+    )
     if speculation.policy is not None:
         kernels.forward_cost = speculation.policy.cost_model
     eos_token_ids = _eos_token_ids(model, tokenizer)
@@ -252,22 +262,20 @@ def _max_model_len(model, config: ExecutorConfig, block_manager: BlockManager) -
     return min(model_len, pool_len)
 
 
-def _setup_drafter(context: DrafterContext, drafter, plugins, runner, block_manager) -> Drafter | None:
-    """The drafter (the one passed in, or the config's), registered, with its hidden states captured."""
-    config = context.executor_config
+def _setup_drafter(model, tokenizer, config, target_path, drafter, plugins, runner) -> Drafter | None:
+    """The drafter (the one passed in, or built from the config's choice), registered, with the
+    target's hidden states it reads captured. It is bound later (`_speculation_stage`)."""
     spec = config.speculative_config
-    if drafter is None and spec is not None:
-        drafter = build_drafter(spec, context, plugins)
+    if isinstance(drafter, DrafterChoice):
+        vocab_size = model.config.get_text_config().vocab_size
+        context = DrafterContext(model, tokenizer, vocab_size, config, target_path, spec.max_draft_len)
+        drafter = drafter.build(context)
     if drafter is None:
         return None
-    plugins.register(drafter, name="drafter")
-    drafter.use_grammar_masks = config.draft_side_grammar_masks
-    drafter.draft_tree = None  # (a drafter passed in may have served another executor)
     if spec is not None and spec.draft_tree:
-        refuse_trees_here(context.target_model, runner)
-        drafter.draft_tree = resolve_draft_tree(spec.draft_tree, drafter)
+        refuse_trees_here(model, runner)
+    plugins.register(drafter, name="drafter")
     runner.capture(tuple(drafter.hidden_state_layers))
-    drafter.bind_target(runner, block_manager)
     return drafter
 
 
@@ -289,29 +297,47 @@ def refuse_trees_here(model, runner) -> None:
         raise ValueError("speculative_config.draft_tree does not run with tensor parallelism yet")
 
 
+def _draft_tree(spec, drafter):
+    """The `TreeShape` the drafter drafts within under ``speculative_config.draft_tree``, else None."""
+    if drafter is None or spec is None or not spec.draft_tree:
+        return None
+    return resolve_draft_tree(spec.draft_tree, drafter)
+
+
 def _speculation_stage(
-    model, vocab_size: int, config: ExecutorConfig, drafter, plugins, runner, block_manager
+    model, vocab_size: int, config: ExecutorConfig, drafter, draft_tree, plugins, runner, block_manager
 ) -> SpeculationStage:
-    """The stage, with the draft-length policy; ``auto`` times the target's forwards as they will run
-    (after graph capture, so a replayed forward is what is measured)."""
+    """The stage, with the drafter bound and the draft-length policy; ``auto`` and ``confidence`` time the
+    target's forwards as they will run (after graph capture, so a replayed forward is what is measured)."""
     spec = config.speculative_config
     if drafter is None:
         return SpeculationStage(plugins, None, spec, vocab_size)
-    policy = None
-    drafter.confidence_stop = None  # (a drafter passed in may have served another executor)
-    if spec is not None and spec.draft_len_policy != "fixed":
+    policy_name = spec.draft_len_policy if spec is not None else "fixed"
+    cost = None
+    if policy_name != "fixed":
         cost = ForwardCostModel.linear()
-        if spec.draft_len_policy in ("auto", "confidence"):
+        if policy_name in ("auto", "confidence"):
             cost = target_forward_cost(config, model, runner, block_manager)
-        if spec.draft_len_policy == "confidence" and drafter.reports_confidence:
-            drafter.confidence_stop = ConfidenceStop(cost)  # the drafter ends each chain itself
-        else:
-            if spec.draft_len_policy == "confidence":
-                logger.info(
-                    "%s reports no draft confidence: draft_len_policy 'confidence' runs as 'auto'",
-                    type(drafter).__name__,
-                )
-            policy = DraftLengthPolicy(drafter.max_draft_len, cost)
-            if drafter.initial_acceptance is not None:  # the drafter's own estimate (LayerSkip measures one)
-                policy.initial_rate = drafter.initial_acceptance
+    stops_itself = policy_name == "confidence" and drafter.reports_confidence
+    if policy_name == "confidence" and not stops_itself:
+        logger.info(
+            "%s reports no draft confidence: draft_len_policy 'confidence' runs as 'auto'",
+            type(drafter).__name__,
+        )
+    drafter.bind_target(
+        DraftBinding(
+            runner,
+            block_manager,
+            use_grammar_masks=config.draft_side_grammar_masks,
+            draft_tree=draft_tree,
+            confidence_stop=ConfidenceStop(cost)
+            if stops_itself
+            else None,  # the drafter ends each chain itself
+        )
+    )
+    policy = None
+    if cost is not None and not stops_itself:
+        policy = DraftLengthPolicy(drafter.max_draft_len, cost)
+        if drafter.initial_acceptance is not None:  # the drafter's own estimate (LayerSkip measures one)
+            policy.initial_rate = drafter.initial_acceptance
     return SpeculationStage(plugins, drafter, spec, vocab_size, policy, config.drafter_timeout_s)

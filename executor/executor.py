@@ -60,7 +60,7 @@ class Executor:
         )
         config = self.config
         plugins = get_plugin_manager()
-        check_before_loading(model, config, drafter, plugins)
+        drafter = check_before_loading(model, config, drafter, plugins)
         notes = len(measurement_notes())
         with measuring_budget(config.measuring_budget_s):
             #: the dtype the model runs in, and why (``dtype: auto`` measures this machine once)

@@ -40,4 +40,6 @@ def specexec_release_request(request: object) -> None:
 @hookspec
 def specexec_drafter_factories() -> dict:
     """Drafters this plugin provides: ``{decoding_type name: factory}``. A factory is called as
-    ``factory(spec_config=SpeculativeConfig, context=DrafterContext)`` and returns a ``Drafter``."""
+    ``factory(options, context)`` and returns a ``Drafter``: ``options`` is the dataclass the factory
+    declares with ``declare_options`` (parsed once, before any model loads), else the config's options
+    mapping; ``context`` is a ``DrafterContext`` (its ``max_draft_len`` is the config's)."""

@@ -37,16 +37,13 @@ from ...executor.model.model_runner import PagedInputs
 from ...sampling import sample_from_probs
 from ..base import Drafter, DraftProposal, draft_distribution
 from ..draft_masks import DraftMasks
-from ..ngram import NGramConfig, NGramDrafter
+from ..ngram import NGramDrafter
 from . import tree_growth
 from .head import Eagle3Head, default_aux_layers
 from .head_cache import HeadCache, PagedHeadAttention
+from .options import TREE_GROWTHS
 from .text_odds import TextOdds
 from .tree_siblings import TreeSiblings
-
-#: ``tree_growth``: "dynamic" (EAGLE-2's tree, `dynamic_tree.py`: the head expands the best paths at each
-#: depth) or "siblings" (its chain with the runners-up at each depth as leaves, `tree_siblings.py`)
-TREE_GROWTHS = ("dynamic", "siblings")
 
 
 class Eagle3Drafter(Drafter):
@@ -69,8 +66,15 @@ class Eagle3Drafter(Drafter):
         block_size: int = 16,
         max_num_tokens: int = 2048,
         prompt_lookup: bool = False,
+        head_quantization=None,
+        tree_growth: str = "dynamic",
     ) -> None:
+        """``head_quantization``: how the head's weights were made to run (a
+        `head_quantization.HeadQuantization`, for reports; None: the head as given); ``tree_growth``: how
+        ``draft_tree`` grows (`options.TREE_GROWTHS`)."""
         super().__init__(max_draft_len)
+        if tree_growth not in TREE_GROWTHS:
+            raise ValueError(f"tree_growth must be one of {', '.join(TREE_GROWTHS)}, got {tree_growth!r}")
         cfg = head.config
         if cfg.vocab_size != target_vocab_size:
             raise ValueError(
@@ -95,19 +99,14 @@ class Eagle3Drafter(Drafter):
         self.inputs = PagedInputs(KVCache(spec, num_blocks, block_size, device), max_num_tokens)
         self._masks = DraftMasks(target_vocab_size, device)
         #: each request's own text, looked up for its current suffix (see `_pick_rows`)
-        self.lookup = (
-            NGramDrafter(NGramConfig(max_draft_len, is_public_pool=False)) if prompt_lookup else None
-        )
+        self.lookup = NGramDrafter(max_draft_len, is_public_pool=False) if prompt_lookup else None
         self.lookup_min_match = 2
         self.lookup_below_confidence = 0.5
         self.num_drafts_from_text = 0  #: drafts the text gave where the head was unsure (prompt lookup)
         #: how often each request's text drafts are accepted: their confidence under "confidence"
         self.text_odds = TextOdds()
-        #: how the head's weights run (`head_quantization.HeadQuantization`, set by the builtin factory;
-        #: None: the head as given)
-        self.head_quantization = None
-        #: how ``draft_tree`` grows (`TREE_GROWTHS`; the ``tree_growth`` option)
-        self.tree_growth = "dynamic"
+        self.head_quantization = head_quantization
+        self.tree_growth = tree_growth
 
     def capture_cuda_graphs(self, backend, max_batch_size: int, max_model_len: int) -> list:
         """The head's graphs: a catch-up of 1 + accepted positions (query lengths 1 and 1 + k) and each

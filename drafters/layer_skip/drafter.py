@@ -15,16 +15,15 @@ auto or specexec), whose layer stack runs as one C++ op for any subset.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from ...executor.engine.options import check_number
 from ...executor.engine.scratch_forward import SCRATCH_REQUEST_ID
 from ...executor.model.forward_io import SequenceInput
 from ..base import Drafter, DraftProposal
 from .choice import candidate_sets, expected_speedup
+from .options import LayerSkipOptions
 
 logger = logging.getLogger("specexec.loading")
 
@@ -37,55 +36,36 @@ CALIBRATION_PROMPTS = (
 )
 
 
-@dataclass(slots=True)
-class LayerSkipConfig:
-    max_draft_len: int = 3  #: drafts per request per step (1..32)
-    #: the target's layers the draft skips (0-based); None: chosen at start-up on calibration text
-    skip_layers: list[int] | None = None
-    calibration_tokens: int = 32  #: the target's own continuation of each calibration prompt, in tokens
-
-    def __post_init__(self) -> None:
-        check_number("max_draft_len", self.max_draft_len, 1, 32, integer=True)
-        check_number("calibration_tokens", self.calibration_tokens, 1, 512, integer=True)
-        if self.skip_layers is not None and (
-            not isinstance(self.skip_layers, list)
-            or not self.skip_layers
-            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.skip_layers)
-        ):
-            raise ValueError(
-                f"skip_layers must be a non-empty list of layer indices >= 0, got {self.skip_layers!r}"
-            )
-
-
 class LayerSkipDrafter(Drafter):
     runs_on_loop_thread = True  #: built in: bounded work, no thread hop (see Drafter)
 
-    def __init__(self, config: LayerSkipConfig, tokenizer=None) -> None:
-        super().__init__(config.max_draft_len)
-        self.config = config
+    def __init__(
+        self, max_draft_len: int = 3, options: LayerSkipOptions | None = None, tokenizer=None
+    ) -> None:
+        super().__init__(max_draft_len)
+        self.options = options if options is not None else LayerSkipOptions()
         self.tokenizer = tokenizer
         self.skipped: tuple[int, ...] = ()  #: set by `bind_target`
         self.choice: str = ""  #: how the skipped layers were chosen (for logs and reports)
         self._layers: nn.ModuleList | None = None
-        self._runner = None
-        self._block_manager = None
 
     # ---- set-up ----------------------------------------------------------------------------------
-    def bind_target(self, runner, block_manager) -> None:
+    def bind_target(self, binding) -> None:
+        super().bind_target(binding)
+        runner = binding.runner
         if getattr(runner, "decoder", None) is None:
             raise ValueError(
                 "LayerSkip drafts with the target's own layers: it needs specexec's own decoder "
                 "(a Llama-family target with model_impl auto or specexec), not transformers' modules"
             )
-        self._runner, self._block_manager = runner, block_manager
         layers = runner.model.model.layers
-        if self.config.skip_layers is not None:
-            bad = [i for i in self.config.skip_layers if i >= len(layers)]
-            if bad or len(set(self.config.skip_layers)) >= len(layers):
+        if self.options.skip_layers is not None:
+            bad = [i for i in self.options.skip_layers if i >= len(layers)]
+            if bad or len(set(self.options.skip_layers)) >= len(layers):
                 raise ValueError(
-                    f"skip_layers {self.config.skip_layers}: the target has layers 0..{len(layers) - 1}, and one must run"
+                    f"skip_layers {self.options.skip_layers}: the target has layers 0..{len(layers) - 1}, and one must run"
                 )
-            self.skipped = tuple(sorted(set(self.config.skip_layers)))
+            self.skipped = tuple(sorted(set(self.options.skip_layers)))
             self.choice = "given"
         else:
             self.skipped, self.choice = self._choose(layers)
@@ -133,12 +113,12 @@ class LayerSkipDrafter(Drafter):
         else:
             ids = list(tok(prompt)["input_ids"])
         start = len(ids)
-        bm = self._block_manager
-        bm.allocate(SCRATCH_REQUEST_ID, start + self.config.calibration_tokens)
+        bm = self.binding.block_manager
+        bm.allocate(SCRATCH_REQUEST_ID, start + self.options.calibration_tokens)
         try:  # a prefill, then one decode step a token on the same scratch pages
             table = bm.block_tables[SCRATCH_REQUEST_ID]
             seq = SequenceInput(list(ids), 0, table, 1)
-            for _ in range(self.config.calibration_tokens):
+            for _ in range(self.options.calibration_tokens):
                 ids.append(int(self._forward([seq], None)[-1].argmax()))
                 seq = SequenceInput([ids[-1]], len(ids) - 1, table, 1)
         finally:
@@ -148,7 +128,7 @@ class LayerSkipDrafter(Drafter):
     def _logits(self, tokens: list[int], layers: nn.ModuleList | None) -> torch.Tensor:
         """Logits [len(tokens), vocab] of one prefill over ``tokens`` on scratch pages (all layers, or
         ``layers``), the pages freed at once."""
-        bm = self._block_manager
+        bm = self.binding.block_manager
         bm.allocate(SCRATCH_REQUEST_ID, len(tokens))
         try:
             seq = SequenceInput(list(tokens), 0, bm.block_tables[SCRATCH_REQUEST_ID], len(tokens))
@@ -157,7 +137,7 @@ class LayerSkipDrafter(Drafter):
             bm.free(SCRATCH_REQUEST_ID)
 
     def _forward(self, seqs: list[SequenceInput], layers: nn.ModuleList | None) -> torch.Tensor:
-        runner = self._runner
+        runner = self.binding.runner
         batch = runner.prepare(seqs)
         logits, _ = runner.decoder.forward(
             batch.input_ids, batch.positions, batch.metadata, batch.logit_indices, (), layers=layers
@@ -169,7 +149,7 @@ class LayerSkipDrafter(Drafter):
     def prepare_draft_tokens(self, scheduled_requests: list, resources) -> dict[str, DraftProposal]:
         """Each step one forward of the kept layers over one token per request: its root first, then its
         last draft, at the slots the target verifies them in."""
-        tables = self._block_manager.block_tables
+        tables = self.binding.block_manager.block_tables
         todo = [(s.request, s.num_draft_slots) for s in scheduled_requests if s.num_draft_slots > 0]
         drafts: dict[str, list[int]] = {r.request_id: [] for r, _ in todo}
         feed = {r.request_id: r.token_ids[r.num_computed_tokens] for r, _ in todo}

@@ -13,29 +13,11 @@ token) and ``verification_set_size`` (the pool's n-grams drafted per step).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from ...executor.engine.options import check_number
 from ...executor.engine.speculation.tree_config import TreeShape
 from ...sampling.tree_shape import trie_of_chains
-from ..base import Drafter, DraftProposal
+from ..base import Drafter, DraftProposal, options_from
 from .jacobi import JacobiState
-
-
-@dataclass(slots=True)
-class LookaheadConfig:
-    max_draft_len: int = 3  #: the deepest a draft goes (1..32)
-    window_size: int = 3  #: positions the Jacobi window guesses ahead
-    ngram_size: int = 3  #: tokens of each pool n-gram, its first token the key (2..)
-    pool_size: int = 8  #: n-grams kept per first token (the newest)
-    verification_set_size: int = 2  #: the pool's n-grams drafted per step
-
-    def __post_init__(self) -> None:
-        check_number("max_draft_len", self.max_draft_len, 1, 32, integer=True)
-        check_number("window_size", self.window_size, 1, 32, integer=True)
-        check_number("ngram_size", self.ngram_size, 2, 33, integer=True)
-        check_number("pool_size", self.pool_size, 1, integer=True)
-        check_number("verification_set_size", self.verification_set_size, 1, 16, integer=True)
+from .options import LookaheadOptions
 
 
 class LookaheadDrafter(Drafter):
@@ -44,9 +26,10 @@ class LookaheadDrafter(Drafter):
     #: ``draft_tree: true``: the window and the pool's n-grams as one tree
     default_tree = TreeShape(max_nodes=8, branching=3)
 
-    def __init__(self, config: LookaheadConfig) -> None:
-        super().__init__(config.max_draft_len)
-        self.config = config
+    def __init__(self, max_draft_len: int = 3, options: LookaheadOptions | None = None, **fields) -> None:
+        """``options`` (a `LookaheadOptions`) or its fields as keyword arguments."""
+        super().__init__(max_draft_len)
+        self.options = options_from(LookaheadOptions, options, fields)
         self._states: dict[str, JacobiState] = {}
         #: request id -> (root position, drafts, the guess branch's nodes) of its last proposal
         self._proposed: dict[str, tuple[int, list[int], list[int]]] = {}
@@ -54,7 +37,7 @@ class LookaheadDrafter(Drafter):
     def _state(self, request) -> JacobiState:
         state = self._states.get(request.request_id)
         if state is None:
-            c = self.config
+            c = self.options
             state = self._states[request.request_id] = JacobiState(c.window_size, c.ngram_size, c.pool_size)
         self._learn(request, state)
         state.index_text(request.token_ids)
@@ -87,7 +70,7 @@ class LookaheadDrafter(Drafter):
         return {s.request.request_id: self._propose(s) for s in scheduled_requests}
 
     def _propose(self, s) -> DraftProposal:
-        request, c = s.request, self.config
+        request, c = s.request, self.options
         state = self._state(request)
         tokens = request.token_ids
         root_pos = len(tokens) - 1

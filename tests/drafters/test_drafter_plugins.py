@@ -120,10 +120,10 @@ def fake_entry_point(monkeypatch):
     return install
 
 
-def make_repeat_factory(spec_config, context):
+def make_repeat_factory(options, context):
     assert isinstance(context, DrafterContext)
     assert context.vocab_size == 256 and context.executor_config.block_size == 4
-    return RepeatLastDrafter(spec_config.max_draft_len, **spec_config.options)
+    return RepeatLastDrafter(context.max_draft_len, **options)
 
 
 # ---- decoding_type ---------------------------------------------------------------------------------------
@@ -223,7 +223,7 @@ def test_ngram_options_reach_the_drafter_and_bad_values_are_refused(no_plugins):
         "is_public_pool": False,
     }
     drafter = make_executor(spec).speculation.drafter
-    assert drafter.config.max_matching_ngram_size == 2 and drafter.config.is_public_pool is False
+    assert drafter.options.max_matching_ngram_size == 2 and drafter.options.is_public_pool is False
     with pytest.raises(ValueError, match="is_public_pool"):
         make_executor({"decoding_type": "NGram", "max_draft_len": 3, "is_public_pool": "yes"})
 
@@ -239,7 +239,7 @@ def test_unknown_draft_target_option_lists_the_allowed_ones(no_plugins):
 
 def test_options_may_also_be_given_as_an_options_mapping(no_plugins):
     spec = {"decoding_type": "NGram", "max_draft_len": 3, "options": {"is_use_oldest": False}}
-    assert make_executor(spec).speculation.drafter.config.is_use_oldest is False
+    assert make_executor(spec).speculation.drafter.options.is_use_oldest is False
 
 
 # ---- DraftTarget draft models ------------------------------------------------------------------------------
@@ -387,7 +387,7 @@ def test_disable_autoload_skips_entry_points(fake_entry_point, monkeypatch):
 
 
 def test_plugin_factory_returning_a_non_drafter_is_refused(fake_entry_point):
-    fake_entry_point({"Broken": lambda spec_config, context: NotADrafter(spec_config.max_draft_len)})
+    fake_entry_point({"Broken": lambda options, context: NotADrafter(context.max_draft_len)})
     with pytest.raises(ValueError, match="not a Drafter"):
         make_executor({"decoding_type": "Broken", "max_draft_len": 3})
 

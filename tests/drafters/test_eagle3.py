@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from functools import partial
 from types import SimpleNamespace
@@ -416,7 +417,8 @@ def test_each_chain_ends_at_the_first_draft_that_does_not_pay(tmp_path, curve, b
     drafter.prepare_draft_tokens = recording
 
     def use_rule(executor):
-        executor.speculation.drafter.confidence_stop = rule
+        drafter = executor.speculation.drafter
+        drafter.bind_target(dataclasses.replace(drafter.binding, confidence_stop=rule))
 
     _, outputs = run_speculative("llama", BATCHES[batch], drafter=drafter, before_run=use_rule)
     _, fresh_target = make_tiny_model("llama")
@@ -449,7 +451,8 @@ def test_under_the_confidence_policy_a_text_draft_is_judged_by_its_own_odds(tmp_
     proposals = record_proposals(drafter)
 
     def use_rule(executor):
-        executor.speculation.drafter.confidence_stop = rule
+        drafter = executor.speculation.drafter
+        drafter.bind_target(dataclasses.replace(drafter.binding, confidence_stop=rule))
 
     run_speculative("llama", BATCHES["batch8"], drafter=drafter, before_run=use_rule)
     with_text = [(t, d) for t, d in proposals if text_reference(t, drafter.lookup_min_match)]

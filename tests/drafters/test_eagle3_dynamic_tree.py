@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from specexec.drafters.base import DraftBinding
 from specexec.drafters.eagle3 import tree_growth
 from specexec.drafters.eagle3.drafter import Eagle3Drafter
 from specexec.drafters.eagle3.dynamic_tree import DynamicTree
@@ -65,7 +66,7 @@ def test_each_expanded_node_gets_the_output_of_its_path_run_as_a_chain(tmp_path,
     make_head_dir(tmp_path, sliding_window=window)
     head = load_head(tmp_path, torch.nn.Embedding(VOCAB, 32).double(), torch.float64, "cpu")
     drafter = Eagle3Drafter(head, 4, VOCAB, 4, block_size=4)
-    drafter.draft_tree = TreeShape(max_nodes=12, branching=3)
+    drafter.bind_target(DraftBinding(draft_tree=TreeShape(max_nodes=12, branching=3)))
     tokens = list(range(20, 40))
     features = torch.randn(19, 96, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     request = SimpleNamespace(request_id="r", token_ids=tokens, num_tokens=20, target_hidden=[(0, features)])
@@ -104,7 +105,7 @@ def test_each_expanded_node_gets_the_output_of_its_path_run_as_a_chain(tmp_path,
 
 
 def test_tree_growth_is_dynamic_or_siblings():
-    from specexec.drafters.builtin import Eagle3Options
+    from specexec.drafters.eagle3.options import Eagle3Options
 
     assert Eagle3Options().tree_growth == "dynamic"
     with pytest.raises(ValueError, match="tree_growth must be one of dynamic, siblings"):

@@ -7,6 +7,7 @@ branch; bad heads and options are refused by name; `specexec train-medusa` runs 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -214,7 +215,8 @@ def test_under_the_confidence_policy_chains_end_where_a_head_is_unsure(tmp_path)
     def nearly_free_drafts(executor):  # (the measured curve, on a busy machine, may price every draft out)
         drafter = executor.speculation.drafter
         attached.append(drafter.confidence_stop)
-        drafter.confidence_stop = ConfidenceStop(ForwardCostModel([1, 2], [1.0, 1.0001]))
+        stop = ConfidenceStop(ForwardCostModel([1, 2], [1.0, 1.0001]))
+        drafter.bind_target(dataclasses.replace(drafter.binding, confidence_stop=stop))
         drafter.confidence_stop.time_draft_step = lambda seconds: None
 
     executor, outputs = run_speculative(
@@ -228,5 +230,5 @@ def test_under_the_confidence_policy_chains_end_where_a_head_is_unsure(tmp_path)
             return confidence > 0.5
 
     drafter = executor.speculation.drafter
-    drafter.confidence_stop = Above()
+    drafter.bind_target(dataclasses.replace(drafter.binding, confidence_stop=Above()))
     assert drafter._confident_length([math.log(0.9), math.log(0.6), math.log(0.4), math.log(0.9)], 1) == 2

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 from specexec.drafters.base import DraftProposal
-from specexec.drafters.ngram import NGramConfig, NGramDrafter, NGramPool
+from specexec.drafters.ngram import NGramDrafter, NGramOptions, NGramPool
 from specexec.executor.engine.scheduler import ScheduledRequest
 
 _ids = itertools.count()
@@ -36,7 +36,7 @@ def make_scheduled(request: FakeRequest, slots: int) -> ScheduledRequest:
 
 
 def make_drafter(**options) -> NGramDrafter:
-    return NGramDrafter(NGramConfig(**options))
+    return NGramDrafter(**options)
 
 
 def drafts(drafter: NGramDrafter, request: FakeRequest, slots: int | None = None) -> list[int]:
@@ -323,14 +323,15 @@ def test_updates_only_index_the_new_tokens(monkeypatch):
 )
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field) as info:
-        NGramConfig(**{field: value})
+        NGramDrafter(**{field: value})
     assert ("True or False" in str(info.value)) == field.startswith("is_")
     assert repr(value) in str(info.value)
 
 
-def test_drafter_takes_config_or_keywords():
+def test_drafter_takes_options_or_keywords():
     assert make_drafter(max_draft_len=5).max_draft_len == 5
-    assert NGramDrafter(max_draft_len=4, is_public_pool=False).config.is_public_pool is False
+    assert NGramDrafter(max_draft_len=4, is_public_pool=False).options.is_public_pool is False
     assert NGramDrafter().max_draft_len == 3
     with pytest.raises(TypeError):
-        NGramDrafter(NGramConfig(), max_draft_len=2)
+        NGramDrafter(2, NGramOptions(), is_public_pool=False)
+    assert NGramDrafter(2, NGramOptions(is_keep_all=False)).options.is_keep_all is False

@@ -16,7 +16,7 @@ from specexec.drafters.retrieval.datastore import (
     save_datastore,
     tokenizer_fingerprint,
 )
-from specexec.drafters.retrieval.rest import RestConfig, RestDrafter
+from specexec.drafters.retrieval.rest import RestDrafter, RestOptions
 from test_grammar_support import smollm2_tokenizer
 from test_ngram_drafter import FakeRequest
 from test_speculative_identity import BATCHES, num_accepted, reference, run_speculative
@@ -70,7 +70,7 @@ def test_a_datastore_of_another_tokenizer_or_a_damaged_file_is_refused(tokenizer
 
 def test_rest_drafts_what_followed_the_match_in_the_corpus(tokenizer, tmp_path):
     path = save_datastore(build_datastore(DOCUMENTS, tokenizer, ["a.txt"]), tmp_path / "store.npz")
-    drafter = RestDrafter(RestConfig(datastore=str(path), max_draft_len=8), tokenizer, len(tokenizer))
+    drafter = RestDrafter(8, RestOptions(datastore=str(path)), tokenizer, len(tokenizer))
     context = tokenizer.encode("Say it. The quick brown fox", add_special_tokens=False)
     request = FakeRequest("r0", context, len(context))
     slots = drafter.num_draft_slots(request)

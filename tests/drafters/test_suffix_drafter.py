@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from specexec.drafters.retrieval.suffix import SuffixConfig, SuffixDrafter
+from specexec.drafters.retrieval.suffix import SuffixDrafter
 from specexec.drafters.retrieval.suffix_index import SpeculationLimits, SuffixIndex
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
@@ -260,7 +260,7 @@ def test_a_guided_requests_chain_is_cut_at_its_first_refused_token():
 )
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
-        SuffixConfig(**{field: value})
+        SuffixDrafter(**{field: value})
 
 
 def test_yaml_keys_reach_the_drafter_and_unknown_ones_are_refused():

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.drafters import Drafter, DraftProposal
-from specexec.drafters.ngram import NGramConfig, NGramDrafter
+from specexec.drafters.ngram import NGramDrafter
 from test_grammar_support import smollm2_tokenizer
 from tiny_models import make_tiny_model
 
@@ -47,7 +47,7 @@ class GarbageDrafter(Drafter):
 
 DRAFTERS = {
     "none": lambda: None,
-    "ngram": lambda: NGramDrafter(NGramConfig(max_draft_len=3, max_matching_ngram_size=2)),
+    "ngram": lambda: NGramDrafter(max_draft_len=3, max_matching_ngram_size=2),
     "garbage": lambda: GarbageDrafter(3),
 }
 

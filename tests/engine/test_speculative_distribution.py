@@ -29,10 +29,10 @@ from specexec.drafters.base import Drafter, DraftProposal
 from specexec.drafters.draft_target import DraftTargetDrafter
 from specexec.drafters.eagle3.drafter import Eagle3Drafter
 from specexec.drafters.eagle3.head import load_head
-from specexec.drafters.lookahead.drafter import LookaheadConfig, LookaheadDrafter
-from specexec.drafters.ngram import NGramConfig, NGramDrafter
-from specexec.drafters.retrieval.rest import RestConfig, RestDrafter
-from specexec.drafters.retrieval.suffix import SuffixConfig, SuffixDrafter
+from specexec.drafters.lookahead.drafter import LookaheadDrafter
+from specexec.drafters.ngram import NGramDrafter
+from specexec.drafters.retrieval.rest import RestDrafter, RestOptions
+from specexec.drafters.retrieval.suffix import SuffixDrafter
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.engine.request import Request
 from specexec.executor.executor import Executor
@@ -199,17 +199,15 @@ def make_drafter(kind: str) -> tuple[Drafter | None, dict | None]:
     if kind == "fixed-token":
         return FixedTokenDrafter(MAX_DRAFT_LEN, likeliest_second_token()), None
     if kind == "ngram":
-        return NGramDrafter(NGramConfig(max_draft_len=MAX_DRAFT_LEN)), None
+        return NGramDrafter(max_draft_len=MAX_DRAFT_LEN), None
     if kind == "suffix":  # one-token matches draft too, so that short samples see drafts
-        return SuffixDrafter(SuffixConfig(max_draft_len=MAX_DRAFT_LEN, max_spec_offset=2.0)), None
+        return SuffixDrafter(max_draft_len=MAX_DRAFT_LEN, max_spec_offset=2.0), None
     if kind == "rest":  # a datastore of the prompt and some of the likeliest sequences after it
         likeliest = sorted(exact_distribution().items(), key=lambda item: -item[1])[:20]
         store = token_datastore_file([PROMPT] + [PROMPT + list(seq) for seq, _ in likeliest])
-        return RestDrafter(
-            RestConfig(datastore=store, max_draft_len=MAX_DRAFT_LEN, max_spec_offset=2.0)
-        ), None
+        return RestDrafter(MAX_DRAFT_LEN, RestOptions(datastore=store, max_spec_offset=2.0)), None
     if kind == "lookahead":
-        return LookaheadDrafter(LookaheadConfig(max_draft_len=MAX_DRAFT_LEN)), None
+        return LookaheadDrafter(max_draft_len=MAX_DRAFT_LEN), None
     if kind in ("medusa", "medusa-tree"):  # heads near the LM head: drafts often, accepted now and then
         heads = make_medusa_dir(
             Path(tempfile.mkdtemp()),

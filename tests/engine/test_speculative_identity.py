@@ -20,10 +20,10 @@ from factories import assert_all_pages_free, tiny_config
 from rest_stores import token_datastore_file
 from specexec.drafters.base import Drafter, DraftProposal
 from specexec.drafters.draft_target import DraftTargetDrafter
-from specexec.drafters.ngram import NGramConfig, NGramDrafter
-from specexec.drafters.quantize import quantized_copy
-from specexec.drafters.retrieval.rest import RestConfig, RestDrafter
-from specexec.drafters.retrieval.suffix import SuffixConfig, SuffixDrafter
+from specexec.drafters.draft_target.quantized_copy import quantized_copy
+from specexec.drafters.ngram import NGramDrafter
+from specexec.drafters.retrieval.rest import RestDrafter, RestOptions
+from specexec.drafters.retrieval.suffix import SuffixDrafter
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
@@ -158,7 +158,7 @@ class AdversarialDrafter(Drafter):
     def __init__(self, max_draft_len: int, vocab_size: int = VOCAB) -> None:
         super().__init__(max_draft_len)
         self.vocab_size = vocab_size
-        self.ngram = NGramDrafter(NGramConfig(max_draft_len=max_draft_len))
+        self.ngram = NGramDrafter(max_draft_len=max_draft_len)
         self.steps = itertools.count()
         self.modes_used: set[int] = set()
 
@@ -205,7 +205,7 @@ class FlakyNGramDrafter(NGramDrafter):
     """An NGram drafter whose ``hook`` raises on every third call."""
 
     def __init__(self, hook: str, max_draft_len: int = 3) -> None:
-        super().__init__(NGramConfig(max_draft_len=max_draft_len))
+        super().__init__(max_draft_len=max_draft_len)
         self.hook = hook
         self.calls = itertools.count(1)
 
@@ -229,7 +229,7 @@ class BatchSpyNGramDrafter(NGramDrafter):
     """Records the running batch size and the reserved slots whenever it is asked for drafts."""
 
     def __init__(self, max_draft_len: int) -> None:
-        super().__init__(NGramConfig(max_draft_len=max_draft_len))
+        super().__init__(max_draft_len=max_draft_len)
         self.executor: Executor | None = None
         self.calls: list[tuple[int, list[int]]] = []
 
@@ -390,7 +390,7 @@ def test_malformed_proposal_objects_cost_only_the_drafts(bad_proposal):
             good = super().propose(request, num_slots, resources).token_ids
             return bad_proposal(good)
 
-    run_speculative("llama", BATCHES["batch8"], drafter=MalformedDrafter(NGramConfig(max_draft_len=3)))
+    run_speculative("llama", BATCHES["batch8"], drafter=MalformedDrafter(max_draft_len=3))
 
 
 def test_drafter_that_raises_sometimes_costs_only_drafts_and_is_logged_once(caplog):
@@ -438,13 +438,13 @@ def test_suffix_drafts_keep_greedy_output_identical(arch, max_cached_requests, b
 
 def _draft_target_cases(kind: str, arch: str) -> Drafter | None:
     if kind == "ngram":
-        return NGramDrafter(NGramConfig(max_draft_len=4))
+        return NGramDrafter(max_draft_len=4)
     if kind == "suffix":
-        return SuffixDrafter(SuffixConfig(max_draft_len=4))
+        return SuffixDrafter(max_draft_len=4)
     if kind == "rest":  # a datastore of text like the model's own: the first halves of its answers
         answers = reference(arch, BATCHES["batch8"])
         store = token_datastore_file([a[: len(a) // 2] for a in answers])
-        return RestDrafter(RestConfig(datastore=store, max_draft_len=4))
+        return RestDrafter(4, RestOptions(datastore=store))
     if kind == "int8-self-draft":
         return None  # built from speculative_config
     return DraftTargetDrafter(make_independent_draft_model(), 4, VOCAB, num_kv_blocks=128, block_size=4)

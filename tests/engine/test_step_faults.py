@@ -18,7 +18,7 @@ import torch
 from factories import assert_all_pages_free
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.drafters import DraftProposal
-from specexec.drafters.ngram import NGramConfig, NGramDrafter
+from specexec.drafters.ngram import NGramDrafter
 from specexec.grammar import GrammarCompilerPool, RequestGrammar
 from specexec.sampling.rejection import Verification
 from test_grammar_support import smollm2_tokenizer
@@ -46,7 +46,7 @@ def tiny_executor(drafter=None) -> Executor:
         device="cpu",
         drafter_timeout_s=DEADLINE_S,
     )
-    return Executor(model, config, drafter=drafter or NGramDrafter(NGramConfig(max_draft_len=3)))
+    return Executor(model, config, drafter=drafter or NGramDrafter(max_draft_len=3))
 
 
 def run_and_check(executor: Executor, good: list[Request], bad: Request, error: str | None):
@@ -116,7 +116,7 @@ class FaultyDrafter(NGramDrafter):
     runs_on_loop_thread = False
 
     def __init__(self, stage: str, mode: str) -> None:
-        super().__init__(NGramConfig(max_draft_len=3))
+        super().__init__(max_draft_len=3)
         self.stage, self.mode = stage, mode
         self.num_faults = 0
 

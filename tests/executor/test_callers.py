@@ -11,7 +11,7 @@ import threading
 import pytest
 from factories import assert_all_pages_free
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
-from specexec.drafters.ngram import NGramConfig, NGramDrafter
+from specexec.drafters.ngram import NGramDrafter
 from tiny_models import make_prompts, make_tiny_model
 
 MAX_TOKENS = 12
@@ -21,7 +21,7 @@ def make_executor(isolated_drafter: bool = False, **overrides) -> Executor:
     _, model = make_tiny_model("llama")
     settings = dict(num_kv_blocks=100, block_size=4, max_num_tokens=128, dtype="float64", device="cpu")
     settings.update(overrides)
-    drafter = NGramDrafter(NGramConfig(max_draft_len=3))
+    drafter = NGramDrafter(max_draft_len=3)
     drafter.runs_on_loop_thread = not isolated_drafter
     return Executor(model, ExecutorConfig(**settings), drafter=drafter)
 

@@ -39,7 +39,7 @@ def test_drafters_lists_built_in_and_plugin_drafters_with_their_options(monkeypa
 
     plugin = types.ModuleType("my_drafters")
 
-    def factory(spec_config, context):
+    def factory(options, context):
         raise AssertionError("listing builds no drafter")
 
     plugin.specexec_drafter_factories = hookimpl(lambda: {"MyDrafter": factory})

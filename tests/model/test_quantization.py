@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from factories import assert_all_pages_free
-from specexec.drafters.quantize import has_quantized_layers
+from specexec.drafters.draft_target.quantized_copy import has_quantized_layers
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.engine.speculation.speculative_config import SpeculativeConfig
 from specexec.executor.executor import Executor
@@ -316,7 +316,7 @@ def test_a_float32_targets_self_draft_takes_the_dtype_measured_for_its_quantized
 def test_a_self_draft_on_cuda_computes_in_a_dtype_its_kernels_take():
     """A float64 target's int8 self-draft on CUDA (the CUDA tests' setting) computes in float32, where
     the int8 kernel runs, instead of being refused; a dtype the kernels take, and the CPU, keep theirs."""
-    from specexec.drafters.builtin import cuda_kernel_dtype
+    from specexec.drafters.draft_target.self_draft import cuda_kernel_dtype
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert cuda_kernel_dtype(cuda, torch.float64, "int8") == "float32"

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from factories import assert_all_pages_free
 from specexec import Executor, Request, SamplingParams
-from specexec.drafters.ngram import NGramConfig, NGramDrafter
+from specexec.drafters.ngram import NGramDrafter
 from specexec.drafters.retrieval.suffix import SuffixDrafter
 from specexec.executor.engine.block_manager import ROOT_DIGEST, BlockManager, page_digest, root_digest
 from specexec.executor.engine.request import MAX_CACHE_SALT_CHARS
@@ -225,7 +225,7 @@ def test_suffix_keeps_its_bound_across_salts_and_drops_an_emptied_salts_index():
 
 
 def test_ngram_salted_pools_share_one_key_bound_and_drop_the_least_recently_used_salt():
-    drafter = NGramDrafter(NGramConfig(max_draft_len=2, max_matching_ngram_size=1, max_pool_entries=12))
+    drafter = NGramDrafter(max_draft_len=2, max_matching_ngram_size=1, max_pool_entries=12)
     teach(drafter, None, [1], list(range(200, 212)))  # the unsalted pool has a bound of its own
     for salt in ("s1", "s2", "s3"):
         teach(drafter, salt, [1], [300 + 10 * int(salt[1]) + i for i in range(6)])

@@ -9,7 +9,9 @@ id outside the vocabulary, and a draft distribution q that is not a finite, non-
 
 from __future__ import annotations
 
+import inspect
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -65,21 +67,38 @@ def find_drafter_factory(spec: SpeculativeConfig, plugins):
     return factory
 
 
-def check_drafter_options(spec: SpeculativeConfig, plugins) -> None:
-    """Before any model loads: the drafter exists and its declared options (if it declares them) parse."""
-    options_type = getattr(find_drafter_factory(spec, plugins), "options", None)
-    if options_type is not None:
-        parse_options(options_type, spec.options)
+@dataclass(frozen=True, slots=True)
+class DrafterChoice:
+    """The drafter a ``speculative_config`` names: its factory and its options, parsed once (before any
+    model loads) into the dataclass the factory declares, or left as the config's mapping."""
+
+    name: str  #: ``decoding_type`` as configured
+    factory: Callable
+    options: object
+
+    def build(self, context) -> Drafter:
+        """The drafter, from ``factory(options, context)``; a ValueError when it returns something else."""
+        drafter = self.factory(self.options, context)
+        if not isinstance(drafter, Drafter):
+            raise ValueError(
+                f"drafter factory for {self.name!r} returned {type(drafter).__name__}, not a Drafter"
+            )
+        return drafter
 
 
-def build_drafter(spec: SpeculativeConfig, context, plugins) -> Drafter:
-    """The drafter named by ``spec.decoding_type``, from the built-ins or a plugin."""
-    drafter = find_drafter_factory(spec, plugins)(spec_config=spec, context=context)
-    if not isinstance(drafter, Drafter):
+def choose_drafter(spec: SpeculativeConfig, plugins) -> DrafterChoice:
+    """Before any model loads: the drafter exists, takes ``(options, context)``, and its declared options
+    (if it declares them) parse."""
+    factory = find_drafter_factory(spec, plugins)
+    first = next(iter(inspect.signature(factory).parameters), None)
+    if first == "spec_config":
         raise ValueError(
-            f"drafter factory for {spec.decoding_type!r} returned {type(drafter).__name__}, not a Drafter"
+            f"drafter factory for {spec.decoding_type!r} takes (spec_config, context): factories take "
+            "(options, context) now; the config's max_draft_len is context.max_draft_len"
         )
-    return drafter
+    options_type = getattr(factory, "options", None)
+    options = parse_options(options_type, spec.options) if options_type is not None else dict(spec.options)
+    return DrafterChoice(spec.decoding_type, factory, options)
 
 
 def keep_verified_rows(

@@ -12,10 +12,10 @@ class EchoDrafter(Drafter):
         return DraftProposal([request.token_ids[-1]] * num_slots)
 
 
-def make_echo(spec_config, context):
-    if spec_config.options:
-        raise ValueError(f"Echo takes no options, got {sorted(spec_config.options)}")
-    return EchoDrafter(spec_config.max_draft_len)
+def make_echo(options, context):
+    if options:
+        raise ValueError(f"Echo takes no options, got {sorted(options)}")
+    return EchoDrafter(context.max_draft_len)
 
 
 @specexec.hookimpl

@@ -33,37 +33,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from ..executor.engine.options import check_number
-from ..executor.engine.speculation.tree_config import TreeShape
-from ..sampling.tree_shape import trie_of_chains
-from .base import Drafter, DraftProposal, grammar_valid_prefix
+from ...executor.engine.speculation.tree_config import TreeShape
+from ...sampling.tree_shape import trie_of_chains
+from ..base import Drafter, DraftProposal, grammar_valid_prefix, options_from
+from .options import NGramOptions
 
 Key = tuple[int, ...]
 Continuation = tuple[int, ...]
-
-
-@dataclass(slots=True)
-class NGramConfig:
-    max_draft_len: int = 3  #: tokens proposed per step (1..32)
-    #: longest suffix used as the lookup key (>= 1); keys of size max..1 are tried, longest first
-    max_matching_ngram_size: int = 3
-    is_public_pool: bool = True  #: one pool shared by all requests, or one per request
-    #: keep every distinct continuation seen for a key (else only the newest/oldest one)
-    is_keep_all: bool = True
-    is_use_oldest: bool = True  #: propose the oldest stored continuation (else the newest)
-    #: memory bound on each pool: least recently used keys are evicted beyond this (TensorRT-LLM's grows forever)
-    max_pool_entries: int = 1_000_000
-
-    def __post_init__(self) -> None:
-        check_number("max_draft_len", self.max_draft_len, 1, 32, integer=True)
-        check_number("max_matching_ngram_size", self.max_matching_ngram_size, 1, integer=True)
-        check_number("max_pool_entries", self.max_pool_entries, 1, integer=True)
-        for name in ("is_public_pool", "is_keep_all", "is_use_oldest"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
 class NGramPool:
@@ -140,16 +117,14 @@ class NGramDrafter(Drafter):
     #: ``draft_tree: true``: the matching continuations as a trie (`_propose_tree`)
     default_tree = TreeShape(max_nodes=6, branching=2)  # measured: bench/reports/2026-11-29-token-trees
 
-    def __init__(self, config: NGramConfig | None = None, **options) -> None:
-        if config is None:
-            config = NGramConfig(**options)
-        elif options:
-            raise TypeError("pass either an NGramConfig or its fields as keyword arguments, not both")
-        super().__init__(config.max_draft_len)
-        self.config = config
-        self._k = config.max_draft_len
-        self._n = config.max_matching_ngram_size
-        self._shared = self._new_pool() if config.is_public_pool else None  #: the unsalted requests' pool
+    def __init__(self, max_draft_len: int = 3, options: NGramOptions | None = None, **fields) -> None:
+        """``options`` (an `NGramOptions`) or its fields as keyword arguments."""
+        options = options_from(NGramOptions, options, fields)
+        super().__init__(max_draft_len)
+        self.options = options
+        self._k = max_draft_len
+        self._n = options.max_matching_ngram_size
+        self._shared = self._new_pool() if options.is_public_pool else None  #: the unsalted requests' pool
         #: cache salt -> the shared pool of its requests, least recently used salt first
         self._salted: OrderedDict[str, NGramPool] = OrderedDict()
         self._num_salted_keys = 0  #: keys in all of ``_salted`` together
@@ -158,7 +133,7 @@ class NGramDrafter(Drafter):
         self._planned: dict[str, tuple[int, Continuation]] = {}  #: request id -> (num tokens, drafts)
 
     def _new_pool(self) -> NGramPool:
-        c = self.config
+        c = self.options
         return NGramPool(c.max_pool_entries, c.is_keep_all, c.is_use_oldest)
 
     # ---- indexing -------------------------------------------------------------------------------
@@ -184,7 +159,7 @@ class NGramDrafter(Drafter):
         if pool is self._shared or self._shared is None:
             return
         self._num_salted_keys += len(pool) - num_before
-        while self._num_salted_keys > self.config.max_pool_entries and len(self._salted) > 1:
+        while self._num_salted_keys > self.options.max_pool_entries and len(self._salted) > 1:
             _, dropped = self._salted.popitem(last=False)  # (``pool`` was used last: never this one)
             self._num_salted_keys -= len(dropped)
 
@@ -226,7 +201,7 @@ class NGramDrafter(Drafter):
     def _best_match(self, tokens: Sequence[int], pool: NGramPool) -> tuple[int, Continuation]:
         """(key size, continuation) of the preferred match, longest key first; (0, ()) for none."""
         num_tokens = len(tokens)
-        use_oldest = self.config.is_use_oldest
+        use_oldest = self.options.is_use_oldest
         for n in range(min(self._n, num_tokens - 1), 0, -1):
             value = pool.get(tuple(tokens[num_tokens - n :]))
             if use_oldest and value is not None:  # stored ones are older than the recent ones
@@ -242,8 +217,8 @@ class NGramDrafter(Drafter):
         value = pool.get(tuple(tokens[len(tokens) - n :]))
         stored = pool.ordered(value) if value is not None else []
         recent = [tuple(tokens[c:]) for c in self._recent(tokens, n)]
-        ordered = stored + recent if self.config.is_use_oldest else recent[::-1] + stored
-        if not self.config.is_keep_all:
+        ordered = stored + recent if self.options.is_use_oldest else recent[::-1] + stored
+        if not self.options.is_keep_all:
             ordered = ordered[:1]
         return list(dict.fromkeys(ordered))
 

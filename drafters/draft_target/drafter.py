@@ -13,16 +13,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..executor.engine.block_manager import BlockManager
-from ..executor.engine.scratch_forward import scratch_forward
-from ..executor.model.decoder.convert import resolve_model_impl
-from ..executor.model.forward_io import SequenceInput
-from ..executor.model.graph_shapes import GraphShapes
-from ..executor.model.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
-from ..executor.model.model_runner import ModelRunner
-from ..sampling import sample_from_probs
-from .base import Drafter, DraftProposal, draft_distribution
-from .draft_masks import DraftMasks
+from ...executor.engine.block_manager import BlockManager
+from ...executor.engine.scratch_forward import scratch_forward
+from ...executor.model.decoder.convert import resolve_model_impl
+from ...executor.model.forward_io import SequenceInput
+from ...executor.model.graph_shapes import GraphShapes
+from ...executor.model.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
+from ...executor.model.model_runner import ModelRunner
+from ...sampling import sample_from_probs
+from ..base import Drafter, DraftProposal, draft_distribution
+from ..draft_masks import DraftMasks
 
 
 def check_vocab_compatible(

@@ -15,33 +15,21 @@ why arctic-inference's tree is not a dependency).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
-from ...executor.engine.options import check_number
-from .retrieval_drafter import LookupConfig, RetrievalDrafter
-from .suffix_index import Speculation, SuffixIndex
-
-
-@dataclass(slots=True)
-class SuffixConfig(LookupConfig):
-    #: finished requests whose outputs stay in the shared index (0: each request drafts from itself only)
-    max_cached_requests: int = 1000
-
-    def __post_init__(self) -> None:
-        LookupConfig.__post_init__(self)
-        check_number("max_cached_requests", self.max_cached_requests, 0, None, integer=True)
+from ...base import options_from
+from ..retrieval_drafter import RetrievalDrafter
+from ..suffix_index import Speculation, SuffixIndex
+from .options import SuffixOptions
 
 
 class SuffixDrafter(RetrievalDrafter):
     """Suffix decoding over each request's text and a bounded store of outputs; see the module docstring."""
 
-    def __init__(self, config: SuffixConfig | None = None, **options) -> None:
-        if config is None:
-            config = SuffixConfig(**options)
-        elif options:
-            raise TypeError("pass either a SuffixConfig or its fields as keyword arguments, not both")
-        super().__init__(config.max_draft_len, config.limits())
-        self.config = config
+    def __init__(self, max_draft_len: int = 8, options: SuffixOptions | None = None, **fields) -> None:
+        """``options`` (a `SuffixOptions`) or its fields as keyword arguments."""
+        options = options_from(SuffixOptions, options, fields)
+        super().__init__(max_draft_len, options.limits())
+        self.options = options
         #: unsalted requests' outputs: of running requests, and of finished ones up to the bound
         self.shared = SuffixIndex()
         self._salted: dict[str, SuffixIndex] = {}  #: cache salt -> its requests' outputs, as ``shared``
@@ -77,7 +65,7 @@ class SuffixDrafter(RetrievalDrafter):
         return index
 
     def _update_shared(self, request) -> None:
-        if self.config.max_cached_requests > 0:
+        if self.options.max_cached_requests > 0:
             entry = self._outputs.get(request.request_id) or self._start_output(request)
             salt, shared_id, start, output = entry
             output.extend(request.token_ids[start + len(output) :])
@@ -87,7 +75,7 @@ class SuffixDrafter(RetrievalDrafter):
         """The request's sequence in its salt's shared index: its output, after the last ``max_tree_depth``
         tokens of its prompt (so that how answers begin after a prompt's closing tokens is learnt too)."""
         salt = getattr(request, "cache_salt", None)
-        start = max(0, request.num_prompt_tokens - self.config.max_tree_depth)
+        start = max(0, request.num_prompt_tokens - self.options.max_tree_depth)
         output = list(request.token_ids[start : request.num_prompt_tokens])
         shared_id = self._shared_of(salt, create=True).add(output)
         entry = self._outputs[request.request_id] = (salt, shared_id, start, output)
@@ -128,7 +116,7 @@ class SuffixDrafter(RetrievalDrafter):
             self._local.pop(rid, None)
             salt, shared_id, _, _ = self._outputs.pop(rid)
             self._finished.append((salt, shared_id))
-            while len(self._finished) > self.config.max_cached_requests:
+            while len(self._finished) > self.options.max_cached_requests:
                 self._remove_shared(*self._finished.popleft())
         else:
             self._forget(rid)

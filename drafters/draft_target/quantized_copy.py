@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..executor.layers.quantized.quantization import dequantize_model, quantize_model
-from ..executor.layers.quantized.quantized_linear import WeightOnlyLinear
+from ...executor.layers.quantized.quantization import dequantize_model, quantize_model
+from ...executor.layers.quantized.quantized_linear import WeightOnlyLinear
 
 
 def quantized_copy(
