@@ -15,8 +15,8 @@ from typing import Any
 
 from ..executor.engine.inputs import InvalidRequestError, check_cache_salt, check_template_kwargs
 from ..executor.engine.request import Prompt, Request
-from ..executor.engine.tool_prompt import chat_template_text
 from ..sampling import SamplingParams
+from ..tool_formats.native import chat_template_text
 from .bad_request import BadRequest
 from .requests.field_table import CHAT, COMPLETIONS
 from .requests.fields import check_fields

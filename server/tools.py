@@ -1,17 +1,18 @@
 """Tool calls on ``/v1/chat/completions``: OpenAI's ``tools``, ``tool_choice`` and ``parallel_tool_calls``.
 
-The tools go into the prompt through the chat template, or in the Hermes format where the template has
-no place for them (`executor/engine/tool_prompt.py`). Then, by ``tool_choice``:
+This is the protocol's side; the formats the calls are written and read in are `tool_formats/`. The tools
+go into the prompt through the chat template, or in the Hermes format where the template has no place
+for them (`tool_formats/hermes.py`). Then, by ``tool_choice``:
 
 - ``none``: the model answers in text; nothing is read as a call.
-- ``auto`` (the default with tools): the model writes text or calls; each Hermes block
-  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in the output that names a tool and whose
-  arguments validate against its parameters is returned as a call, the rest as content.
+- ``auto`` (the default with tools): the model writes text or calls; each Hermes block in the output
+  that names a tool and whose arguments validate against its parameters is returned as a call, the rest
+  as content.
 - ``required`` and a named function are *guided*: the output is held by a grammar to a JSON call (a
   list of calls when ``parallel_tool_calls``), ``{"name": <a tool's name>, "arguments": <its
-  parameters' schema>}`` (`guided_format`; at most `MAX_PARALLEL_CALLS` in a list), so every call
-  returned parses and validates, and the
-  executor checks the whole output against that schema as it checks any guided output. Drafts stay on.
+  parameters' schema>}`` (`guided_format`, `tool_formats/json_calls.py`; at most `MAX_PARALLEL_CALLS`
+  in a list), so every call returned parses and validates, and the executor checks the whole output
+  against that schema as it checks any guided output. Drafts stay on.
 
 A response with calls has ``message.tool_calls`` (``function.arguments`` a JSON string) and
 ``finish_reason: "tool_calls"``. Streamed, the calls come as they are generated (`tool_stream.py`).
@@ -27,6 +28,7 @@ from typing import Any
 
 import jsonschema
 
+from ..tool_formats import hermes, json_calls
 from .bad_request import BadRequest
 
 CHOICES = ("none", "auto", "required")
@@ -34,7 +36,6 @@ NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  #: OpenAI's rule for a function's n
 NO_PARAMETERS = {"type": "object", "properties": {}}
 #: calls in one guided answer at most (the grammar's bound: a model that never closes the list stops)
 MAX_PARALLEL_CALLS = 16
-HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 
 @dataclass(slots=True)
@@ -114,21 +115,9 @@ def guided_format(plan: ToolPlan) -> dict | None:
     if not plan.is_guided:
         return None
     names = [plan.name] if plan.choice == "named" else list(plan.parameters)
-    calls = [_call_schema(n, plan.parameters[n]) for n in names]
-    one = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    schema = (
-        {"type": "array", "minItems": 1, "items": one} if plan.parallel and plan.choice != "named" else one
-    )
+    as_list = plan.parallel and plan.choice != "named"
+    schema = json_calls.calls_schema({n: plan.parameters[n] for n in names}, as_list)
     return {"type": "json_schema", "json_schema": {"name": "tool_calls", "schema": schema, "strict": True}}
-
-
-def _call_schema(name: str, parameters: dict) -> dict:
-    return {
-        "type": "object",
-        "properties": {"name": {"const": name}, "arguments": parameters},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
 
 
 def read_calls(plan: ToolPlan, text: str) -> tuple[str | None, list[dict]]:
@@ -137,38 +126,24 @@ def read_calls(plan: ToolPlan, text: str) -> tuple[str | None, list[dict]]:
     if not plan.reads_calls:
         return text, []
     if plan.is_guided:
-        try:
-            value = json.loads(text)
-        except ValueError:  # cut short (max_tokens): returned as it is, as text
+        values = json_calls.read_values(text)
+        if values is None:  # cut short (max_tokens): returned as it is, as text
             return text, []
-        calls = [c for c in (value if isinstance(value, list) else [value]) if _valid(plan, c)]
+        calls = [c for c in values if _valid(plan, c)]
         return (None, calls) if calls else (text, [])
     calls, kept, at = [], [], 0
-    for match in HERMES_CALL.finditer(text):
-        try:
-            call = json.loads(match.group(1))
-        except ValueError:
-            continue
-        if isinstance(call, dict) and isinstance(call.get("arguments"), str):
-            try:
-                call["arguments"] = json.loads(call["arguments"])
-            except ValueError:
-                continue
-        if _valid(plan, call) and (plan.parallel or not calls):
-            calls.append(call)
-            kept.append(text[at : match.start()])
-            at = match.end()
+    for found in hermes.read_blocks(text):
+        if _valid(plan, found.call) and (plan.parallel or not calls):
+            calls.append(found.call)
+            kept.append(text[at : found.start])
+            at = found.end
     kept.append(text[at:])
     content = "".join(kept).strip()
     return (content or None) if calls else text, calls
 
 
 def _valid(plan: ToolPlan, call: Any) -> bool:
-    if (
-        not isinstance(call, dict)
-        or set(call) != {"name", "arguments"}
-        or call["name"] not in plan.parameters
-    ):
+    if not json_calls.is_call(call) or call["name"] not in plan.parameters:
         return False
     if plan.choice == "named" and call["name"] != plan.name:
         return False

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ...tool_formats import hermes, native
 from .request import MAX_CACHE_SALT_CHARS, Prompt, Request
-from .tool_prompt import hermes_messages, native_messages, template_renders_tools
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
@@ -98,11 +98,11 @@ def _render_chat(
 
     extra = dict(check_template_kwargs(template_kwargs) or {})
     if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
-        if template_renders_tools(tokenizer):
-            messages = native_messages(messages)
+        if native.template_renders_tools(tokenizer):
+            messages = native.prompt_messages(messages)
             extra.update({"tools": tools} if tools else {})
-        else:  # the Hermes format as text (`tool_prompt.py`)
-            messages = hermes_messages(messages, tools)
+        else:  # the Hermes format as text (`tool_formats/hermes.py`)
+            messages = hermes.prompt_messages(messages, tools)
     try:
         rendered = tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=not add_special_tokens, **extra
@@ -126,7 +126,7 @@ def tokenize_prompt(
     template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """Token ids of a prompt given as text, token ids or chat messages (with ``tools``: see
-    `tool_prompt.py`). ``add_special_tokens``: with the tokenizer's special tokens (None: for text yes,
+    `tool_formats/`). ``add_special_tokens``: with the tokenizer's special tokens (None: for text yes,
     for chat no: the template writes its own); ``template_kwargs``: the chat template's extra variables
     (`Request.add_special_tokens`, `Request.chat_template_kwargs`). Token ids are taken as given."""
     if tools is not None and not (

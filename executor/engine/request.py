@@ -29,7 +29,7 @@ class Request:
     #: or GBNF}, {"type": "choice", "choice": [strings]} (the output is one of them)
     response_format: dict | None = None
     #: OpenAI's tool objects ({"type": "function", "function": {name, description, parameters}}),
-    #: rendered into a chat prompt by its template, or in the Hermes format (`tool_prompt.py`)
+    #: rendered into a chat prompt by its template, or in the Hermes format (`tool_formats/`)
     tools: list[dict] | None = None
     #: a tenant's name for its cache namespace (vLLM's ``cache_salt``): the prefix-cache pages and the
     #: NGram/Suffix pools of requests with different salts are never shared (1..`MAX_CACHE_SALT_CHARS`

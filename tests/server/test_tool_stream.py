@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from specexec.server.tool_stream import ToolCallStream, value_end
+from specexec.server.tool_stream import ToolCallStream
 from specexec.server.tools import parse_tools, read_calls
+from specexec.tool_formats.json_calls import value_end
 
 WEATHER = {
     "type": "function",

@@ -1,5 +1,5 @@
 """Tool calls' parts without a server: the plan of a request's tools (`server/tools.py`), reading calls
-from an output (Hermes blocks, guided JSON), and the tools in a prompt (`tool_prompt.py`)."""
+from an output (Hermes blocks, guided JSON), and the tools in a prompt (`tool_formats/`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 
 import pytest
 from specexec.executor.engine.inputs import tokenize_prompt
-from specexec.executor.engine.tool_prompt import hermes_messages
 from specexec.server.bad_request import BadRequest
 from specexec.server.tools import guided_format, parse_tools, read_calls
+from specexec.tool_formats import hermes
 
 ADD = {
     "type": "function",
@@ -103,7 +103,8 @@ def test_tools_calls_and_results_reach_a_template_that_knows_only_role_and_conte
     assert "Be brief." in text and '"name": "add"' in text and "<tools>" in text
     assert '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>' in text
     assert "<tool_response>\n3\n</tool_response>" in text
-    assert [m["role"] for m in hermes_messages(messages, [ADD])] == ["system", "user", "assistant", "user"]
+    roles = [m["role"] for m in hermes.prompt_messages(messages, [ADD])]
+    assert roles == ["system", "user", "assistant", "user"]
 
 
 def test_a_template_that_renders_tools_gets_them_and_the_calls_arguments_as_objects():
