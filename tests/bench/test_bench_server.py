@@ -79,12 +79,12 @@ def test_prompts_sent_as_text_with_the_model_named_give_the_same_greedy_texts(
     """``--server-prompts text`` (for routers that take text only): each rendered prompt's ids decoded;
     the server tokenizes them back to the same ids, so the greedy texts are the in-process ones. Every
     request names the served model (a router in front fills in another name where none is sent)."""
-    import specexec.server.app as app_module
+    import specexec.server.routes.completions as routes
 
     seen = []
-    parse = app_module.parse_completion
+    parse = routes.parse_completion
     monkeypatch.setattr(
-        app_module, "parse_completion", lambda body, *a, **k: seen.append(body) or parse(body, *a, **k)
+        routes, "parse_completion", lambda body, *a, **k: seen.append(body) or parse(body, *a, **k)
     )
     config = ExecutorConfig(model=tiny_dir, dtype="float32", progress=False)
     with served_engine(Executor(config=config)) as (base, engine, _):

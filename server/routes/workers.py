@@ -9,7 +9,7 @@ vLLM and SGLang serve them:
   that no request holds. They change the server's state, so they answer as admin endpoints do
   (`limits/access.py`): with the API key where one is set, else from loopback clients only.
 
-A router health-checks ``GET /health`` (`app.py`), which answers 503 while the server drains.
+A router health-checks ``GET /health`` (`service.py`), which answers 503 while the server drains.
 """
 
 from __future__ import annotations
@@ -20,18 +20,20 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from ..executor.engine.inputs import tokenize_prompt
-from .bad_request import BadRequest
+from ...executor.engine.inputs import tokenize_prompt
+from ..bad_request import BadRequest
+from .state import ServerState
 
 
-def add_worker_endpoints(app: FastAPI, engine, model_name: str, check_key, read_body, check_admin) -> None:
-    """Register the endpoints on ``app``; ``check_key(request)`` enforces the API key,
-    ``check_admin(request)`` the admin endpoints' rule and ``read_body(request)`` returns the JSON
-    object (all raise the app's HTTP errors)."""
-    executor = engine.executor
+def add_worker_routes(app: FastAPI, state: ServerState) -> None:
+    """Register the endpoints on ``app``: the API key where one is set, the admin rule for those that
+    change the server's state (`limits/access.py`)."""
+    executor = state.engine.executor
     tokenizer = executor.tokenizer
     max_model_len = executor.max_model_len
     vocab_size = executor.vocab_size
+    check_key, read_body, check_admin = state.access.check_key, state.read_body, state.access.check_admin
+    model_name = state.model_name
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> JSONResponse:
