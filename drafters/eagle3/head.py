@@ -37,6 +37,8 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
+from ..training.draft_vocab import check_d2t
+
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 WEIGHTS_FILE = "model.safetensors"
 #: the head trained for the embedded SmolLM2-135M-Instruct by `specexec train-eagle3`
@@ -291,7 +293,7 @@ def load_head(
         if cfg.draft_vocab_size != cfg.vocab_size:
             raise ValueError(f"EAGLE-3 head {path}: a reduced draft vocabulary needs d2t")
         state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
-    check_d2t(state["d2t"].long(), cfg.vocab_size)
+    check_d2t(state["d2t"].long(), cfg.vocab_size, "EAGLE-3 head")
     if "t2d" not in state:
         state["t2d"] = torch.zeros(cfg.vocab_size, dtype=torch.bool)
         state["t2d"][torch.arange(len(state["d2t"])) + state["d2t"].long()] = True
@@ -304,15 +306,6 @@ def load_head(
     state["d2t"], state["t2d"] = state["d2t"].long(), state["t2d"].bool()
     head.load_state_dict(state, strict=False)
     return head.to(device=device, dtype=dtype).eval().requires_grad_(False)
-
-
-def check_d2t(d2t: torch.Tensor, vocab_size: int, what: str = "EAGLE-3 head") -> None:
-    """The map must send every draft id to a distinct target id inside the vocabulary."""
-    target = torch.arange(len(d2t)) + d2t
-    if len(target) and (target.min() < 0 or target.max() >= vocab_size):
-        raise ValueError(f"{what}: d2t maps draft ids outside the vocabulary")
-    if len(set(target.tolist())) != len(target):
-        raise ValueError(f"{what}: d2t maps two draft ids onto one target token")
 
 
 def save_head(head: Eagle3Head, path: str | Path, dtype: torch.dtype = torch.float16) -> None:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..eagle3.head import check_d2t
+from ..training.draft_vocab import check_d2t
 
 ARCHITECTURE = "MedusaHeads"
 WEIGHTS_FILE = "model.safetensors"

@@ -18,9 +18,10 @@ from specexec.drafters.eagle3.training.corpus import (
     mix_prompts,
     training_prompts,
 )
-from specexec.drafters.eagle3.training.features import SequenceFeatures, choose_draft_vocab, d2t_for
+from specexec.drafters.eagle3.training.features import SequenceFeatures
 from specexec.drafters.eagle3.training.train_loop import make_batch
 from specexec.drafters.eagle3.training.ttt import ttt_loss
+from specexec.drafters.training.draft_vocab import choose_draft_vocab, d2t_for
 from specexec.prompt_sets.datasets import load_dataset, spread, spread_order
 from test_eagle3 import dense_causal_attention, make_head_dir
 from test_speculative_identity import BATCHES, run_speculative

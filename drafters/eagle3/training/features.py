@@ -1,4 +1,4 @@
-"""Training features for an EAGLE-3 head, and its draft vocabulary.
+"""Training features for an EAGLE-3 head.
 
 The target's hidden states come from the corpus generation itself (the executor captures them in the
 forwards that generate the answers: no second pass over the corpus). Per position: the three auxiliary
@@ -12,11 +12,12 @@ turn): the prompt's positions are context the head attends, not what it will dra
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from ...training.draft_vocab import d2t_for  # noqa: F401  (tests/medusa_heads.py imports it from here)
 
 
 @dataclass(slots=True)
@@ -52,33 +53,3 @@ def load_features(
             )
         )
     return features
-
-
-def choose_draft_vocab(
-    records: list[dict], size: int, vocab_size: int, always: tuple[int, ...] = ()
-) -> torch.Tensor:
-    """The ``size`` most frequent tokens of the corpus (answers counted twice: they are what is
-    drafted), plus ``always`` (e.g. EOS); sorted target ids [size]."""
-    if not 1 <= size <= vocab_size:
-        raise ValueError(f"draft vocabulary size must be in 1..{vocab_size}, got {size}")
-    counts: Counter[int] = Counter()
-    for r in records:
-        counts.update(r["prompt_token_ids"])
-        counts.update(r["output_token_ids"])
-        counts.update(r["output_token_ids"])
-    chosen = [t for t in dict.fromkeys(always) if 0 <= t < vocab_size]
-    for token, _ in counts.most_common():
-        if len(chosen) >= size:
-            break
-        if token not in chosen:
-            chosen.append(token)
-    taken = set(chosen)
-    filler = (t for t in range(vocab_size) if t not in taken)  # a tiny corpus: pad with low ids
-    while len(chosen) < size:
-        chosen.append(next(filler))
-    return torch.tensor(sorted(chosen), dtype=torch.long)
-
-
-def d2t_for(draft_ids: torch.Tensor) -> torch.Tensor:
-    """[draft_vocab] offsets: target id = draft id + d2t[draft id] (draft ids are the sorted targets)."""
-    return draft_ids - torch.arange(len(draft_ids))

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import torch
 
+from ...training.draft_vocab import d2t_for
 from ..head import Eagle3Head
-from .features import d2t_for
 
 
 def trainable(head: Eagle3Head) -> Eagle3Head:

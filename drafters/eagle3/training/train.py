@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ...training.draft_vocab import choose_draft_vocab, d2t_for
 from ..head import SHIPPED_HEAD, Eagle3Config, Eagle3Head, default_aux_layers, load_head, save_head
 from .archive import BUNDLED_ARCHIVE, CorpusArchive, target_fingerprint
 from .checkpoint import (
@@ -31,7 +32,6 @@ from .checkpoint import (
     split_records,
     validation_key,
 )
-from .features import d2t_for
 from .reshape import trainable, with_draft_vocab, with_mlp_width
 from .train_loop import train_head, write_loss_curve
 
@@ -45,7 +45,7 @@ def train(args) -> int:
     """The whole pipeline of `specexec train-eagle3` (see the module docstring)."""
     from ....executor.model.model_loader import load_model
     from .corpus import corpus_size, generate_corpus, mix_prompts, pool_prompts, training_prompts
-    from .features import choose_draft_vocab, load_features
+    from .features import load_features
 
     if args.sliding_window is None:
         args.sliding_window = min(DEFAULT_SLIDING_WINDOW, args.max_len)

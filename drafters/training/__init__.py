@@ -1,0 +1,1 @@
+"""What `specexec train-eagle3` and `specexec train-medusa` share: the draft vocabulary (`draft_vocab`)."""
