@@ -8,18 +8,18 @@ import json
 import pytest
 import torch
 from specexec.drafters.eagle3.head import load_head
-from specexec.drafters.eagle3.training import precision as eagle3_precision
 from specexec.drafters.eagle3.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
-from specexec.drafters.eagle3.training.precision import TRIAL_STEPS, TrainingPrecision
 from specexec.drafters.eagle3.training.train_loop import make_batch
 from specexec.drafters.eagle3.training.ttt import ttt_loss
+from specexec.drafters.training import precision as training_precision
+from specexec.drafters.training.precision import TRIAL_STEPS, TrainingPrecision
 from test_eagle3 import dense_causal_attention, make_head_dir
 from test_eagle3_training import make_features
 from tiny_models import save_tiny_model_dir
 
 
 def test_auto_tries_both_precisions_then_keeps_the_faster_per_position(monkeypatch):
-    monkeypatch.setattr(eagle3_precision, "native_bf16_flags", lambda: ["avx512_bf16"])
+    monkeypatch.setattr(training_precision, "native_bf16_flags", lambda: ["avx512_bf16"])
     precision = TrainingPrecision("auto")
     seen = []
     while precision.chosen is None:
@@ -35,7 +35,7 @@ def test_auto_tries_both_precisions_then_keeps_the_faster_per_position(monkeypat
 
 
 def test_auto_is_float32_without_native_bfloat16_and_fixed_choices_are_kept(monkeypatch):
-    monkeypatch.setattr(eagle3_precision, "native_bf16_flags", lambda: [])
+    monkeypatch.setattr(training_precision, "native_bf16_flags", lambda: [])
     assert TrainingPrecision("auto").next() == "float32"
     assert TrainingPrecision("bfloat16").next() == "bfloat16"
     with pytest.raises(ValueError, match="--train-dtype"):

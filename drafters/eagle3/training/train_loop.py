@@ -11,11 +11,11 @@ from pathlib import Path
 
 import torch
 
+from ...training.precision import TrainingPrecision
 from .checkpoint import (
     TrainingState,
     save_checkpoint,
 )
-from .precision import TrainingPrecision
 from .ttt import Batch, ttt_loss
 
 

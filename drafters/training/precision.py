@@ -1,4 +1,4 @@
-"""Which precision `specexec train-eagle3` runs its training steps in.
+"""Which precision `specexec train-eagle3` and `specexec train-medusa` run their training steps in.
 
 float32, or bfloat16 autocast (matmuls in bfloat16; weights, optimizer state, softmax and loss stay
 float32). ``auto``: float32 on a CPU without native bfloat16 arithmetic (there bfloat16 is emulated,
@@ -15,7 +15,7 @@ import statistics
 
 import torch
 
-from ....executor.layers.cpu_info import native_bf16_flags
+from ...executor.layers.cpu_info import native_bf16_flags
 
 CHOICES = ("auto", "float32", "bfloat16")
 TRIAL_STEPS = 3  #: timed steps per precision before ``auto`` decides (median: the first may warm up)
