@@ -318,12 +318,8 @@ def tiny_training_argv(tmp_path, max_minutes: str) -> tuple[list[str], Path]:
 def test_training_continues_from_its_checkpoint_with_the_same_vocabulary_and_split(tmp_path):
     import torch
     from specexec.cli import main
-    from specexec.drafters.eagle3.training.checkpoint import (
-        CHECKPOINT_NAME,
-        is_validation,
-        load_checkpoint,
-        split_records,
-    )
+    from specexec.drafters.eagle3.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
+    from specexec.drafters.training.validation_split import is_validation, split_records
 
     argv, out = tiny_training_argv(tmp_path, "0.3")
     argv += ["--eval-every", "5", "--patience", "1000"]
@@ -350,13 +346,9 @@ def test_a_changed_validation_split_scores_the_best_head_again(tmp_path):
     number no new evaluation can compare with (and ending with the old best head because of it)."""
     import torch
     from specexec.cli import main
-    from specexec.drafters.eagle3.training.checkpoint import (
-        CHECKPOINT_NAME,
-        load_checkpoint,
-        split_records,
-        validation_key,
-    )
+    from specexec.drafters.eagle3.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
     from specexec.drafters.eagle3.training.corpus import read_corpus
+    from specexec.drafters.training.validation_split import split_records, validation_key
 
     argv, out = tiny_training_argv(tmp_path, "0.3")
     argv += ["--eval-every", "5", "--patience", "1000"]

@@ -24,14 +24,10 @@ from pathlib import Path
 import torch
 
 from ...training.draft_vocab import choose_draft_vocab, d2t_for
+from ...training.validation_split import split_records, validation_key
 from ..head import SHIPPED_HEAD, Eagle3Config, Eagle3Head, default_aux_layers, load_head, save_head
 from .archive import BUNDLED_ARCHIVE, CorpusArchive, target_fingerprint
-from .checkpoint import (
-    CHECKPOINT_NAME,
-    load_checkpoint,
-    split_records,
-    validation_key,
-)
+from .checkpoint import CHECKPOINT_NAME, load_checkpoint
 from .reshape import trainable, with_draft_vocab, with_mlp_width
 from .train_loop import train_head, write_loss_curve
 

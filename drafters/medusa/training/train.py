@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ...eagle3.training.checkpoint import split_records
 from ...eagle3.training.train import open_archive, training_device
 from ...training.draft_vocab import choose_draft_vocab, d2t_for
 from ...training.precision import TrainingPrecision
+from ...training.validation_split import split_records
 from ..heads import MAX_HEADS, MedusaConfig, MedusaHeads, new_heads, save_heads
 from .data import IGNORE, MedusaRows, draft_index, is_greedy, load_rows
 
