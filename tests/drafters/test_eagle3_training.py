@@ -381,7 +381,7 @@ def test_training_stops_early_when_validation_stops_improving(tmp_path):
 
 
 def test_the_training_device_is_the_gpu_when_there_is_one_and_a_missing_one_is_refused():
-    from specexec.drafters.eagle3.training.train import training_device
+    from specexec.drafters.training.machine import training_device
 
     assert training_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert training_device("cpu") == torch.device("cpu")

@@ -3,6 +3,8 @@ in `train`."""
 
 from __future__ import annotations
 
+from ...training.machine import add_machine_arguments
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--output", required=True, help="directory for the head, corpus and logs")
@@ -94,24 +96,6 @@ def add_arguments(parser) -> None:
         "head's: its units are kept and the new ones start adding nothing",
     )
     add_machine_arguments(parser)
-
-
-def add_machine_arguments(parser) -> None:
-    """The flags every training command shares: precision, device and seed."""
-    parser.add_argument(
-        "--train-dtype",
-        choices=["auto", "float32", "bfloat16"],
-        default="auto",
-        help="training steps' matmul precision (auto: bfloat16 autocast where the first steps time it "
-        "faster, float32 on CPUs without native bfloat16)",
-    )
-    parser.add_argument(
-        "--device",
-        default="auto",
-        help="where the target answers and training runs: auto (cuda when available, else cpu), cpu, "
-        "cuda, cuda:N",
-    )
-    parser.add_argument("--seed", type=int, default=0)
 
 
 def run(args) -> int:

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from ...training.draft_vocab import choose_draft_vocab, d2t_for
+from ...training.machine import training_device
 from ...training.validation_split import split_records, validation_key
 from ..head import SHIPPED_HEAD, Eagle3Config, Eagle3Head, default_aux_layers, load_head, save_head
 from .archive import BUNDLED_ARCHIVE, CorpusArchive, target_fingerprint
@@ -175,20 +176,6 @@ def train(args) -> int:
     write_loss_curve(log, out / "loss_curve.png")
     print(f"wrote the head to {out} ({log['total_minutes']:.1f} min)")
     return 0
-
-
-def training_device(name: str) -> torch.device:
-    """``--device``: ``auto`` is the GPU when there is one, else the CPU; a device this machine does not
-    have is refused (`check_device`, as the executor refuses it) before any work starts."""
-    from ....executor.model.model_loader import ModelLoadError, check_device
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        check_device(name)
-    except ModelLoadError as exc:
-        raise ValueError(f"--device {name}: {exc}") from exc
-    return torch.device(name)
 
 
 def _head_to(head: Eagle3Head, device: torch.device) -> Eagle3Head:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ...eagle3.training.command import add_machine_arguments
+from ...training.machine import add_machine_arguments
 
 
 def add_arguments(parser) -> None:

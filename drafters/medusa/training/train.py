@@ -28,8 +28,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ...eagle3.training.train import open_archive, training_device
+from ...eagle3.training.train import open_archive
 from ...training.draft_vocab import choose_draft_vocab, d2t_for
+from ...training.machine import training_device
 from ...training.precision import TrainingPrecision
 from ...training.validation_split import split_records
 from ..heads import MAX_HEADS, MedusaConfig, MedusaHeads, new_heads, save_heads
