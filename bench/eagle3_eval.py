@@ -29,9 +29,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..drafters.eagle3.head import SHIPPED_HEAD
-from ..drafters.eagle3.training.archive import BUNDLED_ARCHIVE, CorpusArchive
-from ..drafters.eagle3.training.corpus import read_corpus
 from ..drafters.eagle3.training.prompts import normalized_hash, read_pool
+from ..drafters.training.archive import BUNDLED_ARCHIVE, CorpusArchive
+from ..drafters.training.corpus import read_corpus
 from ..prompt_sets.datasets import load_dataset
 from .engines.specexec_hf import Workload, chat_token_ids, run_specexec
 from .records import summarize

@@ -1,5 +1,6 @@
-"""The EAGLE-3 corpus archive: append-only token shards that outlive the corpus directory, one target's
-only, from which a new machine rebuilds the same corpus by prefill instead of answering again."""
+"""The training corpus's token archive (EAGLE-3's and Medusa's): append-only token shards that outlive
+the corpus directory, one target's only, from which a new machine rebuilds the same corpus by prefill
+instead of answering again."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import json
 
 import pytest
 import torch
-from specexec.drafters.eagle3.training.archive import ARCHIVE_FILE, CorpusArchive, target_fingerprint
-from specexec.drafters.eagle3.training.corpus import read_corpus
+from specexec.drafters.training.archive import ARCHIVE_FILE, CorpusArchive, target_fingerprint
+from specexec.drafters.training.corpus import read_corpus
 from tiny_models import make_tiny_model, save_tiny_model_dir
 
 
@@ -115,13 +116,13 @@ def test_a_new_output_rebuilds_the_archived_corpus_instead_of_answering_again(tm
 def test_the_bundled_archive_is_the_default_models_only(tmp_path, monkeypatch):
     from argparse import Namespace
 
-    from specexec.drafters.eagle3.training import train as eagle3_train
+    from specexec.drafters.training import archive as training_archive
 
-    monkeypatch.setattr(eagle3_train, "BUNDLED_ARCHIVE", tmp_path / "bundled")
+    monkeypatch.setattr(training_archive, "BUNDLED_ARCHIVE", tmp_path / "bundled")
     _, model = make_tiny_model("llama", dtype=torch.float32)
 
     def opened(model_arg, archive_arg):
-        found = eagle3_train.open_archive(Namespace(model=model_arg, archive=archive_arg), model)
+        found = training_archive.open_archive(Namespace(model=model_arg, archive=archive_arg), model)
         return None if found is None else found.root
 
     assert opened(None, None) == tmp_path / "bundled"

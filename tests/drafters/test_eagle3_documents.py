@@ -8,7 +8,6 @@ from argparse import Namespace
 
 import pytest
 from specexec.drafters.eagle3.training import train as eagle3_train
-from specexec.drafters.eagle3.training.corpus import bench_prompt_ids, mix_prompts
 from specexec.drafters.eagle3.training.documents import (
     DISTRACTORS,
     EXTRACTION_EVERY,
@@ -16,7 +15,8 @@ from specexec.drafters.eagle3.training.documents import (
     SUMMARY_PREFIX,
     document_prompts,
 )
-from specexec.drafters.eagle3.training.prompts import benchmark_hashes, normalized_hash
+from specexec.drafters.eagle3.training.prompts import benchmark_hashes, mix_prompts, normalized_hash
+from specexec.drafters.training.bundled_prompts import bench_prompt_ids
 from specexec.prompt_sets.datasets import extraction_documents
 
 

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 from specexec.drafters.eagle3.head import load_head
-from specexec.drafters.eagle3.training.corpus import (
+from specexec.drafters.eagle3.training.features import SequenceFeatures
+from specexec.drafters.eagle3.training.prompts import mix_prompts
+from specexec.drafters.eagle3.training.train_loop import make_batch
+from specexec.drafters.eagle3.training.ttt import ttt_loss
+from specexec.drafters.training.bundled_prompts import (
     MAX_BENCH_REQUESTS,
     MAX_BENCH_REQUESTS_PER_CATEGORY,
     SPECBENCH_CATEGORIES,
     TRAINING_DATASETS,
-    mix_prompts,
     training_prompts,
 )
-from specexec.drafters.eagle3.training.features import SequenceFeatures
-from specexec.drafters.eagle3.training.train_loop import make_batch
-from specexec.drafters.eagle3.training.ttt import ttt_loss
 from specexec.drafters.training.draft_vocab import choose_draft_vocab, d2t_for
 from specexec.prompt_sets.datasets import load_dataset, spread, spread_order
 from test_eagle3 import dense_causal_attention, make_head_dir
@@ -236,7 +236,7 @@ def test_corpus_only_runs_continue_the_same_corpus(tmp_path):
 def test_answer_passes_take_long_prompts_apart_window_by_window():
     """Long prompts run apart and fewer at once, but window by window of the prompt order, so a run cut
     short by its time budget still reaches the long prompts near the front."""
-    from specexec.drafters.eagle3.training.corpus import (
+    from specexec.drafters.training.corpus import (
         LONG_PROMPT_BATCH_DIVISOR,
         WINDOW_BATCHES,
         answer_passes,
@@ -259,7 +259,7 @@ def test_long_prompts_are_answered_apart_and_fewer_at_once(tmp_path, monkeypatch
     """Decode attention over many long contexts at once crawls on a CPU, so the corpus answers prompts
     over ``long_prompt_tokens`` after the short ones of their window, max_batch_size // 8 at a time;
     every answer is kept."""
-    from specexec.drafters.eagle3.training.corpus import generate_corpus
+    from specexec.drafters.training.corpus import generate_corpus
     from specexec.executor.executor import Executor
     from specexec.prompt_sets.datasets import BenchPrompt
     from transformers import AutoTokenizer
@@ -347,7 +347,7 @@ def test_a_changed_validation_split_scores_the_best_head_again(tmp_path):
     import torch
     from specexec.cli import main
     from specexec.drafters.eagle3.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
-    from specexec.drafters.eagle3.training.corpus import read_corpus
+    from specexec.drafters.training.corpus import read_corpus
     from specexec.drafters.training.validation_split import split_records, validation_key
 
     argv, out = tiny_training_argv(tmp_path, "0.3")

@@ -11,7 +11,7 @@ corpus already has:
 - ``doc-rag/<answer id>``: that answer and `DISTRACTORS` earlier ones as passages, in an order fixed by
   the id, then the pool instruction it answered as the question;
 - ``doc-sum/<extraction id>``: "Summarize: " and a document of the extraction set outside every
-  benchmark draw (`corpus.bench_prompt_ids`).
+  benchmark draw (`drafters/training/bundled_prompts.py: bench_prompt_ids`).
 
 Every prompt depends only on answers before it in the archive's order, so a grown archive adds answer
 prompts only after the ones it had (the extraction summaries, one per `EXTRACTION_EVERY` of them, are all

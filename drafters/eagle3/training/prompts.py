@@ -6,20 +6,21 @@ sampled (temperature 0.9, its own seed), so the pool grows with the number of (t
 triples. An instruction is kept when it is a plausible request (length, no meta-text), when its
 normalized text is new (exact duplicates and near-duplicates by a normalized hash), and when its hash
 is not the hash of any bundled benchmark prompt. The pool is appended to a JSONL file one instruction
-at a time, so a rerun continues it.
+at a time, so a rerun continues it. `mix_prompts` gives the pool its share (``--pool-share``) of the
+corpus's prompt order.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-logger = logging.getLogger("specexec")
+from ....prompt_sets.datasets import BenchPrompt
+from ...training.jsonl import open_for_append, read_jsonl
 
 TASK_TYPES = (
     "explain a concept simply",
@@ -139,28 +140,9 @@ def seeds(start: int = 0) -> Iterator[tuple[int, str, str]]:
         i += 1
 
 
-def open_for_append(path: Path):
-    """``path`` opened to append lines, a torn last line (from a killed run) cut off first: otherwise the
-    next record would be written onto it and lost with it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        data = path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with path.open("r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
-    return path.open("a")
-
-
 def read_pool(path: Path) -> list[dict]:
     """``{"id", "prompt", "hash", "seed", "task", "topic"}`` records (a torn last line is skipped)."""
-    records = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                logger.warning("%s: skipping a torn line", path)
-    return records
+    return read_jsonl(path)
 
 
 def grow_pool(
@@ -238,3 +220,27 @@ def executor_generator(executor, max_tokens: int = 80):
                 yield seed, out.text
 
     return generate
+
+
+def pool_prompts(pool: list[dict]) -> list[BenchPrompt]:
+    """The self-instruct pool's instructions (`grow_pool`) as chat prompts."""
+    return [BenchPrompt(r["id"], [{"role": "user", "content": r["prompt"]}]) for r in pool]
+
+
+def mix_prompts(bundled: list[BenchPrompt], pool: list[BenchPrompt], pool_share: float) -> list[BenchPrompt]:
+    """Both lists in one order where every prefix takes about ``pool_share`` of its prompts from the
+    pool (while both last), so a time-limited run reaches the pool's open chat instead of answering
+    every bundled prompt first; each list keeps its own order, and a rerun skips what is answered."""
+    if not 0.0 <= pool_share <= 1.0:
+        raise ValueError(f"the pool's share of the prompts must be in 0..1, got {pool_share}")
+    mixed: list[BenchPrompt] = []
+    i = j = 0
+    while i < len(bundled) or j < len(pool):
+        take_pool = j < len(pool) and (i >= len(bundled) or j < pool_share * (i + j + 1))
+        if take_pool:
+            mixed.append(pool[j])
+            j += 1
+        else:
+            mixed.append(bundled[i])
+            i += 1
+    return mixed

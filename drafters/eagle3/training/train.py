@@ -3,11 +3,13 @@ when it has one, else its CPU).
 
     specexec train-eagle3 --output heads/smollm2 --max-minutes 60
 
-1. the corpus: the target's greedy answers to bundled prompts no benchmark draw can pick
-   (`corpus`), to the self-instruct pool (`prompts`) and to document tasks
-   (`documents`), appended to ``<output>/corpus.jsonl`` (a rerun continues it); answers the token
-   archive holds (`archive`) are restored by prefill, new ones are added to it;
-2. the draft vocabulary: the corpus's most frequent tokens; the target's features over the corpus;
+1. the corpus (`drafters/training/corpus.py`): the target's greedy answers to bundled prompts no
+   benchmark draw can pick (`drafters/training/bundled_prompts.py`), to the self-instruct pool
+   (`prompts`) and to document tasks (`documents`), appended to ``<output>/corpus.jsonl`` (a rerun
+   continues it); answers the token archive holds (`drafters/training/archive.py`) are restored by
+   prefill, new ones are added to it;
+2. the draft vocabulary: the corpus's most frequent tokens (`drafters/training/draft_vocab.py`); the
+   target's features over the corpus;
 3. the training-time test (`ttt`) until the time budget ends, with a progress bar, a held-out
    agreement check, and ``training_log.json`` + ``loss_curve.png``;
 4. the head in the published layout (``config.json``, fp16 ``model.safetensors`` with d2t/t2d).
@@ -23,11 +25,11 @@ from pathlib import Path
 
 import torch
 
+from ...training.archive import CorpusArchive, open_archive
 from ...training.draft_vocab import choose_draft_vocab, d2t_for
 from ...training.machine import training_device
 from ...training.validation_split import split_records, validation_key
 from ..head import SHIPPED_HEAD, Eagle3Config, Eagle3Head, default_aux_layers, load_head, save_head
-from .archive import BUNDLED_ARCHIVE, CorpusArchive, target_fingerprint
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint
 from .reshape import trainable, with_draft_vocab, with_mlp_width
 from .train_loop import train_head, write_loss_curve
@@ -41,8 +43,10 @@ DEFAULT_SLIDING_WINDOW = 512
 def train(args) -> int:
     """The whole pipeline of `specexec train-eagle3` (see the module docstring)."""
     from ....executor.model.model_loader import load_model
-    from .corpus import corpus_size, generate_corpus, mix_prompts, pool_prompts, training_prompts
+    from ...training.bundled_prompts import training_prompts
+    from ...training.corpus import corpus_size, generate_corpus
     from .features import load_features
+    from .prompts import mix_prompts, pool_prompts
 
     if args.sliding_window is None:
         args.sliding_window = min(DEFAULT_SLIDING_WINDOW, args.max_len)
@@ -186,15 +190,6 @@ def _head_to(head: Eagle3Head, device: torch.device) -> Eagle3Head:
     return head
 
 
-def open_archive(args, target) -> CorpusArchive | None:
-    """``--archive``: the directory given, the bundled one for the default model, or none."""
-    if args.archive == "none" or (args.archive is None and args.model is not None):
-        return None
-    archive = CorpusArchive(Path(args.archive) if args.archive else BUNDLED_ARCHIVE)
-    archive.check_target(target_fingerprint(target))
-    return archive
-
-
 def _export(archive: CorpusArchive, records: list[dict], pool_path: Path) -> None:
     """Add the new answers and instructions to the archive; a read-only archive (an installed package)
     is reported, not fatal: the corpus in --output keeps them."""
@@ -211,7 +206,8 @@ def _export(archive: CorpusArchive, records: list[dict], pool_path: Path) -> Non
 def _document_prompts(args, archived: list[dict] | None, pool, tokenizer, corpus_path: Path) -> list:
     """``--document-tasks`` prompts (`documents`), their documents the ``archived`` answers (or,
     without an archive, the corpus's)."""
-    from .corpus import bench_prompt_ids, read_corpus
+    from ...training.bundled_prompts import bench_prompt_ids
+    from ...training.corpus import read_corpus
     from .documents import document_prompts
 
     if args.document_tasks == 0:

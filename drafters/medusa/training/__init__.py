@@ -1,2 +1,3 @@
-"""`specexec train-medusa`: EAGLE-3's corpus with the target's final hidden state (`train`), the rows and
-labels each head learns (`data`). Imports the executor (to prefill and answer) and EAGLE-3's training."""
+"""`specexec train-medusa`: the corpus EAGLE-3 trains on too, with the target's final hidden state
+(`train`), and the rows and labels each head learns (`data`). Imports the executor (to prefill and
+answer) and the training code it shares with EAGLE-3 (`drafters/training/`)."""

@@ -1,8 +1,8 @@
 """Training rows for Medusa heads: the target's final hidden state at each answer position, and the
 tokens the heads should draft from it.
 
-The corpus is EAGLE-3's (`drafters/eagle3/training/corpus.py`): the target's greedy answers, their
-features rebuilt by a prefill that captures ``hidden_states[num_layers]``. At position ``t`` of a
+The corpus is the one EAGLE-3 trains on too (`drafters/training/corpus.py`): the target's greedy
+answers, their features rebuilt by a prefill that captures ``hidden_states[num_layers]``. At position ``t`` of a
 sequence ``x``, the target's LM head gives ``x_{t+1}`` (the bonus token of a step ending there) and head
 ``k`` is trained to give ``x_{t+k+1}``: in a greedy answer that is the target's own greedy token, the one
 verification accepts. Only greedy answers are used (a sampled answer's tokens are not what greedy

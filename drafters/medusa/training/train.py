@@ -3,8 +3,8 @@ has one, else its CPU).
 
     specexec train-medusa --output heads/smollm2-medusa --max-minutes 40
 
-1. the corpus: EAGLE-3's pipeline (`drafters/eagle3/training/corpus.py`) with the target's final hidden
-   state captured: the greedy answers of the token archive (the one bundled for the default model, in
+1. the corpus: the one EAGLE-3's training builds too (`drafters/training/corpus.py`), with the target's
+   final hidden state captured: the greedy answers of the token archive (the one bundled for the default model, in
    a fixed shuffled order) prefilled, then the target's greedy answers to bundled prompts no benchmark
    draw can pick, appended to ``<output>/corpus/corpus.jsonl`` (a rerun continues it);
 2. the draft vocabulary: the corpus's most frequent tokens; the heads start as the target's LM head
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ...eagle3.training.train import open_archive
+from ...training.archive import open_archive
 from ...training.draft_vocab import choose_draft_vocab, d2t_for
 from ...training.machine import training_device
 from ...training.precision import TrainingPrecision
@@ -43,7 +43,8 @@ EVAL_ROWS = 20_000  #: validation positions scored at most
 def train(args) -> int:
     """The whole pipeline of `specexec train-medusa` (see the module docstring)."""
     from ....executor.model.model_loader import load_model
-    from ...eagle3.training.corpus import generate_corpus, training_prompts
+    from ...training.bundled_prompts import training_prompts
+    from ...training.corpus import generate_corpus
 
     _check_args(args)
     device = training_device(args.device)
