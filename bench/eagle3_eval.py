@@ -194,10 +194,10 @@ def machine_line(executor) -> str:
 
     device = executor.model.device
     where = describe_cpu() if device.type == "cpu" else torch.cuda.get_device_name(device)
-    linear = executor.linear_backend
+    linear = executor.setup.linear_backend
     return (
         f"{where}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"{executor.dtype_choice.dtype}, cpu_linear {linear.backend} ({linear.reason})"
+        f"{executor.setup.dtype_choice.dtype}, cpu_linear {linear.backend} ({linear.reason})"
     )
 
 

@@ -51,7 +51,7 @@ SPECS = {
 @dataclass(slots=True)
 class Row:
     model: str
-    model_impl: str  #: the forward that ran (`Executor.model_impl`)
+    model_impl: str  #: the forward that ran (`Executor.setup.model_impl`)
     drafter: str
     batch: int
     guided: bool
@@ -188,7 +188,7 @@ class Setting:
         core = self.executor.core
         if graphs and args.device == "cpu":
             drafter_obj = self.executor.speculation.drafter
-            core.graph_reports = capture_cuda_graphs(
+            self.executor.setup.cuda_graphs = capture_cuda_graphs(
                 config, core.runner, drafter_obj, core.max_model_len, EagerReplay()
             )
         self.graphs = graphs
@@ -233,10 +233,10 @@ class Setting:
         }
 
     def row(self, model: str, drafter: str, batch: int, guided: bool, best: dict) -> Row:
-        reports = self.executor.cuda_graphs
+        reports = self.executor.setup.cuda_graphs
         return Row(
             model,
-            self.executor.model_impl.impl,
+            self.executor.setup.model_impl.impl,
             "ngram" if guided else drafter,
             batch,
             guided,

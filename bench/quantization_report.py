@@ -75,8 +75,8 @@ def measure_setting(quantization: str | None, dtype: str, max_tokens: int, refer
     outputs = executor.run(chats, SamplingParams(max_tokens=max_tokens))
     result = {
         "quantization": quantization,
-        "dtype": executor.dtype_choice.dtype,
-        "layers": dict(executor.quantization.layers) if executor.quantization else None,
+        "dtype": executor.setup.dtype_choice.dtype,
+        "layers": dict(executor.setup.quantization.layers) if executor.setup.quantization else None,
         "rss_mib": memory["VmRSS"],
         "weights_mib": _tensor_bytes(executor.model) / 2**20,
         "kv_pool_mib": executor.kv_cache_bytes / 2**20,

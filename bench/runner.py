@@ -155,7 +155,7 @@ class BenchRunner:
         executor = Executor(model, cfg, tokenizer=self._tokenizer)
         if cfg.quantization and cfg.dtype == "auto":
             self.dtypes[f"auto ({named.name})"] = (
-                f"{executor.dtype_choice.dtype} ({executor.dtype_choice.reason})"
+                f"{executor.setup.dtype_choice.dtype} ({executor.setup.dtype_choice.reason})"
             )
         work = self._workload()
         run = run_conversations if self.multiturn else run_specexec

@@ -48,7 +48,7 @@ guided = Request(prompt, SamplingParams(max_tokens=NUM_TOKENS),
 guided_ttft = executor.run([guided])[0].metrics.time_to_first_token
 print(json.dumps({"init_s": init, "ttft_first_s": ttfts[0], "ttft_second_s": ttfts[1],
                   "guided_ttft_first_s": guided_ttft,
-                  "dtype": executor.dtype_choice.dtype,
+                  "dtype": executor.setup.dtype_choice.dtype,
                   "warmup_s": getattr(executor, "warmup_seconds", None)}))
 """.replace("PROMPT", repr(PROMPT)).replace("NUM_TOKENS", str(NUM_TOKENS))
 

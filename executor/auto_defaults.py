@@ -6,7 +6,7 @@
 | ``speculative_config`` | Suffix decoding, up to `AUTO_MAX_DRAFT_LEN` drafts, under ``draft_len_policy: auto``, none from `AUTO_NO_DRAFTS_FROM_BATCH` running requests | the drafter the bench measured best for a model without a trained head (`bench/reports/2026-11-29-suffix-decoding/`), ahead of SmolLM2's shipped EAGLE-3 and Medusa heads too; the policy drafts only where this machine's measured forward cost says drafts pay |
 
 ``none`` (or null) turns either off. The executor keeps the resolved config (`Executor.config`) and the
-reasons (`Executor.auto_choices`), which `specexec run` prints.
+reasons (`Executor.setup.auto_choices`), which `specexec run` prints.
 """
 
 from __future__ import annotations

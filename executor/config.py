@@ -84,7 +84,7 @@ class ExecutorConfig:
     measuring_budget_s: float | None = 30.0
     progress: bool = True  #: transformers' progress bars while a model loads (false: quiet)
     #: at start-up, one tiny forward of each model and one grammar compile, outside every metric, so
-    #: that the first request pays no cold start (on in `specexec run`; `Executor.warmup_seconds`)
+    #: that the first request pays no cold start (on in `specexec run`; `Executor.setup.warmup_seconds`)
     warmup: bool = False
     #: drafter settings (trtllm-bench's block): {decoding_type: NGram, max_draft_len: 3, ...}; auto (the
     #: default: Suffix decoding under the auto draft-length policy, `executor/auto_defaults.py`); none or

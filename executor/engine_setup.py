@@ -31,6 +31,7 @@ from .model.graph_shapes import GraphShapes
 from .model.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from .model.model_runner import ModelRunner
 from .parallel.launch import refuse_unbuilt_options, start_ranks
+from .setup_report import SetupReport
 
 logger = logging.getLogger("specexec")
 
@@ -92,9 +93,9 @@ def build_engine_core(
     drafter: Drafter | DrafterChoice | None,
     plugins,
     dtype: DtypeChoice,
-) -> EngineCore:
+) -> tuple[EngineCore, SetupReport]:
     """Load (in ``dtype``, see `resolve_dtype`), size the KV pool, build the stages; ``drafter`` is what
-    `check_before_loading` returned."""
+    `check_before_loading` returned. Returns the engine and what set-up chose (`SetupReport`)."""
     model, tokenizer, target_path, quantization, model_impl = load_target(
         model, tokenizer, config, dtype.dtype
     )
@@ -123,7 +124,9 @@ def build_engine_core(
     return _assemble(model, tokenizer, config, drafter, plugins, runner, block_manager, extra)
 
 
-def _assemble(model, tokenizer, config, drafter, plugins, runner, block_manager, extra) -> EngineCore:
+def _assemble(
+    model, tokenizer, config, drafter, plugins, runner, block_manager, extra
+) -> tuple[EngineCore, SetupReport]:
     """The stages around the runner: drafter, kernels chosen, graphs, speculation, grammar, scheduler."""
     target_path, quantization, model_impl, dtype = extra
     param = next(model.parameters())
@@ -157,11 +160,7 @@ def _assemble(model, tokenizer, config, drafter, plugins, runner, block_manager,
         logger.info("prefix caching: pages are not reused (every position's hidden states are captured)")
     capture = tuple(config.capture_hidden_layers)
     core = EngineCore(runner, scheduler, speculation, guided, outputs, max_model_len, vocab_size, capture)
-    core.graph_reports = graph_reports
-    core.quantization = quantization
-    core.model_impl = model_impl
-    core.kernel_plan = kernels
-    return core
+    return core, SetupReport(dtype, quantization, model_impl, kernels, graph_reports)
 
 
 def capture_cuda_graphs(

@@ -54,8 +54,8 @@ class Executor:
         drafter: Drafter | None = None,
     ) -> None:
         #: the config as it runs: ``quantization`` and ``speculative_config`` resolved (never "auto";
-        #: the config passed in is left as it was), with the reasons in ``auto_choices``
-        self.config, self.auto_choices = resolve_auto_defaults(
+        #: the config passed in is left as it was), with the reasons in ``setup.auto_choices``
+        self.config, auto_choices = resolve_auto_defaults(
             model, config or ExecutorConfig(), drafter is not None
         )
         config = self.config
@@ -63,12 +63,15 @@ class Executor:
         drafter = check_before_loading(model, config, drafter, plugins)
         notes = len(measurement_notes())
         with measuring_budget(config.measuring_budget_s):
-            #: the dtype the model runs in, and why (``dtype: auto`` measures this machine once)
-            self.dtype_choice = resolve_dtype(model, config)
-            self.core = build_engine_core(model, config, tokenizer, drafter, plugins, self.dtype_choice)
+            self.core, setup = build_engine_core(
+                model, config, tokenizer, drafter, plugins, resolve_dtype(model, config)
+            )
         _say_what_was_not_measured(measurement_notes(notes))
-        #: seconds the start-up warm-up took (``warmup: true``), else None
-        self.warmup_seconds = warm_up(self.core) if config.warmup else None
+        setup.auto_choices = auto_choices
+        setup.warmup_seconds = warm_up(self.core) if config.warmup else None
+        #: what start-up chose and measured, and why (`SetupReport`: dtype_choice, quantization,
+        #: model_impl, kernel_plan, cuda_graphs, auto_choices, warmup_seconds)
+        self.setup = setup
         trim_freed_heap()  # what the start-up measurements and the warm-up freed goes back to the system
         self._loop = CallerLoop(self.core)
         self._direct = Caller()  # requests submitted with add_request(), whose events step() returns
@@ -81,18 +84,6 @@ class Executor:
     block_manager = property(lambda self: self.core.block_manager)
     speculation = property(lambda self: self.core.speculation)  # .drafter, .stats
     guided = property(lambda self: self.core.guided)  # .stats, .pool
-    #: what capturing each model's CUDA graphs took (GraphCaptureReport per model; empty off CUDA)
-    cuda_graphs = property(lambda self: self.core.graph_reports)
-    #: what ``quantization`` made of the target's layers (a QuantizationReport), or None
-    quantization = property(lambda self: self.core.quantization)
-    #: which forward runs the target (``model_impl``): a ModelImplChoice, ``.impl`` specexec or transformers
-    model_impl = property(lambda self: self.core.model_impl)
-    #: every kernel choice (`executor/kernel_plan.py`); ``.layers(executor.model)``: what runs each layer
-    kernel_plan = property(lambda self: self.core.kernel_plan)
-    #: ``cpu_linear``'s answer (blas or onednn) and why
-    linear_backend = property(lambda self: self.core.kernel_plan.linear_backend)
-    #: ``quantized_kernel``'s answer (torch or int8_dot, up to which rows) and why
-    quantized_kernel = property(lambda self: self.core.kernel_plan.quantized_kernel)
 
     # ---- submitting -------------------------------------------------------------------------------
     def add_request(

@@ -9,23 +9,23 @@ from .kernel_plan.measurement.journal import MeasurementNote
 
 def plan_lines(executor) -> list[str]:
     """One line per choice the executor's start made, each with its reason."""
-    lines = [executor.auto_choices.summary()]
-    choice = executor.dtype_choice
+    lines = [executor.setup.auto_choices.summary()]
+    choice = executor.setup.dtype_choice
     lines.append(f"dtype {choice.dtype}: {choice.reason}")
-    impl = executor.model_impl
+    impl = executor.setup.model_impl
     lines.append(f"model_impl {impl.impl}: {impl.reason}")
-    if executor.quantization is not None:
-        lines.append(executor.quantization.summary())
+    if executor.setup.quantization is not None:
+        lines.append(executor.setup.quantization.summary())
     if executor.model.device.type == "cpu":
         from .layers.cpu_kernels import describe_cpu_kernels
 
         lines.append(f"cpu kernels: {describe_cpu_kernels()}")
-        linear = executor.linear_backend
+        linear = executor.setup.linear_backend
         lines.append(f"cpu_linear {linear.backend}: {linear.reason}")
-        if executor.quantization is not None:
-            kernel = executor.quantized_kernel
+        if executor.setup.quantization is not None:
+            kernel = executor.setup.quantized_kernel
             lines.append(f"quantized_kernel {kernel.kernel}: {kernel.reason}")
-    lines += [report.describe() for report in executor.cuda_graphs]
+    lines += [report.describe() for report in executor.setup.cuda_graphs]
     return lines
 
 

@@ -73,10 +73,6 @@ class EngineCore:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.capture_layers = capture_layers  #: hidden states returned on the outputs
-        self.graph_reports: list = []  #: GraphCaptureReport per captured model (set up on CUDA)
-        self.quantization = None  #: QuantizationReport of the target's layers, when quantized
-        self.kernel_plan = None  #: KernelPlan: every kernel choice of the target's and the drafter's layers
-        self.model_impl = None  #: ModelImplChoice: which forward runs the target (set up by engine_setup)
         self.verifier = VerifyStage(RejectionSampler(row_summary), vocab_size)
         self.resources = StepResources(runner, outputs.tokenizer, vocab_size)
         self._submitted: collections.deque[RequestState] = collections.deque()  # from any thread

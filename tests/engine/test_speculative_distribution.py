@@ -353,7 +353,7 @@ def test_speculative_sampling_on_a_quantized_target_matches_its_distribution(qua
         "quantization": "int4" if quantization == "int8" else "int8",
     }
     executor, outputs, counts = sample_sequences(speculative_config=spec, quantization=quantization)
-    assert executor.quantization.scheme == quantization
+    assert executor.setup.quantization.scheme == quantization
     proposed = sum(o.metrics.num_draft_tokens for o in outputs)
     accepted = sum(o.metrics.num_accepted_tokens for o in outputs)
     assert accepted > 0 and proposed - accepted >= 20

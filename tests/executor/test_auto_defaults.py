@@ -91,7 +91,7 @@ def test_the_default_drafts_and_gives_the_tokens_of_plain_decoding():
             (out,) = executor.run([Request(prompt, params)])
             outputs[spec] = out
             if spec == "auto":
-                assert executor.auto_choices.speculation.startswith(AUTO_DRAFTER)
+                assert executor.setup.auto_choices.speculation.startswith(AUTO_DRAFTER)
                 assert executor.config.speculative_config.decoding_type == AUTO_DRAFTER
     assert outputs["auto"].token_ids == outputs[None].token_ids
     assert outputs["auto"].metrics.num_forwards < len(outputs["auto"].token_ids), "the default did not draft"

@@ -82,7 +82,7 @@ def test_greedy_output_on_cuda_equals_the_cpu_output_for_every_drafter(arch, dra
         assert [o.token_ids for o in outputs] == cpu_reference(arch)
         if drafter == "ngram":
             assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
-        assert executor.cuda_graphs and all(r.error is None for r in executor.cuda_graphs)
+        assert executor.setup.cuda_graphs and all(r.error is None for r in executor.setup.cuda_graphs)
         assert all(s.num_replays > 0 for s in graph_stats(executor))
         assert_all_pages_free(executor)
 
@@ -104,10 +104,10 @@ def graphs_and_eager_replay(make_model, requests, tokenizer=None, **config) -> d
             core = executor.core
             if mode == "eager-replay":
                 drafter = executor.speculation.drafter
-                core.graph_reports = capture_cuda_graphs(
+                executor.setup.cuda_graphs = capture_cuda_graphs(
                     executor.config, core.runner, drafter, core.max_model_len, EagerReplay()
                 )
-            reports = core.graph_reports
+            reports = executor.setup.cuda_graphs
             assert reports and all(r.error is None for r in reports), [r.describe() for r in reports]
             outputs = executor.run(requests)
             for out in outputs:
@@ -135,10 +135,12 @@ def test_the_own_decoder_on_cuda_gives_the_tokens_of_transformers_modules(arch):
         _, model = make_tiny_model(arch)
         config = make_config("cuda", model_impl=impl, speculative_config=spec, cuda_graphs=graphs)
         with Executor(model, config) as executor:
-            assert executor.model_impl.impl == impl
+            assert executor.setup.model_impl.impl == impl
             outputs[impl] = [o.token_ids for o in executor.run(greedy_requests())]
             if graphs:
-                assert [r.error for r in executor.cuda_graphs] == [None] * len(executor.cuda_graphs)
+                assert [r.error for r in executor.setup.cuda_graphs] == [None] * len(
+                    executor.setup.cuda_graphs
+                )
                 assert executor.core.runner.graphs.stats.num_replays > 0
             assert_all_pages_free(executor)
     assert outputs["specexec"] == outputs["transformers"]
@@ -162,7 +164,7 @@ def test_the_triton_kernels_give_the_tokens_and_logprobs_of_torch_ops(arch, monk
             _, model = make_tiny_model(arch, dtype=torch.float32)
             config = make_config("cuda", dtype="float32", speculative_config=spec)
             with Executor(model, config) as executor:
-                assert executor.model_impl.impl == "specexec"
+                assert executor.setup.model_impl.impl == "specexec"
                 requests = [
                     Request(
                         p,

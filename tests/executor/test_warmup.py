@@ -50,7 +50,7 @@ def forward_counts(monkeypatch):
 @pytest.mark.parametrize("name", list(SPECS))
 def test_warmup_runs_each_model_and_leaves_no_trace(tmp_path, name, forward_counts):
     def check_after_warmup(executor: Executor) -> None:
-        assert executor.warmup_seconds is not None and executor.warmup_seconds > 0
+        assert executor.setup.warmup_seconds is not None and executor.setup.warmup_seconds > 0
         drafter = executor.speculation.drafter
         target = executor.core.runner
         assert forward_counts.pop(target) == 2, "the target runs a decode and a verify shape"
@@ -101,7 +101,7 @@ def test_warmup_sets_up_the_grammar_compiler_outside_its_statistics(tmp_path):
 def test_warmup_is_off_unless_asked():
     _, model = make_tiny_model("llama")
     executor = Executor(model, make_config())
-    assert executor.warmup_seconds is None and executor.guided._pool is None
+    assert executor.setup.warmup_seconds is None and executor.guided._pool is None
     with pytest.raises(ValueError, match="warmup"):
         make_config(warmup="yes")
 

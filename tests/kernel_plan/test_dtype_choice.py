@@ -114,11 +114,11 @@ def test_the_executor_reports_its_choice(tmp_path, measured, monkeypatch):
     directory = save_tiny_model_dir(tmp_path / "model")
     config = ExecutorConfig(model=directory, device="cpu", num_kv_blocks=16, cache_dir=str(tmp_path))
     with Executor(config=config) as executor:
-        assert executor.dtype_choice.dtype == "bfloat16"
+        assert executor.setup.dtype_choice.dtype == "bfloat16"
         assert next(executor.model.parameters()).dtype == torch.bfloat16
     _, module = make_tiny_model("llama")
     with Executor(module, ExecutorConfig(device="cpu", num_kv_blocks=16)) as executor:
-        assert executor.dtype_choice.dtype == "float64"  # a module keeps its own
+        assert executor.setup.dtype_choice.dtype == "float64"  # a module keeps its own
 
 
 @pytest.mark.parametrize(("bf16_seconds", "timed_again"), [(0.002, False), (0.012, True)])

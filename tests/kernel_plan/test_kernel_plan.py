@@ -15,12 +15,13 @@ def test_an_int8_dot_plan_lists_every_quantized_layer_on_it(cpu_ops_built):
     _, model = make_tiny_model("llama", dtype=torch.float32)
     config = make_config(dtype="float32", quantization="int4", quantized_kernel="int8_dot")
     with Executor(model, config) as executor:
-        plan = executor.kernel_plan
+        plan = executor.setup.kernel_plan
         assert isinstance(plan, KernelPlan)
         assert (
-            executor.quantized_kernel is plan.quantized_kernel and plan.quantized_kernel.kernel == "int8_dot"
+            executor.setup.quantized_kernel is plan.quantized_kernel
+            and plan.quantized_kernel.kernel == "int8_dot"
         )
-        assert executor.linear_backend is plan.linear_backend
+        assert executor.setup.linear_backend is plan.linear_backend
         layers = dict(plan.layers(executor.model))
         linears = [n for n, m in executor.model.named_modules() if hasattr(m, "in_features")]
         assert sorted(layers) == sorted(linears), "every linear layer listed, nothing else"
@@ -35,7 +36,7 @@ def test_an_int8_dot_plan_lists_every_quantized_layer_on_it(cpu_ops_built):
 def test_a_plan_with_rows_up_to_a_count_and_torchs_kernel_say_so(cpu_ops_built):
     _, model = make_tiny_model("llama", dtype=torch.float32)
     with Executor(model, make_config(dtype="float32", quantization="int4", quantized_kernel="torch")) as ex:
-        assert set(dict(ex.kernel_plan.layers(ex.model)).values()) == {
+        assert set(dict(ex.setup.kernel_plan.layers(ex.model)).values()) == {
             "Int4WeightOnlyLinear: torch's kernel",
             "Int8WeightOnlyLinear: torch's kernel",
         }
@@ -53,7 +54,7 @@ def test_a_dense_float64_plan_runs_torchs_matmul_everywhere():
     with Executor(
         model, make_config(speculative_config={"decoding_type": "NGram", "max_draft_len": 2})
     ) as ex:
-        plan = ex.kernel_plan
+        plan = ex.setup.kernel_plan
         assert plan.linear_backend.backend == "blas" and plan.quantized_kernel.kernel == "torch"
         assert plan.skinny_kernels.kernel == "off"
         assert set(dict(plan.layers(ex.model)).values()) == {"torch's matmul (BLAS)"}

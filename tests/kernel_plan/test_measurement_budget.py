@@ -154,7 +154,7 @@ def test_a_start_past_its_budget_runs_on_static_defaults_and_says_so_once(tmp_pa
     monkeypatch.setattr(budget, "machine_is_busy", lambda: True)
     config = make_config(dtype="float32", cache_dir=str(tmp_path), speculative_config=None)
     with caplog.at_level(logging.WARNING, logger="specexec"), Executor(model, config) as executor:
-        assert executor.kernel_plan.attention_paths.short_context == ("sdpa",) * 4
+        assert executor.setup.kernel_plan.attention_paths.short_context == ("sdpa",) * 4
         out = executor.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True))
         assert len(out[0].token_ids) == 4
     lines = [r.getMessage() for r in caplog.records if "static defaults" in r.getMessage()]

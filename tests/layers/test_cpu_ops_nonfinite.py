@@ -132,7 +132,7 @@ def test_a_nan_activation_fails_its_request_alone_on_either_kernel(kernel, atten
     config = make_config(dtype="float32", quantization="int8", quantized_kernel=kernel, model_impl="specexec")
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     with Executor(model, config) as executor:
-        assert executor.quantized_kernel.kernel == kernel
+        assert executor.setup.quantized_kernel.kernel == kernel
         executor.core.runner.attention_paths = AttentionPaths.all(attention)
         clean = [o.token_ids for o in executor.run([Request(p, params) for p in GOOD_PROMPTS])]
         *good, bad = executor.run([Request(p, params) for p in [*GOOD_PROMPTS, BAD_PROMPT]])

@@ -318,7 +318,9 @@ def test_the_executor_fits_its_kernels_to_the_memory_available(tmp_path, monkeyp
     _, model = make_tiny_model("llama", dtype=torch.float32)
     config = make_config(dtype="float32", speculative_config=eagle_spec(tmp_path), cache_dir=str(tmp_path))
     executor = Executor(model, config)
-    assert executor.linear_backend.backend == "blas" and "not kept" in executor.linear_backend.reason
+    assert (
+        executor.setup.linear_backend.backend == "blas" and "not kept" in executor.setup.linear_backend.reason
+    )
     assert _packed(executor.model) == 0
     outputs = executor.run(make_requests(BATCHES["batch1"]))
     assert num_drafted(outputs) > 0
@@ -354,7 +356,7 @@ def test_executor_on_onednn_drafts_and_outputs_what_it_outputs_on_blas(tmp_path)
             dtype="float32", cpu_linear=backend, speculative_config=dense_head_spec(tmp_path)
         )
         executor = Executor(model, config)
-        assert executor.linear_backend.backend == backend
+        assert executor.setup.linear_backend.backend == backend
         head = executor.speculation.drafter.torch_modules()[0]
         assert (_packed(executor.model) > 0, _packed(head) > 0) == ((backend == "onednn",) * 2)
         outputs = executor.run(make_requests(BATCHES["batch8"]))
@@ -400,7 +402,7 @@ def test_executor_on_row_bands_runs_decode_on_the_blas_and_verify_on_onednn(tmp_
             assert num_drafted(outputs) > 0
             assert_all_pages_free(executor)
             tokens[backend, batch] = [o.token_ids for o in outputs]
-    assert executor.linear_backend.backend == "blas+onednn"
+    assert executor.setup.linear_backend.backend == "blas+onednn"
     assert {1, 4, 8} <= set(kernels_by_rows) and any(n >= 24 for n in kernels_by_rows), kernels_by_rows
     assert all(kernels == {2 <= n < 24} for n, kernels in kernels_by_rows.items()), kernels_by_rows
     assert all(tokens["auto", batch] == tokens["blas", batch] for batch in ("batch1", "batch8"))
@@ -434,7 +436,7 @@ def test_executor_runs_the_targets_verify_rows_on_mkls_packed_gemm(tmp_path, mon
         target_layers = [m for m in executor.model.modules() if isinstance(m, PackedLinear)]
         assert _packed(head) == 0
         if backend == "auto":
-            assert executor.linear_backend.backend == "blas+mkl"
+            assert executor.setup.linear_backend.backend == "blas+mkl"
             k = executor.speculation.drafter.max_draft_len
             assert target_layers and all(m.mkl_rows == 1 + k and m.packed is None for m in target_layers)
             monkeypatch.setattr(torch.ops, "mkl", _Spy())
@@ -515,7 +517,7 @@ def test_a_model_with_no_dense_linear_layer_left_is_not_measured(scheme, tmp_pat
     config = make_config(dtype="float32", quantization=scheme, cache_dir=str(tmp_path))
     executor = Executor(model, config)
     assert (
-        executor.linear_backend.backend == "blas"
-        and "no dense linear layer" in executor.linear_backend.reason
+        executor.setup.linear_backend.backend == "blas"
+        and "no dense linear layer" in executor.setup.linear_backend.reason
     )
     assert len(executor.run(make_requests(BATCHES["batch1"]))[0].token_ids) == 16

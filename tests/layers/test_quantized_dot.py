@@ -521,7 +521,7 @@ def test_speculation_on_an_int8_dot_target_keeps_its_greedy_output(scheme):
             max_batch_size=4,
         )
         with Executor(model, config) as executor:
-            assert executor.quantized_kernel.kernel == "int8_dot"
+            assert executor.setup.quantized_kernel.kernel == "int8_dot"
             layers = quantized_kernel.quantized_layers(executor.model)
             assert layers and all(m.int8_dot_rows == MAX_ROWS for m in layers)
             alone = [executor.run(make_requests([p]))[0] for p in prompts]
@@ -539,7 +539,7 @@ def test_speculation_on_an_int8_dot_target_keeps_its_greedy_output(scheme):
 def test_a_float32_executor_with_torch_keeps_torch_kernels():
     _, model = make_tiny_model("llama", dtype=torch.float32)
     with Executor(model, make_config(dtype="float32", quantization="int4", quantized_kernel="torch")) as ex:
-        assert ex.quantized_kernel.kernel == "torch"
+        assert ex.setup.quantized_kernel.kernel == "torch"
         assert all(m.int8_dot_rows == 0 for m in quantized_kernel.quantized_layers(ex.model))
 
 
@@ -718,7 +718,7 @@ def test_a_self_drafts_int8_layers_get_their_own_choice():
     spec = {"decoding_type": "DraftTarget", "max_draft_len": 3, "quantization": "int8"}
     config = make_config(dtype="float32", quantized_kernel="int8_dot", speculative_config=spec)
     with Executor(model, config) as executor:
-        assert "no quantized layer" in executor.quantized_kernel.reason
+        assert "no quantized layer" in executor.setup.quantized_kernel.reason
         draft = executor.speculation.drafter.runner.model
         layers = quantized_kernel.quantized_layers(draft)
         assert layers and all(m.int8_dot_rows == MAX_ROWS for m in layers)

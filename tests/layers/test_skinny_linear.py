@@ -33,7 +33,7 @@ def test_each_row_count_takes_the_config_of_its_bucket():
 def test_a_cpu_model_is_left_as_it_is():
     _, model = make_tiny_model("llama", dtype=torch.bfloat16)
     with Executor(model, ExecutorConfig(device="cpu", dtype="bfloat16", num_kv_blocks=64)) as executor:
-        choice = executor.core.kernel_plan.skinny_kernels
+        choice = executor.setup.kernel_plan.skinny_kernels
         assert choice.kernel == "off" and "cpu" in choice.reason
         layers = executor.core.runner.model.model.layers
         assert not any(isinstance(m, SkinnyLinear) for layer in layers for m in layer.modules())

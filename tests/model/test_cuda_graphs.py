@@ -248,7 +248,7 @@ def test_cuda_graphs_is_a_config_switch_and_nothing_is_captured_on_cpu():
     assert ExecutorConfig.from_dict({"cuda_graphs": False}).cuda_graphs is False
     _, model = make_tiny_model("llama")
     with Executor(model, make_config(device="cpu")) as executor:
-        assert executor.config.cuda_graphs is True and executor.cuda_graphs == []
+        assert executor.config.cuda_graphs is True and executor.setup.cuda_graphs == []
         assert executor.core.runner.graphs is None
 
 

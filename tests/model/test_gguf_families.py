@@ -69,7 +69,7 @@ def test_the_file_gives_its_source_models_logits_on_both_decoders(family, tmp_pa
     with torch.no_grad():
         torch.testing.assert_close(loaded.model(torch.tensor([PROMPT])).logits[0], want, **TOLERANCE)
     executor = Executor(str(path), make_config(tmp_path))  # from the conversion cache
-    assert executor.model_impl.impl == "specexec"
+    assert executor.setup.model_impl.impl == "specexec"
     torch.testing.assert_close(own_decoder_logits(executor, PROMPT), want, **TOLERANCE)
 
 

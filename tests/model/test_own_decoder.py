@@ -44,7 +44,7 @@ def transformers_tokens(arch: str, batch: str) -> list[list[int]]:
     """Greedy output of transformers' modules without drafts (the reference)."""
     _, model = make_tiny_model(arch)
     executor = Executor(model, make_config("transformers", num_kv_blocks=pool_for(batch)))
-    assert executor.model_impl.impl == "transformers" and not is_own_decoder(executor.model)
+    assert executor.setup.model_impl.impl == "transformers" and not is_own_decoder(executor.model)
     return [o.token_ids for o in executor.run(make_requests(BATCHES[batch]))]
 
 
@@ -71,7 +71,7 @@ def test_the_own_decoder_gives_transformers_tokens(arch, drafter, batch, tmp_pat
     _, model = make_tiny_model(arch)
     config = make_config("specexec", num_kv_blocks=pool_for(batch), speculative_config=spec)
     executor = Executor(model, config, drafter=drafter_module)
-    assert executor.model_impl.impl == "specexec" and is_own_decoder(executor.model)
+    assert executor.setup.model_impl.impl == "specexec" and is_own_decoder(executor.model)
     outputs = executor.run(make_requests(BATCHES[batch]))
     assert all(o.finish_reason is FinishReason.LENGTH for o in outputs), [o.error for o in outputs]
     assert [o.token_ids for o in outputs] == transformers_tokens(arch, batch)
@@ -122,11 +122,11 @@ def test_float32_logits_are_within_float32_tolerance_of_transformers(arch):
 def test_auto_takes_the_own_decoder_and_transformers_keeps_its_modules():
     _, model = make_tiny_model("qwen3")
     auto = Executor(model, make_config("auto"))
-    assert auto.model_impl.impl == "specexec" and "Qwen3ForCausalLM" in auto.model_impl.reason
+    assert auto.setup.model_impl.impl == "specexec" and "Qwen3ForCausalLM" in auto.setup.model_impl.reason
     _, other = make_tiny_model("qwen3")
     kept = Executor(other, make_config("transformers"))
     assert (
-        kept.model_impl.impl == "transformers" and type(other.model.layers[0]).__name__ == "Qwen3DecoderLayer"
+        kept.setup.model_impl.impl == "transformers" and type(other.model.layers[0]).__name__ == "Qwen3DecoderLayer"
     )
 
 
@@ -136,7 +136,10 @@ def test_a_model_the_own_decoder_cannot_run_falls_back_under_auto_and_is_refused
     _, model = make_tiny_model("llama", rope_parameters=dynamic)
     assert "depends on the sequence length" in unsupported_reason(model)
     executor = Executor(model, make_config("auto"))
-    assert executor.model_impl.impl == "transformers" and "sequence length" in executor.model_impl.reason
+    assert (
+        executor.setup.model_impl.impl == "transformers"
+        and "sequence length" in executor.setup.model_impl.reason
+    )
     assert len(executor.run(make_requests([[1, 2, 3]]))[0].token_ids) == MAX_TOKENS
     _, refused = make_tiny_model("llama", rope_parameters=dynamic)
     with pytest.raises(ValueError, match="model_impl.*'specexec' cannot run this model: rope type"):
@@ -149,7 +152,7 @@ def test_converting_twice_changes_nothing_and_a_converted_module_cannot_go_back(
     layers = list(model.model.layers)
     convert_to_own_decoder(model)
     assert list(model.model.layers) == layers
-    assert Executor(model, make_config("auto")).model_impl.reason == "converted by an earlier executor"
+    assert Executor(model, make_config("auto")).setup.model_impl.reason == "converted by an earlier executor"
     with pytest.raises(ValueError, match="converted to specexec's decoder by an earlier executor"):
         Executor(model, make_config("transformers"))
 
@@ -303,7 +306,7 @@ def test_fused_gguf_layers_hold_the_files_codes_exactly_in_float32():
         progress=False,
     )
     with Executor(config=config) as executor:
-        assert executor.quantization.layers == {"Q4_1 -> int4 (exact)": 210, "Q8_0 -> dense": 1}
+        assert executor.setup.quantization.layers == {"Q4_1 -> int4 (exact)": 210, "Q8_0 -> dense": 1}
         for i in (0, 17, 29):
             ours, theirs = executor.model.model.layers[i], dense.model.layers[i]
             attn, mlp = theirs.self_attn, theirs.mlp

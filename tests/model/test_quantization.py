@@ -191,7 +191,10 @@ def test_speculation_on_a_quantized_target_keeps_its_greedy_output(scheme, draft
     _, model = make_tiny_model("llama")
     num_linears = sum(type(m) is torch.nn.Linear for m in model.modules())
     executor = Executor(model, make_config(quantization=scheme, speculative_config=spec))
-    assert executor.quantization is not None and sum(executor.quantization.layers.values()) == num_linears
+    assert (
+        executor.setup.quantization is not None
+        and sum(executor.setup.quantization.layers.values()) == num_linears
+    )
     assert has_quantized_layers(executor.model)
     outputs = executor.run(make_requests(prompts))
     assert [o.token_ids for o in outputs] == quantized_reference("llama", prompts, scheme)

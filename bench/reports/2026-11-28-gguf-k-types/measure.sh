@@ -13,7 +13,7 @@ python - "$file" > "$here/load.txt" 2>&1 <<'PY'
 import resource, sys
 from specexec import Executor, ExecutorConfig
 executor = Executor(config=ExecutorConfig(model=sys.argv[1], quantization="gguf", progress=False))
-print(executor.quantization.summary())
+print(executor.setup.quantization.summary())
 print(f"peak resident set while loading: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 rss = next(line for line in open("/proc/self/status") if line.startswith("VmRSS"))
 print(f"resident set after loading: {int(rss.split()[1]) / 1024:.0f} MiB")

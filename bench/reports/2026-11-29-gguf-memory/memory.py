@@ -54,7 +54,7 @@ def main() -> None:
     weights = weights_by_kind(executor.model)
     resident = resident_mib()
     bound = (1.2 * file_bytes + kv_bytes + 300e6) / MIB
-    print(f"file: {path} ({file_bytes / MIB:.0f} MiB); dtype {executor.dtype_choice.dtype}")
+    print(f"file: {path} ({file_bytes / MIB:.0f} MiB); dtype {executor.setup.dtype_choice.dtype}")
     for kind, size in weights.most_common():
         print(f"  {kind}: {size / MIB:.1f} MiB")
     total = sum(weights.values())
