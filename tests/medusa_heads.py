@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from specexec.drafters.eagle3.training.features import d2t_for
 from specexec.drafters.medusa.heads import MedusaConfig, new_heads, save_heads
+from specexec.drafters.training.draft_vocab import d2t_for
 from tiny_models import make_tiny_model
 
 

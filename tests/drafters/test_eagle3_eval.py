@@ -48,7 +48,7 @@ def test_an_evaluation_prompt_in_the_corpus_or_the_pool_stops_the_evaluation(tmp
 def test_a_head_without_its_corpus_is_checked_against_the_token_archive(tmp_path):
     """A head trained elsewhere comes without ``corpus/``: the archive of what it was trained on
     still stops an evaluation prompt that is in it."""
-    from specexec.drafters.eagle3.training.archive import CorpusArchive
+    from specexec.drafters.training.archive import CorpusArchive
 
     archive = CorpusArchive(tmp_path / "archive")
     pool = [{"id": "si-0", "prompt": "Plan a trip to Rome.", "hash": normalized_hash("Plan a trip to Rome.")}]

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import torch
 
-from ...training.draft_vocab import d2t_for  # noqa: F401  (tests/medusa_heads.py imports it from here)
-
 
 @dataclass(slots=True)
 class SequenceFeatures:
