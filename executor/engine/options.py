@@ -13,7 +13,7 @@ T = TypeVar("T")
 
 def reject_unknown_keys(cls: type[T]) -> type[T]:
     """Class decorator for a dataclass: ``cls(unknown=1)`` raises ValueError naming ``unknown``."""
-    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    names = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
     init = cls.__init__  # type: ignore[misc]
     label = getattr(cls, "option_label", f"{cls.__name__} key")
 

@@ -318,6 +318,11 @@ def test_user_provided_drafter_class_is_imported_and_built_with_its_options(no_p
         ({"drafter": f"{__name__}:NoSuchClass"}, "cannot import drafter"),
         ({"drafter": f"{__name__}:NotADrafter"}, "not a subclass"),
         ({"drafter": f"{__name__}:RepeatLastDrafter", "repeat": 2}, "unknown UserProvided option"),
+        # (the class it resolves is kept on the options, not a key a config may set)
+        (
+            {"drafter": f"{__name__}:RepeatLastDrafter", "drafter_class": 2},
+            "allowed: drafter, drafter_options$",
+        ),
     ],
 )
 def test_user_provided_errors(no_plugins, options, match):
