@@ -323,15 +323,14 @@ def _speculation_stage(
             "%s reports no draft confidence: draft_len_policy 'confidence' runs as 'auto'",
             type(drafter).__name__,
         )
+    confidence_stop = ConfidenceStop(cost) if stops_itself else None  # the drafter ends each chain itself
     drafter.bind_target(
         DraftBinding(
             runner,
             block_manager,
             use_grammar_masks=config.draft_side_grammar_masks,
             draft_tree=draft_tree,
-            confidence_stop=ConfidenceStop(cost)
-            if stops_itself
-            else None,  # the drafter ends each chain itself
+            confidence_stop=confidence_stop,
         )
     )
     policy = None
