@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from factories import tiny_config
+from factories import greedy, tiny_executor
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
@@ -17,42 +17,47 @@ MAX_MODEL_LEN = 16
 MAX_TOKENS = 4
 
 
-def make_executor(**config_overrides) -> Executor:
-    _, model = make_tiny_model("llama")
+def bounded_executor(**config_overrides) -> Executor:
+    """The tiny llama with its tokenizer, a context of MAX_MODEL_LEN positions and small pools."""
     settings = dict(num_kv_blocks=32, max_num_tokens=64, max_model_len=MAX_MODEL_LEN)
-    return Executor(model, tiny_config(**{**settings, **config_overrides}), tokenizer=make_tiny_tokenizer())
-
-
-def greedy(max_tokens: int = MAX_TOKENS, **kwargs) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, **kwargs)
+    return tiny_executor(tokenizer=make_tiny_tokenizer(), **{**settings, **config_overrides})
 
 
 GOOD_REQUESTS = {
-    "good-text": Request("w1 w2 w3", greedy()),
-    "good-ids": Request([10, 20, 30, 40, 50], greedy()),
+    "good-text": Request("w1 w2 w3", greedy(MAX_TOKENS)),
+    "good-ids": Request([10, 20, 30, 40, 50], greedy(MAX_TOKENS)),
     "good-chat": Request(
-        [{"role": "system", "content": "w7"}, {"role": "user", "content": "w8 w9"}], greedy()
+        [{"role": "system", "content": "w7"}, {"role": "user", "content": "w8 w9"}], greedy(MAX_TOKENS)
     ),
 }
 
 #: request id -> (request, words the error message must contain)
 BAD_REQUESTS = {
-    "empty-text": (Request("", greedy()), ["empty prompt"]),
-    "empty-ids": (Request([], greedy()), ["prompt must be non-empty"]),
-    "too-long": (Request(list(range(20)), greedy()), ["20 tokens", f"context holds {MAX_MODEL_LEN}"]),
-    "exactly-context": (Request(list(range(MAX_MODEL_LEN)), greedy()), [f"{MAX_MODEL_LEN} tokens"]),
+    "empty-text": (Request("", greedy(MAX_TOKENS)), ["empty prompt"]),
+    "empty-ids": (Request([], greedy(MAX_TOKENS)), ["prompt must be non-empty"]),
+    "too-long": (
+        Request(list(range(20)), greedy(MAX_TOKENS)),
+        ["20 tokens", f"context holds {MAX_MODEL_LEN}"],
+    ),
+    "exactly-context": (Request(list(range(MAX_MODEL_LEN)), greedy(MAX_TOKENS)), [f"{MAX_MODEL_LEN} tokens"]),
     "max-tokens-0": (Request([1, 2, 3], SamplingParams(max_tokens=0)), ["max_tokens", "> 0", "0"]),
-    "negative-temperature": (Request([1, 2, 3], greedy(temperature=-1.0)), ["temperature", "-1.0"]),
+    "negative-temperature": (
+        Request([1, 2, 3], greedy(MAX_TOKENS, temperature=-1.0)),
+        ["temperature", "-1.0"],
+    ),
     "wizard-role": (
-        Request([{"role": "user", "content": "w1"}, {"role": "wizard", "content": "w2"}], greedy()),
+        Request([{"role": "user", "content": "w1"}, {"role": "wizard", "content": "w2"}], greedy(MAX_TOKENS)),
         ["chat message 1", "unknown role 'wizard'", "allowed: system, user, assistant, tool"],
     ),
-    "message-without-content": (Request([{"role": "user"}], greedy()), ["'role' and 'content'"]),
-    "out-of-vocab": (Request([5, 256, 7, 1000], greedy()), ["outside the vocabulary 0..255", "[256, 1000]"]),
-    "negative-id": (Request([5, -1], greedy()), ["outside the vocabulary", "[-1]"]),
-    "mixed-list": (Request([5, "w1"], greedy()), ["only token ids (int) or only chat messages"]),
-    "bool-ids": (Request([True, False], greedy()), ["only token ids (int)"]),
-    "not-a-prompt": (Request(42, greedy()), ["prompt must be non-empty text", "int"]),
+    "message-without-content": (Request([{"role": "user"}], greedy(MAX_TOKENS)), ["'role' and 'content'"]),
+    "out-of-vocab": (
+        Request([5, 256, 7, 1000], greedy(MAX_TOKENS)),
+        ["outside the vocabulary 0..255", "[256, 1000]"],
+    ),
+    "negative-id": (Request([5, -1], greedy(MAX_TOKENS)), ["outside the vocabulary", "[-1]"]),
+    "mixed-list": (Request([5, "w1"], greedy(MAX_TOKENS)), ["only token ids (int) or only chat messages"]),
+    "bool-ids": (Request([True, False], greedy(MAX_TOKENS)), ["only token ids (int)"]),
+    "not-a-prompt": (Request(42, greedy(MAX_TOKENS)), ["prompt must be non-empty text", "int"]),
     "params-not-sampling-params": (
         Request([1, 2], {"max_tokens": 3}),
         ["sampling_params must be SamplingParams"],
@@ -61,13 +66,13 @@ BAD_REQUESTS = {
 
 
 def run_alone(prompt, params=None) -> list[int]:
-    (out,) = make_executor().run([Request(prompt, params or greedy())])
+    (out,) = bounded_executor().run([Request(prompt, params or greedy(MAX_TOKENS))])
     assert out.finish_reason is FinishReason.LENGTH
     return out.token_ids
 
 
 def test_bad_requests_fail_alone_while_good_ones_in_the_same_run_complete():
-    executor = make_executor()
+    executor = bounded_executor()
     requests = []
     for name, request in GOOD_REQUESTS.items():
         requests.append(Request(request.prompt, request.sampling_params, request_id=name))
@@ -97,7 +102,7 @@ def test_bad_requests_fail_alone_while_good_ones_in_the_same_run_complete():
 
 
 def test_good_requests_render_as_expected():
-    executor = make_executor()
+    executor = bounded_executor()
     text, ids, chat = executor.run(list(r for r in GOOD_REQUESTS.values()))
     tokenizer = make_tiny_tokenizer()
     assert text.prompt_token_ids == tokenizer("w1 w2 w3")["input_ids"]
@@ -108,7 +113,7 @@ def test_good_requests_render_as_expected():
 
 
 def test_error_outputs_carry_metrics_and_no_timings_of_generation():
-    (out,) = make_executor().run([Request("", greedy(), request_id="e")])
+    (out,) = bounded_executor().run([Request("", greedy(MAX_TOKENS), request_id="e")])
     assert out.finish_reason is FinishReason.ERROR
     assert out.metrics.num_output_tokens == 0
     assert out.metrics.num_forwards == 0
@@ -116,7 +121,7 @@ def test_error_outputs_carry_metrics_and_no_timings_of_generation():
 
 
 def test_prompt_of_max_model_len_minus_one_tokens_gets_one_token():
-    (out,) = make_executor().run([list(range(MAX_MODEL_LEN - 1))], greedy())
+    (out,) = bounded_executor().run([list(range(MAX_MODEL_LEN - 1))], greedy(MAX_TOKENS))
     assert out.finish_reason is FinishReason.LENGTH
     assert len(out.token_ids) == 1
 
@@ -124,8 +129,10 @@ def test_prompt_of_max_model_len_minus_one_tokens_gets_one_token():
 def test_text_prompt_that_tokenizes_to_nothing_is_an_error():
     """Whitespace has no tokens in the tiny tokenizer: such a request has nothing to condition on
     and must not run (it would read another request's logits)."""
-    executor = make_executor()
-    blank, good = executor.run([Request("   ", greedy(), request_id="blank"), Request("w1 w2", greedy())])
+    executor = bounded_executor()
+    blank, good = executor.run(
+        [Request("   ", greedy(MAX_TOKENS), request_id="blank"), Request("w1 w2", greedy(MAX_TOKENS))]
+    )
     assert blank.finish_reason is FinishReason.ERROR
     assert blank.error and "empty" in blank.error
     assert good.token_ids == run_alone("w1 w2")
@@ -138,7 +145,7 @@ def test_text_prompt_with_ids_beyond_the_model_vocabulary_is_an_error():
     config = ExecutorConfig(num_kv_blocks=32, block_size=4, dtype="float64", device="cpu")
     executor = Executor(model, config, tokenizer=make_tiny_tokenizer(300))
     assert executor.tokenizer("w290")["input_ids"] == [296]
-    bad, good = executor.run([Request("w290 w1", greedy()), Request("w1 w2", greedy())])
+    bad, good = executor.run([Request("w290 w1", greedy(MAX_TOKENS)), Request("w1 w2", greedy(MAX_TOKENS))])
     assert bad.finish_reason is FinishReason.ERROR
     assert "outside the vocabulary" in bad.error and "296" in bad.error
     assert good.token_ids == run_alone("w1 w2")
@@ -146,10 +153,10 @@ def test_text_prompt_with_ids_beyond_the_model_vocabulary_is_an_error():
 
 
 def test_duplicate_request_id_is_an_error_for_the_second_request_only():
-    executor = make_executor()
+    executor = bounded_executor()
     requests = [
-        Request([1, 2, 3], greedy(), request_id="same"),
-        Request([4, 5, 6, 7], greedy(), request_id="same"),
+        Request([1, 2, 3], greedy(MAX_TOKENS), request_id="same"),
+        Request([4, 5, 6, 7], greedy(MAX_TOKENS), request_id="same"),
     ]
     first, second = executor.run(requests)
     assert first.finish_reason is FinishReason.LENGTH
@@ -171,7 +178,7 @@ def test_chat_template_that_raises_is_an_error_for_that_request_only():
     executor = Executor(
         model, ExecutorConfig(num_kv_blocks=32, block_size=4, dtype="float64"), tokenizer=tokenizer
     )
-    good, bad = executor.run([[1, 2, 3], [{"role": "assistant", "content": "w1"}]], greedy())
+    good, bad = executor.run([[1, 2, 3], [{"role": "assistant", "content": "w1"}]], greedy(MAX_TOKENS))
     assert good.finish_reason is FinishReason.LENGTH
     assert bad.finish_reason is FinishReason.ERROR
     assert "must start with a user message" in bad.error
@@ -181,7 +188,7 @@ def test_chat_template_that_raises_is_an_error_for_that_request_only():
 def test_chat_prompt_without_a_chat_template_is_an_error():
     _, model = make_tiny_model("llama")
     executor = Executor(model, ExecutorConfig(num_kv_blocks=16, block_size=4, dtype="float64"))
-    chat, text, ids = executor.run([[{"role": "user", "content": "w1"}], "w1 w2", [1, 2]], greedy())
+    chat, text, ids = executor.run([[{"role": "user", "content": "w1"}], "w1 w2", [1, 2]], greedy(MAX_TOKENS))
     assert chat.finish_reason is FinishReason.ERROR and "chat template" in chat.error
     assert text.finish_reason is FinishReason.ERROR and "needs a tokenizer" in text.error
     assert ids.finish_reason is FinishReason.LENGTH
@@ -274,8 +281,8 @@ def test_directory_without_config_raises_model_load_error(tmp_path):
 
 
 def test_run_accepts_a_generator_and_keeps_request_order():
-    executor = make_executor()
+    executor = bounded_executor()
     prompts = [[3, 4], [5], [6, 7, 8]]
-    outputs = executor.run((p for p in prompts), greedy())
+    outputs = executor.run((p for p in prompts), greedy(MAX_TOKENS))
     assert [o.prompt_token_ids for o in outputs] == prompts
     assert torch.tensor([len(o.token_ids) for o in outputs]).eq(MAX_TOKENS).all()

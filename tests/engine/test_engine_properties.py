@@ -16,12 +16,12 @@ import threading
 
 import jsonschema
 import torch
+from grammar_support import smollm2_tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.drafters import Drafter, DraftProposal
 from specexec.drafters.ngram import NGramDrafter
-from test_grammar_support import smollm2_tokenizer
 from tiny_models import make_tiny_model
 
 #: examples per property: enough to cover the drafters x pools x threads matrix, a few seconds each

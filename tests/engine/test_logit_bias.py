@@ -8,44 +8,34 @@ from collections import Counter
 
 import pytest
 import torch
-from factories import assert_all_pages_free
-from specexec.executor.engine.request import FinishReason, Request
-from specexec.executor.executor import Executor
-from specexec.sampling import SamplingParams
-from test_speculative_distribution import (
+from factories import assert_all_pages_free, drafting_config
+from sampled_distribution import (
     MAX_TOKENS,
     NUM_SAMPLES,
     PROMPT,
-    adjusted_distribution,
+    biased_distribution,
     chi_square_p_value,
     make_target,
+    sampling_config,
 )
-from test_speculative_distribution import make_config as make_distribution_config
-from test_speculative_identity import BATCHES, SELF_DRAFT_SPEC, make_config
+from specexec.executor.engine.request import FinishReason, Request
+from specexec.executor.executor import Executor
+from specexec.sampling import SamplingParams
+from speculative_runs import BATCHES, SELF_DRAFT_SPEC, checked_greedy_tokens
+from speculative_runs import MAX_TOKENS as NUM_TOKENS  # checked_greedy_tokens' length
 from tiny_models import make_tiny_model
 
 NGRAM = {"decoding_type": "NGram", "max_draft_len": 3}
-NUM_TOKENS = 16
-
-
-def run_greedy(prompts, bias: dict, spec=None) -> list[list[int]]:
-    _, model = make_tiny_model("llama")
-    executor = Executor(model, make_config(speculative_config=spec))
-    params = SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True, logit_bias=bias)
-    outputs = executor.run([Request(p, params) for p in prompts])
-    assert all(o.error is None for o in outputs)
-    assert_all_pages_free(executor)
-    if spec is not None:
-        assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0  # the drafts' rows were used
-    return [o.token_ids for o in outputs]
 
 
 def a_bias_that_changes_the_output(prompts) -> dict[int, float]:
     """Ban the token the unbiased output emits most, nudge another up."""
-    plain = run_greedy(prompts, {})
+    plain = checked_greedy_tokens(prompts, logit_bias={})
     (common, _), (second, _), *_ = Counter(t for tokens in plain for t in tokens).most_common()
     bias = {common: -100.0, second: 2.5}
-    assert run_greedy(prompts, bias) != plain, "the bias changed nothing: the test would check nothing"
+    assert checked_greedy_tokens(prompts, logit_bias=bias) != plain, (
+        "the bias changed nothing: the test would check nothing"
+    )
     return bias
 
 
@@ -54,8 +44,9 @@ def a_bias_that_changes_the_output(prompts) -> dict[int, float]:
 def test_greedy_output_with_drafts_equals_without(drafter, batch):
     prompts = BATCHES[batch]
     bias = a_bias_that_changes_the_output(prompts)
-    want = run_greedy(prompts, bias)
-    assert run_greedy(prompts, bias, NGRAM if drafter == "ngram" else SELF_DRAFT_SPEC) == want
+    want = checked_greedy_tokens(prompts, logit_bias=bias)
+    spec = NGRAM if drafter == "ngram" else SELF_DRAFT_SPEC
+    assert checked_greedy_tokens(prompts, spec, logit_bias=bias) == want
 
 
 def test_greedy_with_a_bias_equals_a_hand_written_loop():
@@ -69,18 +60,7 @@ def test_greedy_with_a_bias_equals_a_hand_written_loop():
         for token, add in bias.items():
             row[token] += add
         ids.append(int(row.argmax()))
-    assert run_greedy([prompt], bias) == [ids[len(prompt) :]]
-
-
-def biased_distribution(bias: dict[int, float]) -> dict[tuple[int, ...], float]:
-    """P(x_1..x_T | PROMPT) with the bias added to every conditional."""
-
-    def add(row, seen, out):
-        for token, value in bias.items():
-            row[token] += value
-        return row
-
-    return adjusted_distribution(add)
+    assert checked_greedy_tokens([prompt], logit_bias=bias) == [ids[len(prompt) :]]
 
 
 def test_sampled_distribution_with_a_bias_and_drafts_is_the_targets():
@@ -89,7 +69,7 @@ def test_sampled_distribution_with_a_bias_and_drafts_is_the_targets():
     assert sum(probs.values()) == pytest.approx(1.0, abs=1e-9)
     _, model = make_target()
     spec = {"decoding_type": "DraftTarget", "max_draft_len": 2, "sample_drafts": True}
-    executor = Executor(model, make_distribution_config(speculative_config=spec))
+    executor = Executor(model, sampling_config(speculative_config=spec))
     params = [
         SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=9_000 + i, logit_bias=bias)
         for i in range(NUM_SAMPLES)
@@ -111,7 +91,7 @@ def test_bad_biases_are_refused_naming_the_field(bad):
 
 def test_a_bias_outside_the_vocabulary_fails_only_its_request():
     _, model = make_tiny_model("llama")
-    executor = Executor(model, make_config())
+    executor = Executor(model, drafting_config())
     outside = Request([1, 2, 3], SamplingParams(max_tokens=4, logit_bias={10**6: 1.0}))
     fine = Request([1, 2, 3], SamplingParams(max_tokens=4, logit_bias={7: 1.0}))
     bad, good = executor.run([outside, fine])

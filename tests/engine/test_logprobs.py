@@ -5,27 +5,27 @@ from __future__ import annotations
 
 import pytest
 import torch
-from factories import assert_all_pages_free
+from eagle3_heads import eagle_spec, make_head_dir
+from factories import assert_all_pages_free, drafting_config
 from specexec.executor.engine import logit_stages
 from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
 from specexec.sampling import SamplingParams
 from specexec.sampling.logits import apply_sampling_filters
 from specexec.sampling.logprobs import token_logprobs
-from test_eagle3 import eagle_spec, make_head_dir
-from test_speculative_identity import BATCHES, SELF_DRAFT_SPEC, make_config
+from speculative_runs import BATCHES, SELF_DRAFT_SPEC
 from tiny_models import make_tiny_model
 
 NGRAM = {"decoding_type": "NGram", "max_draft_len": 3}
 SPECS = {"ngram": NGRAM, "self-draft": SELF_DRAFT_SPEC, "eagle3": "eagle"}
 
 
-def run(prompts, params: SamplingParams, spec=None, tmp_path=None, dtype="float64"):
+def run_prompts(prompts, params: SamplingParams, spec=None, tmp_path=None, dtype="float64"):
     _, model = make_tiny_model("llama", dtype=getattr(torch, dtype))
     if spec == "eagle":
         make_head_dir(tmp_path)
         spec = eagle_spec(tmp_path)
-    executor = Executor(model, make_config(speculative_config=spec, dtype=dtype))
+    executor = Executor(model, drafting_config(speculative_config=spec, dtype=dtype))
     outputs = executor.run([Request(p, params) for p in prompts])
     assert_all_pages_free(executor)
     return outputs, executor
@@ -53,8 +53,8 @@ def reference_logprobs(prompt: list[int], tokens: list[int], params: SamplingPar
 def test_greedy_logprobs_are_the_same_with_and_without_drafts_and_equal_a_plain_forward(tmp_path, spec):
     prompts = BATCHES["batch8"]
     params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=3)
-    plain, _ = run(prompts, params)
-    drafted, executor = run(prompts, params, SPECS[spec], tmp_path)
+    plain, _ = run_prompts(prompts, params)
+    drafted, executor = run_prompts(prompts, params, SPECS[spec], tmp_path)
     assert executor.speculation.stats.num_draft_tokens > 0
     for p, d, prompt in zip(plain, drafted, prompts):
         assert d.token_ids == p.token_ids and len(d.logprobs) == len(d.token_ids)
@@ -72,8 +72,8 @@ def test_greedy_logprobs_are_the_same_with_and_without_drafts_and_equal_a_plain_
 def test_float32_logprobs_with_drafts_are_within_1e_4():
     prompts = BATCHES["batch8"]
     params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=0)
-    plain, _ = run(prompts, params, dtype="float32")
-    drafted, _ = run(prompts, params, SELF_DRAFT_SPEC, dtype="float32")
+    plain, _ = run_prompts(prompts, params, dtype="float32")
+    drafted, _ = run_prompts(prompts, params, SELF_DRAFT_SPEC, dtype="float32")
     for p, d in zip(plain, drafted):
         assert d.token_ids == p.token_ids
         assert [e.logprob for e in d.logprobs] == pytest.approx([e.logprob for e in p.logprobs], abs=1e-4)
@@ -88,7 +88,7 @@ def test_sampled_tokens_get_the_log_probability_of_the_distribution_they_came_fr
     params = [SamplingParams(max_tokens=16, temperature=0.8, top_k=50, seed=i, logprobs=1) for i in range(8)]
     _, model = make_tiny_model("llama")
     spec = {**SELF_DRAFT_SPEC, "sample_drafts": sample_drafts}
-    executor = Executor(model, make_config(speculative_config=spec))
+    executor = Executor(model, drafting_config(speculative_config=spec))
     outputs = executor.run([Request(p, sp) for p, sp in zip(prompts, params)])
     num_accepted = sum(o.metrics.num_accepted_tokens for o in outputs)
     assert 0 < num_accepted < sum(o.metrics.num_draft_tokens for o in outputs), "accepted and recovered"
@@ -102,10 +102,10 @@ def test_logprobs_after_penalties_are_the_same_with_and_without_drafts(spec):
     """Each row's log-probabilities come after its penalties, which count the drafts before it."""
     prompts = BATCHES["batch8"]
     params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=2, repetition_penalty=0.5)
-    plain, _ = run(prompts, params)
-    drafted, _ = run(prompts, params, SPECS[spec])
+    plain, _ = run_prompts(prompts, params)
+    drafted, _ = run_prompts(prompts, params, SPECS[spec])
     assert sum(o.metrics.num_accepted_tokens for o in drafted) > 0
-    unpenalized, _ = run(prompts, SamplingParams(max_tokens=12, ignore_eos=True, logprobs=2))
+    unpenalized, _ = run_prompts(prompts, SamplingParams(max_tokens=12, ignore_eos=True, logprobs=2))
     assert [o.token_ids for o in plain] != [o.token_ids for o in unpenalized]
     for p, d in zip(plain, drafted):
         assert d.token_ids == p.token_ids
@@ -127,7 +127,7 @@ def test_requests_of_one_step_each_get_their_own_logprobs(tmp_path):
         SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.3, min_p=0.05, seed=2, logprobs=5),
     ]
     _, model = make_tiny_model("llama")
-    executor = Executor(model, make_config(speculative_config=SELF_DRAFT_SPEC))
+    executor = Executor(model, drafting_config(speculative_config=SELF_DRAFT_SPEC))
     together = executor.run([Request(p, sp) for p, sp in zip(prompts, params)])
     for prompt, sp, out in zip(prompts, params, together):
         (alone,) = executor.run([Request(prompt, sp)])
@@ -150,7 +150,7 @@ def test_a_request_whose_logprobs_fail_fails_alone(monkeypatch):
 
     monkeypatch.setattr(logit_stages, "token_logprobs", failing_for_top_k_7)
     _, model = make_tiny_model("llama")
-    executor = Executor(model, make_config(speculative_config=NGRAM))
+    executor = Executor(model, drafting_config(speculative_config=NGRAM))
     bad, good = executor.run(
         [
             Request([1, 2, 3], SamplingParams(max_tokens=4, top_k=7, logprobs=1)),
@@ -164,7 +164,7 @@ def test_a_request_whose_logprobs_fail_fails_alone(monkeypatch):
 
 def test_streamed_events_carry_the_new_tokens_entries_and_no_logprobs_unless_asked():
     _, model = make_tiny_model("llama")
-    executor = Executor(model, make_config(speculative_config=NGRAM))
+    executor = Executor(model, drafting_config(speculative_config=NGRAM))
     params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=2)
     events = list(executor.stream([Request(BATCHES["batch1"][0], params)]))
     streamed = [e for ev in events for e in ev.logprobs]

@@ -8,38 +8,30 @@ from collections import Counter
 
 import pytest
 import torch
-from factories import assert_all_pages_free
+from factories import assert_all_pages_free, drafting_config
+from sampled_distribution import (
+    MAX_TOKENS,
+    NUM_SAMPLES,
+    PROMPT,
+    biased_distribution,
+    chi_square_p_value,
+    make_target,
+    sampling_config,
+)
 from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
 from specexec.sampling import SamplingParams
 from specexec.server.protocol import parse_completion
-from test_logit_bias import biased_distribution
-from test_speculative_distribution import MAX_TOKENS, NUM_SAMPLES, PROMPT, chi_square_p_value, make_target
-from test_speculative_distribution import make_config as make_distribution_config
-from test_speculative_identity import BATCHES, SELF_DRAFT_SPEC, make_config
+from speculative_runs import BATCHES, SELF_DRAFT_SPEC, checked_greedy_tokens
+from speculative_runs import MAX_TOKENS as NUM_TOKENS  # checked_greedy_tokens' length
 from tiny_models import make_tiny_model
 
 NGRAM = {"decoding_type": "NGram", "max_draft_len": 3}
-NUM_TOKENS = 16
-
-
-def run_greedy(prompts, stop_ids: list[int], min_tokens: int, spec=None) -> list[list[int]]:
-    _, model = make_tiny_model("llama")
-    executor = Executor(model, make_config(speculative_config=spec))
-    params = SamplingParams(
-        max_tokens=NUM_TOKENS, ignore_eos=True, stop_token_ids=stop_ids, min_tokens=min_tokens
-    )
-    outputs = executor.run([Request(p, params) for p in prompts])
-    assert all(o.error is None for o in outputs)
-    assert_all_pages_free(executor)
-    if spec is not None:
-        assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0  # the drafts' rows were used
-    return [o.token_ids for o in outputs]
 
 
 def an_early_stop_token(prompts) -> int:
     """The token the plain greedy outputs emit most: as a stop token it ends them early."""
-    plain = run_greedy(prompts, [], 0)
+    plain = checked_greedy_tokens(prompts, stop_token_ids=[], min_tokens=0)
     ((common, _), *_) = Counter(t for tokens in plain for t in tokens).most_common()
     return common
 
@@ -67,22 +59,24 @@ def test_greedy_with_min_tokens_equals_a_hand_written_loop(min_tokens):
         assert stop in want and len(want) < NUM_TOKENS  # it stops (the test would check nothing else)
     else:
         assert stop not in want and len(want) == NUM_TOKENS
-    assert run_greedy([prompt], [stop], min_tokens) == [want]
+    assert checked_greedy_tokens([prompt], stop_token_ids=[stop], min_tokens=min_tokens) == [want]
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "self-draft"])
 def test_greedy_output_with_drafts_equals_without(drafter):
     prompts = BATCHES["batch8"]
     stop = an_early_stop_token(prompts)
-    want = run_greedy(prompts, [stop], 7)
-    assert want != run_greedy(prompts, [stop], 0)  # the minimum changed something
-    assert run_greedy(prompts, [stop], 7, NGRAM if drafter == "ngram" else SELF_DRAFT_SPEC) == want
+    want = checked_greedy_tokens(prompts, stop_token_ids=[stop], min_tokens=7)
+    unbounded = checked_greedy_tokens(prompts, stop_token_ids=[stop], min_tokens=0)
+    assert want != unbounded  # the minimum changed something
+    spec = NGRAM if drafter == "ngram" else SELF_DRAFT_SPEC
+    assert checked_greedy_tokens(prompts, spec, stop_token_ids=[stop], min_tokens=7) == want
 
 
 def test_the_models_eos_is_banned_unless_ignored():
     _, model = make_tiny_model("llama")
     model.generation_config.eos_token_id = [7, 11]  # (the tiny model has no tokenizer and no EOS)
-    executor = Executor(model, make_config())
+    executor = Executor(model, drafting_config())
     eos = sorted(executor.core.outputs.eos_token_ids)
     assert eos == [7, 11]
     bias = {t: 100.0 for t in eos}  # EOS would be every token's pick
@@ -100,7 +94,7 @@ def test_sampled_distribution_with_min_tokens_and_drafts_is_the_targets():
     probs = biased_distribution({5: float("-inf")})
     _, model = make_target()
     spec = {"decoding_type": "DraftTarget", "max_draft_len": 2, "sample_drafts": True}
-    executor = Executor(model, make_distribution_config(speculative_config=spec))
+    executor = Executor(model, sampling_config(speculative_config=spec))
     params = [
         SamplingParams(
             max_tokens=MAX_TOKENS,

@@ -4,24 +4,24 @@ one output per request (sample 0's, with every sample listed), abort by the requ
 from __future__ import annotations
 
 import pytest
-from factories import assert_all_pages_free
+from factories import assert_all_pages_free, drafting_config
 from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
 from specexec.sampling import SamplingParams
-from test_speculative_identity import make_config
 from tiny_models import make_tiny_model
 
 PROMPT = [5, 6, 7, 5, 6, 7, 5]
 NGRAM = {"decoding_type": "NGram", "max_draft_len": 3}
 
 
-def make_executor() -> Executor:
+def ngram_executor() -> Executor:
+    """The tiny llama drafting with NGram every step."""
     _, model = make_tiny_model("llama")
-    return Executor(model, make_config(speculative_config=NGRAM))
+    return Executor(model, drafting_config(speculative_config=NGRAM))
 
 
 def test_n_seeded_samples_each_equal_a_single_request_with_seed_plus_i():
-    executor = make_executor()
+    executor = ngram_executor()
     params = SamplingParams(max_tokens=8, temperature=1.0, seed=11, n=3, ignore_eos=True)
     out = executor.run([Request(PROMPT, params, request_id="x")])[0]
     assert out.request_id == "x" and [s.request_id for s in out.samples] == ["x#0", "x#1", "x#2"]
@@ -38,7 +38,7 @@ def test_n_seeded_samples_each_equal_a_single_request_with_seed_plus_i():
 
 
 def test_greedy_samples_are_identical_and_a_plain_request_has_no_samples():
-    executor = make_executor()
+    executor = ngram_executor()
     out, plain = executor.run(
         [Request(PROMPT, SamplingParams(max_tokens=6, n=2)), Request(PROMPT, SamplingParams(max_tokens=6))]
     )
@@ -47,7 +47,7 @@ def test_greedy_samples_are_identical_and_a_plain_request_has_no_samples():
 
 
 def test_aborting_the_request_aborts_every_sample_and_frees_their_pages():
-    executor = make_executor()
+    executor = ngram_executor()
     executor.add_request(
         Request(PROMPT, SamplingParams(max_tokens=500, n=3, ignore_eos=True), request_id="y")
     )
@@ -62,7 +62,7 @@ def test_aborting_the_request_aborts_every_sample_and_frees_their_pages():
 
 @pytest.mark.parametrize("bad", [0, -1, "x", 65, 2.0])
 def test_a_bad_n_fails_that_request_alone_naming_n(bad):
-    executor = make_executor()
+    executor = ngram_executor()
     bad_out, good = executor.run(
         [Request(PROMPT, SamplingParams(max_tokens=4, n=bad)), Request(PROMPT, SamplingParams(max_tokens=4))]
     )
@@ -71,7 +71,7 @@ def test_a_bad_n_fails_that_request_alone_naming_n(bad):
 
 
 def test_streaming_n_samples_interleaves_their_events_and_finishes_each():
-    executor = make_executor()
+    executor = ngram_executor()
     params = SamplingParams(max_tokens=5, temperature=1.0, seed=2, n=3, ignore_eos=True)
     events = list(executor.stream([Request(PROMPT, params, request_id="z")]))
     finished = {e.sample_index: e.output for e in events if e.finished}

@@ -9,23 +9,23 @@ from collections import Counter
 
 import pytest
 import torch
-from factories import assert_all_pages_free
-from specexec.executor.engine.request import Request
-from specexec.executor.executor import Executor
-from specexec.sampling import SamplingParams
-from specexec.sampling import penalties as penalties_module
-from specexec.sampling.penalties import PenalizedRows, PenaltyMetadata, apply_penalties_inplace, count_tokens
-from test_eagle3 import eagle_spec, make_head_dir
-from test_speculative_distribution import (
+from eagle3_heads import eagle_spec, make_head_dir
+from sampled_distribution import (
     MAX_TOKENS,
     NUM_SAMPLES,
     PROMPT,
     adjusted_distribution,
     chi_square_p_value,
     make_target,
+    sampling_config,
 )
-from test_speculative_distribution import make_config as make_distribution_config
-from test_speculative_identity import BATCHES, SELF_DRAFT_SPEC, make_config
+from specexec.executor.engine.request import Request
+from specexec.executor.executor import Executor
+from specexec.sampling import SamplingParams
+from specexec.sampling import penalties as penalties_module
+from specexec.sampling.penalties import PenalizedRows, PenaltyMetadata, apply_penalties_inplace, count_tokens
+from speculative_runs import BATCHES, SELF_DRAFT_SPEC, run_greedy
+from speculative_runs import MAX_TOKENS as NUM_TOKENS  # run_greedy's length
 from tiny_models import make_tiny_model
 
 #: Each changes the tiny model's greedy output (checked), yet leaves it repetitive enough that every
@@ -40,22 +40,12 @@ PENALTIES = {
     "all": {"repetition_penalty": 1.05, "frequency_penalty": 0.1, "presence_penalty": -0.5},
 }
 NGRAM = {"decoding_type": "NGram", "max_draft_len": 3}
-NUM_TOKENS = 16
-
-
-def run_greedy(prompts, penalties: dict, spec=None) -> tuple[list, Executor]:
-    _, model = make_tiny_model("llama")
-    executor = Executor(model, make_config(speculative_config=spec))
-    params = SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True, **penalties)
-    outputs = executor.run([Request(p, params) for p in prompts])
-    assert_all_pages_free(executor)
-    return outputs, executor
 
 
 @functools.cache
 def reference_tokens(batch: str, penalty: str | None) -> list[list[int]]:
     """Greedy output without drafts (once per batch and penalty)."""
-    outputs, _ = run_greedy(BATCHES[batch], PENALTIES[penalty] if penalty else {})
+    outputs, _ = run_greedy(BATCHES[batch], **(PENALTIES[penalty] if penalty else {}))
     return [o.token_ids for o in outputs]
 
 
@@ -75,7 +65,7 @@ def test_greedy_output_with_drafts_equals_without(tmp_path, penalty, drafter, ba
     want = reference_tokens(batch, penalty)
     assert want != reference_tokens(batch, None), "the penalty changed nothing: the test would check nothing"
     spec = {"ngram": NGRAM, "self-draft": SELF_DRAFT_SPEC}.get(drafter) or make_eagle_spec(tmp_path, want)
-    outputs, _ = run_greedy(BATCHES[batch], PENALTIES[penalty], spec)
+    outputs, _ = run_greedy(BATCHES[batch], spec, **PENALTIES[penalty])
     assert [o.token_ids for o in outputs] == want
     # accepted drafts: rows past the first were used, each penalized with the drafts before it
     assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
@@ -84,8 +74,8 @@ def test_greedy_output_with_drafts_equals_without(tmp_path, penalty, drafter, ba
 def test_strong_penalties_with_drafts_equal_without():
     """Penalties strong enough that no token repeats (NGram finds nothing): the self-draft still drafts."""
     strong = {"repetition_penalty": 3.0, "frequency_penalty": 2.0, "presence_penalty": 2.0}
-    want, _ = run_greedy(BATCHES["batch8"], strong)
-    got, executor = run_greedy(BATCHES["batch8"], strong, SELF_DRAFT_SPEC)
+    want, _ = run_greedy(BATCHES["batch8"], **strong)
+    got, executor = run_greedy(BATCHES["batch8"], SELF_DRAFT_SPEC, **strong)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert sum(o.metrics.num_accepted_tokens for o in got) > 0
     assert all(len(set(o.token_ids)) == len(o.token_ids) for o in got)
@@ -94,7 +84,7 @@ def test_strong_penalties_with_drafts_equal_without():
 def test_repetition_penalty_equals_hf_generate():
     reference, _ = make_tiny_model("llama")
     prompts = BATCHES["batch8"]
-    got, _ = run_greedy(prompts, {"repetition_penalty": 3.0})
+    got, _ = run_greedy(prompts, repetition_penalty=3.0)
     for prompt, out in zip(prompts, got):
         with torch.no_grad():
             tokens = reference.generate(
@@ -111,7 +101,7 @@ def test_frequency_and_presence_penalties_equal_a_hand_written_loop():
     reference, _ = make_tiny_model("llama")
     prompts = BATCHES["batch8"]
     freq, pres = 0.7, 1.3
-    got, _ = run_greedy(prompts, {"frequency_penalty": freq, "presence_penalty": pres})
+    got, _ = run_greedy(prompts, frequency_penalty=freq, presence_penalty=pres)
     for prompt, out in zip(prompts, got):
         ids = list(prompt)
         for _ in range(NUM_TOKENS):
@@ -213,7 +203,7 @@ def test_sampled_distribution_with_penalties_and_drafts_is_the_targets():
     assert sum(probs.values()) == pytest.approx(1.0, abs=1e-9)
     _, model = make_target()
     spec = {"decoding_type": "DraftTarget", "max_draft_len": 2, "sample_drafts": True}
-    executor = Executor(model, make_distribution_config(speculative_config=spec))
+    executor = Executor(model, sampling_config(speculative_config=spec))
     params = [
         SamplingParams(
             max_tokens=MAX_TOKENS,

@@ -9,12 +9,12 @@ import functools
 import random
 
 import pytest
-from factories import assert_all_pages_free
+from eagle3_heads import eagle_spec, make_head_dir
+from factories import assert_all_pages_free, drafting_config
 from rest_stores import token_datastore_file
 from specexec import Executor, Request, SamplingParams
 from specexec.executor.engine.block_manager import BlockManager
-from test_eagle3 import eagle_spec, make_head_dir
-from test_speculative_identity import SELF_DRAFT_SPEC, make_config
+from speculative_runs import SELF_DRAFT_SPEC
 from tiny_models import make_prompts, make_tiny_model
 
 NGRAM = {"decoding_type": "NGram", "max_draft_len": 3}
@@ -124,15 +124,15 @@ def test_a_duplicate_page_is_not_registered():
 @functools.cache
 def rest_spec() -> dict:
     """REST over a datastore of the first halves of the greedy answers (text like the model's own)."""
-    (answers,), _ = run(None, False, rounds=1)
+    (answers,), _ = run_rounds(None, False, rounds=1)
     store = token_datastore_file([o.token_ids[: len(o.token_ids) // 2] for o in answers])
     return {"decoding_type": "REST", "max_draft_len": 4, "datastore": store}
 
 
-def run(spec=None, cache=False, rounds=2, **overrides) -> tuple[list, Executor]:
+def run_rounds(spec=None, cache=False, rounds=2, **overrides) -> tuple[list, Executor]:
     _, model = make_tiny_model("llama")
     settings = dict(max_num_tokens=32, max_batch_size=4, enable_prefix_caching=cache)
-    executor = Executor(model, make_config(speculative_config=spec, **{**settings, **overrides}))
+    executor = Executor(model, drafting_config(speculative_config=spec, **{**settings, **overrides}))
     outputs = []
     for _ in range(rounds):  # the second round finds the first's prompts and outputs cached
         outputs.append(
@@ -151,8 +151,8 @@ def test_greedy_outputs_are_the_same_with_and_without_the_cache(drafter, setting
     else:
         spec = {"none": None, "ngram": NGRAM, "suffix": SUFFIX, "self-draft": SELF_DRAFT_SPEC}[drafter]
     overrides = {"num_kv_blocks": 22} if setting == "preemption" else {}
-    want, _ = run(spec, False, **overrides)
-    got, executor = run(spec, True, **overrides)
+    want, _ = run_rounds(spec, False, **overrides)
+    got, executor = run_rounds(spec, True, **overrides)
     assert [[o.token_ids for o in r] for r in got] == [[o.token_ids for o in r] for r in want]
     cached = [o.metrics.num_cached_tokens for r in got for o in r]
     assert sum(cached) > 0 and all(c % 4 == 0 for c in cached)
@@ -165,12 +165,12 @@ def test_greedy_outputs_are_the_same_with_and_without_the_cache(drafter, setting
 
 def test_eagle3_and_prompt_scoring_reuse_nothing_and_keep_their_outputs(tmp_path):
     make_head_dir(tmp_path)
-    want, _ = run(eagle_spec(tmp_path), False)
-    got, _ = run(eagle_spec(tmp_path), True)
+    want, _ = run_rounds(eagle_spec(tmp_path), False)
+    got, _ = run_rounds(eagle_spec(tmp_path), True)
     assert [[o.token_ids for o in r] for r in got] == [[o.token_ids for o in r] for r in want]
     assert all(o.metrics.num_cached_tokens == 0 for r in got for o in r)
     _, model = make_tiny_model("llama")
-    executor = Executor(model, make_config(enable_prefix_caching=True))
+    executor = Executor(model, drafting_config(enable_prefix_caching=True))
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     executor.run([Request(BASE, params)])
     (scored,) = executor.run(
@@ -185,7 +185,7 @@ def test_a_soak_over_shared_prefixes_with_aborts_and_preemption_leaks_nothing():
     every few steps: after every step each page's reference count equals its holders, and at the end
     every page is free or cached."""
     _, model = make_tiny_model("llama")
-    config = make_config(
+    config = drafting_config(
         speculative_config=NGRAM,
         enable_prefix_caching=True,
         num_kv_blocks=16,
@@ -230,7 +230,7 @@ def test_n_samples_and_concurrent_requests_share_their_prompt_pages(drafter):
     _, model = make_tiny_model("llama")
     outputs = {}
     for cache in (False, True):
-        executor = Executor(model, make_config(speculative_config=spec, enable_prefix_caching=cache))
+        executor = Executor(model, drafting_config(speculative_config=spec, enable_prefix_caching=cache))
         params = SamplingParams(max_tokens=8, ignore_eos=True, n=4)
         (sampled,) = executor.run([Request(PROMPTS[0], params)])
         separate = executor.run([Request(PROMPTS[1], SamplingParams(max_tokens=8, ignore_eos=True))] * 3)

@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from factories import assert_all_pages_free
+from factories import assert_all_pages_free, drafting_config
 from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
 from specexec.sampling import SamplingParams
-from test_speculative_identity import make_config
 from tiny_models import make_prompts, make_tiny_model
 
 PROMPTS = make_prompts(5, [23, 1, 9, 40, 17], seed=11)
 PROMPTS[3] = [5, 6, 7, 8] * 10  # repetitive: NGram drafts its output
 
 
-def reference(model, prompt: list[int], top: int) -> list[tuple[int, float, list[int]]]:
+def hf_prompt_logprobs(model, prompt: list[int], top: int) -> list[tuple[int, float, list[int]]]:
     """(token, its log-probability, the top ids) of prompt tokens 1.. from one HF forward."""
     with torch.no_grad():
         logp = torch.log_softmax(model(torch.tensor([prompt])).logits[0].double(), dim=-1)  # [len, V]
@@ -38,7 +37,7 @@ def test_prompt_logprobs_equal_an_hf_forward(setting):
         "ngram": {"speculative_config": {"decoding_type": "NGram", "max_draft_len": 3}},
         "preemption": {"num_kv_blocks": 24, "max_num_tokens": 16},
     }.get(setting, {})
-    executor = Executor(copy, make_config(**overrides))
+    executor = Executor(copy, drafting_config(**overrides))
     top = 3
     requests = [
         Request(p, SamplingParams(max_tokens=m, ignore_eos=True, prompt_logprobs=top), request_id=f"r{i}")
@@ -49,7 +48,7 @@ def test_prompt_logprobs_equal_an_hf_forward(setting):
     for prompt, out, max_tokens in zip(PROMPTS, outputs, [6, 0, 12, 20, 0]):
         assert out.error is None, out.error
         assert len(out.prompt_logprobs) == len(prompt) and out.prompt_logprobs[0] is None
-        want = reference(model, prompt, top)
+        want = hf_prompt_logprobs(model, prompt, top)
         for entry, (token, logprob, top_ids) in zip(out.prompt_logprobs[1:], want):
             assert entry.token_id == token
             assert entry.logprob == pytest.approx(logprob, abs=1e-9)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from served import served
 from specexec.server.protocol import BadRequest, parse_chat, parse_completion
 from specexec.server.requests.field_table import CHAT, COMPLETIONS, FIELDS, RESPONSES, Action, markdown_table
 from specexec.server.responses_api import ResponseStore, StoredResponse, response_object, to_chat_body
-from test_server import served
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}

@@ -17,7 +17,7 @@ from specexec.sampling import SamplingParams
 NEW_TOKEN = 3
 
 
-def make_request(request_id: str, num_prompt_tokens: int, max_tokens: int = 4) -> RequestState:
+def request_state(request_id: str, num_prompt_tokens: int, max_tokens: int = 4) -> RequestState:
     return RequestState(
         request_id=request_id,
         token_ids=list(range(num_prompt_tokens)),
@@ -67,7 +67,7 @@ def ids(requests) -> list[str]:
 def test_token_budget_is_respected_with_prefills_and_decodes():
     scheduler = make_scheduler(max_num_tokens=16)
     for i, n in enumerate([10, 3, 12, 1, 7]):
-        scheduler.add(make_request(f"r{i}", n))
+        scheduler.add(request_state(f"r{i}", n))
     first = simulate_step(scheduler)
     # r0 (10) and r1 (3) fit whole, r2 gets the last 3 tokens of the budget as a first chunk
     assert [(s.request.request_id, s.num_new_tokens) for s in first] == [("r0", 10), ("r1", 3), ("r2", 3)]
@@ -82,7 +82,7 @@ def test_token_budget_is_respected_with_prefills_and_decodes():
 
 def test_long_prompt_is_prefilled_in_chunks_across_steps():
     scheduler = make_scheduler(max_num_tokens=16)
-    request = make_request("long", 40, max_tokens=2)
+    request = request_state("long", 40, max_tokens=2)
     scheduler.add(request)
     chunks = []
     while scheduler.has_unfinished():
@@ -95,7 +95,7 @@ def test_long_prompt_is_prefilled_in_chunks_across_steps():
 
 def test_only_the_last_prompt_chunk_completes_the_sequence():
     scheduler = make_scheduler(max_num_tokens=16)
-    request = make_request("long", 40)
+    request = request_state("long", 40)
     scheduler.add(request)
     flags = []
     for _ in range(3):
@@ -108,7 +108,7 @@ def test_only_the_last_prompt_chunk_completes_the_sequence():
 
 def test_max_batch_size_caps_running_requests():
     scheduler = make_scheduler(max_batch_size=2)
-    requests = [make_request(f"r{i}", 3, max_tokens=2 + i) for i in range(5)]
+    requests = [request_state(f"r{i}", 3, max_tokens=2 + i) for i in range(5)]
     for r in requests:
         scheduler.add(r)
     first = simulate_step(scheduler)
@@ -124,7 +124,7 @@ def test_max_batch_size_caps_running_requests():
 def test_waiting_requests_are_admitted_in_arrival_order():
     scheduler = make_scheduler(max_batch_size=1)
     for i in range(3):
-        scheduler.add(make_request(f"r{i}", 2, max_tokens=1))
+        scheduler.add(request_state(f"r{i}", 2, max_tokens=1))
     order = []
     while scheduler.has_unfinished():
         order += ids(simulate_step(scheduler))
@@ -133,9 +133,9 @@ def test_waiting_requests_are_admitted_in_arrival_order():
 
 def test_newest_running_request_is_preempted_when_pages_run_out():
     scheduler = make_scheduler(num_blocks=4, block_size=4)
-    old = make_running(scheduler, make_request("old", 9), 8)  # 2 full pages, 1 token to compute
-    new = make_running(scheduler, make_request("new", 9), 8)  # 2 full pages, 1 token to compute
-    queued = make_request("queued", 2)
+    old = make_running(scheduler, request_state("old", 9), 8)  # 2 full pages, 1 token to compute
+    new = make_running(scheduler, request_state("new", 9), 8)  # 2 full pages, 1 token to compute
+    queued = request_state("queued", 2)
     scheduler.add(queued)
     assert scheduler.block_manager.num_free_blocks == 0
 
@@ -155,8 +155,8 @@ def test_newest_running_request_is_preempted_when_pages_run_out():
 
 def test_nobody_is_admitted_in_a_step_that_preempted():
     scheduler = make_scheduler(num_blocks=4, block_size=4)
-    make_running(scheduler, make_request("old", 9), 8)
-    make_running(scheduler, make_request("new", 9), 8)
+    make_running(scheduler, request_state("old", 9), 8)
+    make_running(scheduler, request_state("new", 9), 8)
     batch = scheduler.schedule()
     assert ids(batch) == ["old"]  # "new" got its pages back but is not re-admitted in the same step
     assert ids(scheduler.waiting) == ["new"]
@@ -164,8 +164,8 @@ def test_nobody_is_admitted_in_a_step_that_preempted():
 
 def test_a_request_preempts_itself_when_it_is_the_newest():
     scheduler = make_scheduler(num_blocks=3, block_size=4)
-    old = make_running(scheduler, make_request("old", 7), 6)  # 2 pages, room for its next token
-    new = make_running(scheduler, make_request("new", 5), 4)  # 1 full page, needs another
+    old = make_running(scheduler, request_state("old", 7), 6)  # 2 pages, room for its next token
+    new = make_running(scheduler, request_state("new", 5), 4)  # 1 full page, needs another
     batch = scheduler.schedule()
     assert ids(batch) == ["old"]
     assert new.status is RequestStatus.WAITING and new.metrics.num_preemptions == 1
@@ -174,8 +174,8 @@ def test_a_request_preempts_itself_when_it_is_the_newest():
 
 def test_a_requests_own_draft_slots_are_dropped_before_preempting_anyone():
     scheduler = make_scheduler(num_blocks=5, block_size=4)
-    old = make_running(scheduler, make_request("old", 4), 3)  # 1 page with room for its next token
-    new = make_running(scheduler, make_request("new", 5), 4)  # 1 full page, newest
+    old = make_running(scheduler, request_state("old", 4), 3)  # 1 page with room for its next token
+    new = make_running(scheduler, request_state("new", 5), 4)  # 1 full page, newest
     scheduler.block_manager.allocate("someone-else", 8)  # 2 pages held elsewhere: 1 free
     batch = scheduler.schedule({new: 4})  # 1 + 4 slots would need 2 new pages
     assert ids(batch) == ["old", "new"]
@@ -190,8 +190,8 @@ def test_draft_slots_are_dropped_before_anyone_is_preempted():
     """The older request's draft slots would take the page the newer request needs for its one real
     token: drafts are optional, so they must go before a request is preempted."""
     scheduler = make_scheduler(num_blocks=5, block_size=4)
-    old = make_running(scheduler, make_request("old", 8), 7)  # 2 pages, 1 free slot in the second
-    new = make_running(scheduler, make_request("new", 9), 8)  # 2 full pages
+    old = make_running(scheduler, request_state("old", 8), 7)  # 2 pages, 1 free slot in the second
+    new = make_running(scheduler, request_state("new", 9), 8)  # 2 full pages
     assert scheduler.block_manager.num_free_blocks == 1
     batch = scheduler.schedule({old: 4})  # 1 + 4 slots: needs the last free page
     assert new.metrics.num_preemptions == 0, "a request was preempted to make room for draft slots"
@@ -201,8 +201,8 @@ def test_draft_slots_are_dropped_before_anyone_is_preempted():
 
 def test_draft_slots_count_against_the_token_budget():
     scheduler = make_scheduler(max_num_tokens=6)
-    a = make_running(scheduler, make_request("a", 5), 4)
-    b = make_running(scheduler, make_request("b", 5), 4)
+    a = make_running(scheduler, request_state("a", 5), 4)
+    b = make_running(scheduler, request_state("b", 5), 4)
     batch = scheduler.schedule({a: 3, b: 3})
     assert [(s.num_new_tokens, s.num_draft_slots) for s in batch] == [(1, 3), (1, 1)]
     assert tokens_in(batch) == 6
@@ -212,15 +212,15 @@ def test_draft_slots_count_against_the_token_budget():
 
 def test_prefilling_requests_get_no_draft_slots():
     scheduler = make_scheduler()
-    r = make_running(scheduler, make_request("r", 10), 4)
+    r = make_running(scheduler, request_state("r", 10), 4)
     (item,) = scheduler.schedule({r: 3})
     assert (item.num_new_tokens, item.num_draft_slots) == (6, 0)
 
 
 def test_admission_keeps_a_watermark_of_free_pages_while_others_run():
     scheduler = make_scheduler(num_blocks=4, block_size=4)
-    make_running(scheduler, make_request("a", 5), 4)  # 1 page, 3 free
-    scheduler.add(make_request("b", 12))  # 3 pages: would leave no page for "a" to grow
+    make_running(scheduler, request_state("a", 5), 4)  # 1 page, 3 free
+    scheduler.add(request_state("b", 12))  # 3 pages: would leave no page for "a" to grow
     batch = scheduler.schedule()
     assert ids(batch) == ["a"]
     assert ids(scheduler.waiting) == ["b"]
@@ -228,8 +228,8 @@ def test_admission_keeps_a_watermark_of_free_pages_while_others_run():
 
 def test_finish_frees_pages_of_running_and_removes_waiting_requests():
     scheduler = make_scheduler()
-    r = make_running(scheduler, make_request("r", 9), 9)
-    w = make_request("w", 3)
+    r = make_running(scheduler, request_state("r", 9), 9)
+    w = request_state("w", 3)
     scheduler.add(w)
     scheduler.finish(r)
     scheduler.finish(w)
@@ -244,7 +244,7 @@ def drive_random_workload(seed: int) -> list[RequestState]:
     rng = random.Random(seed)
     scheduler = make_scheduler(num_blocks=12, block_size=4, max_batch_size=4, max_num_tokens=12)
     bm = scheduler.block_manager
-    requests = [make_request(f"r{i}", rng.randint(1, 20), max_tokens=rng.randint(1, 12)) for i in range(12)]
+    requests = [request_state(f"r{i}", rng.randint(1, 20), max_tokens=rng.randint(1, 12)) for i in range(12)]
     for r in requests:
         scheduler.add(r)
     for _ in range(1000):

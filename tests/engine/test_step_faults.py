@@ -15,13 +15,13 @@ import time
 
 import pytest
 import torch
-from factories import assert_all_pages_free
+from factories import assert_all_pages_free, greedy, schema_format, tiny_executor
+from grammar_support import smollm2_tokenizer, tag_grammar
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.drafters import DraftProposal
 from specexec.drafters.ngram import NGramDrafter
 from specexec.grammar import GrammarCompilerPool, RequestGrammar
 from specexec.sampling.rejection import Verification
-from test_grammar_support import smollm2_tokenizer
 from tiny_models import make_tiny_model
 
 POISON = 255  #: a token only the bad request's prompt holds (tiny vocabulary)
@@ -32,21 +32,10 @@ DEADLINE_S = 0.2  #: drafter and grammar-compile deadlines in these tests
 HANG_S = 0.6  #: a hanging call sleeps this long (past the deadline)
 
 
-def greedy() -> SamplingParams:
-    return SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-
-
-def tiny_executor(drafter=None) -> Executor:
-    _, model = make_tiny_model("llama")
-    config = ExecutorConfig(
-        num_kv_blocks=64,
-        block_size=4,
-        max_num_tokens=128,
-        dtype="float64",
-        device="cpu",
-        drafter_timeout_s=DEADLINE_S,
-    )
-    return Executor(model, config, drafter=drafter or NGramDrafter(max_draft_len=3))
+def deadline_executor(drafter=None) -> Executor:
+    """The tiny llama drafting with ``drafter`` (NGram unless given) under the drafter deadline DEADLINE_S."""
+    drafter = drafter or NGramDrafter(max_draft_len=3)
+    return tiny_executor(drafter=drafter, num_kv_blocks=64, max_batch_size=16, drafter_timeout_s=DEADLINE_S)
 
 
 def run_and_check(executor: Executor, good: list[Request], bad: Request, error: str | None):
@@ -66,21 +55,6 @@ def run_and_check(executor: Executor, good: list[Request], bad: Request, error: 
     return outputs[-1]
 
 
-def tag_grammar(executor: Executor, request_id: str, flag: str) -> None:
-    """Set ``flag`` on the grammar of request ``request_id`` once it is compiled (so a patched
-    RequestGrammar method can misbehave for that request alone)."""
-    resolve = executor.guided.resolve
-
-    def tagging_resolve(waiting):
-        failed = resolve(waiting)
-        for r in waiting:
-            if r.request_id == request_id and r.grammar is not None:
-                setattr(r.grammar, flag, True)
-        return failed
-
-    executor.guided.resolve = tagging_resolve
-
-
 _CLEAN: dict = {}
 
 
@@ -88,7 +62,7 @@ def tiny_clean_output(executor: Executor, request: Request):
     """The request's output from a fresh executor of the same kind, with nothing injected."""
     key = (executor.tokenizer is not None, str(request.prompt), str(request.response_format))
     if key not in _CLEAN:
-        fresh = guided_executor() if executor.tokenizer is not None else tiny_executor()
+        fresh = guided_ngram_executor() if executor.tokenizer is not None else deadline_executor()
         (out,) = fresh.run([Request(request.prompt, request.sampling_params, None, request.response_format)])
         fresh.close()
         _CLEAN[key] = (out.finish_reason, out.token_ids)
@@ -104,8 +78,8 @@ def assert_all_free(executor: Executor) -> None:
 
 
 def plain_requests(bad_params: SamplingParams | None = None) -> tuple[list[Request], Request]:
-    good = [Request(p, greedy()) for p in GOOD_PROMPTS]
-    return good, Request(BAD_PROMPT, bad_params or greedy())
+    good = [Request(p, greedy(MAX_TOKENS)) for p in GOOD_PROMPTS]
+    return good, Request(BAD_PROMPT, bad_params or greedy(MAX_TOKENS))
 
 
 # ---- the drafter: a fault costs drafts, never output -------------------------------------------------
@@ -159,7 +133,7 @@ DRAFTER_FAULTS = [
 @pytest.mark.parametrize(("stage", "mode"), DRAFTER_FAULTS, ids=[f"{s}-{m}" for s, m in DRAFTER_FAULTS])
 def test_drafter_fault_costs_only_drafts(stage, mode):
     drafter = FaultyDrafter(stage, mode)
-    executor = tiny_executor(drafter)
+    executor = deadline_executor(drafter)
     good, bad = plain_requests()
     bad_output = run_and_check(executor, good, bad, error=None)
     assert (bad_output.finish_reason, bad_output.token_ids) == tiny_clean_output(executor, bad)
@@ -181,7 +155,7 @@ def test_drafter_late_three_times_in_a_row_is_switched_off(on_loop_thread):
     it runs to its end and its answer is dropped. Either way: switched off after three."""
     drafter = FaultyDrafter("slots", "hang")
     drafter.runs_on_loop_thread = on_loop_thread
-    executor = tiny_executor(drafter)
+    executor = deadline_executor(drafter)
     executor.run([Request(BAD_PROMPT, SamplingParams(max_tokens=24, ignore_eos=True))])
     assert not executor.speculation.guard.is_enabled
     num_faults = drafter.num_faults
@@ -196,7 +170,7 @@ def test_drafter_late_three_times_in_a_row_is_switched_off(on_loop_thread):
 # ---- the forward and sampling: the bad request fails alone --------------------------------------------
 @pytest.mark.parametrize("mode", ["raise", "garbage"])
 def test_forward_fault_fails_only_its_request(mode):
-    executor = tiny_executor()
+    executor = deadline_executor()
     runner = executor.core.runner
     forward = runner.forward
 
@@ -221,7 +195,7 @@ def test_forward_fault_fails_only_its_request(mode):
 
 @pytest.mark.parametrize("mode", ["raise", "garbage"])
 def test_sampling_fault_fails_only_its_request(mode):
-    executor = tiny_executor()
+    executor = deadline_executor()
     sampler = executor.core.verifier.sampler
     verify_batch, verify = sampler.verify_batch, sampler.verify
     poison_seed = 666
@@ -257,11 +231,8 @@ PERSON = {
 POISON_SCHEMA = {"type": "object", "properties": {"poison": {"type": "integer"}}, "required": ["poison"]}
 
 
-def schema_format(schema: dict) -> dict:
-    return {"type": "json_schema", "json_schema": {"schema": schema}}
-
-
-def guided_executor() -> Executor:
+def guided_ngram_executor() -> Executor:
+    """The tiny llama over the SmolLM2 vocabulary, compact JSON, drafting with NGram; grammars compile within 2 s."""
     _, model = make_tiny_model("llama", vocab_size=VOCAB)
     config = ExecutorConfig(
         num_kv_blocks=128,
@@ -275,7 +246,8 @@ def guided_executor() -> Executor:
     return Executor(model, config, tokenizer=smollm2_tokenizer())
 
 
-def guided_requests() -> tuple[list[Request], Request]:
+def people_and_a_poisoned_request() -> tuple[list[Request], Request]:
+    """Two requests for a PERSON and one unguided (the good ones), and one for POISON_SCHEMA ("bad")."""
     params = SamplingParams(max_tokens=24)
     chat = [{"role": "user", "content": "A person as JSON."}]
     good = [
@@ -304,8 +276,8 @@ def test_grammar_compile_fault_fails_only_its_request(mode, monkeypatch):
         return dispatch(self, spec)
 
     monkeypatch.setattr(GrammarCompilerPool, "_dispatch", faulty_dispatch)
-    executor = guided_executor()
-    good, bad = guided_requests()
+    executor = guided_ngram_executor()
+    good, bad = people_and_a_poisoned_request()
     error = {
         "raise": "the compiler broke",
         "garbage": "not a CompiledGrammar",
@@ -319,7 +291,7 @@ def test_grammar_compile_fault_fails_only_its_request(mode, monkeypatch):
 
 @pytest.mark.parametrize("mode", ["raise", "garbage"])
 def test_mask_build_fault_fails_only_its_request(mode, monkeypatch):
-    executor = guided_executor()
+    executor = guided_ngram_executor()
     fill_rows = RequestGrammar.fill_rows
 
     def faulty_fill_rows(self, bitmask, row0, drafts):
@@ -332,5 +304,5 @@ def test_mask_build_fault_fails_only_its_request(mode, monkeypatch):
 
     tag_grammar(executor, "bad", "is_poisoned")
     monkeypatch.setattr(RequestGrammar, "fill_rows", faulty_fill_rows)
-    good, bad = guided_requests()
+    good, bad = people_and_a_poisoned_request()
     run_and_check(executor, good, bad, "the matcher broke" if mode == "raise" else "admits no token")

@@ -6,18 +6,18 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from factories import assert_all_pages_free
+from factories import assert_all_pages_free, drafting_config
 from specexec.executor.async_executor import AsyncExecutor, ExecutorClosedError
 from specexec.executor.engine.request import FinishReason, Request
 from specexec.executor.executor import Executor
 from specexec.sampling import SamplingParams
-from test_speculative_identity import BATCHES, make_config, reference
+from speculative_runs import BATCHES, reference
 from tiny_models import make_tiny_model
 
 
 def make_engine(**config) -> AsyncExecutor:
     _, model = make_tiny_model("llama")
-    return AsyncExecutor(Executor(model, make_config(**config)))
+    return AsyncExecutor(Executor(model, drafting_config(**config)))
 
 
 async def collect(engine: AsyncExecutor, prompt, max_tokens=16):

@@ -9,7 +9,7 @@ import signal
 import threading
 
 import pytest
-from factories import assert_all_pages_free
+from factories import assert_all_pages_free, tiny_executor
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.drafters.ngram import NGramDrafter
 from tiny_models import make_prompts, make_tiny_model
@@ -17,13 +17,11 @@ from tiny_models import make_prompts, make_tiny_model
 MAX_TOKENS = 12
 
 
-def make_executor(isolated_drafter: bool = False, **overrides) -> Executor:
-    _, model = make_tiny_model("llama")
-    settings = dict(num_kv_blocks=100, block_size=4, max_num_tokens=128, dtype="float64", device="cpu")
-    settings.update(overrides)
+def ngram_drafting_executor(isolated_drafter: bool = False, **overrides) -> Executor:
+    """The tiny llama drafting with NGram, on the loop's thread unless ``isolated_drafter``."""
     drafter = NGramDrafter(max_draft_len=3)
     drafter.runs_on_loop_thread = not isolated_drafter
-    return Executor(model, ExecutorConfig(**settings), drafter=drafter)
+    return tiny_executor(drafter=drafter, **{"num_kv_blocks": 100, "max_batch_size": 16, **overrides})
 
 
 def requests(prompts, max_tokens: int = MAX_TOKENS, prefix: str = "") -> list[Request]:
@@ -31,7 +29,7 @@ def requests(prompts, max_tokens: int = MAX_TOKENS, prefix: str = "") -> list[Re
     return [Request(p, params, f"{prefix}{i}" if prefix else None) for i, p in enumerate(prompts)]
 
 
-def reference(prompts, max_tokens: int = MAX_TOKENS) -> list[list[int]]:
+def alone_without_drafts(prompts, max_tokens: int = MAX_TOKENS) -> list[list[int]]:
     """Each prompt alone, without drafts: the tokens every other way of running them must give."""
     _, model = make_tiny_model("llama")
     executor = Executor(model, ExecutorConfig(num_kv_blocks=100, block_size=4, dtype="float64", device="cpu"))
@@ -43,7 +41,7 @@ PROMPTS_B = make_prompts(8, [7, 2, 11, 4], seed=2)
 
 
 def test_two_threads_share_one_loop_and_each_gets_its_own_outputs():
-    executor = make_executor()
+    executor = ngram_drafting_executor()
     results: dict[str, list] = {}
     errors: list[BaseException] = []
     barrier = threading.Barrier(2)
@@ -64,14 +62,14 @@ def test_two_threads_share_one_loop_and_each_gets_its_own_outputs():
     for name, prompts in (("a", PROMPTS_A), ("b", PROMPTS_B)):
         outputs = results[name]
         assert [o.request_id for o in outputs] == [f"{name}{i}" for i in range(len(prompts))]
-        assert [o.token_ids for o in outputs] == reference(prompts)
+        assert [o.token_ids for o in outputs] == alone_without_drafts(prompts)
     assert max(o.metrics.num_forwards for o in results["a"]) < 2 * MAX_TOKENS  # batched together, not turns
     assert_all_pages_free(executor)
-    assert [o.token_ids for o in executor.run(requests(PROMPTS_A[:2]))] == reference(PROMPTS_A[:2])
+    assert [o.token_ids for o in executor.run(requests(PROMPTS_A[:2]))] == alone_without_drafts(PROMPTS_A[:2])
 
 
 def test_a_stream_and_a_run_in_two_threads():
-    executor = make_executor()
+    executor = ngram_drafting_executor()
     outputs: list = []
     worker = threading.Thread(
         target=lambda: outputs.extend(executor.run(requests(PROMPTS_B[:4], prefix="r")))
@@ -83,13 +81,13 @@ def test_a_stream_and_a_run_in_two_threads():
     for event in [first, *stream]:
         streamed.setdefault(event.request_id, []).extend(event.token_ids)
     worker.join(120)
-    assert [streamed[f"s{i}"] for i in range(4)] == reference(PROMPTS_A[:4])
-    assert [o.token_ids for o in outputs] == reference(PROMPTS_B[:4])
+    assert [streamed[f"s{i}"] for i in range(4)] == alone_without_drafts(PROMPTS_A[:4])
+    assert [o.token_ids for o in outputs] == alone_without_drafts(PROMPTS_B[:4])
     assert_all_pages_free(executor)
 
 
 def test_the_same_request_id_in_two_calls_at_once_is_refused_for_the_second():
-    executor = make_executor()
+    executor = ngram_drafting_executor()
     executor.add_request(Request(PROMPTS_A[0], SamplingParams(max_tokens=4), "dup"))
     (out,) = executor.run([Request(PROMPTS_A[1], SamplingParams(max_tokens=4), "dup")])
     assert out.finish_reason is FinishReason.ERROR and "already in use" in out.error
@@ -99,7 +97,7 @@ def test_the_same_request_id_in_two_calls_at_once_is_refused_for_the_second():
 
 
 def test_abort_a_waiting_and_a_running_request():
-    executor = make_executor()
+    executor = ngram_drafting_executor()
     running = executor.add_request(requests([PROMPTS_A[3]], max_tokens=50, prefix="run")[0])
     waiting = executor.add_request(requests([PROMPTS_A[1]], prefix="wait")[0])
     assert executor.abort_request("wait0")  # before any step: still in the queue
@@ -120,13 +118,13 @@ def test_abort_a_waiting_and_a_running_request():
 
 
 def test_a_closed_stream_aborts_what_is_left_of_its_requests():
-    executor = make_executor()
+    executor = ngram_drafting_executor()
     stream = executor.stream(requests(PROMPTS_A[:4], max_tokens=40))
     for _ in range(3):
         next(stream)
     stream.close()
     assert_all_pages_free(executor)
-    assert [o.token_ids for o in executor.run(requests(PROMPTS_B[:2]))] == reference(PROMPTS_B[:2])
+    assert [o.token_ids for o in executor.run(requests(PROMPTS_B[:2]))] == alone_without_drafts(PROMPTS_B[:2])
 
 
 @pytest.mark.parametrize("how", ["signal", "raise"])
@@ -134,7 +132,7 @@ def test_an_interrupt_inside_run_aborts_its_requests_then_propagates(how):
     """Ctrl-C (a real SIGINT) is held until the step ends; a KeyboardInterrupt raised inside a stage
     gives the step up and requeues its batch. Either way the call's requests are aborted, another
     thread's requests in the same batches finish exactly, and the next call works."""
-    executor = make_executor()
+    executor = ngram_drafting_executor()
     runner = executor.core.runner
     forward, calls = runner.forward, [0]
 
@@ -164,14 +162,14 @@ def test_an_interrupt_inside_run_aborts_its_requests_then_propagates(how):
         executor.run(requests(PROMPTS_A[:4], max_tokens=40, prefix="main"))
     worker.join(120)
     assert not errors, repr(errors)
-    assert [o.token_ids for o in other] == reference(PROMPTS_B[:3])
+    assert [o.token_ids for o in other] == alone_without_drafts(PROMPTS_B[:3])
     assert_all_pages_free(executor)
     runner.forward = forward
-    assert [o.token_ids for o in executor.run(requests(PROMPTS_A[:2]))] == reference(PROMPTS_A[:2])
+    assert [o.token_ids for o in executor.run(requests(PROMPTS_A[:2]))] == alone_without_drafts(PROMPTS_A[:2])
 
 
 def test_close_stops_the_worker_threads_and_refuses_later_calls():
-    with make_executor(isolated_drafter=True) as executor:
+    with ngram_drafting_executor(isolated_drafter=True) as executor:
         executor.run(requests(PROMPTS_A[:2]))  # the drafter's thread starts on its first call
         mask_worker = executor.guided.worker  # (started lazily: by the first guided request)
         stream = executor.stream(requests(PROMPTS_A[:2], max_tokens=30))

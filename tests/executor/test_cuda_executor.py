@@ -18,11 +18,12 @@ import warnings
 import jsonschema
 import pytest
 import torch
-from factories import assert_all_pages_free
-from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
+from capture_checks import graph_stats
+from eagle3_heads import eagle_spec, make_head_dir
+from factories import assert_all_pages_free, greedy_requests, tiny_config
+from specexec import Executor, FinishReason, Request, SamplingParams
 from specexec.executor.engine_setup import capture_cuda_graphs
 from specexec.executor.model.cuda_graphs import CudaGraphCapture, EagerReplay
-from test_eagle3 import eagle_spec, make_head_dir
 from tiny_models import make_prompts, make_tiny_model
 
 pytestmark = [
@@ -37,25 +38,10 @@ PROMPTS[1] = [5, 6, 7, 8] * 7 + [5, 6]
 PROMPTS[3] = [9, 10, 11] * 5 + [9, 10]
 
 
-def make_config(device: str, **overrides) -> ExecutorConfig:
-    settings = dict(
-        num_kv_blocks=128, block_size=4, max_num_tokens=128, max_batch_size=8, dtype="float64", device=device
-    )
-    settings.update(overrides)
-    return ExecutorConfig(**settings)
-
-
-def greedy_requests(prompts=PROMPTS) -> list[Request]:
-    return [
-        Request(p, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True), request_id=f"r{i}")
-        for i, p in enumerate(prompts)
-    ]
-
-
 def cpu_reference(arch: str) -> list[list[int]]:
     _, model = make_tiny_model(arch)
-    with Executor(model, make_config("cpu")) as executor:
-        return [o.token_ids for o in executor.run(greedy_requests())]
+    with Executor(model, tiny_config(device="cpu")) as executor:
+        return [o.token_ids for o in executor.run(greedy_requests(PROMPTS, MAX_TOKENS))]
 
 
 def speculative_configs(tmp_path) -> dict[str, dict | None]:
@@ -73,9 +59,9 @@ def speculative_configs(tmp_path) -> dict[str, dict | None]:
 def test_greedy_output_on_cuda_equals_the_cpu_output_for_every_drafter(arch, drafter, tmp_path):
     spec = speculative_configs(tmp_path)[drafter]
     _, model = make_tiny_model(arch)
-    with Executor(model, make_config("cuda", speculative_config=spec)) as executor:
+    with Executor(model, tiny_config(device="cuda", speculative_config=spec)) as executor:
         assert executor.core.runner.device.type == "cuda"
-        outputs = executor.run(greedy_requests())
+        outputs = executor.run(greedy_requests(PROMPTS, MAX_TOKENS))
         assert [o.finish_reason for o in outputs] == [FinishReason.LENGTH] * len(outputs), [
             o.error for o in outputs
         ]
@@ -87,19 +73,14 @@ def test_greedy_output_on_cuda_equals_the_cpu_output_for_every_drafter(arch, dra
         assert_all_pages_free(executor)
 
 
-def graph_stats(executor: Executor) -> list:
-    """How the forwards of the target and of the drafter's model ran."""
-    drafter = executor.speculation.drafter
-    inputs = getattr(drafter, "runner", None) or getattr(drafter, "inputs", None)
-    return [g.stats for g in (executor.core.runner.graphs, getattr(inputs, "graphs", None)) if g is not None]
-
-
 def graphs_and_eager_replay(make_model, requests, tokenizer=None, **config) -> dict[str, list]:
     """The same requests with CUDA graphs, and with the same shapes launched eagerly (eager replay)."""
     tokens = {}
     for mode in ("graphs", "eager-replay"):
         with Executor(
-            make_model(), make_config("cuda", cuda_graphs=mode == "graphs", **config), tokenizer=tokenizer
+            make_model(),
+            tiny_config(device="cuda", cuda_graphs=mode == "graphs", **config),
+            tokenizer=tokenizer,
         ) as executor:
             core = executor.core
             if mode == "eager-replay":
@@ -133,10 +114,10 @@ def test_the_own_decoder_on_cuda_gives_the_tokens_of_transformers_modules(arch):
     outputs = {}
     for impl, graphs in (("transformers", False), ("specexec", True)):
         _, model = make_tiny_model(arch)
-        config = make_config("cuda", model_impl=impl, speculative_config=spec, cuda_graphs=graphs)
+        config = tiny_config(device="cuda", model_impl=impl, speculative_config=spec, cuda_graphs=graphs)
         with Executor(model, config) as executor:
             assert executor.setup.model_impl.impl == impl
-            outputs[impl] = [o.token_ids for o in executor.run(greedy_requests())]
+            outputs[impl] = [o.token_ids for o in executor.run(greedy_requests(PROMPTS, MAX_TOKENS))]
             if graphs:
                 assert [r.error for r in executor.setup.cuda_graphs] == [None] * len(
                     executor.setup.cuda_graphs
@@ -162,7 +143,7 @@ def test_the_triton_kernels_give_the_tokens_and_logprobs_of_torch_ops(arch, monk
         triton_kernels.triton_available.cache_clear()
         try:
             _, model = make_tiny_model(arch, dtype=torch.float32)
-            config = make_config("cuda", dtype="float32", speculative_config=spec)
+            config = tiny_config(device="cuda", dtype="float32", speculative_config=spec)
             with Executor(model, config) as executor:
                 assert executor.setup.model_impl.impl == "specexec"
                 requests = [
@@ -197,7 +178,7 @@ def test_graph_replay_gives_the_tokens_of_eager_launches_for_every_drafter(dtype
     spec = speculative_configs(tmp_path)[drafter]
     tokens = graphs_and_eager_replay(
         lambda: make_tiny_model("llama", dtype=getattr(torch, dtype))[1],
-        greedy_requests(PROMPTS[:batch]),
+        greedy_requests(PROMPTS[:batch], MAX_TOKENS),
         dtype=dtype,
         speculative_config=spec,
     )
@@ -215,7 +196,7 @@ SCHEMA = {
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_guided_outputs_on_cuda_validate_and_equal_the_cpu_outputs(dtype):
     """float32 logits take the CuPy mask kernel where CuPy imports; float64 the torch path."""
-    from test_grammar_support import smollm2_tokenizer
+    from grammar_support import smollm2_tokenizer
 
     tokenizer = smollm2_tokenizer()
     _, model = make_tiny_model("llama", vocab_size=49152, dtype=getattr(torch, dtype))
@@ -227,7 +208,7 @@ def test_guided_outputs_on_cuda_validate_and_equal_the_cpu_outputs(dtype):
     ]
     results = {}
     for device in ("cpu", "cuda"):
-        config = make_config(device, dtype=dtype, block_size=8, guided_json_max_whitespace=0)
+        config = tiny_config(device=device, dtype=dtype, block_size=8, guided_json_max_whitespace=0)
         with Executor(model, config, tokenizer=tokenizer) as executor:
             outputs = executor.run(requests)
             for out in outputs:
@@ -241,7 +222,7 @@ def test_guided_outputs_on_cuda_validate_and_equal_the_cpu_outputs(dtype):
     assert results["cuda"][0] == results["cpu"][0]
 
 
-def guided_requests(n: int) -> list[Request]:
+def json_requests(n: int) -> list[Request]:
     chat = [{"role": "user", "content": "JSON please."}]
     fmt = {"type": "json_schema", "json_schema": {"schema": SCHEMA}}
     return [Request(chat, SamplingParams(max_tokens=40), response_format=fmt) for _ in range(n)]
@@ -253,12 +234,12 @@ def guided_requests(n: int) -> list[Request]:
 def test_guided_graph_replay_gives_the_tokens_of_eager_launches(dtype, drafter, batch, tmp_path):
     """Grammar masks (CuPy kernel, mask event) after graph replays, forced runs up to 16 tokens, and
     the draft model's own masks on the device."""
-    from test_grammar_support import smollm2_tokenizer
+    from grammar_support import smollm2_tokenizer
 
     spec = speculative_configs(tmp_path)[drafter]
     tokens = graphs_and_eager_replay(
         lambda: make_tiny_model("llama", vocab_size=49152, dtype=getattr(torch, dtype))[1],
-        guided_requests(batch),
+        json_requests(batch),
         tokenizer=smollm2_tokenizer(),
         dtype=dtype,
         block_size=8,
@@ -271,15 +252,15 @@ def test_guided_graph_replay_gives_the_tokens_of_eager_launches(dtype, drafter, 
 def test_guided_draft_target_drafts_on_cuda():
     """Draft-side grammar masks reach CUDA draft logits (a CPU bitmask used to make every guided
     drafting call raise, and guided requests silently got no drafts)."""
-    from test_grammar_support import smollm2_tokenizer
+    from grammar_support import smollm2_tokenizer
 
     _, model = make_tiny_model("llama", vocab_size=49152, dtype=torch.float32)
     spec = {"decoding_type": "DraftTarget", "max_draft_len": 3}
-    config = make_config(
-        "cuda", dtype="float32", block_size=8, guided_json_max_whitespace=0, speculative_config=spec
+    config = tiny_config(
+        device="cuda", dtype="float32", block_size=8, guided_json_max_whitespace=0, speculative_config=spec
     )
     with Executor(model, config, tokenizer=smollm2_tokenizer()) as executor:
-        outputs = executor.run(guided_requests(2))
+        outputs = executor.run(json_requests(2))
         assert executor.speculation.stats.num_drafter_errors == 0
         drafted = sum(o.metrics.num_draft_tokens - o.metrics.num_forced_tokens for o in outputs)
         assert drafted > 0, "the draft model proposed nothing for guided requests"
@@ -307,14 +288,14 @@ def test_a_failed_capture_leaves_the_stream_and_random_draws_as_they_were():
 def test_no_host_sync_between_the_replay_and_the_steps_one_read_back():
     """From the forward's end to the verified tokens, a step waits for the device once: the transfer of
     its answers (sync debug mode counts every synchronizing call)."""
-    from test_grammar_support import smollm2_tokenizer
+    from grammar_support import smollm2_tokenizer
 
     _, model = make_tiny_model("llama", vocab_size=49152, dtype=torch.float32)
     spec = {"decoding_type": "NGram", "max_draft_len": 3}
-    config = make_config(
-        "cuda", dtype="float32", block_size=8, guided_json_max_whitespace=0, speculative_config=spec
+    config = tiny_config(
+        device="cuda", dtype="float32", block_size=8, guided_json_max_whitespace=0, speculative_config=spec
     )
-    requests = guided_requests(2) + [
+    requests = json_requests(2) + [
         Request([5, 6, 7, 8] * 6, SamplingParams(max_tokens=20, temperature=0.8, top_p=0.9, seed=1)),
         Request([9, 10, 11] * 6, SamplingParams(max_tokens=20, ignore_eos=True)),
     ]
@@ -406,7 +387,7 @@ def test_the_mask_event_orders_the_copy_before_the_kernel():
 
 def test_nan_logits_on_cuda_fail_only_their_request():
     _, model = make_tiny_model("llama")
-    with Executor(model, make_config("cuda")) as executor:
+    with Executor(model, tiny_config(device="cuda")) as executor:
         runner = executor.core.runner
         forward = runner.forward
 
@@ -419,23 +400,25 @@ def test_nan_logits_on_cuda_fail_only_their_request():
             return out
 
         runner.forward = poisoned_forward
-        outputs = executor.run(greedy_requests())
+        outputs = executor.run(greedy_requests(PROMPTS, MAX_TOKENS))
         assert outputs[0].finish_reason is FinishReason.ERROR and "NaN" in outputs[0].error
         assert [o.token_ids for o in outputs[1:]] == cpu_reference("llama")[1:]
         assert_all_pages_free(executor)
         runner.forward = forward
-        assert [o.token_ids for o in executor.run(greedy_requests())] == cpu_reference("llama")
+        assert [o.token_ids for o in executor.run(greedy_requests(PROMPTS, MAX_TOKENS))] == cpu_reference(
+            "llama"
+        )
 
 
 def test_two_threads_and_an_abort_on_cuda():
     _, model = make_tiny_model("llama")
     spec = {"decoding_type": "NGram", "max_draft_len": 3}
     expected = cpu_reference("llama")
-    with Executor(model, make_config("cuda", speculative_config=spec)) as executor:
+    with Executor(model, tiny_config(device="cuda", speculative_config=spec)) as executor:
         results: dict[int, list] = {}
 
         def call(half: int) -> None:
-            requests = greedy_requests()[half * 4 : half * 4 + 4]
+            requests = greedy_requests(PROMPTS, MAX_TOKENS)[half * 4 : half * 4 + 4]
             results[half] = [o.token_ids for o in executor.run(requests)]
 
         threads = [threading.Thread(target=call, args=(h,)) for h in (0, 1)]
@@ -444,7 +427,7 @@ def test_two_threads_and_an_abort_on_cuda():
         for t in threads:
             t.join()
         assert results[0] + results[1] == expected
-        stream = executor.stream(greedy_requests())
+        stream = executor.stream(greedy_requests(PROMPTS, MAX_TOKENS))
         next(stream)
         executor.abort_request("r2")
         finished = {e.request_id: e.output for e in stream if e.finished}

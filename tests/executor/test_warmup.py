@@ -6,19 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from factories import assert_all_pages_free
+from eagle3_heads import eagle_spec, make_head_dir
+from factories import assert_all_pages_free, drafting_config, greedy_requests
 from specexec.drafters.eagle3.drafter import Eagle3Drafter
 from specexec.executor.executor import Executor
 from specexec.executor.model.model_runner import ModelRunner
-from test_eagle3 import eagle_spec, make_head_dir
-from test_speculative_identity import (
-    BATCHES,
-    SELF_DRAFT_SPEC,
-    make_config,
-    make_requests,
-    reference,
-    run_speculative,
-)
+from speculative_runs import BATCHES, MAX_TOKENS, SELF_DRAFT_SPEC, reference, run_speculative
 from tiny_models import make_tiny_model, save_tiny_model_dir
 
 SPECS = {
@@ -81,9 +74,9 @@ def test_warmup_runs_each_model_and_leaves_no_trace(tmp_path, name, forward_coun
 
 def test_warmup_without_a_drafter_runs_the_target_once_and_changes_nothing(forward_counts):
     _, model = make_tiny_model("llama")
-    executor = Executor(model, make_config(warmup=True))
+    executor = Executor(model, drafting_config(warmup=True))
     assert forward_counts.pop(executor.core.runner) == 1 and not forward_counts
-    outputs = executor.run(make_requests(BATCHES["batch8"]))
+    outputs = executor.run(greedy_requests(BATCHES["batch8"], MAX_TOKENS))
     assert [o.token_ids for o in outputs] == reference("llama", BATCHES["batch8"])
     assert all(o.metrics.num_forwards > 0 for o in outputs)
     assert_all_pages_free(executor)
@@ -91,7 +84,7 @@ def test_warmup_without_a_drafter_runs_the_target_once_and_changes_nothing(forwa
 
 def test_warmup_sets_up_the_grammar_compiler_outside_its_statistics(tmp_path):
     path = save_tiny_model_dir(tmp_path / "tiny")
-    executor = Executor(config=make_config(model=path, dtype="float32", warmup=True, progress=False))
+    executor = Executor(config=drafting_config(model=path, dtype="float32", warmup=True, progress=False))
     pool = executor.guided._pool
     assert pool is not None, "the compiler's tokenizer tables were not built"
     assert pool.num_compiles == 0 and not pool.compile_times_ms and pool.num_hits == 0
@@ -100,10 +93,10 @@ def test_warmup_sets_up_the_grammar_compiler_outside_its_statistics(tmp_path):
 
 def test_warmup_is_off_unless_asked():
     _, model = make_tiny_model("llama")
-    executor = Executor(model, make_config())
+    executor = Executor(model, drafting_config())
     assert executor.setup.warmup_seconds is None and executor.guided._pool is None
     with pytest.raises(ValueError, match="warmup"):
-        make_config(warmup="yes")
+        drafting_config(warmup="yes")
 
 
 def test_cpu_kv_pool_is_zeros_without_writing_them():

@@ -10,11 +10,10 @@ import time
 
 import jsonschema
 import pytest
-from factories import assert_all_pages_free
+from factories import assert_all_pages_free, schema_format
+from grammar_support import smollm2_tokenizer, tag_grammar
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.grammar import RequestGrammar
-from test_grammar_support import smollm2_tokenizer
-from test_step_faults import tag_grammar
 from tiny_models import make_tiny_model
 
 VOCAB = 49152
@@ -28,7 +27,8 @@ CHAT = [{"role": "user", "content": "JSON please."}]
 _MODEL = make_tiny_model("llama", vocab_size=VOCAB)[1]
 
 
-def make_executor(tokenizer=None, **overrides) -> Executor:
+def guided_model_copy_executor(tokenizer=None, **overrides) -> Executor:
+    """An executor over a copy of the one tiny model of the SmolLM2 vocabulary (built once), compact JSON."""
     settings = dict(
         num_kv_blocks=128, block_size=8, dtype="float64", device="cpu", guided_json_max_whitespace=0
     )
@@ -36,10 +36,6 @@ def make_executor(tokenizer=None, **overrides) -> Executor:
     return Executor(
         copy.deepcopy(_MODEL), ExecutorConfig(**settings), tokenizer=tokenizer or smollm2_tokenizer()
     )
-
-
-def schema_format(schema) -> dict:
-    return {"type": "json_schema", "json_schema": {"schema": schema}}
 
 
 def good_request(max_tokens: int = 40) -> Request:
@@ -55,7 +51,7 @@ def good_request(max_tokens: int = 40) -> Request:
     ids=["regex-no-character", "schema-only-self-reference"],
 )
 def test_a_grammar_that_admits_no_token_fails_alone(response_format):
-    executor = make_executor()
+    executor = guided_model_copy_executor()
     clean = executor.run([good_request()])[0]
     bad = Request(CHAT, SamplingParams(max_tokens=20), response_format=response_format)
     out_good, out_bad = executor.run([good_request(), bad])
@@ -83,7 +79,7 @@ def test_a_grammar_that_admits_no_token_fails_alone(response_format):
 def test_a_grammar_whose_only_derivation_is_infinite_is_bounded(response_format):
     """xgrammar's jump-forward search never returns on these; the bounded forced-token walk does, and
     the request ends at its token budget."""
-    executor = make_executor()
+    executor = guided_model_copy_executor()
     request = Request(CHAT, SamplingParams(max_tokens=30), response_format=response_format)
     start = time.perf_counter()
     out_good, out = executor.run([good_request(), request])
@@ -96,7 +92,7 @@ def test_a_grammar_whose_only_derivation_is_infinite_is_bounded(response_format)
 
 
 def test_forced_tokens_are_walked_one_allowed_token_at_a_time():
-    executor = make_executor()
+    executor = guided_model_copy_executor()
     schema = {
         "type": "object",
         "properties": {"constant_key_here": {"const": "a fixed value"}},
@@ -117,7 +113,7 @@ def test_a_tokenizer_without_eos_keeps_guided_decoding_working():
     schema reports its own error (not xgrammar's "stop_token_ids cannot be empty")."""
     tokenizer = smollm2_tokenizer()
     tokenizer.eos_token = None
-    executor = make_executor(tokenizer)
+    executor = guided_model_copy_executor(tokenizer)
     assert not executor.core.outputs.eos_token_ids
     malformed = Request(CHAT, SamplingParams(max_tokens=8), response_format=schema_format({"type": 5}))
     regex = Request(
@@ -149,7 +145,7 @@ ANYOF_WITH_SIBLING = {
 
 def test_anyof_with_sibling_keywords_is_enforced_after_normalization():
     """40 sampled outputs: every one that finished is valid for jsonschema, and says so."""
-    executor = make_executor()
+    executor = guided_model_copy_executor()
     requests = [
         Request(
             CHAT,
@@ -177,7 +173,7 @@ UNENFORCEABLE = {
 
 
 def test_an_unenforceable_keyword_is_refused_naming_it():
-    executor = make_executor()
+    executor = guided_model_copy_executor()
     out_good, out = executor.run(
         [
             good_request(),
@@ -191,7 +187,7 @@ def test_an_unenforceable_keyword_is_refused_naming_it():
 
 
 def test_an_unenforceable_keyword_with_warn_generates_and_says_so():
-    executor = make_executor(guided_unsupported="warn")
+    executor = guided_model_copy_executor(guided_unsupported="warn")
     requests = [
         Request(
             CHAT,
@@ -213,7 +209,7 @@ def test_an_unenforceable_keyword_with_warn_generates_and_says_so():
 
 
 def test_a_grammar_matcher_that_breaks_mid_request_fails_only_its_request(monkeypatch):
-    executor = make_executor()
+    executor = guided_model_copy_executor()
     after = RequestGrammar.after_verification
     calls = {"n": 0}
 

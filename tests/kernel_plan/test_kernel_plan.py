@@ -4,16 +4,16 @@ per-layer listing says what the choices left running each linear layer of the ta
 from __future__ import annotations
 
 import torch
+from factories import drafting_config
 from specexec.executor.executor import Executor
 from specexec.executor.kernel_plan.plan import KernelPlan
 from specexec.executor.layers.quantized.quantized_dot import MAX_ROWS
-from test_speculative_identity import make_config
 from tiny_models import make_tiny_model
 
 
 def test_an_int8_dot_plan_lists_every_quantized_layer_on_it(cpu_ops_built):
     _, model = make_tiny_model("llama", dtype=torch.float32)
-    config = make_config(dtype="float32", quantization="int4", quantized_kernel="int8_dot")
+    config = drafting_config(dtype="float32", quantization="int4", quantized_kernel="int8_dot")
     with Executor(model, config) as executor:
         plan = executor.setup.kernel_plan
         assert isinstance(plan, KernelPlan)
@@ -35,7 +35,9 @@ def test_an_int8_dot_plan_lists_every_quantized_layer_on_it(cpu_ops_built):
 
 def test_a_plan_with_rows_up_to_a_count_and_torchs_kernel_say_so(cpu_ops_built):
     _, model = make_tiny_model("llama", dtype=torch.float32)
-    with Executor(model, make_config(dtype="float32", quantization="int4", quantized_kernel="torch")) as ex:
+    with Executor(
+        model, drafting_config(dtype="float32", quantization="int4", quantized_kernel="torch")
+    ) as ex:
         assert set(dict(ex.setup.kernel_plan.layers(ex.model)).values()) == {
             "Int4WeightOnlyLinear: torch's kernel",
             "Int8WeightOnlyLinear: torch's kernel",
@@ -52,7 +54,7 @@ def test_a_plan_with_rows_up_to_a_count_and_torchs_kernel_say_so(cpu_ops_built):
 def test_a_dense_float64_plan_runs_torchs_matmul_everywhere():
     _, model = make_tiny_model("llama")
     with Executor(
-        model, make_config(speculative_config={"decoding_type": "NGram", "max_draft_len": 2})
+        model, drafting_config(speculative_config={"decoding_type": "NGram", "max_draft_len": 2})
     ) as ex:
         plan = ex.setup.kernel_plan
         assert plan.linear_backend.backend == "blas" and plan.quantized_kernel.kernel == "torch"

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from factories import drafting_config
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
 from specexec.executor.kernel_plan import static_defaults
@@ -20,11 +21,10 @@ from specexec.executor.kernel_plan.measurement.journal import measurement_notes,
 from specexec.executor.kernel_plan.measurement.store import STATIC_FIELD, cached_measurement
 from specexec.executor.layers.cpu_kernels import installed_variant
 from specexec.sampling import SamplingParams
-from test_speculative_identity import make_config
 from tiny_models import make_tiny_model
 
 
-def measured() -> dict:
+def measured_choice() -> dict:
     return {"choice": "measured"}
 
 
@@ -32,22 +32,24 @@ def test_a_spent_budget_takes_the_static_default_and_stores_nothing(tmp_path):
     default = {"choice": "static", STATIC_FIELD: "the static default for test"}
     since = len(measurement_notes())
     with measuring_budget(0.0):
-        answer = cached_measurement(tmp_path, "kind", "key", measured, "timing", ("choice",), default=default)
+        answer = cached_measurement(
+            tmp_path, "kind", "key", measured_choice, "timing", ("choice",), default=default
+        )
     assert answer["choice"] == "static"
     assert not list(tmp_path.glob("kind-*.json")), "a static default is never stored"
     (note,) = measurement_notes(since)
     assert note.how == "static default (the start's measuring budget is spent)"
     with measuring_budget(60.0):  # under budget: measured and stored
         assert cached_measurement(
-            tmp_path, "kind", "key", measured, "timing", ("choice",), default=default
+            tmp_path, "kind", "key", measured_choice, "timing", ("choice",), default=default
         ) == {"choice": "measured"}
     (path,) = tmp_path.glob("kind-*.json")
     assert json.loads(path.read_text())["choice"] == "measured"
     with measuring_budget(0.0):  # what is stored wins over the default, budget or not
         assert (
-            cached_measurement(tmp_path, "kind", "key", measured, "timing", ("choice",), default=default)[
-                "choice"
-            ]
+            cached_measurement(
+                tmp_path, "kind", "key", measured_choice, "timing", ("choice",), default=default
+            )["choice"]
             == "measured"
         )
 
@@ -57,14 +59,20 @@ def test_busy_cpus_take_the_default_but_tune_and_a_kind_without_one_measure(tmp_
     default = {"choice": "static", STATIC_FIELD: "the static default for test"}
     assert why_not_measure() == "other work takes the CPUs"
     assert (
-        cached_measurement(tmp_path, "kind", "a", measured, "t", ("choice",), default=default)["choice"]
+        cached_measurement(tmp_path, "kind", "a", measured_choice, "t", ("choice",), default=default)[
+            "choice"
+        ]
         == "static"
     )
-    assert cached_measurement(tmp_path, "kind", "b", measured, "t", ("choice",))["choice"] == "measured"
+    assert (
+        cached_measurement(tmp_path, "kind", "b", measured_choice, "t", ("choice",))["choice"] == "measured"
+    )
     with remeasuring():
         assert why_not_measure() is None
         assert (
-            cached_measurement(tmp_path, "kind", "a", measured, "t", ("choice",), default=default)["choice"]
+            cached_measurement(tmp_path, "kind", "a", measured_choice, "t", ("choice",), default=default)[
+                "choice"
+            ]
             == "measured"
         )
 
@@ -152,7 +160,7 @@ def test_a_start_past_its_budget_runs_on_static_defaults_and_says_so_once(tmp_pa
     table = {variant.name: {"source": "measured here", "kinds": {"attention-paths": {case: paths}}}}
     monkeypatch.setattr(static_defaults, "STATIC_DEFAULTS", table)
     monkeypatch.setattr(budget, "machine_is_busy", lambda: True)
-    config = make_config(dtype="float32", cache_dir=str(tmp_path), speculative_config=None)
+    config = drafting_config(dtype="float32", cache_dir=str(tmp_path), speculative_config=None)
     with caplog.at_level(logging.WARNING, logger="specexec"), Executor(model, config) as executor:
         assert executor.setup.kernel_plan.attention_paths.short_context == ("sdpa",) * 4
         out = executor.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True))
