@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from bench_inputs import bench_argv
 from specexec.bench import runner as bench_runner
 from specexec.bench.report import LEGEND
 from specexec.cli import main
-from tiny_models import save_tiny_model_dir
 
 ROW_KEYS = {
     "name",
@@ -29,37 +29,6 @@ ROW_KEYS = {
     "speedup",
     "requests",
 }
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
-
-
-def write_dataset(path, n: int = 3) -> str:
-    """Repetitive prompts in the tiny tokenizer's words (so prompt lookup finds matches)."""
-    lines = [{"id": f"p{i}", "prompt": " ".join(f"w{(i + j) % 5}" for j in range(12))} for i in range(n)]
-    lines[0]["schema"] = {"type": "object"}
-    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
-    return str(path)
-
-
-def bench_argv(tiny_dir, tmp_path, *extra: str) -> list[str]:
-    return [
-        "bench",
-        "--model",
-        tiny_dir,
-        "--dataset",
-        write_dataset(tmp_path / "prompts.jsonl"),
-        "--num-requests",
-        "3",
-        "--max-tokens",
-        "6",
-        "--ignore-eos",
-        "--output",
-        str(tmp_path / "r.json"),
-        *extra,
-    ]
 
 
 def test_configs_and_baselines_side_by_side(tiny_dir, tmp_path, capsys):

@@ -9,11 +9,11 @@ import sys
 import types
 
 import pytest
+from bench_inputs import bench_argv
 from specexec.bench.engines.llamacpp import run_llamacpp
 from specexec.bench.engines.specexec_hf import Workload
 from specexec.cli import main
 from specexec.prompt_sets.datasets import BenchPrompt
-from test_bench_command import bench_argv, tiny_dir  # noqa: F401  (a fixture)
 
 EOS = 0
 EOT = 7  #: a second stop id, as Llama-3's <|eot_id|> is beside its EOS
@@ -64,7 +64,10 @@ def fake_binding(bad_schema: bool = False):
     return module, grammars
 
 
-def workload(guided=False, ignore_eos=False, max_tokens=4, temperature=0.0, stops=(EOS, EOT)) -> Workload:
+def two_prompt_workload(
+    guided=False, ignore_eos=False, max_tokens=4, temperature=0.0, stops=(EOS, EOT)
+) -> Workload:
+    """Two prompts of token ids, the first with a schema (held to it when ``guided``)."""
     prompts = [BenchPrompt("a", [], {"type": "object"}), BenchPrompt("b", [], None)]
     ids = [[5, 6, 7], [8, 9]]
     return Workload(prompts, ids, max_tokens, temperature, ignore_eos, guided, stop_token_ids=list(stops))
@@ -73,7 +76,7 @@ def workload(guided=False, ignore_eos=False, max_tokens=4, temperature=0.0, stop
 def test_the_engine_passes_the_same_token_ids_greedy_and_stops_at_eos():
     binding, grammars = fake_binding()
     llm = FakeLlama([1, 2, EOS, 3])
-    records, wall = run_llamacpp(binding, llm, FakeTokenizer(), workload())
+    records, wall = run_llamacpp(binding, llm, FakeTokenizer(), two_prompt_workload())
     assert [call[0] for call in llm.calls] == [[5, 6, 7], [8, 9]]
     _, kwargs = llm.calls[0]
     assert kwargs["top_k"] == 1 and kwargs["temp"] == 0.0 and kwargs["repeat_penalty"] == 1.0
@@ -88,12 +91,12 @@ def test_the_engine_passes_the_same_token_ids_greedy_and_stops_at_eos():
 def test_guided_requests_get_their_schema_as_a_grammar_and_a_bad_schema_fails_only_its_request():
     binding, grammars = fake_binding()
     llm = FakeLlama([1, 2, EOS])
-    run_llamacpp(binding, llm, FakeTokenizer(), workload(guided=True))
+    run_llamacpp(binding, llm, FakeTokenizer(), two_prompt_workload(guided=True))
     assert grammars == ['{"type": "object"}']
     assert llm.calls[0][1]["grammar"] == ("grammar", '{"type": "object"}')
     assert llm.calls[1][1]["grammar"] is None  # the prompt without a schema runs free
     bad, _ = fake_binding(bad_schema=True)
-    records, _ = run_llamacpp(bad, FakeLlama([1, 2, EOS]), FakeTokenizer(), workload(guided=True))
+    records, _ = run_llamacpp(bad, FakeLlama([1, 2, EOS]), FakeTokenizer(), two_prompt_workload(guided=True))
     assert records[0].finish_reason == "error" and "unsupported schema" in records[0].error
     assert records[1].num_output_tokens == 3
 
@@ -101,7 +104,7 @@ def test_guided_requests_get_their_schema_as_a_grammar_and_a_bad_schema_fails_on
 def test_a_temperature_samples_the_whole_distribution_seeded_per_request_like_the_other_engines():
     binding, _ = fake_binding()
     llm = FakeLlama([1, 2, EOS])
-    run_llamacpp(binding, llm, FakeTokenizer(), workload(temperature=0.7))
+    run_llamacpp(binding, llm, FakeTokenizer(), two_prompt_workload(temperature=0.7))
     _, kwargs = llm.calls[0]
     assert kwargs["temp"] == 0.7 and kwargs["top_k"] == 0 and kwargs["top_p"] == 1.0
     assert kwargs["min_p"] == 0.0 and kwargs["repeat_penalty"] == 1.0
@@ -111,7 +114,7 @@ def test_a_temperature_samples_the_whole_distribution_seeded_per_request_like_th
 def test_ignore_eos_forbids_the_eos_token_and_runs_to_max_tokens():
     binding, _ = fake_binding()
     records, _ = run_llamacpp(
-        binding, FakeLlama([1, EOS, EOS, 2, 3]), FakeTokenizer(), workload(ignore_eos=True)
+        binding, FakeLlama([1, EOS, EOS, 2, 3]), FakeTokenizer(), two_prompt_workload(ignore_eos=True)
     )
     assert [r.num_output_tokens for r in records] == [4, 4]
     assert all(r.finish_reason == "length" for r in records)
@@ -121,14 +124,14 @@ def test_ignore_eos_forbids_the_eos_token_and_runs_to_max_tokens():
 def test_ignore_eos_forbids_every_token_of_the_stop_set_not_only_token_eos():
     binding, _ = fake_binding()
     llm = FakeLlama([1, EOT, 2, EOT, 3])
-    records, _ = run_llamacpp(binding, llm, FakeTokenizer(), workload(ignore_eos=True))
+    records, _ = run_llamacpp(binding, llm, FakeTokenizer(), two_prompt_workload(ignore_eos=True))
     assert [r.num_output_tokens for r in records] == [4, 4]
     assert [r.num_stop_tokens for r in records] == [0, 0], "the end-of-turn id is forbidden too"
 
 
 def test_without_ignore_eos_any_token_of_the_stop_set_ends_a_request():
     binding, _ = fake_binding()
-    records, _ = run_llamacpp(binding, FakeLlama([1, EOT, 2, 3]), FakeTokenizer(), workload())
+    records, _ = run_llamacpp(binding, FakeLlama([1, EOT, 2, 3]), FakeTokenizer(), two_prompt_workload())
     assert [r.num_output_tokens for r in records] == [2, 2]
     assert all(r.finish_reason == "stop" and r.num_stop_tokens == 1 for r in records)
 
@@ -136,11 +139,11 @@ def test_without_ignore_eos_any_token_of_the_stop_set_ends_a_request():
 def test_a_stop_set_without_the_ggufs_own_eos_is_refused():
     binding, _ = fake_binding()
     with pytest.raises(ValueError, match="EOS id 0 is not in the bench's stop set"):
-        run_llamacpp(binding, FakeLlama([1, 2]), FakeTokenizer(), workload(stops=(EOT,)))
+        run_llamacpp(binding, FakeLlama([1, 2]), FakeTokenizer(), two_prompt_workload(stops=(EOT,)))
 
 
 def test_without_llama_cpp_python_the_baseline_is_refused_with_the_install_command(
-    tiny_dir,  # noqa: F811
+    tiny_dir,
     tmp_path,
     monkeypatch,
     capsys,
@@ -151,7 +154,7 @@ def test_without_llama_cpp_python_the_baseline_is_refused_with_the_install_comma
 
 
 def test_a_binding_without_its_shared_library_is_refused_with_the_install_command(
-    tiny_dir,  # noqa: F811
+    tiny_dir,
     tmp_path,
     monkeypatch,
     capsys,
@@ -171,7 +174,7 @@ def test_a_binding_without_its_shared_library_is_refused_with_the_install_comman
     assert "pip install llama-cpp-python" in capsys.readouterr().err
 
 
-def test_a_hugging_face_directory_is_refused_for_llamacpp(tiny_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
+def test_a_hugging_face_directory_is_refused_for_llamacpp(tiny_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))
     assert main(bench_argv(tiny_dir, tmp_path, "--baseline", "llamacpp")) == 2
     assert "Hugging Face directory" in capsys.readouterr().err

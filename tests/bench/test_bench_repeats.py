@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 
+from bench_inputs import bench_argv
 from specexec.bench import runner as bench_runner
 from specexec.bench.records import RequestRecord, summarize
 from specexec.bench.report import add_speedups, format_table
 from specexec.bench.workload.repeats import combine_passes
 from specexec.cli import main
-from test_bench_command import bench_argv, tiny_dir  # noqa: F401  (a fixture)
 
 
 def pass_row(name: str, pass_index: int, wall_s: float, num_stop_tokens: int = 0) -> dict:
@@ -48,7 +48,7 @@ def test_the_table_shows_the_median_then_the_spread():
 
 
 def test_repeats_run_the_configurations_interleaved_and_keep_every_pass(
-    tiny_dir,  # noqa: F811
+    tiny_dir,
     tmp_path,
     monkeypatch,
 ):
@@ -76,6 +76,6 @@ def test_repeats_run_the_configurations_interleaved_and_keep_every_pass(
     assert rows["ngram-k3"]["speedup"]["none"] == sum(ratios) / 2, "the median of each pass's own ratio"
 
 
-def test_repeats_below_one_are_refused(tiny_dir, tmp_path, capsys):  # noqa: F811
+def test_repeats_below_one_are_refused(tiny_dir, tmp_path, capsys):
     assert main(bench_argv(tiny_dir, tmp_path, "--repeats", "0")) == 2
     assert "--repeats" in capsys.readouterr().err

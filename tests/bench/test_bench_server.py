@@ -6,17 +6,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
+from bench_inputs import bench_argv
+from served import served_engine
 from specexec import Executor, ExecutorConfig
 from specexec.cli import main
-from test_bench_command import bench_argv
-from test_server import served_engine
-from tiny_models import save_tiny_model_dir
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
 
 
 def test_bench_drives_a_server_with_the_same_prompts_and_gets_the_same_greedy_texts(
@@ -51,14 +44,16 @@ def test_bench_refuses_a_url_where_no_server_answers(tmp_path, capsys):
 
 
 def test_a_server_gets_the_one_stop_set_and_with_ignore_eos_samples_none_of_it(tmp_path):
-    from test_bench_stop_tokens import MAX_TOKENS, save_tiny_dir_with_two_stop_ids
+    from bench_inputs import save_tiny_dir_with_two_stop_ids
+
+    max_tokens = 16
 
     model = save_tiny_dir_with_two_stop_ids(tmp_path / "model")
     config = ExecutorConfig(model=model, dtype="float32", progress=False)
     runs = {}
     with served_engine(Executor(config=config)) as (base, _, _):
         for flags in ([], ["--ignore-eos"]):
-            argv = bench_argv(model, tmp_path, "--dtype", "float32", "--max-tokens", str(MAX_TOKENS))
+            argv = bench_argv(model, tmp_path, "--dtype", "float32", "--max-tokens", str(max_tokens))
             argv = [a for a in argv if a != "--ignore-eos"] + flags
             assert main([*argv, "--server", base, "--baseline", "none"]) == 0
             results = json.loads((tmp_path / "r.json").read_text())["results"]
@@ -69,7 +64,7 @@ def test_a_server_gets_the_one_stop_set_and_with_ignore_eos_samples_none_of_it(t
     lengths = [r["num_output_tokens"] for r in stopping["none"]["requests"]]
     assert [r["num_output_tokens"] for r in stopping["server"]["requests"]] == lengths
     assert ignoring["server"]["num_stop_tokens"] == 0 and ignoring["none"]["num_stop_tokens"] == 0
-    assert [r["num_output_tokens"] for r in ignoring["server"]["requests"]] == [MAX_TOKENS] * 3
+    assert [r["num_output_tokens"] for r in ignoring["server"]["requests"]] == [max_tokens] * 3
     assert ignoring["server"]["stop_tokens_forbidden_by"].startswith("min_tokens = max_tokens")
 
 

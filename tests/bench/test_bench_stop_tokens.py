@@ -9,34 +9,15 @@ import json
 import types
 
 import pytest
-import torch
+from bench_inputs import CONFIG_EOS, TOKENIZER_EOS, save_tiny_dir_with_two_stop_ids, write_dataset
 from specexec.bench.engines.server import request_body
 from specexec.bench.engines.specexec_hf import Workload
 from specexec.bench.report import COLUMNS
 from specexec.bench.workload.stop_tokens import find_stop_tokens, num_stop_tokens
 from specexec.cli import main
 from specexec.prompt_sets.datasets import BenchPrompt
-from test_bench_command import write_dataset
-from tiny_models import make_tiny_model, make_tiny_tokenizer
 
-TOKENIZER_EOS = 5  #: "<|end|>"
-CONFIG_EOS = 4  #: "<|tool|>", the generation config's own stop id
-OFTEN_PICKED = 39  #: a token greedy decoding picks early in each of the bench prompts
 MAX_TOKENS = 16
-
-
-def save_tiny_dir_with_two_stop_ids(path) -> str:
-    """The tiny Llama whose head row of CONFIG_EOS is twice OFTEN_PICKED's, so it wins wherever that token
-    would (a positive logit): each prompt meets a stop token within its first tokens."""
-    _, model = make_tiny_model("llama", dtype=torch.float32)
-    with torch.no_grad():
-        model.lm_head.weight[CONFIG_EOS] = 2 * model.lm_head.weight[OFTEN_PICKED]
-    model.generation_config.eos_token_id = [CONFIG_EOS]
-    model.save_pretrained(path)
-    tokenizer = make_tiny_tokenizer()
-    tokenizer.eos_token = "<|end|>"
-    tokenizer.save_pretrained(path)
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -138,24 +119,25 @@ def test_the_stop_set_is_the_union_of_the_tokenizers_the_generation_configs_and_
     assert num_stop_tokens([2, 3, 9, 2], stops.token_ids) == 3
 
 
-def workload(ignore_eos: bool) -> Workload:
+def stop_set_workload(ignore_eos: bool) -> Workload:
+    """One prompt whose stop set is both stop ids, EOS ignored or not."""
     prompts = [BenchPrompt("a", [], None)]
     return Workload(prompts, [[7, 8]], 4, 0.0, ignore_eos, stop_token_ids=[CONFIG_EOS, TOKENIZER_EOS])
 
 
 def test_specexec_gets_the_stop_set_as_stop_tokens_banned_until_max_tokens_with_ignore_eos():
-    stopping = workload(False).sampling_params(0)
+    stopping = stop_set_workload(False).sampling_params(0)
     assert stopping.stop_token_ids == [CONFIG_EOS, TOKENIZER_EOS] and stopping.min_tokens == 0
-    ignoring = workload(True).sampling_params(0)
+    ignoring = stop_set_workload(True).sampling_params(0)
     assert ignoring.stop_token_ids == [CONFIG_EOS, TOKENIZER_EOS] and not ignoring.ignore_eos
     assert ignoring.min_tokens == ignoring.max_tokens == 4 and not ignoring.logit_bias
     ignoring.validate()
 
 
 def test_a_server_gets_the_stop_set_as_stop_token_ids_banned_until_max_tokens_with_ignore_eos():
-    stopping = request_body(workload(False), 0)
+    stopping = request_body(stop_set_workload(False), 0)
     assert stopping["stop_token_ids"] == [CONFIG_EOS, TOKENIZER_EOS] and "min_tokens" not in stopping
-    ignoring = request_body(workload(True), 0)
+    ignoring = request_body(stop_set_workload(True), 0)
     assert ignoring["stop_token_ids"] == [CONFIG_EOS, TOKENIZER_EOS] and ignoring["min_tokens"] == 4
     assert "logit_bias" not in ignoring and "ignore_eos" not in ignoring
     assert ignoring["logprobs"] == 0, "each chunk names its tokens, so the stop tokens can be counted"

@@ -15,7 +15,7 @@ from specexec.executor.model.kv_cache import KVCache, KVCacheSpec
 from specexec.executor.model.model_runner import ModelRunner
 from specexec.executor.parallel.rank_loading import load_shard
 from specexec.executor.parallel.sharding import shard_model
-from test_tensor_parallel import INT4_SHAPES, UNEVEN
+from tensor_parallel_runs import INT4_SHAPES, UNEVEN
 from tiny_models import make_prompts, make_tiny_model
 
 

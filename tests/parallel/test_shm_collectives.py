@@ -14,7 +14,7 @@ import torch
 import torch.multiprocessing as mp
 from specexec.executor.parallel.gloo_collectives import GlooCollectives
 from specexec.executor.parallel.shm_collectives import ShmCollectives
-from test_tensor_parallel import generate, running
+from tensor_parallel_runs import generate, running
 
 
 def test_off_x86_the_ranks_all_reduce_through_gloo_and_the_log_says_why(monkeypatch, caplog):

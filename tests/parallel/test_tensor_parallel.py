@@ -13,45 +13,15 @@ import time
 
 import pytest
 import torch
-from factories import assert_all_pages_free
+from factories import assert_all_pages_free, drafting_config
 from specexec import Executor, Request, SamplingParams
 from specexec.executor.model.forward_io import SequenceInput
 from specexec.executor.parallel.tp_runner import TensorParallelError
-from test_speculative_identity import SELF_DRAFT_SPEC, make_config
-from tiny_models import make_prompts, make_tiny_model
+from speculative_runs import SELF_DRAFT_SPEC
+from tensor_parallel_runs import INT4_SHAPES, PROMPTS, UNEVEN, generate, no_workers_left
+from tiny_models import make_tiny_model
 
 NGRAM = {"decoding_type": "NGram", "max_draft_len": 3}
-PROMPTS = make_prompts(4, [9, 23, 5, 40], seed=7) + [[5, 6, 7] * 8]
-
-
-def generate(arch: str, tp: int, spec=None, model_overrides=None, **overrides) -> list[list[int]]:
-    _, model = make_tiny_model(arch, **(model_overrides or {}))
-    config = make_config(speculative_config=spec, tensor_parallel_size=tp, max_num_tokens=32, **overrides)
-    with Executor(model, config) as executor:
-        outputs = executor.run([Request(p, SamplingParams(max_tokens=10, ignore_eos=True)) for p in PROMPTS])
-        assert all(o.error is None for o in outputs), [o.error for o in outputs]
-        assert_all_pages_free(executor)
-        if spec is not None:
-            assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
-    return [o.token_ids for o in outputs]
-
-
-def running(pid: int) -> bool:
-    """Whether the process exists and has not exited (a zombie waiting to be reaped has exited)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def no_workers_left(pids: list[int]) -> bool:
-    deadline = time.monotonic() + 10
-    while any(running(pid) for pid in pids):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2", "gemma3"])
@@ -65,7 +35,7 @@ def test_prefix_caching_under_two_ranks_reuses_pages_and_keeps_the_tokens():
     tokens = {}
     for tp in (1, 2):
         _, model = make_tiny_model("llama")
-        config = make_config(tensor_parallel_size=tp, enable_prefix_caching=True, max_num_tokens=32)
+        config = drafting_config(tensor_parallel_size=tp, enable_prefix_caching=True, max_num_tokens=32)
         with Executor(model, config) as executor:
             first = executor.run([Request(PROMPTS[3], SamplingParams(max_tokens=6, ignore_eos=True))])
             second = executor.run([Request(shared, SamplingParams(max_tokens=6, ignore_eos=True))])
@@ -82,12 +52,12 @@ def test_drafters_in_the_front_give_the_same_tokens_under_two_ranks(drafter):
 
 
 def test_guided_requests_under_two_ranks_equal_one():
-    from test_guided_decoding import make_executor, make_requests
+    from guided_runs import guided_executor, person_requests
 
     texts = {}
     for tp in (1, 2):
-        with make_executor(NGRAM, tensor_parallel_size=tp, device="cpu") as executor:
-            outputs = executor.run(make_requests(3, max_tokens=40))
+        with guided_executor(NGRAM, tensor_parallel_size=tp, device="cpu") as executor:
+            outputs = executor.run(person_requests(3, max_tokens=40))
             assert all(o.error is None for o in outputs)
             texts[tp] = [o.text for o in outputs]
     assert texts[2] == texts[1]
@@ -96,11 +66,11 @@ def test_guided_requests_under_two_ranks_equal_one():
 def test_samples_at_temperature_one_follow_the_targets_distribution_under_two_ranks():
     from collections import Counter
 
-    import test_speculative_distribution as distribution
+    import sampled_distribution as distribution
 
     _, model = distribution.make_target()
     spec = {"decoding_type": "NGram", "max_draft_len": 2}
-    config = distribution.make_config(speculative_config=spec, tensor_parallel_size=2)
+    config = distribution.sampling_config(speculative_config=spec, tensor_parallel_size=2)
     with Executor(model, config) as executor:
         params = [
             SamplingParams(max_tokens=distribution.MAX_TOKENS, temperature=1.0, seed=i)
@@ -119,11 +89,7 @@ def test_a_size_above_the_kv_heads_is_refused_naming_them():
     with pytest.raises(
         ValueError, match="cannot split this model .4 attention heads, 2 KV heads, 64 intermediate"
     ):
-        Executor(model, make_config(tensor_parallel_size=3))
-
-
-#: 3 KV heads (2 query heads each): 2 ranks hold 2 and 1 of them
-UNEVEN = {"num_attention_heads": 6, "num_key_value_heads": 3, "hidden_size": 48}
+        Executor(model, drafting_config(tensor_parallel_size=3))
 
 
 def test_kv_head_groups_split_unevenly_give_the_single_process_tokens():
@@ -138,13 +104,9 @@ def test_kv_head_groups_split_unevenly_give_the_single_process_tokens():
 
 def test_options_not_built_under_tensor_parallelism_are_refused_before_loading():
     with pytest.raises(ValueError, match="runs on CPU .gloo. only"):
-        Executor(None, make_config(tensor_parallel_size=2, device="cuda"))
+        Executor(None, drafting_config(tensor_parallel_size=2, device="cuda"))
     with pytest.raises(ValueError, match="tensor_parallel_size"):
-        make_config(tensor_parallel_size=0)
-
-
-#: int4 needs whole groups of 32 inputs in each rank's o_proj and down_proj columns
-INT4_SHAPES = {"hidden_size": 64, "head_dim": 32, "intermediate_size": 128}
+        drafting_config(tensor_parallel_size=0)
 
 
 @pytest.mark.parametrize(("quantization", "shapes"), [("int8", {}), ("int4", INT4_SHAPES)])
@@ -210,14 +172,14 @@ def test_a_layer_of_a_form_tensor_parallelism_cannot_slice_is_refused_naming_it(
 def test_eagle3_and_captured_hidden_states_come_back_from_rank_0(tmp_path):
     """The residual stream is whole on every rank after each layer's all-reduce: rank 0 sends the
     captured layers back, so EAGLE-3 drafts in the front as in one process."""
-    from test_eagle3 import eagle_spec, make_head_dir
+    from eagle3_heads import eagle_spec, make_head_dir
 
     make_head_dir(tmp_path)
     assert generate("llama", 2, eagle_spec(tmp_path)) == generate("llama", 1, eagle_spec(tmp_path))
     hidden = {}
     for tp in (1, 2):
         _, model = make_tiny_model("llama")
-        config = make_config(tensor_parallel_size=tp, capture_hidden_layers=[0, 1, 2])
+        config = drafting_config(tensor_parallel_size=tp, capture_hidden_layers=[0, 1, 2])
         with Executor(model, config) as executor:
             seq = SequenceInput(PROMPTS[1], 0, list(range(6)), 1)
             hidden[tp] = executor.core.runner.forward([seq]).hidden_states
@@ -248,7 +210,7 @@ def test_a_killed_worker_fails_the_requests_in_flight_naming_its_rank_then_the_r
     cached pages dropped) and a later request gets one process's tokens; past tensor_parallel_max_restarts
     later requests are refused with the cause; no process is left."""
     _, model = make_tiny_model("llama")
-    config = make_config(
+    config = drafting_config(
         tensor_parallel_size=2,
         tensor_parallel_timeout_s=20,
         tensor_parallel_max_restarts=1,
@@ -281,7 +243,7 @@ def test_a_killed_worker_fails_the_requests_in_flight_naming_its_rank_then_the_r
 
 def test_close_stops_every_worker():
     _, model = make_tiny_model("llama")
-    executor = Executor(model, make_config(tensor_parallel_size=2))
+    executor = Executor(model, drafting_config(tensor_parallel_size=2))
     pids = executor.core.runner.worker_pids()
     executor.run([Request([1, 2, 3], SamplingParams(max_tokens=2))])
     executor.close()
@@ -302,7 +264,7 @@ def test_smollm2_at_two_and_three_ranks_gives_the_single_process_tokens():
     loaded = load_model(None, dtype="float32", progress=False, quantization="gguf", model_impl="auto")
     tokens = {}
     for tp in (1, 2, 3):
-        config = make_config(
+        config = drafting_config(
             tensor_parallel_size=tp,
             dtype="float32",
             quantized_kernel="torch",
@@ -316,7 +278,7 @@ def test_smollm2_at_two_and_three_ranks_gives_the_single_process_tokens():
     assert tokens[2] == tokens[1] and tokens[3] == tokens[1]
     with pytest.raises(ValueError, match="9 attention heads, 3 KV heads"):
         Executor(
-            loaded.model, make_config(tensor_parallel_size=4, dtype="float32"), tokenizer=loaded.tokenizer
+            loaded.model, drafting_config(tensor_parallel_size=4, dtype="float32"), tokenizer=loaded.tokenizer
         )
 
 
@@ -331,16 +293,15 @@ def test_workers_exit_when_the_front_process_is_killed(tmp_path):
         "import sys, time\n"
         "sys.path[:0] = sys.argv[1:]\n"
         "from specexec import Executor\n"
-        "from test_speculative_identity import make_config\n"
+        "from factories import drafting_config\n"
         "from tiny_models import make_tiny_model\n"
         "_, model = make_tiny_model('llama')\n"
-        "executor = Executor(model, make_config(tensor_parallel_size=2))\n"
+        "executor = Executor(model, drafting_config(tensor_parallel_size=2))\n"
         "print(*executor.core.runner.worker_pids(), flush=True)\n"
         "time.sleep(600)\n"
     )
-    tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    paths = [tests_dir, os.path.join(tests_dir, "engine")]  # tiny_models; make_config's module
-    front = subprocess.Popen([sys.executable, str(script), *paths], stdout=subprocess.PIPE, text=True)
+    tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tiny_models, factories
+    front = subprocess.Popen([sys.executable, str(script), tests_dir], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(p) for p in front.stdout.readline().split()]
         assert len(pids) == 2

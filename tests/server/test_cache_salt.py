@@ -10,15 +10,14 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from factories import assert_all_pages_free
+from factories import assert_all_pages_free, drafting_config
+from fake_requests import FakeRequest
+from served import served, wait_until_idle
 from specexec import Executor, Request, SamplingParams
 from specexec.drafters.ngram import NGramDrafter
 from specexec.drafters.retrieval.suffix import SuffixDrafter
 from specexec.executor.engine.block_manager import ROOT_DIGEST, BlockManager, page_digest, root_digest
 from specexec.executor.engine.request import MAX_CACHE_SALT_CHARS
-from test_ngram_drafter import FakeRequest
-from test_server import served, wait_until_idle
-from test_speculative_identity import make_config
 from tiny_models import make_prompts, make_tiny_model
 
 BS = 4  #: tokens per page in the block-manager tests
@@ -95,9 +94,10 @@ def test_salts_are_told_apart_by_every_character():
 
 
 # ---- executor ------------------------------------------------------------------------------------------
-def make_executor(spec=None, cache: bool = True) -> Executor:
+def caching_executor(spec=None, cache: bool = True) -> Executor:
+    """The tiny llama, prefix caching on unless ``cache`` is false, drafting with ``spec`` every step."""
     _, model = make_tiny_model("llama")
-    return Executor(model, make_config(speculative_config=spec, enable_prefix_caching=cache))
+    return Executor(model, drafting_config(speculative_config=spec, enable_prefix_caching=cache))
 
 
 def run_one(executor: Executor, salt: str | None, prompt=PROMPT):
@@ -110,8 +110,8 @@ def run_one(executor: Executor, salt: str | None, prompt=PROMPT):
     "spec", [None, {"decoding_type": "Suffix", "max_draft_len": 4}], ids=["plain", "suffix"]
 )
 def test_cached_tokens_count_only_the_same_salts_pages_and_greedy_output_is_unchanged(spec):
-    want = run_one(make_executor(None, cache=False), None).token_ids
-    executor = make_executor(spec)
+    want = run_one(caching_executor(None, cache=False), None).token_ids
+    executor = caching_executor(spec)
     order = ["tenant-a", "tenant-b", None, "tenant-a", None, "tenant-b"]
     outputs = [run_one(executor, salt) for salt in order]
     assert [o.metrics.num_cached_tokens for o in outputs] == [0, 0, 0, 28, 28, 28]
@@ -122,7 +122,7 @@ def test_cached_tokens_count_only_the_same_salts_pages_and_greedy_output_is_unch
 def test_requests_of_other_salts_do_not_wait_for_each_others_pages():
     """A request waits a step for a running one computing its next page only under the same salt: a
     wait for another tenant's identical prompt would say (by its timing) that the prompt is running."""
-    executor = make_executor()
+    executor = caching_executor()
     params = SamplingParams(max_tokens=2, ignore_eos=True)
     executor.add_request(Request(PROMPT, params, request_id="a", cache_salt="tenant-a"))
     executor.add_request(Request(PROMPT, params, request_id="b", cache_salt="tenant-b"))
@@ -137,7 +137,7 @@ def test_requests_of_other_salts_do_not_wait_for_each_others_pages():
 
 
 def test_the_samples_of_a_salted_request_share_its_pages_with_each_other_only():
-    executor = make_executor()
+    executor = caching_executor()
     params = SamplingParams(max_tokens=4, ignore_eos=True, n=3)
     (sampled,) = executor.run([Request(PROMPT, params, cache_salt="tenant-a")])
     assert [s.metrics.num_cached_tokens for s in sampled.samples] == [0, 28, 28]
@@ -148,7 +148,7 @@ def test_the_samples_of_a_salted_request_share_its_pages_with_each_other_only():
 
 @pytest.mark.parametrize("salt", ["", "x" * (MAX_CACHE_SALT_CHARS + 1), 7, b"bytes"])
 def test_a_bad_salt_finishes_its_request_with_an_error_and_holds_nothing(salt):
-    executor = make_executor()
+    executor = caching_executor()
     bad, good = executor.run(
         [
             Request(PROMPT, SamplingParams(max_tokens=2), cache_salt=salt),

@@ -31,16 +31,9 @@ import langchain_openai  # noqa: E402
 import litellm  # noqa: E402
 import openai  # noqa: E402
 import pytest  # noqa: E402
+from factories import assert_all_pages_free  # noqa: E402
 from pydantic import BaseModel, Field  # noqa: E402
-from test_server import (  # noqa: E402
-    CLOCK,
-    NGRAM,
-    WEATHER,
-    assert_all_pages_free,
-    long_context_executor,
-    served_engine,
-    wait_until_idle,
-)
+from served import CLOCK, NGRAM, WEATHER, long_context_executor, served_engine, wait_until_idle  # noqa: E402
 
 QUESTION = "What is the weather in Paris for the next 3 days?"
 

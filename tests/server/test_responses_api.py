@@ -14,9 +14,9 @@ import jsonschema
 import openai
 import pytest
 from factories import assert_all_pages_free
+from guided_runs import PERSON
 from pydantic import Field
-from test_guided_decoding import PERSON
-from test_server import (
+from served import (
     MESSAGES,
     NGRAM,
     WEATHER,

@@ -20,11 +20,11 @@ import openai
 import pytest
 import uvicorn
 from factories import assert_all_pages_free, free_port
+from guided_runs import guided_executor
 from prometheus_client.parser import text_string_to_metric_families
+from served import wait_until_idle
 from specexec.executor.async_executor import AsyncExecutor
 from specexec.server.app import build_app
-from test_guided_decoding import make_executor
-from test_server import wait_until_idle
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ class Replica:
     """One `specexec serve`-like server in this process, which a test can stop at once."""
 
     def __init__(self) -> None:
-        self.engine = AsyncExecutor(make_executor(None, dtype="float32", enable_prefix_caching=True))
+        self.engine = AsyncExecutor(guided_executor(None, dtype="float32", enable_prefix_caching=True))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(

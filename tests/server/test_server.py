@@ -17,66 +17,28 @@ import jsonschema
 import openai
 import pytest
 import torch
-import uvicorn
-from factories import assert_all_pages_free
+from factories import assert_all_pages_free, schema_format
+from guided_runs import PERSON, guided_executor
 from prometheus_client.parser import text_string_to_metric_families
+from served import (
+    CLOCK,
+    MESSAGES,
+    NGRAM,
+    WEATHER,
+    client,
+    long_context_executor,
+    served,
+    served_engine,
+    wait_until_idle,
+)
 from specexec import Request, SamplingParams
-from specexec.executor.async_executor import AsyncExecutor
-from specexec.server.app import ServerLimits, build_app
-from test_guided_decoding import PERSON, make_executor, schema_format
-
-NGRAM = {"decoding_type": "NGram", "max_draft_len": 3, "max_matching_ngram_size": 2}
-MESSAGES = [{"role": "user", "content": "Say something about cats and dogs."}]
-
-
-@contextlib.contextmanager
-def served(spec=None, limits=None, api_key=None):
-    """(base URL, the AsyncExecutor, an ExitStack for the test's clients) of a server running until the
-    block ends, over the tiny model with the SmolLM2 tokenizer; prefix caching on, as `specexec serve`
-    has it (the references each test compares with run without it)."""
-    with served_engine(
-        make_executor(spec, dtype="float32", enable_prefix_caching=True), limits, api_key
-    ) as running:
-        yield running
-
-
-@contextlib.contextmanager
-def served_engine(executor, limits=None, api_key=None):
-    """`served` over any executor."""
-    engine = AsyncExecutor(executor)
-    app = build_app(engine, "tiny", api_key=api_key, limits=limits)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        assert thread.is_alive(), "the server did not start"
-        time.sleep(0.02)
-    try:
-        with contextlib.ExitStack() as stack:  # the clients a test opens are closed before the server stops
-            yield f"http://127.0.0.1:{port}", engine, stack
-    finally:
-        server.should_exit = True
-        thread.join(30)
-
-
-def client(base: str, api_key: str = "none") -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base}/v1", api_key=api_key, max_retries=0)
+from specexec.server.app import ServerLimits
 
 
 def reference_text(prompt, max_tokens: int, spec=None, response_format=None) -> str:
-    executor = make_executor(spec, dtype="float32")
+    executor = guided_executor(spec, dtype="float32")
     params = SamplingParams(max_tokens=max_tokens)
     return executor.run([Request(prompt, params, response_format=response_format)])[0].text
-
-
-def wait_until_idle(engine: AsyncExecutor, seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + seconds
-    while engine.num_unfinished and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert engine.num_unfinished == 0
 
 
 @pytest.mark.parametrize("spec", [None, NGRAM], ids=["no-drafts", "ngram"])
@@ -115,7 +77,7 @@ def test_greedy_through_the_server_equals_executor_run_streamed_or_not(spec):
 
 
 def test_json_schema_outputs_validate():
-    rf = schema_format(PERSON)
+    rf = schema_format(PERSON, "t")
     with served(NGRAM) as (base, _, stack):
         api = stack.enter_context(client(base))
         outs = [
@@ -189,7 +151,7 @@ def test_32_concurrent_streams_mixing_guided_sampled_and_greedy_with_drafts_and_
         if kind == "sampled":
             options.update(temperature=1.0, seed=i)
         if kind == "guided":
-            options.update(max_tokens=60, temperature=1.0, seed=i, response_format=schema_format(PERSON))
+            options.update(max_tokens=60, temperature=1.0, seed=i, response_format=schema_format(PERSON, "t"))
         if kind == "bad":
             options.update(top_p=5)
         try:
@@ -344,7 +306,7 @@ def test_sigterm_stops_taking_requests_finishes_the_running_one_and_exits(tmp_pa
         assert process.wait(60) == 0
         with pytest.raises(httpx.TransportError):
             httpx.get(f"{base}/health")
-        from test_tensor_parallel import no_workers_left
+        from tensor_parallel_runs import no_workers_left
 
         assert no_workers_left(children), "a worker outlived the server"
     finally:
@@ -355,7 +317,7 @@ def test_sigterm_stops_taking_requests_finishes_the_running_one_and_exits(tmp_pa
 
 def test_n_logprobs_and_penalties_through_the_server():
     executor_params = SamplingParams(max_tokens=10, frequency_penalty=1.5, presence_penalty=0.5)
-    want = make_executor(NGRAM, dtype="float32").run([Request(MESSAGES, executor_params)])[0].text
+    want = guided_executor(NGRAM, dtype="float32").run([Request(MESSAGES, executor_params)])[0].text
     with served(NGRAM) as (base, engine, stack):
         api = stack.enter_context(client(base))
         penalized = api.chat.completions.create(
@@ -508,7 +470,7 @@ def test_echo_with_logprobs_scores_the_prompt_as_an_hf_forward(max_tokens):
     one request, ``echo``, ``logprobs: 1``, ``max_tokens`` 0 or 1: each choice lists the prompt's tokens
     with the model's log-probabilities (the first null) before what it generated, as an HF forward's
     log-softmax gives them (float32)."""
-    from test_guided_decoding import VOCAB
+    from guided_runs import VOCAB
     from tiny_models import make_tiny_model
 
     reference, _ = make_tiny_model("llama", vocab_size=VOCAB)
@@ -562,42 +524,6 @@ def test_echo_with_logprobs_scores_the_prompt_as_an_hf_forward(max_tokens):
                 assert refused.status_code == 400 and refused.json()["error"]["param"] == param, body
         wait_until_idle(engine)
         assert_all_pages_free(engine.executor)
-
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 12},
-                "days": {"type": "integer", "maximum": 7},
-            },
-            "required": ["city", "days"],
-            "additionalProperties": False,
-        },
-    },
-}
-CLOCK = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
-            "required": ["zone"],
-            "additionalProperties": False,
-        },
-    },
-}
-
-
-def long_context_executor(spec):
-    """`served`'s tiny model with room for a prompt that lists tools (1,024 positions)."""
-    overrides = {"max_position_embeddings": 1024}
-    return make_executor(spec, dtype="float32", num_kv_blocks=512, model_overrides=overrides)
 
 
 def joined_calls(chunks) -> list[tuple[str, str]]:

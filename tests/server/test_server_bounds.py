@@ -14,12 +14,12 @@ import time
 import httpx
 import pytest
 from factories import assert_all_pages_free
+from guided_runs import guided_executor
+from served import served, served_engine, wait_until_idle
 from specexec.server.app import ServerLimits
 from specexec.server.limits.body import default_max_body_bytes
 from specexec.server.limits.text_bounds import MAX_USER_CHARS, max_chars_per_token
 from specexec.server.responses_api import ResponseStore, StoredResponse
-from test_guided_decoding import make_executor
-from test_server import served, served_engine, wait_until_idle
 
 CHAT = "/v1/chat/completions"
 
@@ -84,7 +84,7 @@ def test_a_body_past_the_limit_is_refused_with_413_before_it_is_read():
 
 
 def test_a_prompt_longer_than_the_context_could_hold_is_refused_before_it_is_tokenized():
-    executor = make_executor(dtype="float32")
+    executor = guided_executor(dtype="float32")
     calls = []
     render = executor.tokenizer.apply_chat_template
     executor.tokenizer.apply_chat_template = lambda *a, **k: calls.append(1) or render(*a, **k)
@@ -108,7 +108,7 @@ def test_a_prompt_longer_than_the_context_could_hold_is_refused_before_it_is_tok
 def test_health_answers_while_a_prompt_is_being_tokenized():
     """The chat template of one request is held (as a long one takes seconds): on the event loop it
     would hold /health too, for as long as it takes; off it, /health answers at once."""
-    executor = make_executor(dtype="float32")
+    executor = guided_executor(dtype="float32")
     with (
         tokenizer_held_on(executor, "HOLD") as (entered, release),
         served_engine(executor) as (base, engine, stack),
@@ -156,7 +156,7 @@ def test_the_queue_limit_counts_samples_not_prompts():
 def test_requests_admitted_together_count_before_they_reach_the_engine():
     """Requests of 16 and 96 sequences under a limit of 100: the second is refused although the first
     has not reached the engine yet (its chat template is held); alone it fits."""
-    executor = make_executor(dtype="float32")
+    executor = guided_executor(dtype="float32")
     limits = ServerLimits(max_queued_requests=100)
 
     async def both(base: str):

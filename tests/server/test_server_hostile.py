@@ -11,13 +11,13 @@ import contextlib
 import httpx
 import pytest
 from factories import assert_all_pages_free
+from guided_runs import guided_executor
+from served import MESSAGES, served, wait_until_idle
 from specexec import Request, SamplingParams
 from specexec.executor.async_executor import AsyncExecutor
 from specexec.server.app import build_app
 from specexec.server.limits.access import key_identity
 from specexec.server.limits.body import MAX_JSON_DEPTH
-from test_guided_decoding import make_executor
-from test_server import MESSAGES, served, wait_until_idle
 
 CHAT = "/v1/chat/completions"
 JSON = {"content-type": "application/json"}
@@ -60,7 +60,7 @@ def test_a_lone_surrogate_is_a_400_naming_the_field_and_leaves_no_request_behind
 def test_a_submit_that_fails_after_its_id_was_claimed_frees_the_id():
     """Past the server's checks (a library caller): the tokenizer's TypeError on a lone surrogate
     propagates, and the request id is free again, with n = 1 and n > 1."""
-    executor = make_executor(dtype="float32")
+    executor = guided_executor(dtype="float32")
 
     async def main():
         async with AsyncExecutor(executor) as engine:
@@ -117,7 +117,7 @@ def test_json_nested_too_deep_is_a_400_anywhere_in_the_body():
 @contextlib.asynccontextmanager
 async def app_client(client_host: str, **options):
     """An httpx client on the app in this process, the requests coming from ``client_host``."""
-    executor = make_executor(dtype="float32", enable_prefix_caching=True)
+    executor = guided_executor(dtype="float32", enable_prefix_caching=True)
     engine = AsyncExecutor(executor)
     app = build_app(engine, "tiny", **options)
     transport = httpx.ASGITransport(app=app, client=(client_host, 40000))

@@ -11,8 +11,8 @@ import httpx
 import openai
 from factories import assert_all_pages_free, free_port
 from prometheus_client.parser import text_string_to_metric_families
+from served import MESSAGES, NGRAM, served, wait_until_idle
 from specexec.server.serve import answering_loading
-from test_server import MESSAGES, NGRAM, served, wait_until_idle
 
 
 async def answer_ok(scope, receive, send) -> None:

@@ -8,8 +8,9 @@ import json
 
 import pytest
 from specexec.server.tool_stream import ToolCallStream
-from specexec.server.tools import parse_tools, read_calls
+from specexec.server.tools import read_calls
 from specexec.tool_formats.json_calls import value_end
+from tool_plans import tool_plan
 
 WEATHER = {
     "type": "function",
@@ -22,10 +23,6 @@ WEATHER = {
         },
     },
 }
-
-
-def plan(choice="auto", parallel=True):
-    return parse_tools({"tools": [WEATHER], "tool_choice": choice, "parallel_tool_calls": parallel})
 
 
 def streamed(p, text: str, step: int) -> tuple[str, list[tuple[str, dict]]]:
@@ -56,21 +53,21 @@ AUTO = (
 
 @pytest.mark.parametrize("step", [1, 3, 1000])
 def test_guided_calls_stream_their_arguments_and_add_up_to_the_full_read(step):
-    p = plan("required")
+    p = tool_plan([WEATHER], "required")
     _, want = read_calls(p, GUIDED)
     content, calls = streamed(p, GUIDED, step)
     assert calls == [(c["name"], c["arguments"]) for c in want] and content == ""
 
 
 def test_guided_arguments_come_in_pieces_as_written():
-    stream = ToolCallStream(plan("required"))
+    stream = ToolCallStream(tool_plan([WEATHER], "required"))
     pieces = [d for i in range(len(GUIDED)) for d in stream.feed(GUIDED[i]) if "id" not in d]
     assert len(pieces) > 20
 
 
 @pytest.mark.parametrize("step", [1, 4, 1000])
 def test_auto_text_streams_as_content_and_each_block_as_a_call_or_content(step):
-    p = plan("auto")
+    p = tool_plan([WEATHER], "auto")
     want_content, want = read_calls(p, AUTO)
     content, calls = streamed(p, AUTO, step)
     assert (
@@ -83,7 +80,7 @@ def test_auto_text_streams_as_content_and_each_block_as_a_call_or_content(step):
 
 
 def test_a_possible_opener_is_held_back_until_it_is_not_one():
-    stream = ToolCallStream(plan("auto"))
+    stream = ToolCallStream(tool_plan([WEATHER], "auto"))
     assert stream.feed("Hello <tool") == [{"content": "Hello "}]
     assert stream.feed("box!") == [{"content": "<toolbox!"}]
 

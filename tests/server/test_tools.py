@@ -10,6 +10,7 @@ from specexec.executor.engine.inputs import tokenize_prompt
 from specexec.server.bad_request import BadRequest
 from specexec.server.tools import guided_format, parse_tools, read_calls
 from specexec.tool_formats import hermes
+from tool_plans import tool_plan
 
 ADD = {
     "type": "function",
@@ -25,10 +26,6 @@ ADD = {
 NOW = {"type": "function", "function": {"name": "now"}}
 
 
-def plan(choice="auto", parallel=True):
-    return parse_tools({"tools": [ADD, NOW], "tool_choice": choice, "parallel_tool_calls": parallel})
-
-
 def test_hermes_blocks_that_name_a_tool_and_validate_are_calls_the_rest_is_content():
     text = (
         'Sure. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call> then '
@@ -37,17 +34,17 @@ def test_hermes_blocks_that_name_a_tool_and_validate_are_calls_the_rest_is_conte
         "<tool_call>{not json}</tool_call>"
         '<tool_call>{"name": "now", "arguments": "{}"}'  # unterminated, arguments as a JSON string
     )
-    content, calls = read_calls(plan(), text)
+    content, calls = read_calls(tool_plan([ADD, NOW]), text)
     assert calls == [{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "now", "arguments": {}}]
     assert content.startswith("Sure.") and "nope" in content and "{not json}" in content
-    _, one = read_calls(plan(parallel=False), text)
+    _, one = read_calls(tool_plan([ADD, NOW], parallel=False), text)
     assert one == calls[:1]
-    assert read_calls(plan("none"), text) == (text, [])
-    assert read_calls(plan(), "no calls here") == ("no calls here", [])
+    assert read_calls(tool_plan([ADD, NOW], "none"), text) == (text, [])
+    assert read_calls(tool_plan([ADD, NOW]), "no calls here") == ("no calls here", [])
 
 
 def test_a_guided_output_is_the_calls_json():
-    required = plan("required")
+    required = tool_plan([ADD, NOW], "required")
     calls = [{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "now", "arguments": {}}]
     assert read_calls(required, json.dumps(calls)) == (None, calls)
     assert read_calls(required, '[{"name": "add", "arguments": {"a": 1') == (
@@ -62,8 +59,10 @@ def test_a_guided_output_is_the_calls_json():
     assert schema["properties"]["name"] == {"const": "now"}
     many = guided_format(required)["json_schema"]["schema"]
     assert many["type"] == "array" and len(many["items"]["anyOf"]) == 2
-    assert "anyOf" in guided_format(plan("required", parallel=False))["json_schema"]["schema"]
-    assert guided_format(plan("auto")) is None
+    assert (
+        "anyOf" in guided_format(tool_plan([ADD, NOW], "required", parallel=False))["json_schema"]["schema"]
+    )
+    assert guided_format(tool_plan([ADD, NOW], "auto")) is None
 
 
 @pytest.mark.parametrize(
@@ -84,7 +83,7 @@ def test_bad_tools_are_refused(body):
 
 
 def test_tools_calls_and_results_reach_a_template_that_knows_only_role_and_content():
-    from test_grammar_support import smollm2_tokenizer
+    from grammar_support import smollm2_tokenizer
 
     tokenizer = smollm2_tokenizer()
     messages = [
@@ -110,7 +109,7 @@ def test_tools_calls_and_results_reach_a_template_that_knows_only_role_and_conte
 def test_a_template_that_renders_tools_gets_them_and_the_calls_arguments_as_objects():
     import copy
 
-    from test_grammar_support import smollm2_tokenizer
+    from grammar_support import smollm2_tokenizer
 
     tokenizer = copy.deepcopy(smollm2_tokenizer())
     tokenizer.chat_template = (
