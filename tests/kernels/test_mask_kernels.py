@@ -49,7 +49,7 @@ def random_bitmask(rows: int, words: int, seed: int) -> torch.Tensor:
     return torch.from_numpy(mask)
 
 
-def make_logits(
+def random_logits(
     rows: int, vocab: int, dtype: torch.dtype, layout: str, seed: int, device: str = "cpu"
 ) -> torch.Tensor:
     """[rows, vocab] logits: contiguous, a column slice of a wider tensor, or every other row."""
@@ -186,7 +186,7 @@ def test_torch_path_matches_slow_reference(case: str, dtype: torch.dtype, layout
     vocab, mask_vocab, words = VOCAB_CASES[case]
     rows = 4 if needs == "some-zero" else 2
     seed = seed_of(case, dtype, layout, needs)
-    logits = make_logits(rows, vocab, dtype, layout, seed)
+    logits = random_logits(rows, vocab, dtype, layout, seed)
     bitmask = random_bitmask(rows, words, seed + 1)
     needs_mask = needs_mask_for(rows, needs)
     expected = slow_reference(logits, bitmask, needs_mask, None, mask_vocab)
@@ -211,7 +211,7 @@ def test_torch_path_with_d2t_matches_slow_reference(
     target_vocab, words = 128001, 4001  # padded target: 4001 words hold 128032 bits
     rows = 4 if needs == "some-zero" else 3
     seed = seed_of("d2t", dtype, layout, needs, d2t_dtype)
-    logits = make_logits(rows, DRAFT_VOCAB, dtype, layout, seed)
+    logits = random_logits(rows, DRAFT_VOCAB, dtype, layout, seed)
     bitmask = random_bitmask(rows, words, seed + 1)
     d2t = random_d2t(target_vocab, seed + 2, d2t_dtype)
     needs_mask = needs_mask_for(rows, needs)
@@ -263,12 +263,12 @@ def test_bool_needs_mask_and_nan_logits() -> None:
 
 
 def test_dispatch_auto_on_cpu_uses_torch_path() -> None:
-    logits = make_logits(2, 4000, torch.float16, "column-slice", 7)
+    logits = random_logits(2, 4000, torch.float16, "column-slice", 7)
     bitmask = random_bitmask(2, 125, 8)
     expected = slow_reference(logits, bitmask, None, None, None)
     apply_mask_inplace(logits, bitmask)
     assert_bitwise_equal(logits, expected)
-    logits2 = make_logits(2, 4000, torch.float16, "column-slice", 7)
+    logits2 = random_logits(2, 4000, torch.float16, "column-slice", 7)
     apply_mask_inplace(logits2, bitmask, backend="torch")
     assert_bitwise_equal(logits2, expected)
 
@@ -320,7 +320,7 @@ def test_cupy_path_matches_torch_path(dtype: torch.dtype, layout: str, needs: st
     else:
         vocab, mask_vocab, words = VOCAB_CASES[case]
         d2t = None
-    logits = make_logits(rows, vocab, dtype, layout, seed, device="cuda")
+    logits = random_logits(rows, vocab, dtype, layout, seed, device="cuda")
     bitmask = random_bitmask(rows, words, seed + 1).cuda()
     needs_mask = needs_mask_for(rows, needs)
     needs_mask = None if needs_mask is None else needs_mask.cuda()

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import drafting_config
+from paged_attention_cases import TOLERANCE, make_case
+from quantized_weights import random_q4
 from specexec import Executor, FinishReason, Request, SamplingParams
 from specexec.executor.layers.attention_kernels import MATMUL, PAGED_CPU, SDPA
 from specexec.executor.layers.paged_attention_cpu import attend_paged_cpu
@@ -21,9 +24,6 @@ from specexec.executor.layers.quantized.quantized_dot import (
 )
 from specexec.executor.model.attention_paths import AttentionPaths
 from specexec.executor.model.paged_attention import _attend_gathered
-from test_paged_attention_cpu import TOLERANCE, make_case
-from test_quantized_dot import random_q4
-from test_speculative_identity import make_config
 from tiny_models import make_tiny_model
 
 NONFINITE = [float("nan"), float("inf"), float("-inf")]
@@ -129,7 +129,9 @@ def test_a_nan_activation_fails_its_request_alone_on_either_kernel(kernel, atten
     _, model = make_tiny_model("llama", dtype=torch.float32)
     with torch.no_grad():
         model.model.embed_tokens.weight[POISON] = float("nan")
-    config = make_config(dtype="float32", quantization="int8", quantized_kernel=kernel, model_impl="specexec")
+    config = drafting_config(
+        dtype="float32", quantization="int8", quantized_kernel=kernel, model_impl="specexec"
+    )
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     with Executor(model, config) as executor:
         assert executor.setup.quantized_kernel.kernel == kernel

@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from factories import assert_all_pages_free
+from factories import assert_all_pages_free, drafting_config, greedy_requests
 from specexec.executor.executor import Executor
 from specexec.executor.kernel_plan.quantized_kernel import QuantizedKernelChoice, set_int8_dot
 from specexec.executor.layers.attention_kernels import PAGED_CPU, SDPA
@@ -27,7 +27,7 @@ from specexec.executor.model.attention_paths import AttentionPaths
 from specexec.executor.model.decoder import forward as decoder_forward
 from specexec.executor.model.decoder import fused_layer
 from specexec.executor.model.forward_io import SequenceInput
-from test_speculative_identity import make_config, make_requests
+from speculative_runs import MAX_TOKENS
 from tiny_models import make_prompts, make_tiny_model
 from torch import nn
 
@@ -71,7 +71,7 @@ def executor_for(arch, dtype, quantization=None, kernel="torch", **overrides):
         model_impl="specexec",
         cpu_linear="blas",
     )
-    config = make_config(**{**settings, **overrides})
+    config = drafting_config(**{**settings, **overrides})
     executor = Executor(model, config)
     executor.core.runner.attention_paths = AttentionPaths.all(PAGED_CPU)
     return executor
@@ -231,7 +231,7 @@ def test_an_executor_on_the_op_generates_what_the_python_layers_generate(fused_c
 
     def run():
         with executor_for("llama", torch.float32, "int4", "int8_dot", speculative_config=spec) as ex:
-            outputs = ex.run(make_requests(prompts))
+            outputs = ex.run(greedy_requests(prompts, MAX_TOKENS))
             assert_all_pages_free(ex)
         return [o.token_ids for o in outputs]
 

@@ -9,7 +9,8 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from factories import assert_all_pages_free
+from eagle3_heads import eagle_spec, make_head_dir
+from factories import assert_all_pages_free, drafting_config, greedy_requests
 from specexec.drafters.base import Drafter, DraftProposal
 from specexec.executor.executor import Executor
 from specexec.executor.kernel_plan import dense_backend as linear_backend
@@ -29,8 +30,7 @@ from specexec.executor.layers.packed_linear import (
     unpack_linears,
 )
 from specexec.executor.layers.quantized.quantized_linear import Int8WeightOnlyLinear
-from test_eagle3 import eagle_spec, make_head_dir
-from test_speculative_identity import BATCHES, make_config, make_requests, num_drafted
+from speculative_runs import BATCHES, MAX_TOKENS, num_drafted
 from tiny_models import make_tiny_model
 
 CPU = torch.device("cpu")
@@ -316,13 +316,15 @@ def test_the_executor_fits_its_kernels_to_the_memory_available(tmp_path, monkeyp
 
     monkeypatch.setattr(kernel_plan, "available_memory_bytes", lambda: 1)
     _, model = make_tiny_model("llama", dtype=torch.float32)
-    config = make_config(dtype="float32", speculative_config=eagle_spec(tmp_path), cache_dir=str(tmp_path))
+    config = drafting_config(
+        dtype="float32", speculative_config=eagle_spec(tmp_path), cache_dir=str(tmp_path)
+    )
     executor = Executor(model, config)
     assert (
         executor.setup.linear_backend.backend == "blas" and "not kept" in executor.setup.linear_backend.reason
     )
     assert _packed(executor.model) == 0
-    outputs = executor.run(make_requests(BATCHES["batch1"]))
+    outputs = executor.run(greedy_requests(BATCHES["batch1"], MAX_TOKENS))
     assert num_drafted(outputs) > 0
     assert_all_pages_free(executor)
 
@@ -352,14 +354,14 @@ def test_executor_on_onednn_drafts_and_outputs_what_it_outputs_on_blas(tmp_path)
     tokens = {}
     for backend in ("blas", "onednn"):
         _, model = make_tiny_model("llama", dtype=torch.float32)
-        config = make_config(
+        config = drafting_config(
             dtype="float32", cpu_linear=backend, speculative_config=dense_head_spec(tmp_path)
         )
         executor = Executor(model, config)
         assert executor.setup.linear_backend.backend == backend
         head = executor.speculation.drafter.torch_modules()[0]
         assert (_packed(executor.model) > 0, _packed(head) > 0) == ((backend == "onednn",) * 2)
-        outputs = executor.run(make_requests(BATCHES["batch8"]))
+        outputs = executor.run(greedy_requests(BATCHES["batch8"], MAX_TOKENS))
         assert num_drafted(outputs) > 0
         assert_all_pages_free(executor)
         tokens[backend] = [o.token_ids for o in outputs]
@@ -387,7 +389,7 @@ def test_executor_on_row_bands_runs_decode_on_the_blas_and_verify_on_onednn(tmp_
     for backend in ("blas", "auto"):
         _, model = make_tiny_model("llama", dtype=torch.float32)
         spec = dense_head_spec(tmp_path)
-        config = make_config(
+        config = drafting_config(
             dtype="float32", cpu_linear=backend, speculative_config=spec, cache_dir=str(tmp_path)
         )
         executor = Executor(model, config)
@@ -398,7 +400,7 @@ def test_executor_on_row_bands_runs_decode_on_the_blas_and_verify_on_onednn(tmp_
         assert (len(banded) > 0) == (backend == "auto")
         assert all(m.bands is not None and m.dense_weight is not None for m in banded)
         for batch in ("batch1", "batch8"):
-            outputs = executor.run(make_requests(BATCHES[batch]))
+            outputs = executor.run(greedy_requests(BATCHES[batch], MAX_TOKENS))
             assert num_drafted(outputs) > 0
             assert_all_pages_free(executor)
             tokens[backend, batch] = [o.token_ids for o in outputs]
@@ -428,7 +430,7 @@ def test_executor_runs_the_targets_verify_rows_on_mkls_packed_gemm(tmp_path, mon
     tokens = {}
     for backend in ("blas", "auto"):
         _, model = make_tiny_model("llama", dtype=torch.float32)
-        config = make_config(
+        config = drafting_config(
             dtype="float32", cpu_linear=backend, speculative_config=spec, cache_dir=str(tmp_path)
         )
         executor = Executor(model, config)
@@ -441,7 +443,7 @@ def test_executor_runs_the_targets_verify_rows_on_mkls_packed_gemm(tmp_path, mon
             assert target_layers and all(m.mkl_rows == 1 + k and m.packed is None for m in target_layers)
             monkeypatch.setattr(torch.ops, "mkl", _Spy())
         for batch in ("batch1", "batch8"):
-            outputs = executor.run(make_requests(BATCHES[batch]))
+            outputs = executor.run(greedy_requests(BATCHES[batch], MAX_TOKENS))
             assert num_drafted(outputs) > 0
             assert_all_pages_free(executor)
             tokens[backend, batch] = [o.token_ids for o in outputs]
@@ -461,10 +463,12 @@ class _HidesItsModels(Drafter):
 
 def test_a_drafter_whose_torch_modules_raises_still_runs_on_a_packed_target(caplog):
     _, model = make_tiny_model("llama", dtype=torch.float32)
-    executor = Executor(model, make_config(dtype="float32", cpu_linear="onednn"), drafter=_HidesItsModels(2))
+    executor = Executor(
+        model, drafting_config(dtype="float32", cpu_linear="onednn"), drafter=_HidesItsModels(2)
+    )
     assert _packed(executor.model) > 0
     assert "torch_modules() raised" in caplog.text
-    outputs = executor.run(make_requests(BATCHES["batch1"]))
+    outputs = executor.run(greedy_requests(BATCHES["batch1"], MAX_TOKENS))
     assert len(outputs[0].token_ids) == 16 and num_drafted(outputs) > 0
     assert_all_pages_free(executor)
 
@@ -472,16 +476,16 @@ def test_a_drafter_whose_torch_modules_raises_still_runs_on_a_packed_target(capl
 def test_a_module_packed_by_one_executor_serves_the_next_on_blas_or_quantized():
     _, model = make_tiny_model("llama", dtype=torch.float32)
     request = BATCHES["batch1"]
-    packed = Executor(model, make_config(dtype="float32", cpu_linear="onednn"))
-    first = packed.run(make_requests(request))[0].token_ids
+    packed = Executor(model, drafting_config(dtype="float32", cpu_linear="onednn"))
+    first = packed.run(greedy_requests(request, MAX_TOKENS))[0].token_ids
     assert _packed(model) > 0
-    on_blas = Executor(model, make_config(dtype="float32", cpu_linear="blas"))
+    on_blas = Executor(model, drafting_config(dtype="float32", cpu_linear="blas"))
     assert _packed(model) == 0
-    assert on_blas.run(make_requests(request))[0].token_ids == first
-    Executor(model, make_config(dtype="float32", cpu_linear="onednn"))
-    quantized = Executor(model, make_config(dtype="float32", cpu_linear="blas", quantization="int8"))
+    assert on_blas.run(greedy_requests(request, MAX_TOKENS))[0].token_ids == first
+    Executor(model, drafting_config(dtype="float32", cpu_linear="onednn"))
+    quantized = Executor(model, drafting_config(dtype="float32", cpu_linear="blas", quantization="int8"))
     assert _packed(model) == 0 and sum(isinstance(m, Int8WeightOnlyLinear) for m in model.modules()) > 0
-    assert len(quantized.run(make_requests(request))[0].token_ids) == 16
+    assert len(quantized.run(greedy_requests(request, MAX_TOKENS))[0].token_ids) == 16
 
 
 def test_a_packed_module_is_dense_again_before_it_moves_to_the_configured_device(monkeypatch):
@@ -489,7 +493,7 @@ def test_a_packed_module_is_dense_again_before_it_moves_to_the_configured_device
     H100 a model packed by a CPU executor, then given to a CUDA executor, kept CPU weights in its linears.
     The next executor unpacks the module before it moves it."""
     _, model = make_tiny_model("llama", dtype=torch.float32)
-    Executor(model, make_config(dtype="float32", cpu_linear="onednn"))
+    Executor(model, drafting_config(dtype="float32", cpu_linear="onednn"))
     assert _packed(model) > 0
     packed_when_moved = []
     module_to = torch.nn.Module.to
@@ -500,9 +504,9 @@ def test_a_packed_module_is_dense_again_before_it_moves_to_the_configured_device
         return module_to(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.nn.Module, "to", recording_to)
-    executor = Executor(model, make_config(dtype="float32", cpu_linear="blas", device="cpu"))
+    executor = Executor(model, drafting_config(dtype="float32", cpu_linear="blas", device="cpu"))
     assert packed_when_moved == [0]
-    assert len(executor.run(make_requests(BATCHES["batch1"]))[0].token_ids) == 16
+    assert len(executor.run(greedy_requests(BATCHES["batch1"], MAX_TOKENS))[0].token_ids) == 16
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
@@ -514,10 +518,10 @@ def test_a_model_with_no_dense_linear_layer_left_is_not_measured(scheme, tmp_pat
 
     monkeypatch.setattr(linear_backend, "measure_onednn_ratios", no_measuring)
     _, model = make_tiny_model("llama", dtype=torch.float32)
-    config = make_config(dtype="float32", quantization=scheme, cache_dir=str(tmp_path))
+    config = drafting_config(dtype="float32", quantization=scheme, cache_dir=str(tmp_path))
     executor = Executor(model, config)
     assert (
         executor.setup.linear_backend.backend == "blas"
         and "no dense linear layer" in executor.setup.linear_backend.reason
     )
-    assert len(executor.run(make_requests(BATCHES["batch1"]))[0].token_ids) == 16
+    assert len(executor.run(greedy_requests(BATCHES["batch1"], MAX_TOKENS))[0].token_ids) == 16

@@ -4,47 +4,18 @@ queries, shuffled pages; and the torch path when the kernel is switched off."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 import torch
 from cpu_isa_builds import require_x86_64_linux_with_avx2, run_build
+from paged_attention_cases import TOLERANCE, make_case
 from specexec.executor.layers import cpu_kernels as kernels_module
 from specexec.executor.layers.attention_kernels import MATMUL, PAGED_CPU
 from specexec.executor.layers.cpu_kernels import cpu_kernels
 from specexec.executor.layers.paged_attention_cpu import attend_paged_cpu
-from specexec.executor.model.attention_metadata import AttentionMetadata, SequenceSlice
 from specexec.executor.model.attention_paths import AttentionPaths
-from specexec.executor.model.kv_cache import KVCache, KVCacheSpec
 from specexec.executor.model.paged_attention import _attend_gathered
-
-TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 2e-2, torch.float16: 2e-3}
-
-
-def make_case(dtype, heads, kv_heads, head_dim, block_size, query_lens, kv_lens, seed=0, paths=None):
-    """A pool with random keys and values, requests on shuffled pages, and their attention metadata."""
-    gen = torch.Generator().manual_seed(seed)
-    num_blocks = sum(-(-n // block_size) for n in kv_lens) + 3
-    cache = KVCache(KVCacheSpec(1, kv_heads, head_dim, dtype), num_blocks, block_size, torch.device("cpu"))
-    cache.kv.copy_(torch.randn(cache.kv.shape, generator=gen).to(dtype))
-    pages = list(range(num_blocks))
-    random.Random(seed).shuffle(pages)
-    seqs, start = [], 0
-    for q_len, kv_len in zip(query_lens, kv_lens):
-        need = -(-kv_len // block_size)
-        seqs.append(SequenceSlice(start, q_len, kv_len - q_len, pages[:need]))
-        pages, start = pages[need:], start + q_len
-    slots = torch.tensor(
-        [
-            s.block_table[p // block_size] * block_size + p % block_size
-            for s in seqs
-            for p in range(s.start_pos, s.kv_len)
-        ]
-    )
-    meta = AttentionMetadata.build(cache, slots, seqs, block_size, paths)
-    query = torch.randn(start, heads, head_dim, generator=gen).to(dtype)  # [tokens, heads, head_dim]
-    return cache, meta, query
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from cpu_isa_builds import compile_to_assembly, cpu_flags, require_x86_64_linux_with_avx2, run_build
-from factories import assert_all_pages_free
+from factories import assert_all_pages_free, drafting_config, greedy_requests
+from quantized_weights import random_linear, random_q4
 from specexec.executor.executor import Executor
 from specexec.executor.kernel_plan import quantized_kernel
 from specexec.executor.kernel_plan.quantized_kernel import (
@@ -41,7 +42,7 @@ from specexec.executor.layers.quantized.quantized_linear import (
     Int4Weights,
     Int8WeightOnlyLinear,
 )
-from test_speculative_identity import make_config, make_requests, num_accepted
+from speculative_runs import MAX_TOKENS, num_accepted
 from tiny_models import make_prompts, make_tiny_model
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -69,24 +70,13 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes.reshape(x.shape).double(), (amax / 127).double()
 
 
-def reference(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def int8_reference(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(x's int8 rounding @ weight^T, a bound on how far the kernel may be from x @ weight^T), float64."""
     codes, scale = quantize_activations(x)
     xq = (codes.reshape(x.shape[0], -1, BLOCK) * scale[..., None]).reshape(x.shape)
     blocks_abs = weight.double().abs().reshape(weight.shape[0], -1, BLOCK).sum(-1)  # [N, K / 32]
     bound = scale @ blocks_abs.t() / 2  # each block's dot is off by at most sum(|w|) * scale / 2
     return xq @ weight.double().t(), bound
-
-
-def random_q4(out_features: int, in_features: int, seed: int) -> Int4Weights:
-    gen = torch.Generator().manual_seed(seed)
-    groups = in_features // BLOCK
-    q = torch.randint(0, 16, (out_features, in_features), generator=gen, dtype=torch.uint8)
-    scale = (
-        (torch.rand(out_features, groups, generator=gen) * 0.02).half().float()
-    )  # float16 values, as stored
-    offset = (-torch.rand(out_features, groups, generator=gen) * 0.15).half().float()
-    return Int4Weights(q, scale, offset)
 
 
 CASES = [(1, 32, 8), (1, 576, 960), (3, 96, 24), (4, 64, 48), (9, 160, 40)]  # (rows, in, out)
@@ -100,7 +90,7 @@ def test_q4_linear_is_the_int8_rounded_product_within_its_bound(dtype, rows, in_
     got = q4_linear(x, pack_q4(weights.q, weights.scale, weights.offset))
     assert got.dtype == dtype and got.shape == (rows, out_features)
     dense = weights.dequantize()
-    rounded, bound = reference(x, dense)
+    rounded, bound = int8_reference(x, dense)
     # the integer dots are exact: only float sums (and the output dtype's rounding) remain
     out_rounding = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
     torch.testing.assert_close(got.double(), rounded, rtol=out_rounding, atol=1e-4)
@@ -126,7 +116,7 @@ def test_q8_linear_is_the_int8_rounded_product_within_its_bound(
     dense = q.double() * (
         scale.double().repeat_interleave(inputs_per_scale, 1) if per_block else scale.double()[:, None]
     )
-    rounded, bound = reference(x, dense)
+    rounded, bound = int8_reference(x, dense)
     out_rounding = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
     torch.testing.assert_close(got.double(), rounded, rtol=out_rounding, atol=1e-4)
     exact = x.double() @ dense.t()
@@ -330,16 +320,9 @@ def test_the_kernels_refuse_shapes_they_cannot_take():
 # ---- the layers ------------------------------------------------------------------------------------------
 
 
-def random_linear(out_features=64, in_features=96, seed=0) -> torch.nn.Linear:
-    torch.manual_seed(seed)
-    layer = torch.nn.Linear(in_features, out_features, bias=True)
-    torch.nn.init.normal_(layer.weight, std=0.05)
-    return layer.requires_grad_(False)
-
-
 @pytest.mark.parametrize("scheme", ["int4", "int8"])
 def test_a_layer_takes_int8_dot_up_to_its_rows_and_torch_above(scheme):
-    linear = random_linear()
+    linear = random_linear(bias=True)
     layer = (Int4WeightOnlyLinear if scheme == "int4" else Int8WeightOnlyLinear)(linear)
     x = torch.randn(6, 96)
     torch_out = layer._matmul(x) + layer.bias
@@ -356,7 +339,7 @@ def test_a_layer_takes_int8_dot_up_to_its_rows_and_torch_above(scheme):
 
 
 def test_a_layer_the_kernel_cannot_take_stays_on_torch():
-    layer = Int8WeightOnlyLinear(random_linear(in_features=48))  # 48 inputs: not blocks of 32
+    layer = Int8WeightOnlyLinear(random_linear(in_features=48, bias=True))  # 48 inputs: not blocks of 32
     assert not layer.takes_int8_dot()
     layer.set_int8_dot_rows(16)
     assert layer.int8_dot_rows == 0
@@ -365,7 +348,7 @@ def test_a_layer_the_kernel_cannot_take_stays_on_torch():
 
 
 def test_a_q8_0_block_layer_runs_on_int8_dot_and_dequantizes_exactly():
-    linear = random_linear(out_features=32, in_features=64)
+    linear = random_linear(out_features=32, in_features=64, bias=True)
     gen = torch.Generator().manual_seed(9)
     q = torch.randint(-127, 128, (32, 64), generator=gen, dtype=torch.int8)
     scale = (torch.rand(32, 2, generator=gen) * 0.01).half().float()
@@ -374,7 +357,7 @@ def test_a_q8_0_block_layer_runs_on_int8_dot_and_dequantizes_exactly():
     assert torch.equal(layer.dequantized(torch.float32), dense)
     x = torch.randn(3, 64)
     assert torch.equal(layer(x), q8_linear(x, pack_q8(q), tile_block_scales(scale)) + layer.bias)
-    _, bound = reference(x, dense.double())
+    _, bound = int8_reference(x, dense.double())
     assert ((layer(x) - layer.bias - x @ dense.t()).abs().double() <= bound + 1e-4).all()
     big = torch.randn(200, 64)  # a prefill chunk: the dequantized weights
     torch.testing.assert_close(layer(big), big @ dense.t() + layer.bias, rtol=1e-5, atol=1e-5)
@@ -446,7 +429,7 @@ def test_one_time_work_in_the_first_call_does_not_decide(monkeypatch):
 def test_int8_dot_takes_prefill_chunks_timed_against_the_dequantized_matmul(scheme):
     """From `DENSE_FROM_ROWS` rows torch's route is the matmul on the dequantized weights: that is
     what int8_dot is timed against there, and a layer on int8_dot takes such chunks too."""
-    layer = (Int4WeightOnlyLinear if scheme == "int4" else Int8WeightOnlyLinear)(random_linear())
+    layer = (Int4WeightOnlyLinear if scheme == "int4" else Int8WeightOnlyLinear)(random_linear(bias=True))
     small, chunk = torch.randn(4, 96), torch.randn(DENSE_FROM_ROWS + 5, 96)
     assert torch.equal(layer.without_int8_dot(small), layer._matmul(small))
     assert torch.equal(layer.without_int8_dot(chunk), chunk @ layer.dequantized(torch.float32).t())
@@ -497,7 +480,7 @@ def test_configured_settings_and_their_refusals():
     _, dense = make_tiny_model("llama", dtype=torch.float32)
     assert "no quantized layer" in choose_quantized_kernel("auto", dense, None).reason
     with pytest.raises(ValueError, match=r"'quantized_kernel': got 'fast'; allowed: auto, torch, int8_dot"):
-        make_config(quantized_kernel="fast")
+        drafting_config(quantized_kernel="fast")
 
 
 # ---- an executor on it: speculation keeps the greedy output ----------------------------------------------
@@ -513,7 +496,7 @@ def test_speculation_on_an_int8_dot_target_keeps_its_greedy_output(scheme):
 
     def run(spec):
         _, model = make_tiny_model("llama", dtype=torch.float32)
-        config = make_config(
+        config = drafting_config(
             dtype="float32",
             quantization=scheme,
             quantized_kernel="int8_dot",
@@ -524,8 +507,8 @@ def test_speculation_on_an_int8_dot_target_keeps_its_greedy_output(scheme):
             assert executor.setup.quantized_kernel.kernel == "int8_dot"
             layers = quantized_kernel.quantized_layers(executor.model)
             assert layers and all(m.int8_dot_rows == MAX_ROWS for m in layers)
-            alone = [executor.run(make_requests([p]))[0] for p in prompts]
-            together = executor.run(make_requests(prompts[:4]))
+            alone = [executor.run(greedy_requests([p], MAX_TOKENS))[0] for p in prompts]
+            together = executor.run(greedy_requests(prompts[:4], MAX_TOKENS))
             assert_all_pages_free(executor)
         return alone, together
 
@@ -538,7 +521,9 @@ def test_speculation_on_an_int8_dot_target_keeps_its_greedy_output(scheme):
 
 def test_a_float32_executor_with_torch_keeps_torch_kernels():
     _, model = make_tiny_model("llama", dtype=torch.float32)
-    with Executor(model, make_config(dtype="float32", quantization="int4", quantized_kernel="torch")) as ex:
+    with Executor(
+        model, drafting_config(dtype="float32", quantization="int4", quantized_kernel="torch")
+    ) as ex:
         assert ex.setup.quantized_kernel.kernel == "torch"
         assert all(m.int8_dot_rows == 0 for m in quantized_kernel.quantized_layers(ex.model))
 
@@ -595,11 +580,13 @@ def isa_inputs():
     finite = x[:NAN_ROW]
     half_weights = q.double() * half_block_scale.double().repeat_interleave(16, 1)
     references = {
-        "q8": reference(finite, q.double() * block_scale.double().repeat_interleave(BLOCK, 1))[0],
-        "q8_row": reference(finite, q.double() * row_scale.double()[:, None])[0],
-        "q8_half": reference(finite, half_weights)[0],
-        "q4": reference(finite, weights.dequantize())[0],
-        "q8_offset": reference(finite, half_weights + block_offset.double().repeat_interleave(BLOCK, 1))[0],
+        "q8": int8_reference(finite, q.double() * block_scale.double().repeat_interleave(BLOCK, 1))[0],
+        "q8_row": int8_reference(finite, q.double() * row_scale.double()[:, None])[0],
+        "q8_half": int8_reference(finite, half_weights)[0],
+        "q4": int8_reference(finite, weights.dequantize())[0],
+        "q8_offset": int8_reference(finite, half_weights + block_offset.double().repeat_interleave(BLOCK, 1))[
+            0
+        ],
         # a prefill chunk's dense weights: torch's q * scale + offset in float32, to bfloat16, exactly
         "dense": (
             q.float() * half_block_scale.repeat_interleave(16, 1) + block_offset.repeat_interleave(BLOCK, 1)
@@ -660,7 +647,7 @@ def test_float16_block_scales_give_the_float32_results_bit_for_bit_on_this_build
 
 
 def test_float16_scales_are_kept_only_where_they_hold_every_scale_exactly():
-    linear = random_linear(out_features=16, in_features=64)
+    linear = random_linear(out_features=16, in_features=64, bias=True)
     q = torch.randint(-16, 16, (16, 64), generator=torch.Generator().manual_seed(2), dtype=torch.int8)
     exact = torch.full((16, 2), 2.0**-10)
     assert Int8BlockLinear(linear, q, exact).tiled_scale.dtype == torch.float16
@@ -701,7 +688,7 @@ def test_the_avx_vnni_build_compiles_to_its_dot_product_and_runs_where_the_cpu_h
 
 def test_the_choice_says_a_q8_0_layer_runs_on_int8_dot_whatever_it_chose(tmp_path):
     model = quantized_tiny()
-    linear = random_linear(out_features=32, in_features=64)
+    linear = random_linear(out_features=32, in_features=64, bias=True)
     q = torch.randint(-127, 128, (32, 64), generator=torch.Generator().manual_seed(1), dtype=torch.int8)
     model.lm_head = Int8BlockLinear(linear, q, torch.full((32, 2), 0.01))
     for setting in ("torch", "int8_dot"):
@@ -716,12 +703,12 @@ def test_a_self_drafts_int8_layers_get_their_own_choice():
     layers are chosen and routed on their own (here configured: int8_dot)."""
     _, model = make_tiny_model("llama", dtype=torch.float32)
     spec = {"decoding_type": "DraftTarget", "max_draft_len": 3, "quantization": "int8"}
-    config = make_config(dtype="float32", quantized_kernel="int8_dot", speculative_config=spec)
+    config = drafting_config(dtype="float32", quantized_kernel="int8_dot", speculative_config=spec)
     with Executor(model, config) as executor:
         assert "no quantized layer" in executor.setup.quantized_kernel.reason
         draft = executor.speculation.drafter.runner.model
         layers = quantized_kernel.quantized_layers(draft)
         assert layers and all(m.int8_dot_rows == MAX_ROWS for m in layers)
-        outputs = executor.run(make_requests(make_prompts(2, (5, 9), seed=3)))
+        outputs = executor.run(greedy_requests(make_prompts(2, (5, 9), seed=3), MAX_TOKENS))
         assert all(len(o.token_ids) > 0 for o in outputs)
         assert_all_pages_free(executor)

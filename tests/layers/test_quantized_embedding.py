@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import safetensors.torch
 import torch
+from gguf_blocks import FakeFile, gguf_dequantized, random_tensor
 from specexec.executor.layers.quantized import quantization
 from specexec.executor.layers.quantized.q8_block_linear import Int8BlockLinear
 from specexec.executor.layers.quantized.quantization import QuantizationReport
 from specexec.executor.layers.quantized.quantized_embedding import QuantizedEmbedding
 from specexec.executor.layers.quantized.release_memory import own_mapped_tensors, trim_freed_heap
-from test_gguf_block_types import FakeFile, gguf_dequantized, random_tensor
 from torch import nn
 from transformers.models.gemma3.modeling_gemma3 import Gemma3TextScaledWordEmbedding
 
@@ -42,7 +42,7 @@ class EmbeddingAndHead(nn.Module):
         return self.head
 
 
-def installed(type_name: str, tied: bool, dtype=torch.float32, embedding=None):
+def installed_embedding(type_name: str, tied: bool, dtype=torch.float32, embedding=None):
     """(the model installed at the file's codes, the dense table as transformers converts it [float32])."""
     tensor = random_tensor(type_name, VOCAB, HIDDEN, seed=11)
     dense = gguf_dequantized(tensor)
@@ -64,7 +64,7 @@ def installed(type_name: str, tied: bool, dtype=torch.float32, embedding=None):
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q6_K", "Q5_0", "Q5_1", "Q5_K", "Q4_K", "Q4_0"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_an_untied_embeddings_rows_are_the_dense_tables(cpu_ops_built, type_name, dtype):
-    model, dense, report = installed(type_name, tied=False, dtype=dtype)
+    model, dense, report = installed_embedding(type_name, tied=False, dtype=dtype)
     embedding = model.get_input_embeddings()
     assert isinstance(embedding, QuantizedEmbedding) and embedding.codes is not model.head
     assert report.layers[f"{type_name} token embedding -> int8 blocks (exact)"] == 1
@@ -78,7 +78,7 @@ def test_an_untied_embeddings_rows_are_the_dense_tables(cpu_ops_built, type_name
 
 
 def test_a_tied_heads_codes_serve_the_embedding_without_a_second_copy(cpu_ops_built):
-    model, dense, report = installed("Q8_0", tied=True, dtype=torch.bfloat16)
+    model, dense, report = installed_embedding("Q8_0", tied=True, dtype=torch.bfloat16)
     embedding = model.get_input_embeddings()
     assert isinstance(model.head, Int8BlockLinear) and embedding.codes is model.head
     assert report.layers["Q8_0 token embedding -> the LM head's int8 blocks"] == 1
@@ -90,7 +90,7 @@ def test_a_tied_heads_codes_serve_the_embedding_without_a_second_copy(cpu_ops_bu
 
 def test_gemmas_embedding_scale_is_applied_as_its_module_applies_it(cpu_ops_built):
     scaled = Gemma3TextScaledWordEmbedding(VOCAB, HIDDEN, padding_idx=0, embed_scale=HIDDEN**0.5)
-    model, dense, _ = installed("Q6_K", tied=True, dtype=torch.bfloat16, embedding=scaled)
+    model, dense, _ = installed_embedding("Q6_K", tied=True, dtype=torch.bfloat16, embedding=scaled)
     reference = Gemma3TextScaledWordEmbedding(VOCAB, HIDDEN, padding_idx=0, embed_scale=HIDDEN**0.5)
     with torch.no_grad():
         reference.weight.copy_(dense)
@@ -100,7 +100,7 @@ def test_gemmas_embedding_scale_is_applied_as_its_module_applies_it(cpu_ops_buil
 
 
 def test_ids_out_of_range_are_refused_not_wrapped(cpu_ops_built):
-    model, _, _ = installed("Q8_0", tied=False)
+    model, _, _ = installed_embedding("Q8_0", tied=False)
     embedding = model.get_input_embeddings()
     for bad in ([VOCAB], [-1], [0, VOCAB + 8]):
         with pytest.raises(IndexError, match="token ids"):

@@ -15,7 +15,9 @@ import random
 
 import pytest
 import torch
-from specexec import Executor, ExecutorConfig, Request, SamplingParams
+from capture_checks import CapturabilityCheck
+from factories import greedy_requests, tiny_config
+from specexec import Executor, ExecutorConfig
 from specexec.drafters.draft_masks import DraftMasks
 from specexec.executor.engine_setup import capture_cuda_graphs
 from specexec.executor.model.cuda_graphs import EagerReplay, GraphCaptureReport
@@ -25,8 +27,6 @@ from specexec.executor.model.kv_cache import KVCache, KVCacheSpec
 from specexec.executor.model.model_runner import ModelRunner
 from specexec.kernels import apply_mask_inplace
 from tiny_models import ARCHS, EXTRA_ARCHS, make_prompts, make_tiny_model
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 BLOCK = 4
 
@@ -97,33 +97,6 @@ def test_a_replayed_step_returns_what_the_eager_forward_returns(arch):
     assert runner.graphs.stats.num_eager == 1
 
 
-class NoHostData(TorchDispatchMode):
-    """Fails an op that takes a host tensor (not a scalar): inside a captured graph its data would be
-    the capture's forever (and the copy is not allowed while capturing)."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        for leaf in tree_leaves((args, kwargs)):
-            if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu" and leaf.dim() > 0:
-                raise AssertionError(f"{func} reads a host tensor of shape {tuple(leaf.shape)}")
-        return func(*args, **kwargs)
-
-
-class CapturabilityCheck:
-    """A capture backend for meta-device models: runs each captured function once under `NoHostData`.
-    On the meta device a read of any value (``item``, ``bool``, ``nonzero``) raises as well."""
-
-    label = "checked forwards"
-
-    def capture(self, fn):
-        with NoHostData():
-            fn()
-        return fn
-
-    def memory_in_use(self) -> int:
-        return 0
-
-
 @pytest.mark.parametrize("arch", ARCHS + EXTRA_ARCHS)
 def test_the_captured_forward_reads_no_value_and_takes_no_host_data(arch):
     _, model = make_tiny_model(arch)
@@ -136,9 +109,9 @@ def test_the_captured_forward_reads_no_value_and_takes_no_host_data(arch):
 
 
 def test_the_eagle3_heads_captured_forward_reads_no_value_and_takes_no_host_data(tmp_path):
+    from eagle3_heads import make_head_dir
     from specexec.drafters.eagle3.drafter import Eagle3Drafter
     from specexec.drafters.eagle3.head import load_head
-    from test_eagle3 import make_head_dir
 
     make_head_dir(tmp_path)
     _, target = make_tiny_model("llama")
@@ -175,45 +148,30 @@ class InvalidatedCapture(FailingCapture):
             ) from None
 
 
-def greedy_requests(prompts, max_tokens: int = 12) -> list[Request]:
-    return [
-        Request(p, SamplingParams(max_tokens=max_tokens, ignore_eos=True), request_id=f"r{i}")
-        for i, p in enumerate(prompts)
-    ]
-
-
-def make_config(**overrides) -> ExecutorConfig:
-    settings = dict(
-        num_kv_blocks=128, block_size=BLOCK, max_num_tokens=128, max_batch_size=8, dtype="float64",
-        speculative_config=None,  # the tests that draft name their drafter (the default drafts)
-    )  # fmt: skip
-    return ExecutorConfig(**{**settings, **overrides})
-
-
 def plain_tokens(arch: str, prompts) -> list[list[int]]:
     """Greedy output of a plain executor (nothing captured)."""
     _, model = make_tiny_model(arch)
-    with Executor(model, make_config()) as executor:
-        return [o.token_ids for o in executor.run(greedy_requests(prompts))]
+    with Executor(model, tiny_config(device="auto", speculative_config=None)) as executor:
+        return [o.token_ids for o in executor.run(greedy_requests(prompts, 12))]
 
 
 def test_a_forward_that_cannot_be_captured_runs_eagerly_and_says_why():
     prompts = make_prompts(3, [4, 9, 2], seed=1)
     expected = plain_tokens("llama", prompts)
     _, model = make_tiny_model("llama")
-    with Executor(model, make_config()) as executor:
+    with Executor(model, tiny_config(device="auto", speculative_config=None)) as executor:
         core = executor.core
         (report,) = capture_cuda_graphs(
             executor.config, core.runner, None, core.max_model_len, FailingCapture()
         )
         assert "not permitted when stream is capturing" in report.error
         assert "runs eagerly" in report.describe() and core.runner.graphs is None
-        assert [o.token_ids for o in executor.run(greedy_requests(prompts))] == expected
+        assert [o.token_ids for o in executor.run(greedy_requests(prompts, 12))] == expected
 
 
 def test_a_capture_invalidated_by_an_operation_names_that_operation_and_where_it_ran():
     _, model = make_tiny_model("llama")
-    with Executor(model, make_config()) as executor:
+    with Executor(model, tiny_config(device="auto", speculative_config=None)) as executor:
         core = executor.core
         (report,) = capture_cuda_graphs(
             executor.config, core.runner, None, core.max_model_len, InvalidatedCapture()
@@ -230,12 +188,12 @@ def test_without_a_drafter_decode_steps_replay_and_the_output_is_unchanged():
     prompts = make_prompts(8, [1, 30, 5, 17, 2, 12, 9, 20], seed=3)
     expected = plain_tokens("gemma3", prompts)
     _, model = make_tiny_model("gemma3")
-    with Executor(model, make_config()) as executor:
+    with Executor(model, tiny_config(device="auto", speculative_config=None)) as executor:
         core = executor.core
         (report,) = capture_cuda_graphs(executor.config, core.runner, None, core.max_model_len, EagerReplay())
         # target query lengths: 1 (decode) and 17 (a grammar-forced run); batch buckets up to 8
         assert report.shapes.query_lens == (1, 17) and report.shapes.batch_sizes == (1, 2, 4, 8)
-        outputs = executor.run(greedy_requests(prompts))
+        outputs = executor.run(greedy_requests(prompts, 12))
         assert [o.token_ids for o in outputs] == expected
         stats = core.runner.graphs.stats
         assert stats.num_replays >= 11 and stats.num_eager >= 1  # the 96-token prefill runs eagerly
@@ -247,7 +205,7 @@ def test_cuda_graphs_is_a_config_switch_and_nothing_is_captured_on_cpu():
         ExecutorConfig(cuda_graphs="yes")
     assert ExecutorConfig.from_dict({"cuda_graphs": False}).cuda_graphs is False
     _, model = make_tiny_model("llama")
-    with Executor(model, make_config(device="cpu")) as executor:
+    with Executor(model, tiny_config(device="cpu", speculative_config=None)) as executor:
         assert executor.config.cuda_graphs is True and executor.setup.cuda_graphs == []
         assert executor.core.runner.graphs is None
 

@@ -5,13 +5,12 @@ model holding such tensors loads them into the int4 and int8-block layers, not d
 
 from __future__ import annotations
 
-import gguf
 import numpy as np
 import pytest
 import torch
+from gguf_blocks import FakeFile, gguf_dequantized, random_tensor
 from specexec.executor.layers.quantized import quantization
 from specexec.executor.layers.quantized.gguf_weights import (
-    _BLOCK_BYTES,
     Q4_K_TILE_ERROR,
     GGUFTensor,
 )
@@ -20,34 +19,6 @@ from specexec.executor.layers.quantized.quantization import QuantizationReport
 from specexec.executor.layers.quantized.quantized_dot import MAX_ROWS
 from specexec.executor.layers.quantized.quantized_linear import Int4WeightOnlyLinear
 from torch import nn
-
-#: the byte offsets of each type's float16 fields in a block (random bytes there could be NaN or Inf)
-FP16_FIELDS = {
-    "Q4_0": (0,),
-    "Q4_1": (0, 2),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "Q8_0": (0,),
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-}
-
-
-def random_tensor(type_name: str, rows: int, cols: int, seed: int = 0, scale: float = 0.02) -> GGUFTensor:
-    """A tensor of random blocks: every code and packed scale byte random, the float16 fields normal."""
-    rng = np.random.default_rng(seed)
-    per_block = 256 if type_name.endswith("_K") else 32
-    raw = rng.integers(0, 256, (rows, cols // per_block, _BLOCK_BYTES[type_name]), dtype=np.uint8)
-    for at in FP16_FIELDS[type_name]:
-        values = rng.normal(0, scale, (rows, cols // per_block, 1)).astype(np.float16)
-        raw[..., at : at + 2] = values.view(np.uint8)
-    return GGUFTensor(f"blk.0.{type_name}.weight", type_name, (rows, cols), raw.reshape(rows, -1))
-
-
-def gguf_dequantized(tensor: GGUFTensor) -> torch.Tensor:  # [rows, cols] float32: the gguf package's
-    kind = getattr(gguf.GGMLQuantizationType, tensor.type_name)
-    return torch.from_numpy(gguf.dequantize(tensor.blocks, kind)).reshape(tensor.shape)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -124,15 +95,9 @@ class TwoLayers(nn.Module):
         return self.a(x), self.b(x)
 
 
-class FakeFile:
-    def __init__(self, tensors: dict[str, GGUFTensor]):
-        self.by_module = tensors
-
-    def tensor_for(self, module_name: str):
-        return self.by_module.get(module_name)
-
-
-def installed(type_a: str, type_b: str, int8_dot: bool) -> tuple[TwoLayers, dict, QuantizationReport]:
+def installed_two_layers(
+    type_a: str, type_b: str, int8_dot: bool
+) -> tuple[TwoLayers, dict, QuantizationReport]:
     """A float32 model whose layers hold two random tensors' dequantized weights (as transformers
     converts them), installed at the tensors' codes."""
     model = TwoLayers()
@@ -147,7 +112,7 @@ def installed(type_a: str, type_b: str, int8_dot: bool) -> tuple[TwoLayers, dict
 
 
 def test_q4_k_and_q5_0_layers_load_at_their_codes_where_int8_dot_runs(cpu_ops_built):
-    model, dense, report = installed("Q4_K", "Q5_0", int8_dot=True)
+    model, dense, report = installed_two_layers("Q4_K", "Q5_0", int8_dot=True)
     assert dict(report.layers) == {
         "Q4_K -> int4 (Q4_K scales to float16 in the kernels)": 1,
         "Q5_0 -> int8 blocks (exact)": 1,
@@ -166,7 +131,7 @@ def test_q4_k_and_q5_0_layers_load_at_their_codes_where_int8_dot_runs(cpu_ops_bu
 
 
 def test_q6_k_layers_and_a_layer_fusing_q6_k_with_q5_0_load_at_their_codes(cpu_ops_built):
-    model, dense, report = installed("Q6_K", "Q6_K", int8_dot=True)
+    model, dense, report = installed_two_layers("Q6_K", "Q6_K", int8_dot=True)
     assert dict(report.layers) == {"Q6_K -> int8 blocks (exact)": 2}
     assert isinstance(model.a, Int8BlockLinear) and model.a.inputs_per_scale == 16
     assert torch.equal(model.a.dequantized(torch.float32), dense["a"])
@@ -182,7 +147,7 @@ def test_q6_k_layers_and_a_layer_fusing_q6_k_with_q5_0_load_at_their_codes(cpu_o
 
 
 def test_q5_k_and_q5_1_layers_load_at_their_codes_with_offsets(cpu_ops_built):
-    model, dense, report = installed("Q5_K", "Q5_1", int8_dot=True)
+    model, dense, report = installed_two_layers("Q5_K", "Q5_1", int8_dot=True)
     assert dict(report.layers) == {"Q5_K -> int8 blocks (exact)": 1, "Q5_1 -> int8 blocks (exact)": 1}
     x = torch.randn(5, 512, generator=torch.Generator().manual_seed(9))
     for name in ("a", "b"):
@@ -250,7 +215,7 @@ def test_a_layer_fusing_q5_k_with_q6_k_gives_the_q6_k_part_zero_offsets(cpu_ops_
 
 
 def test_without_int8_dot_q5_0_stays_dense_and_q4_k_takes_torchs_int4_kernel():
-    model, _, report = installed("Q4_K", "Q5_0", int8_dot=False)
+    model, _, report = installed_two_layers("Q4_K", "Q5_0", int8_dot=False)
     assert dict(report.layers) == {
         "Q4_K -> int4 (Q4_K scales to float16 in the kernels)": 1,
         "Q5_0 -> dense": 1,

@@ -26,7 +26,7 @@ TINY_PROMPT = [72, 101, 108, 108, 111, 44, 32, 119]  #: within the family files'
 SHARED_CACHE = None
 
 
-def _logits(model, ids=PROMPT) -> torch.Tensor:
+def prompt_logits(model, ids=PROMPT) -> torch.Tensor:
     with torch.no_grad():
         return model(torch.tensor([ids])).logits
 
@@ -79,7 +79,7 @@ def test_the_shipped_model_from_the_codes_cache_equals_the_dense_path(dtype, ker
         assert loaded.quantization.weight_bytes == report.weight_bytes
         _assert_same_weights(loaded.model, reference)
         if model_impl is None:  # transformers' forward (the own decoder's runs in the executor)
-            assert torch.equal(_logits(loaded.model), _logits(reference))
+            assert torch.equal(prompt_logits(loaded.model), prompt_logits(reference))
         assert not any(source_of(p) is not None for p in loaded.model.parameters()), (
             "a placeholder outlived the load"
         )
@@ -134,4 +134,4 @@ def test_an_unreadable_codes_cache_is_rebuilt(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="specexec"):
         again = load_model(path, dtype="float32", quantization="gguf", cache_dir=tmp_path, progress=False)
     assert "unreadable" in caplog.text and "converted now" in again.source
-    assert torch.equal(_logits(again.model, TINY_PROMPT), _logits(first.model, TINY_PROMPT))
+    assert torch.equal(prompt_logits(again.model, TINY_PROMPT), prompt_logits(first.model, TINY_PROMPT))

@@ -11,6 +11,7 @@ import logging
 import jinja2
 import pytest
 import torch
+from factories import tiny_config
 from gguf_files import FAMILIES, make_source_model, write_gguf
 from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
 from specexec.executor.model.forward_io import SequenceInput
@@ -35,19 +36,17 @@ STOP_TOKENS = {
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 
 
-def make_config(tmp_path, **overrides) -> ExecutorConfig:
+def gguf_config(tmp_path, **overrides) -> ExecutorConfig:
+    """`tiny_config` for a GGUF file converted into ``tmp_path``'s cache, on the own decoder, small pools."""
     settings = dict(
         cache_dir=str(tmp_path / "cache"),
         progress=False,
-        dtype="float64",
-        device="cpu",
         model_impl="specexec",
         num_kv_blocks=32,
-        block_size=4,
         max_num_tokens=64,
         max_batch_size=2,
     )
-    return ExecutorConfig(**{**settings, **overrides})
+    return tiny_config(**{**settings, **overrides})
 
 
 def own_decoder_logits(executor: Executor, prompt: list[int]) -> torch.Tensor:  # [len(prompt), vocab]
@@ -68,7 +67,7 @@ def test_the_file_gives_its_source_models_logits_on_both_decoders(family, tmp_pa
     assert loaded.model.config.tie_word_embeddings == source.config.tie_word_embeddings
     with torch.no_grad():
         torch.testing.assert_close(loaded.model(torch.tensor([PROMPT])).logits[0], want, **TOLERANCE)
-    executor = Executor(str(path), make_config(tmp_path))  # from the conversion cache
+    executor = Executor(str(path), gguf_config(tmp_path))  # from the conversion cache
     assert executor.setup.model_impl.impl == "specexec"
     torch.testing.assert_close(own_decoder_logits(executor, PROMPT), want, **TOLERANCE)
 
@@ -77,7 +76,7 @@ def test_the_file_gives_its_source_models_logits_on_both_decoders(family, tmp_pa
 def test_the_tokenizer_round_trips_and_chat_prompts_use_the_files_template(family, tmp_path):
     path = tmp_path / f"{family}.gguf"
     _, vocab = write_gguf(path, family)
-    executor = Executor(str(path), make_config(tmp_path))
+    executor = Executor(str(path), gguf_config(tmp_path))
     tokenizer = executor.tokenizer
     ids = tokenizer.encode(TOKENIZER_PROBE, add_special_tokens=False)
     assert tokenizer.decode(ids) == TOKENIZER_PROBE and vocab.id("Hello") in ids  # the merges apply
@@ -98,7 +97,7 @@ def test_the_tokenizer_round_trips_and_chat_prompts_use_the_files_template(famil
 def test_the_engine_stops_on_the_tokens_llama_cpp_stops_on(family, tmp_path):
     path = tmp_path / f"{family}.gguf"
     _, vocab = write_gguf(path, family)
-    executor = Executor(str(path), make_config(tmp_path))
+    executor = Executor(str(path), gguf_config(tmp_path))
     want = {vocab.id(token) for token in STOP_TOKENS[family]}
     assert executor.tokenizer.eos_token_id == vocab.id(FAMILIES[family].special["eos"])
     assert executor.core.outputs.eos_token_ids == want
@@ -121,7 +120,7 @@ def test_a_llama3_file_whose_eos_is_end_of_text_stops_on_eot_id(tmp_path):
             weight[[greedy[k], eot]] = weight[[eot, greedy[k]]]
     path = tmp_path / "llama3.gguf"
     write_gguf(path, "llama3", source.float())
-    executor = Executor(str(path), make_config(tmp_path))
+    executor = Executor(str(path), gguf_config(tmp_path))
     assert executor.tokenizer.eos_token_id == eos
     out = executor.run([Request(PROMPT, SamplingParams(max_tokens=8))])[0]
     assert out.token_ids == greedy[:k] + [eot] and out.finish_reason is FinishReason.STOP

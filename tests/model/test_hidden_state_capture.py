@@ -14,7 +14,8 @@ NUM_LAYERS = 4
 CAPTURED = [0, 1, NUM_LAYERS // 2, NUM_LAYERS]
 
 
-def make_executor(arch: str):
+def capturing_executor(arch: str):
+    """(the HF reference, an executor over its copy capturing the CAPTURED hidden-state layers)."""
     ref, model = make_tiny_model(arch, num_hidden_layers=NUM_LAYERS)
     config = tiny_config(num_kv_blocks=32, max_num_tokens=64, capture_hidden_layers=CAPTURED)
     return ref, Executor(model, config)
@@ -42,7 +43,7 @@ def assert_captured_equal_hf(output, ref, sequences: list[list[int]], new_lens: 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_captured_hidden_states_match_hf_for_prefill_then_decode(arch):
-    ref, executor = make_executor(arch)
+    ref, executor = capturing_executor(arch)
     bm, runner = executor.block_manager, executor.core.runner
     prompts = make_prompts(2, [7, 13], seed=7)  # 13 > the gemma3 sliding window
 

@@ -43,32 +43,33 @@ def _write_header_only_gguf(path: Path) -> None:
     writer.close()
 
 
-def _logits(loaded: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
+def loaded_logits(loaded: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return loaded.model(ids).logits
 
 
 @pytest.fixture
-def tiny_dir(tmp_path: Path) -> Path:
+def model_only_dir(tmp_path: Path) -> Path:
+    """The tiny llama saved without a tokenizer."""
     path = tmp_path / "tiny"
     _tiny_model().save_pretrained(path)
     return path
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
-def test_load_directory_honours_dtype(tiny_dir: Path, dtype: str) -> None:
-    loaded = load_model(tiny_dir, dtype=dtype, progress=False)
+def test_load_directory_honours_dtype(model_only_dir: Path, dtype: str) -> None:
+    loaded = load_model(model_only_dir, dtype=dtype, progress=False)
     assert loaded.model.dtype == getattr(torch, dtype)
     assert loaded.tokenizer is None
-    assert loaded.source == str(tiny_dir)
+    assert loaded.source == str(model_only_dir)
     assert not loaded.model.training
     assert not any(p.requires_grad for p in loaded.model.parameters())
-    assert _logits(loaded, torch.tensor([[1, 5, 7]])).shape == (1, 3, 32)
+    assert loaded_logits(loaded, torch.tensor([[1, 5, 7]])).shape == (1, 3, 32)
 
 
-def test_load_directory_with_tokenizer(tiny_dir: Path) -> None:
-    _tiny_tokenizer().save_pretrained(tiny_dir)
-    loaded = load_model(tiny_dir, progress=False)
+def test_load_directory_with_tokenizer(model_only_dir: Path) -> None:
+    _tiny_tokenizer().save_pretrained(model_only_dir)
+    loaded = load_model(model_only_dir, progress=False)
     assert loaded.tokenizer is not None
     assert loaded.tokenizer("w1 w2").input_ids == [4, 5]
 
@@ -106,14 +107,14 @@ def test_truncated_real_gguf(tmp_path: Path) -> None:
     assert not cache.exists() or not any(cache.iterdir())
 
 
-def test_bad_dtype_and_device(tiny_dir: Path) -> None:
+def test_bad_dtype_and_device(model_only_dir: Path) -> None:
     with pytest.raises(ModelLoadError, match="float32, bfloat16, float16, float64"):
-        load_model(tiny_dir, dtype="int8")
+        load_model(model_only_dir, dtype="int8")
     with pytest.raises(ModelLoadError, match="unsupported device"):
-        load_model(tiny_dir, device="tpu")
+        load_model(model_only_dir, device="tpu")
     if not torch.cuda.is_available():
         with pytest.raises(ModelLoadError, match="CUDA is not available"):
-            load_model(tiny_dir, device="cuda")
+            load_model(model_only_dir, device="cuda")
 
 
 def test_default_model_path() -> None:
@@ -145,7 +146,7 @@ def test_conversion_cache_logic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     second = load_model(fake, cache_dir=cache, progress=False)
     assert len(calls) == 1 and f"cached conversion at {entry}" in second.source
     assert second.tokenizer is not None
-    assert torch.equal(_logits(first, ids), _logits(second, ids))
+    assert torch.equal(loaded_logits(first, ids), loaded_logits(second, ids))
 
     (entry / "model.safetensors").unlink()  # corrupt cache -> detected and rebuilt
     third = load_model(fake, cache_dir=cache, dtype="float64", progress=False)
@@ -187,7 +188,7 @@ def test_real_default_model_cached(tmp_path: Path) -> None:
     assert first.tokenizer is not None and second.tokenizer is not None
     ids = first.tokenizer("The capital of France is", return_tensors="pt").input_ids
     assert torch.equal(ids, second.tokenizer("The capital of France is", return_tensors="pt").input_ids)
-    assert torch.equal(_logits(first, ids), _logits(second, ids))
+    assert torch.equal(loaded_logits(first, ids), loaded_logits(second, ids))
     assert first.model.dtype == torch.float32 and not second.model.training
 
 

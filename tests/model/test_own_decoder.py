@@ -9,30 +9,22 @@ import functools
 
 import pytest
 import torch
-from factories import assert_all_pages_free, tiny_config
-from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
+from eagle3_heads import eagle_spec, make_head_dir
+from factories import assert_all_pages_free, greedy_requests, tiny_config
+from specexec import Executor, ExecutorConfig, FinishReason
 from specexec.drafters.draft_target import DraftTargetDrafter
 from specexec.executor.layers import cpu_kernels as kernels_module
 from specexec.executor.layers.norm import RMSNorm
 from specexec.executor.layers.rotary import RotaryTable, apply_rotary
 from specexec.executor.model.decoder.convert import convert_to_own_decoder, is_own_decoder, unsupported_reason
-from test_eagle3 import eagle_spec, make_head_dir
-from test_speculative_identity import BATCHES, make_independent_draft_model
+from speculative_runs import BATCHES, make_independent_draft_model
 from tiny_models import ARCHS, EXTRA_ARCHS, make_prompts, make_tiny_model
 
 FAMILIES = ARCHS + EXTRA_ARCHS  # llama, qwen2, qwen3, mistral, gemma3, gemma2
+BLOCK = 4  #: tokens per KV page of the model runners built below
 MAX_TOKENS = 16
 #: a pool small enough that eight requests take pages back from each other (preemption)
 SMALL_POOL = 40
-
-
-def make_config(impl: str, **overrides) -> ExecutorConfig:
-    return tiny_config(**{"model_impl": impl, **overrides})
-
-
-def make_requests(prompts) -> list[Request]:
-    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    return [Request(p, params, request_id=f"r{i}") for i, p in enumerate(prompts)]
 
 
 def pool_for(batch: str) -> int:
@@ -43,12 +35,12 @@ def pool_for(batch: str) -> int:
 def transformers_tokens(arch: str, batch: str) -> list[list[int]]:
     """Greedy output of transformers' modules without drafts (the reference)."""
     _, model = make_tiny_model(arch)
-    executor = Executor(model, make_config("transformers", num_kv_blocks=pool_for(batch)))
+    executor = Executor(model, tiny_config(model_impl="transformers", num_kv_blocks=pool_for(batch)))
     assert executor.setup.model_impl.impl == "transformers" and not is_own_decoder(executor.model)
-    return [o.token_ids for o in executor.run(make_requests(BATCHES[batch]))]
+    return [o.token_ids for o in executor.run(greedy_requests(BATCHES[batch], MAX_TOKENS))]
 
 
-def spec_for(name: str, tmp_path):
+def spec_and_drafter(name: str, tmp_path):
     if name == "ngram":
         return {"decoding_type": "NGram", "max_draft_len": 4}, None
     if name == "self-int8":
@@ -67,12 +59,12 @@ def spec_for(name: str, tmp_path):
 @pytest.mark.parametrize("drafter", ["none", "ngram", "self-int8", "draft-model", "eagle3"])
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_the_own_decoder_gives_transformers_tokens(arch, drafter, batch, tmp_path):
-    spec, drafter_module = spec_for(drafter, tmp_path)
+    spec, drafter_module = spec_and_drafter(drafter, tmp_path)
     _, model = make_tiny_model(arch)
-    config = make_config("specexec", num_kv_blocks=pool_for(batch), speculative_config=spec)
+    config = tiny_config(model_impl="specexec", num_kv_blocks=pool_for(batch), speculative_config=spec)
     executor = Executor(model, config, drafter=drafter_module)
     assert executor.setup.model_impl.impl == "specexec" and is_own_decoder(executor.model)
-    outputs = executor.run(make_requests(BATCHES[batch]))
+    outputs = executor.run(greedy_requests(BATCHES[batch], MAX_TOKENS))
     assert all(o.finish_reason is FinishReason.LENGTH for o in outputs), [o.error for o in outputs]
     assert [o.token_ids for o in outputs] == transformers_tokens(arch, batch)
     if batch == "batch8":
@@ -84,18 +76,22 @@ def test_the_own_decoder_gives_transformers_tokens(arch, drafter, batch, tmp_pat
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_guided_requests_give_the_same_tokens_on_both_decoders(arch):
-    from test_grammar_support import smollm2_tokenizer
-    from test_guided_decoding import make_requests as guided_requests
+    from grammar_support import smollm2_tokenizer
+    from guided_runs import person_requests
 
     tokens = {}
     for impl in ("transformers", "specexec"):
         _, model = make_tiny_model(arch, vocab_size=49152)
         spec = {"decoding_type": "NGram", "max_draft_len": 3}
-        config = make_config(
-            impl, num_kv_blocks=256, block_size=8, guided_json_max_whitespace=0, speculative_config=spec
+        config = tiny_config(
+            model_impl=impl,
+            num_kv_blocks=256,
+            block_size=8,
+            guided_json_max_whitespace=0,
+            speculative_config=spec,
         )
         executor = Executor(model, config, tokenizer=smollm2_tokenizer())
-        outputs = executor.run(guided_requests(4))
+        outputs = executor.run(person_requests(4))
         assert all(o.guided_valid for o in outputs if o.finish_reason is FinishReason.STOP)
         tokens[impl] = [o.token_ids for o in outputs]
         assert_all_pages_free(executor)
@@ -106,7 +102,7 @@ def test_guided_requests_give_the_same_tokens_on_both_decoders(arch):
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_float32_logits_are_within_float32_tolerance_of_transformers(arch):
     reference, model = make_tiny_model(arch, dtype=torch.float32)
-    executor = Executor(model, make_config("specexec", dtype="float32", cpu_linear="blas"))
+    executor = Executor(model, tiny_config(model_impl="specexec", dtype="float32", cpu_linear="blas"))
     prompt = make_prompts(1, 13, seed=5)[0]
     bm, runner = executor.block_manager, executor.core.runner
     bm.allocate("s", len(prompt))
@@ -121,12 +117,13 @@ def test_float32_logits_are_within_float32_tolerance_of_transformers(arch):
 
 def test_auto_takes_the_own_decoder_and_transformers_keeps_its_modules():
     _, model = make_tiny_model("qwen3")
-    auto = Executor(model, make_config("auto"))
+    auto = Executor(model, tiny_config(model_impl="auto"))
     assert auto.setup.model_impl.impl == "specexec" and "Qwen3ForCausalLM" in auto.setup.model_impl.reason
     _, other = make_tiny_model("qwen3")
-    kept = Executor(other, make_config("transformers"))
+    kept = Executor(other, tiny_config(model_impl="transformers"))
     assert (
-        kept.setup.model_impl.impl == "transformers" and type(other.model.layers[0]).__name__ == "Qwen3DecoderLayer"
+        kept.setup.model_impl.impl == "transformers"
+        and type(other.model.layers[0]).__name__ == "Qwen3DecoderLayer"
     )
 
 
@@ -135,15 +132,15 @@ def test_a_model_the_own_decoder_cannot_run_falls_back_under_auto_and_is_refused
     dynamic = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
     _, model = make_tiny_model("llama", rope_parameters=dynamic)
     assert "depends on the sequence length" in unsupported_reason(model)
-    executor = Executor(model, make_config("auto"))
+    executor = Executor(model, tiny_config(model_impl="auto"))
     assert (
         executor.setup.model_impl.impl == "transformers"
         and "sequence length" in executor.setup.model_impl.reason
     )
-    assert len(executor.run(make_requests([[1, 2, 3]]))[0].token_ids) == MAX_TOKENS
+    assert len(executor.run(greedy_requests([[1, 2, 3]], MAX_TOKENS))[0].token_ids) == MAX_TOKENS
     _, refused = make_tiny_model("llama", rope_parameters=dynamic)
     with pytest.raises(ValueError, match="model_impl.*'specexec' cannot run this model: rope type"):
-        Executor(refused, make_config("specexec"))
+        Executor(refused, tiny_config(model_impl="specexec"))
 
 
 def test_converting_twice_changes_nothing_and_a_converted_module_cannot_go_back():
@@ -152,9 +149,12 @@ def test_converting_twice_changes_nothing_and_a_converted_module_cannot_go_back(
     layers = list(model.model.layers)
     convert_to_own_decoder(model)
     assert list(model.model.layers) == layers
-    assert Executor(model, make_config("auto")).setup.model_impl.reason == "converted by an earlier executor"
+    assert (
+        Executor(model, tiny_config(model_impl="auto")).setup.model_impl.reason
+        == "converted by an earlier executor"
+    )
     with pytest.raises(ValueError, match="converted to specexec's decoder by an earlier executor"):
-        Executor(model, make_config("transformers"))
+        Executor(model, tiny_config(model_impl="transformers"))
 
 
 def test_the_fused_layers_hold_the_checkpoints_rows_in_order():
@@ -238,10 +238,10 @@ def test_the_rotary_table_and_rotation_are_transformers_own(arch):
 
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_the_own_decoders_captured_forward_reads_no_value_and_takes_no_host_data(arch):
+    from capture_checks import CapturabilityCheck
     from specexec.executor.model.graph_shapes import GraphShapes
     from specexec.executor.model.kv_cache import KVCache, KVCacheSpec
     from specexec.executor.model.model_runner import ModelRunner
-    from test_cuda_graphs import BLOCK, CapturabilityCheck
 
     _, model = make_tiny_model(arch)
     model = model.to("meta")
@@ -261,7 +261,6 @@ def test_a_replayed_own_decoder_step_returns_what_its_eager_forward_returns(arch
     from specexec.executor.model.graph_shapes import GraphShapes
     from specexec.executor.model.kv_cache import KVCache, KVCacheSpec
     from specexec.executor.model.model_runner import ModelRunner
-    from test_cuda_graphs import BLOCK
 
     _, model = make_tiny_model(arch)
     convert_to_own_decoder(model)

@@ -11,22 +11,22 @@ import random
 
 import pytest
 import torch
-from specexec.executor.model.attention_metadata import SequenceSlice
-from specexec.executor.model.attention_paths import AttentionPaths
-from specexec.executor.model.graph_shapes import GraphShape
-from specexec.executor.model.kv_cache import KVCache, KVCacheSpec
-from test_attention_metadata import (
+from paged_attention_cases import (
     BLOCK,
     HEAD_DIM,
     KV_HEADS,
     SHAPES,
     STATIC_SHAPES,
     make_qkv,
+    plain_attention,
     ragged_batch,
-    reference,
     run_layer,
     run_static_layer,
 )
+from specexec.executor.model.attention_metadata import SequenceSlice
+from specexec.executor.model.attention_paths import AttentionPaths
+from specexec.executor.model.graph_shapes import GraphShape
+from specexec.executor.model.kv_cache import KVCache, KVCacheSpec
 
 NUM_BLOCKS = 64
 
@@ -66,7 +66,7 @@ def test_stale_slots_do_not_reach_the_output(shapes, path, value):
     cache, seqs, (query, key, value_) = poisoned_case(shapes, value)
     _, out = run_layer(cache, seqs, query, key, value_, AttentionPaths.all(path))
     assert out.isfinite().all()
-    torch.testing.assert_close(out.double(), reference(cache, 0, seqs, query), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.double(), plain_attention(cache, 0, seqs, query), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("shapes", STATIC_SHAPES)
@@ -79,4 +79,4 @@ def test_stale_slots_do_not_reach_a_captured_forwards_output(shapes, path, value
     shape = GraphShape(num_seqs=4 if len(seqs) > 1 else 1, query_len=4, num_blocks=12)
     out = run_static_layer(cache, seqs, query, key, value_, shape, AttentionPaths.all(path))
     assert out.isfinite().all()
-    torch.testing.assert_close(out.double(), reference(cache, 0, seqs, query), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.double(), plain_attention(cache, 0, seqs, query), atol=1e-5, rtol=1e-5)

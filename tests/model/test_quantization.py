@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from factories import assert_all_pages_free
+from factories import assert_all_pages_free, drafting_config, greedy_requests
+from quantized_weights import random_linear
 from specexec.drafters.draft_target.quantized_copy import has_quantized_layers
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.engine.speculation.speculative_config import SpeculativeConfig
@@ -21,17 +22,10 @@ from specexec.executor.layers.quantized.quantized_linear import (
     QuantizationError,
     check_kernel,
 )
-from test_speculative_identity import BATCHES, make_config, make_requests, num_accepted
+from speculative_runs import BATCHES, MAX_TOKENS, num_accepted
 from tiny_models import make_tiny_model
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def random_linear(out_features=64, in_features=96, seed=0, bias=False) -> torch.nn.Linear:
-    torch.manual_seed(seed)
-    layer = torch.nn.Linear(in_features, out_features, bias=bias)
-    torch.nn.init.normal_(layer.weight, std=0.05)
-    return layer.requires_grad_(False)
 
 
 # ---- the layers -----------------------------------------------------------------------------------------
@@ -158,16 +152,16 @@ def test_draft_quantization_is_checked_before_loading_and_only_drafters_with_a_m
     _, model = make_tiny_model("llama")
     bad = SpeculativeConfig.from_dict({"decoding_type": "DraftTarget", "quantization": "int2"})
     with pytest.raises(ValueError, match="'quantization': got 'int2'"):
-        Executor(model, make_config(speculative_config=bad))
+        Executor(model, drafting_config(speculative_config=bad))
     ngram = SpeculativeConfig.from_dict({"decoding_type": "NGram", "quantization": "int8"})
     with pytest.raises(ValueError, match="quantization"):
-        Executor(model, make_config(speculative_config=ngram))
+        Executor(model, drafting_config(speculative_config=ngram))
 
 
 def test_gguf_quantization_of_a_model_without_a_gguf_file_is_refused():
     _, model = make_tiny_model("llama")
     with pytest.raises(QuantizationError, match="needs a .gguf model"):
-        Executor(model, make_config(quantization="gguf"))
+        Executor(model, drafting_config(quantization="gguf"))
 
 
 # ---- speculation on a quantized target (float64: the dequantized weights, every drafter exact) ------------
@@ -175,8 +169,8 @@ def test_gguf_quantization_of_a_model_without_a_gguf_file_is_refused():
 
 def quantized_reference(arch, prompts, scheme):
     _, model = make_tiny_model(arch)
-    executor = Executor(model, make_config(quantization=scheme))
-    return [o.token_ids for o in executor.run(make_requests(prompts))]
+    executor = Executor(model, drafting_config(quantization=scheme))
+    return [o.token_ids for o in executor.run(greedy_requests(prompts, MAX_TOKENS))]
 
 
 @pytest.mark.parametrize("batch", BATCHES)
@@ -190,13 +184,13 @@ def test_speculation_on_a_quantized_target_keeps_its_greedy_output(scheme, draft
         spec = {"decoding_type": "DraftTarget", "max_draft_len": 4, "quantization": drafter[:4]}
     _, model = make_tiny_model("llama")
     num_linears = sum(type(m) is torch.nn.Linear for m in model.modules())
-    executor = Executor(model, make_config(quantization=scheme, speculative_config=spec))
+    executor = Executor(model, drafting_config(quantization=scheme, speculative_config=spec))
     assert (
         executor.setup.quantization is not None
         and sum(executor.setup.quantization.layers.values()) == num_linears
     )
     assert has_quantized_layers(executor.model)
-    outputs = executor.run(make_requests(prompts))
+    outputs = executor.run(greedy_requests(prompts, MAX_TOKENS))
     assert [o.token_ids for o in outputs] == quantized_reference("llama", prompts, scheme)
     assert num_accepted(outputs) > 0
     assert_all_pages_free(executor)
@@ -205,14 +199,16 @@ def test_speculation_on_a_quantized_target_keeps_its_greedy_output(scheme, draft
 def test_quantized_output_differs_from_the_dense_model_so_the_identity_above_means_something():
     prompts = BATCHES["batch8"]
     _, model = make_tiny_model("llama")
-    dense = [o.token_ids for o in Executor(model, make_config()).run(make_requests(prompts))]
+    dense = [
+        o.token_ids for o in Executor(model, drafting_config()).run(greedy_requests(prompts, MAX_TOKENS))
+    ]
     assert dense != quantized_reference("llama", prompts, "int4")
 
 
 def test_self_draft_takes_its_own_quantization():
     _, model = make_tiny_model("llama")
     spec = {"decoding_type": "DraftTarget", "max_draft_len": 3, "quantization": "int4"}
-    executor = Executor(model, make_config(speculative_config=spec))
+    executor = Executor(model, drafting_config(speculative_config=spec))
     draft = executor.speculation.drafter.runner.model
     kinds = {type(m) for m in draft.modules()}
     assert Int4WeightOnlyLinear in kinds and torch.nn.Linear not in kinds
@@ -223,7 +219,7 @@ def test_self_draft_of_a_quantized_target_loaded_from_disk_is_loaded_again_at_it
     reference, _ = make_tiny_model("llama")
     reference.save_pretrained(tmp_path / "tiny")
     spec = {"decoding_type": "DraftTarget", "max_draft_len": 3, "quantization": "int4"}
-    config = make_config(model=str(tmp_path / "tiny"), quantization="int8", speculative_config=spec)
+    config = drafting_config(model=str(tmp_path / "tiny"), quantization="int8", speculative_config=spec)
     executor = Executor(config=config)
     target_kinds = {type(m) for m in executor.model.modules()}
     draft = executor.speculation.drafter.runner.model
@@ -231,7 +227,7 @@ def test_self_draft_of_a_quantized_target_loaded_from_disk_is_loaded_again_at_it
     assert Int8WeightOnlyLinear in target_kinds and Int4WeightOnlyLinear not in target_kinds
     assert Int4WeightOnlyLinear in draft_kinds and Int8WeightOnlyLinear not in draft_kinds
     assert isinstance(draft.lm_head, Int8WeightOnlyLinear), "int4 keeps the LM head in int8"
-    outputs = executor.run(make_requests(BATCHES["batch8"]))
+    outputs = executor.run(greedy_requests(BATCHES["batch8"], MAX_TOKENS))
     assert [o.token_ids for o in outputs] == quantized_reference("llama", BATCHES["batch8"], "int8")
     assert_all_pages_free(executor)
 
@@ -265,9 +261,9 @@ def test_cuda_kernels_compute_with_the_layers_dequantized_weights(scheme, rows, 
 def test_a_quantized_target_decodes_on_cuda_and_frees_its_pages(scheme):
     _, model = make_tiny_model("llama", dtype=torch.bfloat16)
     spec = {"decoding_type": "NGram", "max_draft_len": 3}
-    config = make_config(dtype="bfloat16", device="cuda", quantization=scheme, speculative_config=spec)
+    config = drafting_config(dtype="bfloat16", device="cuda", quantization=scheme, speculative_config=spec)
     executor = Executor(model, config)
-    outputs = executor.run(make_requests(BATCHES["batch8"]))
+    outputs = executor.run(greedy_requests(BATCHES["batch8"], MAX_TOKENS))
     assert all(len(o.token_ids) == 16 and o.error is None for o in outputs)
     assert_all_pages_free(executor)
 
@@ -305,13 +301,13 @@ def test_a_float32_targets_self_draft_takes_the_dtype_measured_for_its_quantized
     monkeypatch.setattr(dtype_choice, "choose_dtype", choose)
     _, model = make_tiny_model("llama", dtype=torch.float32)
     spec = {"decoding_type": "DraftTarget", "max_draft_len": 3}
-    executor = Executor(model, make_config(dtype="float32", speculative_config=spec))
+    executor = Executor(model, drafting_config(dtype="float32", speculative_config=spec))
     draft = executor.speculation.drafter.runner.model
     assert asked == ["int8"]
     assert (
         draft.model.norm.weight.dtype == expected and executor.model.model.norm.weight.dtype == torch.float32
     )
-    outputs = executor.run(make_requests(BATCHES["batch1"]))
+    outputs = executor.run(greedy_requests(BATCHES["batch1"], MAX_TOKENS))
     assert all(len(o.token_ids) == 16 for o in outputs)
     assert_all_pages_free(executor)
 

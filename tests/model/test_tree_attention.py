@@ -49,7 +49,7 @@ def _case(dtype, kinds, block_size=16, seed=0):
     return cache, meta, seqs, query
 
 
-def _reference(cache, seq, parents, query_rows, scale, window=None):
+def tree_attention_reference(cache, seq, parents, query_rows, scale, window=None):
     """Each row of one request over the keys it may see, directly, in float64: [q_len, heads, head_dim].
     With a sliding ``window``, a row at position p (a tree row: the root's plus its depth) sees the
     cached keys after p - window."""
@@ -83,7 +83,7 @@ def test_tree_rows_attend_their_ancestors_only(dtype, cached):
     scale = 0.125
     q = query[group.query_index] if group.query_slice is None else query.view(len(seqs), -1, 6, 64)
     wanted = [
-        _reference(cache, s, kind[1], query[s.query_start : s.query_start + s.query_len], scale)
+        tree_attention_reference(cache, s, kind[1], query[s.query_start : s.query_start + s.query_len], scale)
         for s, kind in zip(seqs, kinds)
     ]
     outputs = {
@@ -117,7 +117,7 @@ def test_a_sliding_window_cuts_each_tree_row_at_its_depth_not_its_slot(dtype, pa
     got = paged_attention(0, query, None, None, meta, 0.125, window)  # [T, heads, head_dim]
     for s, (_, parents, _) in zip(seqs, kinds):
         rows = slice(s.query_start, s.query_start + s.query_len)
-        want = _reference(cache, s, parents, query[rows], 0.125, window)
+        want = tree_attention_reference(cache, s, parents, query[rows], 0.125, window)
         torch.testing.assert_close(got[rows].double(), want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
 
 

@@ -11,6 +11,7 @@ from collections import Counter
 
 import pytest
 import torch
+from factories import logits_of, seeded
 from scipy import stats  # (scipy is in the dev extra)
 from specexec.sampling import SamplingParams, compute_probs
 from specexec.sampling.rejection import PLACEHOLDER_TOKEN_ID, RejectionSampler, Verification
@@ -32,17 +33,8 @@ NUM_TRIALS = 20_000
 P_VALUE_THRESHOLD = 1e-3
 
 
-def make_logits(probs: list[list[float]], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """[rows, vocab] logits whose softmax (at temperature 1) is `probs`."""
-    return torch.tensor(probs, dtype=torch.float64).log().to(dtype)
-
-
 def make_params(temperature: float = 1.0, **kwargs) -> SamplingParams:
     return SamplingParams(temperature=temperature, **kwargs)
-
-
-def seeded(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -76,7 +68,7 @@ def assert_distributed_as(tokens: list[int], probs: torch.Tensor) -> None:
 
 # --- greedy: accept while draft == argmax ------------------------------------------------------------
 
-GREEDY_LOGITS = make_logits(
+GREEDY_LOGITS = logits_of(
     [
         [0.1, 0.1, 0.6, 0.1, 0.1],  # argmax 2
         [0.5, 0.2, 0.1, 0.1, 0.1],  # argmax 0
@@ -119,7 +111,7 @@ def test_out_of_vocab_draft_is_rejected(bad: int) -> None:
     assert verify(GREEDY_LOGITS, [2, bad], make_params(0.0)) == Verification([2, 0], 1)
     assert verify(GREEDY_LOGITS, [bad, 0], make_params(0.0)) == Verification([2], 0)
     # Sampled, deterministic drafts and drafts with q: rejected at that position, never emitted.
-    logits = make_logits(TARGET_PROBS)
+    logits = logits_of(TARGET_PROBS)
     q = torch.tensor(DRAFT_PROBS)
     for draft_probs in (None, q):
         for seed in range(50):
@@ -128,7 +120,7 @@ def test_out_of_vocab_draft_is_rejected(bad: int) -> None:
 
 
 def test_zero_draft_tokens_samples_one() -> None:
-    row = make_logits(TARGET_PROBS[:1])
+    row = logits_of(TARGET_PROBS[:1])
     assert verify(GREEDY_LOGITS[:1], [], make_params(0.0)) == Verification([2], 0)
     for draft_probs in (None, torch.empty(0, VOCAB)):
         v = verify(row, [], make_params(1.0), draft_probs, seeded(0))
@@ -163,7 +155,7 @@ def test_sampled_draft_with_all_target_mass_is_always_accepted() -> None:
 
 
 def test_draft_with_zero_target_prob_is_always_rejected() -> None:
-    logits = make_logits(TARGET_PROBS)
+    logits = logits_of(TARGET_PROBS)
     logits[0, 3] = float("-inf")  # p_0[3] == 0
     for draft_probs in (None, torch.tensor(DRAFT_PROBS)):
         for seed in range(50):
@@ -176,14 +168,14 @@ def test_zero_draft_prob_is_rejected() -> None:
     q = torch.tensor(DRAFT_PROBS)
     q[0] = torch.tensor([0.25, 0.0, 0.25, 0.25, 0.25])
     for seed in range(50):
-        v = verify(make_logits(TARGET_PROBS), [1, 1], make_params(1.0), q, seeded(seed))
+        v = verify(logits_of(TARGET_PROBS), [1, 1], make_params(1.0), q, seeded(seed))
         assert v.num_accepted == 0 and len(v.token_ids) == 1
 
 
 def test_all_zero_residual_falls_back_to_target_probs() -> None:
     # q = 2 p (not normalised): every draft is accepted with prob 1/2, and the residual max(p - q, 0)
     # is all zero, so the recovered token must come from p itself.
-    logits = make_logits(TARGET_PROBS)
+    logits = logits_of(TARGET_PROBS)
     q = 2 * target_probs(logits, make_params(1.0))[:2].float()
     outcomes = [verify(logits, [0, 1], make_params(1.0), q, seeded(seed)) for seed in range(200)]
     assert {v.num_accepted for v in outcomes} == {0, 1, 2}
@@ -191,7 +183,7 @@ def test_all_zero_residual_falls_back_to_target_probs() -> None:
 
 
 def test_seeded_verification_is_reproducible() -> None:
-    logits = make_logits(TARGET_PROBS)
+    logits = logits_of(TARGET_PROBS)
     for draft_probs in (None, torch.tensor(DRAFT_PROBS)):
         first = [verify(logits, [0, 1], make_params(0.9), draft_probs, seeded(s)) for s in range(30)]
         again = [verify(logits, [0, 1], make_params(0.9), draft_probs, seeded(s)) for s in range(30)]
@@ -204,7 +196,7 @@ def test_top_k_filtered_tokens_are_never_emitted(use_q: bool) -> None:
     # top_k = 2 keeps tokens {0, 1} in row 0, {1, 3} in row 1 and {0, 1} in row 2 (ties -> lowest ids).
     # The drafts and q favour the filtered tokens; none of them may come out.
     params = make_params(1.0, top_k=2)
-    logits = make_logits(TARGET_PROBS)
+    logits = logits_of(TARGET_PROBS)
     allowed = [{0, 1}, {1, 3}, {0, 1}]
     q = torch.tensor([[0.05, 0.05, 0.3, 0.3, 0.3], [0.05, 0.05, 0.3, 0.3, 0.3]])
     generator, draft_generator = seeded(11), seeded(12)
@@ -260,7 +252,7 @@ def test_batch_of_greedy_requests_takes_one_argmax() -> None:
 def test_unreadable_rows_cut_the_drafts_before_them(temperature: float) -> None:
     # Request 0: row 2 is NaN, so only draft 0 is verified (by row 0) and row 1 gives the next token.
     # Request 1: its first row is +inf: no tokens, and it says why. Request 2: every logit -inf.
-    good = make_logits([[0.0, 0.0, 100.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0, 0.0]])
+    good = logits_of([[0.0, 0.0, 100.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0, 0.0]])
     nan = torch.full((1, VOCAB), float("nan"))
     inf = torch.tensor([[0.0, float("inf"), 0.0, 0.0, 0.0]])
     none = torch.full((1, VOCAB), float("-inf"))
@@ -275,7 +267,7 @@ def test_unreadable_rows_cut_the_drafts_before_them(temperature: float) -> None:
 
 def test_greedy_decode_rows_without_drafts_say_each_rows_status() -> None:
     # No request has drafts and none samples (the short path): each row's argmax, or why it has none.
-    good = make_logits([[0.0, 0.0, 100.0, 0.0, 0.0]])
+    good = logits_of([[0.0, 0.0, 100.0, 0.0, 0.0]])
     nan = torch.full((1, VOCAB), float("nan"))
     inf = torch.tensor([[0.0, float("inf"), 0.0, 0.0, 0.0]])
     none = torch.full((1, VOCAB), float("-inf"))
@@ -292,7 +284,7 @@ def test_a_step_reads_its_answers_back_once(monkeypatch) -> None:
     real = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: calls.append(t.shape) or real(t))
     monkeypatch.setattr(torch.Tensor, "item", lambda t: pytest.fail("a per-token host sync"))
-    logits = make_logits(TARGET_PROBS * 3)
+    logits = logits_of(TARGET_PROBS * 3)
     meta = SpecDecodeMetadata.build([[0, 1], [1, 2], [3, 4]], [None, torch.tensor(DRAFT_PROBS), None], VOCAB)
     params = [make_params(0.0), make_params(1.0), make_params(0.7, top_k=3)]
     RejectionSampler().verify_batch(logits, meta, params, [seeded(1), seeded(2), seeded(3)])
@@ -313,7 +305,7 @@ def check_positions(outcomes: list[Verification], p: torch.Tensor) -> None:
     "params", [make_params(1.0), make_params(0.7, top_p=0.9)], ids=["temperature-1", "temperature-0.7-top-p"]
 )
 def test_deterministic_drafts_keep_target_distribution(params: SamplingParams) -> None:
-    logits = make_logits(TARGET_PROBS)
+    logits = logits_of(TARGET_PROBS)
     generator = seeded(1234)
     drafts = [0, 1]  # a fixed draft, as from an n-gram drafter
     outcomes = [verify(logits, drafts, params, None, generator) for _ in range(NUM_TRIALS)]
@@ -326,7 +318,7 @@ def test_deterministic_drafts_keep_target_distribution(params: SamplingParams) -
     "params", [make_params(1.0), make_params(0.7, top_p=0.9)], ids=["temperature-1", "temperature-0.7-top-p"]
 )
 def test_draft_probs_keep_target_distribution(params: SamplingParams) -> None:
-    logits = make_logits(TARGET_PROBS)
+    logits = logits_of(TARGET_PROBS)
     p = target_probs(logits, params)
     q = torch.tensor(DRAFT_PROBS)
     generator, draft_generator = seeded(4321), seeded(8765)

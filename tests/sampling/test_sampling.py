@@ -6,15 +6,11 @@ import math
 
 import pytest
 import torch
+from factories import logits_of, seeded
 from specexec.sampling import Sampler, SamplingParams, apply_sampling_filters, compute_probs
 from specexec.sampling.sampler import sample_from_probs
 
 TINY_PROBS = [0.5, 0.3, 0.15, 0.05]
-
-
-def make_logits(probs: list[float], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """[1, vocab] logits whose softmax is `probs`."""
-    return torch.tensor([probs], dtype=torch.float64).log().to(dtype)
 
 
 def filter_rows(
@@ -39,10 +35,6 @@ def kept(filtered_row: torch.Tensor) -> set[int]:
     return set(torch.isfinite(filtered_row).nonzero().flatten().tolist())
 
 
-def seeded(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
 # --- filters on a hand-written vocabulary ---------------------------------------------------------
 
 
@@ -50,7 +42,7 @@ def seeded(seed: int) -> torch.Generator:
     ("top_k", "expected"), [(0, {0, 1, 2, 3}), (1, {0}), (2, {0, 1}), (3, {0, 1, 2}), (4, {0, 1, 2, 3})]
 )
 def test_top_k_keeps_the_k_most_likely(top_k: int, expected: set[int]) -> None:
-    assert kept(filter_rows(make_logits(TINY_PROBS), top_k=top_k)[0]) == expected
+    assert kept(filter_rows(logits_of(TINY_PROBS), top_k=top_k)[0]) == expected
 
 
 @pytest.mark.parametrize(
@@ -58,7 +50,7 @@ def test_top_k_keeps_the_k_most_likely(top_k: int, expected: set[int]) -> None:
     [(0.3, {0}), (0.7, {0, 1}), (0.9, {0, 1, 2}), (0.99, {0, 1, 2, 3}), (1.0, {0, 1, 2, 3})],
 )
 def test_top_p_keeps_smallest_set_reaching_top_p(top_p: float, expected: set[int]) -> None:
-    assert kept(filter_rows(make_logits(TINY_PROBS), top_p=top_p)[0]) == expected
+    assert kept(filter_rows(logits_of(TINY_PROBS), top_p=top_p)[0]) == expected
 
 
 @pytest.mark.parametrize(
@@ -66,7 +58,7 @@ def test_top_p_keeps_smallest_set_reaching_top_p(top_p: float, expected: set[int
     [(0.0, {0, 1, 2, 3}), (0.05, {0, 1, 2, 3}), (0.2, {0, 1, 2}), (0.5, {0, 1}), (0.7, {0}), (1.0, {0})],
 )
 def test_min_p_drops_tokens_below_fraction_of_max(min_p: float, expected: set[int]) -> None:
-    assert kept(filter_rows(make_logits(TINY_PROBS), min_p=min_p)[0]) == expected
+    assert kept(filter_rows(logits_of(TINY_PROBS), min_p=min_p)[0]) == expected
 
 
 def test_top_p_stops_as_soon_as_mass_reaches_top_p_exactly() -> None:
@@ -77,24 +69,24 @@ def test_top_p_stops_as_soon_as_mass_reaches_top_p_exactly() -> None:
 
 def test_top_p_applies_after_top_k_on_renormalised_mass() -> None:
     # top_k=2 leaves [0.5, 0.3] -> renormalised [0.625, 0.375]; top_p=0.6 then keeps only token 0.
-    assert kept(filter_rows(make_logits(TINY_PROBS), top_k=2, top_p=0.6)[0]) == {0}
-    assert kept(filter_rows(make_logits(TINY_PROBS), top_p=0.6)[0]) == {0, 1}
+    assert kept(filter_rows(logits_of(TINY_PROBS), top_k=2, top_p=0.6)[0]) == {0}
+    assert kept(filter_rows(logits_of(TINY_PROBS), top_p=0.6)[0]) == {0, 1}
 
 
 def test_min_p_applies_after_top_k_on_renormalised_probs() -> None:
     # Relative threshold: renormalising does not change ratios, so top_k=3, min_p=0.5 keeps {0, 1}.
-    assert kept(filter_rows(make_logits(TINY_PROBS), top_k=3, min_p=0.5)[0]) == {0, 1}
+    assert kept(filter_rows(logits_of(TINY_PROBS), top_k=3, min_p=0.5)[0]) == {0, 1}
 
 
 def test_filters_work_on_unsorted_vocabulary() -> None:
-    logits = make_logits([0.15, 0.05, 0.5, 0.3])
+    logits = logits_of([0.15, 0.05, 0.5, 0.3])
     assert kept(filter_rows(logits, top_k=2)[0]) == {2, 3}
     assert kept(filter_rows(logits, top_p=0.7)[0]) == {2, 3}
     assert kept(filter_rows(logits, min_p=0.2)[0]) == {0, 2, 3}
 
 
 def test_kept_logits_are_unchanged_apart_from_temperature() -> None:
-    logits = make_logits(TINY_PROBS)
+    logits = logits_of(TINY_PROBS)
     out = filter_rows(logits, temperature=2.0, top_k=3)
     torch.testing.assert_close(out[0, :3], logits[0, :3] / 2.0)
     assert out[0, 3] == float("-inf")
@@ -116,7 +108,7 @@ def test_argmax_survives_ties_at_the_top() -> None:
 
 
 def test_filters_are_per_row_in_one_vectorised_call() -> None:
-    logits = make_logits(TINY_PROBS).repeat(4, 1)  # [4, 4]
+    logits = logits_of(TINY_PROBS).repeat(4, 1)  # [4, 4]
     out = apply_sampling_filters(
         logits,
         torch.tensor([1.0, 1.0, 1.0, 0.0]),
@@ -149,7 +141,7 @@ def test_top_p_one_keeps_tail_when_another_row_sorts() -> None:
 
 
 def test_temperature_zero_rows_are_left_unscaled() -> None:
-    logits = make_logits(TINY_PROBS)
+    logits = logits_of(TINY_PROBS)
     torch.testing.assert_close(filter_rows(logits, temperature=0.0), logits)
 
 
@@ -158,7 +150,7 @@ def test_temperature_zero_rows_are_left_unscaled() -> None:
 
 def test_compute_probs_matches_tiny_distribution_at_temperature_one() -> None:
     probs = compute_probs(
-        make_logits(TINY_PROBS),
+        logits_of(TINY_PROBS),
         torch.ones(1),
         torch.zeros(1, dtype=torch.long),
         torch.ones(1),
@@ -170,14 +162,14 @@ def test_compute_probs_matches_tiny_distribution_at_temperature_one() -> None:
 
 def test_compute_probs_renormalises_after_filtering() -> None:
     probs = compute_probs(
-        make_logits(TINY_PROBS), torch.ones(1), torch.tensor([2]), torch.ones(1), torch.zeros(1)
+        logits_of(TINY_PROBS), torch.ones(1), torch.tensor([2]), torch.ones(1), torch.zeros(1)
     )
     torch.testing.assert_close(probs[0], torch.tensor([0.625, 0.375, 0.0, 0.0]))
 
 
 @pytest.mark.parametrize("temperature", [0.25, 0.5, 2.0, 4.0])
 def test_temperature_scales_logits_before_softmax(temperature: float) -> None:
-    logits = make_logits(TINY_PROBS)
+    logits = logits_of(TINY_PROBS)
     probs = compute_probs(
         logits, torch.tensor([temperature]), torch.zeros(1, dtype=torch.long), torch.ones(1), torch.zeros(1)
     )
@@ -185,7 +177,7 @@ def test_temperature_scales_logits_before_softmax(temperature: float) -> None:
 
 
 def test_low_temperature_sharpens_and_high_temperature_flattens() -> None:
-    logits = make_logits(TINY_PROBS).repeat(3, 1)  # [3, 4]
+    logits = logits_of(TINY_PROBS).repeat(3, 1)  # [3, 4]
     probs = compute_probs(
         logits,
         torch.tensor([0.5, 1.0, 2.0]),
@@ -255,7 +247,7 @@ def test_each_row_uses_its_own_generator() -> None:
 def test_sampling_matches_distribution_chi_square() -> None:
     n = 20000
     probs = torch.tensor(TINY_PROBS)
-    logits = make_logits(TINY_PROBS).repeat(n, 1)  # [n, 4]
+    logits = logits_of(TINY_PROBS).repeat(n, 1)  # [n, 4]
     params = [SamplingParams(temperature=1.0)] * n
     torch.manual_seed(0)  # rows without a generator use the global RNG
     tokens = Sampler().sample(logits, params, [None] * n)
