@@ -6,8 +6,8 @@ import time
 
 import pytest
 import torch
+from grammar_support import VALID_JSON, VOCAB, encode, reference_mask, schema_grammar
 from specexec.grammar import MaskJob, MaskWorker, RequestGrammar, RowFill
-from test_grammar_support import VALID_JSON, VOCAB, encode, reference_mask, schema_grammar
 
 
 @pytest.fixture

@@ -7,8 +7,7 @@ import random
 import pytest
 import torch
 import xgrammar as xgr
-from specexec.grammar import GrammarError, RequestGrammar, RowFill
-from test_grammar_support import (
+from grammar_support import (
     EOS,
     VALID_JSON,
     allowed,
@@ -18,6 +17,7 @@ from test_grammar_support import (
     reference_mask,
     schema_grammar,
 )
+from specexec.grammar import GrammarError, RequestGrammar, RowFill
 
 
 def assert_rows_match(bm, row0, fill, prefix, drafts):

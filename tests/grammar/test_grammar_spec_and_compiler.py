@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 import xgrammar as xgr
+from grammar_support import EOS, SCHEMA, VOCAB, encode, smollm2_tokenizer, tokenizer_info
 from specexec.grammar import GrammarCompilerPool, GrammarError, GrammarSpec
-from test_grammar_support import EOS, SCHEMA, VOCAB, encode, smollm2_tokenizer, tokenizer_info
 
 RF_SCHEMA = {"type": "json_schema", "json_schema": {"name": "t", "strict": True, "schema": SCHEMA}}
 

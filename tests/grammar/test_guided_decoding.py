@@ -5,79 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import tempfile
-from pathlib import Path
 
 import jsonschema
 import pytest
 import torch
-from factories import assert_all_pages_free
-from medusa_heads import make_medusa_dir
-from rest_stores import text_datastore_file
-from specexec import Executor, ExecutorConfig, FinishReason, Request, SamplingParams
+from factories import assert_all_pages_free, schema_format
+from guided_runs import PERSON, SPECS, VOCAB, guided_executor, person_requests
+from specexec import FinishReason, Request, SamplingParams
 from specexec.drafters import Drafter, DraftProposal
-from test_eagle3 import make_head_dir
-from test_grammar_support import smollm2_tokenizer
-from test_speculative_identity import drafting_every_step
-from tiny_models import make_tiny_model
-
-VOCAB = 49152
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 99},
-        "kind": {"enum": ["cat", "dog"]},
-    },
-    "required": ["name", "age", "kind"],
-    "additionalProperties": False,
-}
-#: an EAGLE-3 head over a reduced vocabulary: the 1024 lowest ids (punctuation, digits, short words)
-#: and 1024 others, so d2t is not the identity and many grammar-allowed tokens lie outside it
-EAGLE3_HEAD = make_head_dir(
-    tempfile.mkdtemp(),
-    vocab=VOCAB,
-    draft_vocab=2048,
-    draft_ids=torch.cat(
-        [
-            torch.arange(1024),
-            torch.randperm(VOCAB - 1024, generator=torch.Generator().manual_seed(0))[:1024] + 1024,
-        ]
-    ),
-)
-MEDUSA_HEADS = str(
-    make_medusa_dir(
-        Path(tempfile.mkdtemp()),
-        draft_ids=torch.cat([torch.arange(1024), torch.arange(2048, 3072)]),
-        vocab_size=VOCAB,
-    )
-)
-SPECS = {
-    "none": None,
-    "ngram": {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2},
-    "suffix": {"decoding_type": "Suffix", "max_draft_len": 6},
-    # token trees: a guided request verifies its tree's first branch (its rows are masked as a chain)
-    "ngram-tree": {
-        "decoding_type": "NGram",
-        "max_draft_len": 4,
-        "max_matching_ngram_size": 2,
-        "draft_tree": True,
-    },
-    # REST over compact JSON like the schema's, and text that is not (its drafts are cut by the grammar)
-    "rest": {
-        "decoding_type": "REST",
-        "max_draft_len": 6,
-        "datastore": text_datastore_file(
-            ['{"name":"Rex","age":3,"kind":"dog"}', '{"name":"Tom","age":12,"kind":"cat"}', "Describe pets."],
-            smollm2_tokenizer(),
-        ),
-    },
-    "self-int8": {"decoding_type": "DraftTarget", "max_draft_len": 3},
-    "eagle3": {"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model": EAGLE3_HEAD},
-    # Medusa heads over the same reduced vocabulary: each head's row masked after the drafts before it
-    "medusa": {"decoding_type": "Medusa", "max_draft_len": 3, "speculative_model": MEDUSA_HEADS},
-}
-
 
 #: drafters checked for identity only (the validity tests above cover the verification they share)
 IDENTITY_ONLY = {
@@ -97,35 +32,11 @@ class RandomDrafter(Drafter):
         return DraftProposal(torch.randint(0, VOCAB, (num_slots,), generator=self.gen).tolist())
 
 
-def make_executor(spec=None, drafter=None, seed=0, model_overrides=None, **config):
-    _, model = make_tiny_model("llama", seed=seed, vocab_size=VOCAB, **(model_overrides or {}))
-    settings = {"num_kv_blocks": 256, "block_size": 8, "guided_json_max_whitespace": 0, **config}
-    # (compact JSON: a random model would otherwise pad its output with whitespace)
-    cfg = ExecutorConfig(speculative_config=drafting_every_step(spec), **settings)
-    return Executor(model, cfg, tokenizer=smollm2_tokenizer(), drafter=drafter)
-
-
-def schema_format(schema: dict) -> dict:
-    return {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
-
-
-def make_requests(n: int, temperature: float = 0.0, max_tokens: int = 60) -> list[Request]:
-    prompts = [[{"role": "user", "content": f"Describe pet number {i} as JSON."}] for i in range(n)]
-    return [
-        Request(
-            p,
-            SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=i),
-            response_format=schema_format(PERSON),
-        )
-        for i, p in enumerate(prompts)
-    ]
-
-
 @pytest.mark.parametrize("spec_name", list(SPECS))
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_every_finished_guided_output_validates(spec_name, temperature):
-    executor = make_executor(SPECS[spec_name])
-    outputs = executor.run(make_requests(4, temperature, max_tokens=80))
+    executor = guided_executor(SPECS[spec_name])
+    outputs = executor.run(person_requests(4, temperature, max_tokens=80))
     finished = [o for o in outputs if o.finish_reason is FinishReason.STOP]
     assert finished, "no guided request finished: the test would check nothing"
     for out in finished:
@@ -149,10 +60,10 @@ def test_every_finished_guided_output_validates(spec_name, temperature):
     ],
 )
 def test_greedy_guided_speculation_is_token_identical(spec_name):
-    baseline = [o.token_ids for o in make_executor().run(make_requests(4))]
+    baseline = [o.token_ids for o in guided_executor().run(person_requests(4))]
     drafter = RandomDrafter() if spec_name == "random" else None
-    executor = make_executor(None if drafter else {**SPECS, **IDENTITY_ONLY}[spec_name], drafter=drafter)
-    outputs = executor.run(make_requests(4))
+    executor = guided_executor(None if drafter else {**SPECS, **IDENTITY_ONLY}[spec_name], drafter=drafter)
+    outputs = executor.run(person_requests(4))
     assert [o.token_ids for o in outputs] == baseline
     assert sum(o.metrics.num_draft_tokens for o in outputs) > 0
     assert_all_pages_free(executor)
@@ -165,7 +76,7 @@ def test_each_tree_node_is_masked_after_its_own_path(temperature, monkeypatch):
     so the output is the same token for token (greedy, and seed for seed when sampled), valid, and the
     true branch is accepted off the first branch."""
     import specexec.executor.engine.engine_core as engine_core
-    from test_tree_drafting import OracleTreeDrafter
+    from oracle_tree_drafter import OracleTreeDrafter
 
     moves = []
     move = engine_core.move_accepted_kv
@@ -175,11 +86,11 @@ def test_each_tree_node_is_masked_after_its_own_path(temperature, monkeypatch):
         lambda kv, t, root, path: moves.append(path) or move(kv, t, root, path),
     )
     requests = [
-        dataclasses.replace(r, request_id=f"r{i}") for i, r in enumerate(make_requests(4, temperature))
+        dataclasses.replace(r, request_id=f"r{i}") for i, r in enumerate(person_requests(4, temperature))
     ]
-    plain = make_executor().run(requests)
+    plain = guided_executor().run(requests)
     drafter = OracleTreeDrafter({o.request_id: o.token_ids for o in plain}, vocab=VOCAB)
-    executor = make_executor(
+    executor = guided_executor(
         {"decoding_type": "Oracle", "draft_tree": True, "draft_len_policy": "fixed"}, drafter=drafter
     )
     outputs = executor.run(requests)
@@ -205,11 +116,11 @@ def with_penalties(requests: list[Request], **penalties) -> list[Request]:
 def test_penalties_never_unmask_a_token(spec_name):
     """Penalties come before the grammar masks: penalized guided output still validates, its chosen
     tokens have finite log-probabilities, and drafts keep greedy output identical."""
-    unpenalized = make_executor().run(with_penalties(make_requests(4)))
-    baseline = make_executor().run(with_penalties(make_requests(4), **FAVOURING_PENALTIES))
+    unpenalized = guided_executor().run(with_penalties(person_requests(4)))
+    baseline = guided_executor().run(with_penalties(person_requests(4), **FAVOURING_PENALTIES))
     assert [o.token_ids for o in baseline] != [o.token_ids for o in unpenalized]
-    executor = make_executor(SPECS[spec_name])
-    outputs = executor.run(with_penalties(make_requests(4), **FAVOURING_PENALTIES))
+    executor = guided_executor(SPECS[spec_name])
+    outputs = executor.run(with_penalties(person_requests(4), **FAVOURING_PENALTIES))
     assert [o.token_ids for o in outputs] == [o.token_ids for o in baseline]
     assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
     finished = [o for o in outputs if o.finish_reason is FinishReason.STOP]
@@ -222,31 +133,33 @@ def test_penalties_never_unmask_a_token(spec_name):
 
 
 def test_random_drafts_are_cut_at_the_first_grammar_invalid_token():
-    executor = make_executor(drafter=RandomDrafter())
-    outputs = executor.run(make_requests(2))
+    executor = guided_executor(drafter=RandomDrafter())
+    outputs = executor.run(person_requests(2))
     assert sum(o.metrics.num_grammar_rejected_drafts for o in outputs) > 0
 
 
 def test_forced_tokens_become_drafts():
     """`{"name": "` is forced at the start of the object: it arrives as drafts and is accepted."""
-    executor = make_executor()
-    out = executor.run(make_requests(1))[0]
+    executor = guided_executor()
+    out = executor.run(person_requests(1))[0]
     assert out.metrics.num_forced_tokens > 0
     assert out.metrics.num_accepted_tokens > 0
 
 
 def test_only_tokens_the_grammar_forces_count_as_forced():
     """A request without a grammar has nothing forced, however much its drafter drafts."""
-    executor = make_executor(drafter=RandomDrafter())
+    executor = guided_executor(drafter=RandomDrafter())
     out = executor.run([Request("Count to ten.", SamplingParams(max_tokens=20))])[0]
     assert out.metrics.num_draft_tokens > 0 and out.metrics.num_forced_tokens == 0
 
 
 def test_bad_schema_errors_alone_and_others_finish():
-    executor = make_executor(SPECS["ngram"])
-    bad = Request("hi", SamplingParams(max_tokens=8), response_format=schema_format({"type": "nonsense"}))
+    executor = guided_executor(SPECS["ngram"])
+    bad = Request(
+        "hi", SamplingParams(max_tokens=8), response_format=schema_format({"type": "nonsense"}, "t")
+    )
     bad_shape = Request("hi", SamplingParams(max_tokens=8), response_format={"type": "json_schema"})
-    good = make_requests(1)[0]
+    good = person_requests(1)[0]
     plain = Request("hello", SamplingParams(max_tokens=8))
     out_bad, out_shape, out_good, out_plain = executor.run([bad, bad_shape, good, plain])
     assert out_bad.finish_reason is FinishReason.ERROR and "schema" in out_bad.error
@@ -257,7 +170,7 @@ def test_bad_schema_errors_alone_and_others_finish():
 
 
 def test_regex_and_ebnf_formats_constrain_the_output():
-    executor = make_executor()
+    executor = guided_executor()
     regex = Request(
         "x", SamplingParams(max_tokens=20), response_format={"type": "regex", "regex": "(yes|no)!"}
     )
@@ -272,18 +185,18 @@ def test_regex_and_ebnf_formats_constrain_the_output():
 
 
 def test_masks_are_built_while_the_forward_runs():
-    executor = make_executor(SPECS["ngram"])
-    executor.run(make_requests(2))
+    executor = guided_executor(SPECS["ngram"])
+    executor.run(person_requests(2))
     stats = executor.guided.stats
     assert stats.num_steps > 0
     assert stats.mask_build_ms > 0
 
 
 def test_preempted_guided_request_replays_its_grammar():
-    executor = make_executor(num_kv_blocks=24, max_batch_size=4)
-    outputs = executor.run(make_requests(4, max_tokens=40))
+    executor = guided_executor(num_kv_blocks=24, max_batch_size=4)
+    outputs = executor.run(person_requests(4, max_tokens=40))
     assert sum(o.metrics.num_preemptions for o in outputs) > 0
-    reference = make_executor().run(make_requests(4, max_tokens=40))
+    reference = guided_executor().run(person_requests(4, max_tokens=40))
     assert [o.token_ids for o in outputs] == [o.token_ids for o in reference]
     assert_all_pages_free(executor)
 
@@ -293,12 +206,12 @@ def test_guided_steps_through_the_captured_forwards_are_identical_and_valid(spec
     """The grammar masks on replayed steps (target, draft model, EAGLE-3 head all through the captured
     path, forced runs of up to 16 tokens included): the same greedy tokens as the plain run without
     drafts, every finished output valid, and sampled requests valid too."""
-    from test_speculative_identity import graph_stats, replay_captured_forwards
+    from capture_checks import graph_stats, replay_captured_forwards
 
-    baseline = [o.token_ids for o in make_executor().run(make_requests(4))]
-    executor = make_executor(SPECS[spec_name])  # drafting every step, so the captured forwards run
+    baseline = [o.token_ids for o in guided_executor().run(person_requests(4))]
+    executor = guided_executor(SPECS[spec_name])  # drafting every step, so the captured forwards run
     replay_captured_forwards(executor)
-    outputs = executor.run(make_requests(4) + make_requests(2, temperature=1.0))
+    outputs = executor.run(person_requests(4) + person_requests(2, temperature=1.0))
     assert [o.token_ids for o in outputs[:4]] == baseline
     for out in outputs:
         assert out.error is None, out.error

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 from factories import assert_all_pages_free
+from guided_runs import SPECS, guided_executor
 from specexec import FinishReason, Request, SamplingParams
 from specexec.grammar import GrammarError, GrammarSpec
 from specexec.grammar.output_check import check_guided_output
-from test_guided_decoding import SPECS, make_executor
 from xgrammar.testing import _is_grammar_accept_string as grammar_accepts
 
 EMAIL = r"[a-z]{1,6}@[a-z]{2,5}\.(com|org)"
@@ -37,7 +37,7 @@ def matches(kind: str, output: str) -> bool:
     return check_guided_output(spec.kind, spec.text, output).valid is True
 
 
-def make_requests(kind: str, n: int, temperature: float) -> list[Request]:
+def kind_requests(kind: str, n: int, temperature: float) -> list[Request]:
     return [
         Request(
             [{"role": "user", "content": f"Answer number {i}."}],
@@ -52,8 +52,8 @@ def make_requests(kind: str, n: int, temperature: float) -> list[Request]:
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("kind", list(FORMATS))
 def test_every_finished_output_matches_its_regex_grammar_or_choices(kind, temperature, spec_name):
-    executor = make_executor(SPECS[spec_name])
-    outputs = executor.run(make_requests(kind, 4, temperature))
+    executor = guided_executor(SPECS[spec_name])
+    outputs = executor.run(kind_requests(kind, 4, temperature))
     finished = [o for o in outputs if o.finish_reason is FinishReason.STOP]
     assert finished, "no guided request finished: the test would check nothing"
     for out in finished:

@@ -26,7 +26,7 @@ def smollm2():
     return load_model(None, dtype="float32", progress=False)
 
 
-def make_requests(temperature: float) -> list[Request]:
+def jsonschemabench_requests(temperature: float) -> list[Request]:
     prompts = [
         p
         for split in JSONSCHEMABENCH_SPLITS
@@ -48,7 +48,7 @@ def make_requests(temperature: float) -> list[Request]:
 def test_finished_outputs_validate_on_jsonschemabench_sample(smollm2, config_name, temperature):
     config = ExecutorConfig(speculative_config=CONFIGS[config_name], max_batch_size=16)
     executor = Executor(smollm2.model, config, tokenizer=smollm2.tokenizer)
-    requests = make_requests(temperature)
+    requests = jsonschemabench_requests(temperature)
     outputs = executor.run(requests)
     finished = [o for o in outputs if o.finish_reason is FinishReason.STOP]
     uncompilable = [o.request_id for o in outputs if o.finish_reason is FinishReason.ERROR]

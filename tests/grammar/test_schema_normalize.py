@@ -10,29 +10,14 @@ from __future__ import annotations
 import copy
 import json
 
-import jsonschema
 import pytest
 import xgrammar as xgr
-from referencing import Registry
+from grammar_support import grammar_accepts, jsonschema_accepts, make_grammar
 from specexec.grammar.schema.normalize import anchor_pattern, fold_lengths, normalize_schema
 from specexec.grammar.schema.support import find_unsupported
 from xgrammar.testing import _is_grammar_accept_string
 
 AB = {"a": {"type": "integer"}, "b": {"type": "integer"}}
-
-
-def make_grammar(schema) -> xgr.Grammar:
-    """xgrammar's grammar for a schema: strict mode, any whitespace (xgrammar logs warnings to stderr)."""
-    return xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=True, strict_mode=True)
-
-
-def grammar_accepts(schema, instance) -> bool:
-    return _is_grammar_accept_string(make_grammar(schema), json.dumps(instance))
-
-
-def jsonschema_accepts(schema, instance) -> bool:
-    validator_class = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return validator_class(schema, registry=Registry()).is_valid(instance)
 
 
 def assert_enforced(schema, valid: list, invalid: list) -> dict:
@@ -88,8 +73,6 @@ def test_branch_that_contradicts_the_siblings_is_dropped():
 
 def test_string_lengths_become_a_pattern_without_control_characters():
     """xgrammar's own length rule lets a raw control character into the string: invalid JSON text."""
-    import xgrammar as xgr
-    from xgrammar.testing import _is_grammar_accept_string
 
     schema = {"type": "string", "maxLength": 3}
     normalized = assert_enforced(schema, valid=["", "ab", "a b"], invalid=["abcd"])

@@ -2,7 +2,7 @@
 
 Evidence is an instance that jsonschema rejects and the compiled grammar accepts; xgrammar's own testing
 helpers need no tokenizer. Run this file as a script to check every JSONSchemaBench split:
-``python tests/grammar/test_schema_support.py``.
+``PYTHONPATH=tests python tests/grammar/test_schema_support.py``.
 """
 
 from __future__ import annotations
@@ -13,32 +13,14 @@ import sys
 import time
 from collections import Counter
 
-import jsonschema
 import pytest
-import xgrammar as xgr
-from referencing import Registry
+from grammar_support import grammar_accepts, jsonschema_accepts, make_grammar
 from specexec.grammar.schema.normalize import normalize_schema
 from specexec.grammar.schema.support import UnsupportedKeyword, find_unsupported
 from specexec.prompt_sets.datasets import DATA_DIR, JSONSCHEMABENCH_SPLITS
 from xgrammar.testing import _is_grammar_accept_string
 
 AB = {"a": {"type": "integer"}, "b": {"type": "string"}}
-
-
-def make_grammar(schema, any_order: bool = False) -> xgr.Grammar:
-    """xgrammar's grammar for a schema: strict mode, any whitespace, properties in declared order unless
-    any_order (xgrammar logs its warnings to stderr)."""
-    text = json.dumps(schema)
-    return xgr.Grammar.from_json_schema(text, any_whitespace=True, strict_mode=True, any_order=any_order)
-
-
-def grammar_accepts(schema, instance) -> bool:
-    return _is_grammar_accept_string(make_grammar(schema), json.dumps(instance))
-
-
-def jsonschema_accepts(schema, instance) -> bool:
-    validator_class = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return validator_class(schema, registry=Registry()).is_valid(instance)
 
 
 def reported_keywords(schema) -> set[str]:
