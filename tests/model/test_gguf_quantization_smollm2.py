@@ -32,7 +32,7 @@ def converted_and_gguf() -> tuple[torch.nn.Module, torch.nn.Module]:
     """(the float32 copy transformers converts, the same with ``quantization: gguf``)."""
     dense = load_model(None, dtype="float32", progress=False).model
     quantized = load_model(None, dtype="float32", progress=False, quantization="gguf")
-    assert quantized.setup.quantization.layers == {"Q4_1 -> int4 (exact)": 210, "Q8_0 -> dense": 1}
+    assert quantized.quantization.layers == {"Q4_1 -> int4 (exact)": 210, "Q8_0 -> dense": 1}
     return dense, quantized.model
 
 
