@@ -7,14 +7,9 @@ from types import SimpleNamespace
 
 _TESTS = Path(__file__).resolve().parent
 # The shared helpers (factories, tiny_models, speculative_runs, ...) sit in tests/; the folders below
-# mirror the code, and a test module imports helpers from tests/ only. Stopgap until the drafter rewrite
-# switches its files to those helpers too: tests/drafters/* and engine/test_speculative_identity.py,
-# test_speculative_distribution.py still import a neighbour's helpers by module name (test_eagle3,
-# test_speculative_identity, test_grammar_support, ...), so those three folders stay on the path.
-_STILL_IMPORTED_BY_NAME = ("drafters", "engine", "grammar")
-for _folder in [_TESTS, *(_TESTS / name for name in _STILL_IMPORTED_BY_NAME)]:
-    if str(_folder) not in sys.path:
-        sys.path.insert(0, str(_folder))
+# mirror the code, and a test module imports helpers from tests/ only (tests/house/test_tests_layout.py).
+if str(_TESTS) not in sys.path:
+    sys.path.insert(0, str(_TESTS))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

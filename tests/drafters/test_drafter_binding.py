@@ -5,6 +5,7 @@ is bound, never as attributes written onto it afterwards."""
 from __future__ import annotations
 
 import pytest
+from eagle3_heads import make_head_dir
 from medusa_heads import make_medusa_dir
 from rest_stores import token_datastore_file
 from specexec.drafters.base import DraftBinding, DrafterContext
@@ -13,7 +14,6 @@ from specexec.executor.engine.speculation.speculation_stage import choose_drafte
 from specexec.executor.engine.speculation.speculative_config import SpeculativeConfig
 from specexec.executor.executor import Executor
 from specexec.plugins import get_plugin_manager
-from test_eagle3 import make_head_dir
 from tiny_models import make_tiny_model
 
 SETTINGS = dict(

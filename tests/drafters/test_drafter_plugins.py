@@ -21,17 +21,16 @@ from pathlib import Path
 import pluggy
 import pytest
 import specexec
+from factories import drafting_config, drafting_every_step, tiny_executor
 from specexec.drafters.base import Drafter, DrafterContext, DraftProposal
 from specexec.drafters.draft_target import DraftTargetDrafter
 from specexec.drafters.ngram import NGramDrafter
-from specexec.executor.config import ExecutorConfig
 from specexec.executor.engine.request import Request
 from specexec.executor.engine.speculation.speculative_config import SpeculativeConfig
 from specexec.executor.executor import Executor
 from specexec.plugins import get_plugin_manager
 from specexec.plugins.manager import DISABLE_AUTOLOAD_ENV
 from specexec.sampling import SamplingParams
-from test_speculative_identity import drafting_every_step
 from tiny_models import make_tiny_model, make_tiny_tokenizer
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
@@ -40,17 +39,9 @@ BUILTIN_NAMES = ("NGram", "DraftTarget", "UserProvided")
 PROMPT = [9, 10, 11] * 6
 
 
-def make_config(speculative_config=None, **overrides) -> ExecutorConfig:
-    settings = dict(
-        num_kv_blocks=64, block_size=4, max_num_tokens=64, max_batch_size=4, dtype="float64", device="cpu"
-    )
-    settings.update(overrides)
-    return ExecutorConfig(speculative_config=drafting_every_step(speculative_config), **settings)
-
-
-def make_executor(speculative_config=None, arch: str = "llama", **kwargs) -> Executor:
-    _, model = make_tiny_model(arch)
-    return Executor(model, make_config(speculative_config), **kwargs)
+def drafting_executor(speculative_config=None, arch: str = "llama", **kwargs) -> Executor:
+    """A tiny ``arch`` executor whose drafter (named in ``speculative_config``) drafts every step."""
+    return tiny_executor(arch, speculative_config=drafting_every_step(speculative_config), **kwargs)
 
 
 def greedy_tokens(executor: Executor, max_tokens: int = 12) -> list[int]:
@@ -131,7 +122,7 @@ def make_repeat_factory(options, context):
 
 def test_unknown_decoding_type_lists_the_known_drafters_and_the_plugins(no_plugins):
     with pytest.raises(ValueError, match="decoding_type") as info:
-        make_executor({"decoding_type": "Hydra", "max_draft_len": 3})
+        drafting_executor({"decoding_type": "Hydra", "max_draft_len": 3})
     message = str(info.value)
     assert "'Hydra'" in message
     for name in BUILTIN_NAMES:
@@ -152,9 +143,9 @@ def test_decoding_type_is_case_insensitive_but_not_fuzzy(no_plugins, name, expec
     spec = {"decoding_type": name, "max_draft_len": 2}
     if expected is None:
         with pytest.raises(ValueError, match="unknown speculative_config.decoding_type"):
-            make_executor(spec)
+            drafting_executor(spec)
     else:
-        assert isinstance(make_executor(spec).speculation.drafter, expected)
+        assert isinstance(drafting_executor(spec).speculation.drafter, expected)
 
 
 @pytest.mark.parametrize("decoding_type", [None, "", 3])
@@ -162,7 +153,7 @@ def test_decoding_type_must_be_a_name(decoding_type):
     with pytest.raises(ValueError, match="decoding_type"):
         SpeculativeConfig(decoding_type=decoding_type)
     with pytest.raises(ValueError, match="decoding_type"):
-        make_config({"max_draft_len": 3})
+        drafting_config(speculative_config={"max_draft_len": 3})
 
 
 # ---- max_draft_len and the other common keys ----------------------------------------------------------------
@@ -171,14 +162,14 @@ def test_decoding_type_must_be_a_name(decoding_type):
 @pytest.mark.parametrize("max_draft_len", [0, 33, -1, True, 2.0, "3", None])
 def test_out_of_range_max_draft_len_names_the_field(max_draft_len):
     with pytest.raises(ValueError, match="max_draft_len") as info:
-        make_config({"decoding_type": "NGram", "max_draft_len": max_draft_len})
+        drafting_config(speculative_config={"decoding_type": "NGram", "max_draft_len": max_draft_len})
     assert "1..32" in str(info.value)
     assert repr(max_draft_len) in str(info.value)
 
 
 @pytest.mark.parametrize("max_draft_len", [1, 32])
 def test_max_draft_len_bounds_are_inclusive(no_plugins, max_draft_len):
-    executor = make_executor({"decoding_type": "NGram", "max_draft_len": max_draft_len})
+    executor = drafting_executor({"decoding_type": "NGram", "max_draft_len": max_draft_len})
     assert executor.speculation.max_draft_len == max_draft_len
 
 
@@ -199,7 +190,7 @@ def test_drafter_base_class_checks_max_draft_len_too(max_draft_len):
 )
 def test_bad_schedule_or_policy_names_the_field(key, value, field):
     with pytest.raises(ValueError, match=field):
-        make_config({"decoding_type": "NGram", "max_draft_len": 3, key: value})
+        drafting_config(speculative_config={"decoding_type": "NGram", "max_draft_len": 3, key: value})
 
 
 # ---- drafter options --------------------------------------------------------------------------------------
@@ -207,7 +198,7 @@ def test_bad_schedule_or_policy_names_the_field(key, value, field):
 
 def test_unknown_ngram_option_lists_the_allowed_ones(no_plugins):
     with pytest.raises(ValueError, match="unknown NGram option") as info:
-        make_executor({"decoding_type": "NGram", "max_draft_len": 3, "max_ngram": 2, "pool": "shared"})
+        drafting_executor({"decoding_type": "NGram", "max_draft_len": 3, "max_ngram": 2, "pool": "shared"})
     message = str(info.value)
     assert "'max_ngram'" in message and "'pool'" in message
     for allowed in ("max_matching_ngram_size", "is_public_pool", "is_keep_all", "is_use_oldest"):
@@ -222,15 +213,15 @@ def test_ngram_options_reach_the_drafter_and_bad_values_are_refused(no_plugins):
         "max_matching_ngram_size": 2,
         "is_public_pool": False,
     }
-    drafter = make_executor(spec).speculation.drafter
+    drafter = drafting_executor(spec).speculation.drafter
     assert drafter.options.max_matching_ngram_size == 2 and drafter.options.is_public_pool is False
     with pytest.raises(ValueError, match="is_public_pool"):
-        make_executor({"decoding_type": "NGram", "max_draft_len": 3, "is_public_pool": "yes"})
+        drafting_executor({"decoding_type": "NGram", "max_draft_len": 3, "is_public_pool": "yes"})
 
 
 def test_unknown_draft_target_option_lists_the_allowed_ones(no_plugins):
     with pytest.raises(ValueError, match="unknown DraftTarget option") as info:
-        make_executor({"decoding_type": "DraftTarget", "max_draft_len": 3, "temperature": 0.5})
+        drafting_executor({"decoding_type": "DraftTarget", "max_draft_len": 3, "temperature": 0.5})
     message = str(info.value)
     assert "'temperature'" in message
     for allowed in ("speculative_model", "speculative_model_dir", "sample_drafts", "kv_cache_memory_gb"):
@@ -239,7 +230,7 @@ def test_unknown_draft_target_option_lists_the_allowed_ones(no_plugins):
 
 def test_options_may_also_be_given_as_an_options_mapping(no_plugins):
     spec = {"decoding_type": "NGram", "max_draft_len": 3, "options": {"is_use_oldest": False}}
-    assert make_executor(spec).speculation.drafter.options.is_use_oldest is False
+    assert drafting_executor(spec).speculation.drafter.options.is_use_oldest is False
 
 
 # ---- DraftTarget draft models ------------------------------------------------------------------------------
@@ -256,7 +247,9 @@ def save_draft_model(path: Path, vocab_size: int = 256, tokenizer=None) -> Path:
 def test_draft_model_with_another_vocabulary_is_refused_at_start_up(no_plugins, tmp_path):
     path = save_draft_model(tmp_path / "draft", vocab_size=128)
     with pytest.raises(ValueError, match="vocabulary") as info:
-        make_executor({"decoding_type": "DraftTarget", "max_draft_len": 3, "speculative_model": str(path)})
+        drafting_executor(
+            {"decoding_type": "DraftTarget", "max_draft_len": 3, "speculative_model": str(path)}
+        )
     assert "128" in str(info.value) and "256" in str(info.value)
 
 
@@ -278,15 +271,15 @@ def test_draft_tokenizer_with_other_ids_is_refused_at_start_up(no_plugins, tmp_p
     path = save_draft_model(tmp_path / "draft", tokenizer=other)
     spec = {"decoding_type": "DraftTarget", "max_draft_len": 3, "speculative_model_dir": str(path)}
     with pytest.raises(ValueError, match="tokenizers map tokens to different ids"):
-        make_executor(spec, tokenizer=make_tiny_tokenizer())
+        drafting_executor(spec, tokenizer=make_tiny_tokenizer())
 
 
 def test_draft_model_from_a_directory_drafts_without_changing_the_output(no_plugins, tmp_path):
     path = save_draft_model(tmp_path / "draft", tokenizer=make_tiny_tokenizer())
     spec = {"decoding_type": "DraftTarget", "max_draft_len": 3, "speculative_model": str(path)}
-    executor = make_executor(spec, tokenizer=make_tiny_tokenizer())
+    executor = drafting_executor(spec, tokenizer=make_tiny_tokenizer())
     assert isinstance(executor.speculation.drafter, DraftTargetDrafter)
-    assert greedy_tokens(executor) == greedy_tokens(make_executor())
+    assert greedy_tokens(executor) == greedy_tokens(drafting_executor())
     assert executor.speculation.stats.num_draft_tokens > 0
 
 
@@ -300,11 +293,11 @@ def test_user_provided_drafter_class_is_imported_and_built_with_its_options(no_p
         "drafter": f"{__name__}:RepeatLastDrafter",
         "drafter_options": {"repeat": 2},
     }
-    executor = make_executor(spec, arch="qwen3")
+    executor = drafting_executor(spec, arch="qwen3")
     drafter = executor.speculation.drafter
     assert type(drafter).__name__ == "RepeatLastDrafter" and drafter.repeat == 2
     assert drafter.max_draft_len == 3
-    assert greedy_tokens(executor) == greedy_tokens(make_executor(arch="qwen3"))
+    assert greedy_tokens(executor) == greedy_tokens(drafting_executor(arch="qwen3"))
     stats = executor.speculation.stats
     assert 0 < stats.num_draft_tokens <= 2 * stats.num_draft_steps
 
@@ -327,15 +320,15 @@ def test_user_provided_drafter_class_is_imported_and_built_with_its_options(no_p
 )
 def test_user_provided_errors(no_plugins, options, match):
     with pytest.raises(ValueError, match=match):
-        make_executor({"decoding_type": "UserProvided", "max_draft_len": 3, **options})
+        drafting_executor({"decoding_type": "UserProvided", "max_draft_len": 3, **options})
 
 
 def test_a_drafter_instance_and_a_non_drafter_instance():
-    executor = make_executor(drafter=RepeatLastDrafter(2))
+    executor = drafting_executor(drafter=RepeatLastDrafter(2))
     assert executor.speculation.drafter.max_draft_len == 2
-    assert greedy_tokens(executor) == greedy_tokens(make_executor())
+    assert greedy_tokens(executor) == greedy_tokens(drafting_executor())
     with pytest.raises(ValueError, match="Drafter"):
-        make_executor(drafter=NotADrafter(2))
+        drafting_executor(drafter=NotADrafter(2))
 
 
 # ---- the plugin machinery -------------------------------------------------------------------------------------
@@ -366,17 +359,17 @@ def test_entry_point_plugin_provides_a_drafter(fake_entry_point):
     pm = get_plugin_manager()
     assert pm.get_plugin("fakeplug") is sys.modules["fake_specexec_plugin"]
     spec = {"decoding_type": "RepeatLast", "max_draft_len": 3, "repeat": 3}
-    executor = make_executor(spec, arch="qwen3")
+    executor = drafting_executor(spec, arch="qwen3")
     assert isinstance(executor.speculation.drafter, RepeatLastDrafter)
     assert executor.speculation.drafter.repeat == 3
-    assert greedy_tokens(executor) == greedy_tokens(make_executor(arch="qwen3"))
+    assert greedy_tokens(executor) == greedy_tokens(drafting_executor(arch="qwen3"))
     assert executor.speculation.stats.num_draft_tokens > 0
 
 
 def test_entry_point_plugin_is_named_in_the_unknown_decoding_type_error(fake_entry_point):
     fake_entry_point({"RepeatLast": make_repeat_factory})
     with pytest.raises(ValueError) as info:
-        make_executor({"decoding_type": "Hydra", "max_draft_len": 3})
+        drafting_executor({"decoding_type": "Hydra", "max_draft_len": 3})
     message = str(info.value)
     assert "RepeatLast" in message.partition("known:")[2]
     assert "installed plugins: fakeplug" in message
@@ -387,14 +380,14 @@ def test_disable_autoload_skips_entry_points(fake_entry_point, monkeypatch):
     monkeypatch.setenv(DISABLE_AUTOLOAD_ENV, "1")
     assert get_plugin_manager().get_plugin("fakeplug") is None
     with pytest.raises(ValueError, match="installed plugins: none") as info:
-        make_executor({"decoding_type": "RepeatLast", "max_draft_len": 3})
+        drafting_executor({"decoding_type": "RepeatLast", "max_draft_len": 3})
     assert "RepeatLast" not in str(info.value).partition("known:")[2]
 
 
 def test_plugin_factory_returning_a_non_drafter_is_refused(fake_entry_point):
     fake_entry_point({"Broken": lambda options, context: NotADrafter(context.max_draft_len)})
     with pytest.raises(ValueError, match="not a Drafter"):
-        make_executor({"decoding_type": "Broken", "max_draft_len": 3})
+        drafting_executor({"decoding_type": "Broken", "max_draft_len": 3})
 
 
 def test_plugin_cannot_shadow_a_builtin_silently(fake_entry_point):
@@ -402,7 +395,7 @@ def test_plugin_cannot_shadow_a_builtin_silently(fake_entry_point):
     built-in wins, or the executor refuses the ambiguity."""
     fake_entry_point({"NGram": make_repeat_factory})
     try:
-        executor = make_executor({"decoding_type": "NGram", "max_draft_len": 3})
+        executor = drafting_executor({"decoding_type": "NGram", "max_draft_len": 3})
     except ValueError as exc:
         assert "NGram" in str(exc)
     else:

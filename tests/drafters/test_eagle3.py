@@ -19,75 +19,22 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from eagle3_heads import DRAFT_VOCAB, VOCAB, dense_causal_attention, eagle_spec, make_head_dir
+from factories import drafting_config, greedy_requests
 from specexec.drafters.eagle3.drafter import Eagle3Drafter
 from specexec.drafters.eagle3.head import (
     ARCHITECTURE,
-    Eagle3Config,
     Eagle3Head,
     default_aux_layers,
     load_head,
-    save_head,
 )
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.engine.speculation.confidence_stop import ChainOdds, ConfidenceStop
 from specexec.executor.engine.speculation.draft_length import ForwardCostModel
 from specexec.executor.executor import Executor
 from specexec.sampling import SamplingParams
-from test_speculative_identity import (
-    BATCHES,
-    VOCAB,
-    make_config,
-    make_requests,
-    num_accepted,
-    num_drafted,
-    run_speculative,
-)
+from speculative_runs import BATCHES, MAX_TOKENS, num_accepted, num_drafted, run_speculative
 from tiny_models import make_tiny_model
-
-DRAFT_VOCAB = 96
-
-
-def make_head_dir(
-    path,
-    *,
-    vocab: int = VOCAB,
-    draft_vocab: int = DRAFT_VOCAB,
-    aux_layers=(1, 2, 3),
-    seed: int = 0,
-    draft_ids=None,
-    sliding_window: int | None = None,
-):
-    """A random head for the tiny targets (hidden 32, vocab 256 unless said) written in the published
-    layout; its draft vocabulary is ``draft_ids`` or a random subset."""
-    torch.manual_seed(seed)
-    cfg = Eagle3Config(
-        hidden_size=32,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        vocab_size=vocab,
-        draft_vocab_size=draft_vocab,
-        target_hidden_size=32,
-        aux_layer_ids=aux_layers,
-        sliding_window=sliding_window,
-    )
-    head = Eagle3Head(cfg)
-    for p in head.parameters():
-        torch.nn.init.normal_(p, std=0.3)
-    if draft_ids is None:
-        draft_ids = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))[:draft_vocab]
-    draft_ids = torch.as_tensor(draft_ids).sort().values
-    head.d2t.copy_(draft_ids - torch.arange(draft_vocab))
-    head.t2d.zero_()
-    head.t2d[draft_ids] = True
-    save_head(head, path, dtype=torch.float64)
-    return path
-
-
-def eagle_spec(head_dir, k: int = 3) -> dict:
-    return {"decoding_type": "Eagle", "max_draft_len": k, "speculative_model": str(head_dir)}
-
 
 # ---- loading ---------------------------------------------------------------------------------------------
 
@@ -184,7 +131,7 @@ def _edit_state(path, **changes):
 
 def test_eagle_without_a_head_for_a_custom_model_fails_before_drafting(tmp_path):
     _, model = make_tiny_model("llama")
-    config = make_config(speculative_config={"decoding_type": "Eagle3", "max_draft_len": 3})
+    config = drafting_config(speculative_config={"decoding_type": "Eagle3", "max_draft_len": 3})
     config.model = str(tmp_path)  # not the embedded model: the shipped head does not fit
     with pytest.raises(ValueError, match="speculative_model"):
         Executor(model, config)
@@ -200,7 +147,7 @@ def test_head_for_another_target_width_is_refused(tmp_path):
     save_file(state, str(tmp_path / "model.safetensors"))
     _, model = make_tiny_model("llama")
     with pytest.raises(ValueError, match="hidden size is 32"):
-        Executor(model, make_config(speculative_config=eagle_spec(tmp_path)))
+        Executor(model, drafting_config(speculative_config=eagle_spec(tmp_path)))
 
 
 def test_default_aux_layers_are_low_middle_high():
@@ -219,7 +166,7 @@ def test_eagle_keeps_greedy_output_identical(tmp_path, arch, batch):
     assert num_drafted(outputs) > 0
 
 
-def reference_drafts(head: Eagle3Head, target, layers, tokens: list[int], k: int) -> list[int]:
+def eagle_reference_drafts(head: Eagle3Head, target, layers, tokens: list[int], k: int) -> list[int]:
     return reference_chain(head, target, layers, tokens, k)[0]
 
 
@@ -249,18 +196,6 @@ def reference_chain(head: Eagle3Head, target, layers, tokens: list[int], k: int,
             hidden = torch.cat([hidden, out[-1:]])
             ids = torch.cat([ids, torch.tensor([draft])])
     return drafts, confidences
-
-
-def dense_causal_attention(q, k, v, window: int | None = None):  # [T, heads | kv_heads, d]
-    """Each query over every earlier key (the last ``window`` of them only, when given)."""
-    rep = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    scores = torch.einsum("qhd,khd->hqk", q, k) * q.shape[-1] ** -0.5
-    seen = torch.ones(len(q), len(k), dtype=torch.bool).tril()
-    if window is not None:
-        seen = seen & ~torch.ones(len(q), len(k), dtype=torch.bool).tril(-window)
-    scores = scores.masked_fill(~seen, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
 def record_proposals(drafter: Eagle3Drafter) -> list[tuple[list[int], list[int]]]:
@@ -310,7 +245,7 @@ def test_every_proposal_equals_the_from_scratch_reference(tmp_path, setting):
     assert len(proposals) > 20
     for tokens, drafted in proposals:
         assert drafted, "every scheduled decode gets drafts"
-        assert drafted == reference_drafts(head, fresh_target, (1, 2, 3), tokens, len(drafted)), tokens
+        assert drafted == eagle_reference_drafts(head, fresh_target, (1, 2, 3), tokens, len(drafted)), tokens
 
 
 # ---- prompt lookup: the request's own text where the head is unsure -------------------------------------
@@ -517,8 +452,8 @@ def test_returned_hidden_states_equal_transformers(setting):
         overrides.update(num_kv_blocks=40, speculative_config={"decoding_type": "NGram", "max_draft_len": 4})
     if setting == "chunked-prefill":
         overrides = {"capture_hidden_layers": [0, 2, 4], "max_num_tokens": 16}
-    executor = Executor(model, make_config(**overrides))
-    outputs = executor.run(make_requests(BATCHES["batch8"]))
+    executor = Executor(model, drafting_config(**overrides))
+    outputs = executor.run(greedy_requests(BATCHES["batch8"], MAX_TOKENS))
     if setting == "ngram-drafts-and-preemption":
         assert sum(o.metrics.num_preemptions for o in outputs) > 0
         assert sum(o.metrics.num_draft_tokens - o.metrics.num_accepted_tokens for o in outputs) > 0
@@ -533,7 +468,7 @@ def test_returned_hidden_states_equal_transformers(setting):
 
 def test_no_hidden_states_unless_asked():
     _, model = make_tiny_model("llama")
-    outputs = Executor(model, make_config()).run(make_requests(BATCHES["batch1"]))
+    outputs = Executor(model, drafting_config()).run(greedy_requests(BATCHES["batch1"], MAX_TOKENS))
     assert outputs[0].hidden_states is None
 
 

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from eagle3_heads import VOCAB, dense_causal_attention, make_head_dir
 from specexec.drafters.base import DraftBinding
 from specexec.drafters.eagle3 import tree_growth
 from specexec.drafters.eagle3.drafter import Eagle3Drafter
@@ -18,7 +19,6 @@ from specexec.drafters.eagle3.dynamic_tree import DynamicTree
 from specexec.drafters.eagle3.head import load_head
 from specexec.executor.engine.speculation.tree_config import TreeShape
 from specexec.sampling.tree_shape import is_tree
-from test_eagle3 import VOCAB, dense_causal_attention, make_head_dir
 
 ZERO = torch.zeros(4)
 

@@ -80,13 +80,13 @@ def test_a_head_ships_only_when_better_on_every_set():
 
 
 def test_the_report_names_the_machine_dtype_and_linear_kernels():
+    from factories import drafting_config
     from specexec.bench.eagle3_eval import format_report, machine_line
     from specexec.executor.executor import Executor
-    from test_speculative_identity import make_config
     from tiny_models import make_tiny_model
 
     _, model = make_tiny_model("llama", dtype=torch.float32)
-    with Executor(model, make_config(dtype="float32", cpu_linear="blas")) as executor:
+    with Executor(model, drafting_config(dtype="float32", cpu_linear="blas")) as executor:
         line = machine_line(executor)
     assert "threads, float32, cpu_linear blas (configured)" in line
     report = {"machine": line, "held_out": {"prompts": 0, "corpus_sequences": 0, "pool_instructions": 0},

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from eagle3_heads import dense_causal_attention, make_features, make_head_dir
 from specexec.drafters.eagle3.head import load_head
-from specexec.drafters.eagle3.training.features import SequenceFeatures
 from specexec.drafters.eagle3.training.prompts import mix_prompts
 from specexec.drafters.eagle3.training.train_loop import make_batch
 from specexec.drafters.eagle3.training.ttt import ttt_loss
@@ -23,19 +23,8 @@ from specexec.drafters.training.bundled_prompts import (
 )
 from specexec.drafters.training.draft_vocab import choose_draft_vocab, d2t_for
 from specexec.prompt_sets.datasets import load_dataset, spread, spread_order
-from test_eagle3 import dense_causal_attention, make_head_dir
-from test_speculative_identity import BATCHES, run_speculative
+from speculative_runs import BATCHES, run_speculative
 from tiny_models import save_tiny_model_dir
-
-
-def make_features(n: int, seed: int) -> SequenceFeatures:
-    gen = torch.Generator().manual_seed(seed)
-    return SequenceFeatures(
-        token_ids=torch.randint(0, 256, (n + 1,), generator=gen),
-        start_pos=3,
-        aux=torch.randn(n, 96, generator=gen),
-        final=torch.randn(n, 32, generator=gen),
-    )
 
 
 @pytest.mark.parametrize("window", [None, 4])
@@ -304,7 +293,7 @@ def test_long_prompts_are_answered_apart_and_fewer_at_once(tmp_path, monkeypatch
     assert all((tmp_path / "corpus" / r["features"]).exists() for r in records)
 
 
-def tiny_training_argv(tmp_path, max_minutes: str) -> tuple[list[str], Path]:
+def tiny_training_run(tmp_path, max_minutes: str) -> tuple[list[str], Path]:
     """`train-eagle3` on a tiny target saved in ``tmp_path``: a corpus of 6 prompts for 9 s, then
     training for the rest of ``max_minutes``; also the head's directory."""
     out = tmp_path / "head"
@@ -321,7 +310,7 @@ def test_training_continues_from_its_checkpoint_with_the_same_vocabulary_and_spl
     from specexec.drafters.eagle3.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
     from specexec.drafters.training.validation_split import is_validation, split_records
 
-    argv, out = tiny_training_argv(tmp_path, "0.3")
+    argv, out = tiny_training_run(tmp_path, "0.3")
     argv += ["--eval-every", "5", "--patience", "1000"]
     assert main(argv) == 0
     first = load_checkpoint(out / CHECKPOINT_NAME)
@@ -350,7 +339,7 @@ def test_a_changed_validation_split_scores_the_best_head_again(tmp_path):
     from specexec.drafters.training.corpus import read_corpus
     from specexec.drafters.training.validation_split import split_records, validation_key
 
-    argv, out = tiny_training_argv(tmp_path, "0.3")
+    argv, out = tiny_training_run(tmp_path, "0.3")
     argv += ["--eval-every", "5", "--patience", "1000"]
     assert main(argv) == 0
     first = load_checkpoint(out / CHECKPOINT_NAME)
@@ -373,7 +362,7 @@ def test_a_changed_validation_split_scores_the_best_head_again(tmp_path):
 def test_training_stops_early_when_validation_stops_improving(tmp_path):
     from specexec.cli import main
 
-    argv, out = tiny_training_argv(tmp_path, "1.0")
+    argv, out = tiny_training_run(tmp_path, "1.0")
     argv += ["--eval-every", "1", "--patience", "2", "--lr", "0"]  # a head that never changes never improves
     assert main(argv) == 0
     log = json.loads((out / "training_log.json").read_text())
@@ -401,7 +390,7 @@ def test_a_head_trained_on_the_gpu_continues_on_the_cpu_and_drafts_there(tmp_pat
     from specexec.cli import main
     from specexec.drafters.eagle3.training.checkpoint import CHECKPOINT_NAME
 
-    argv, out = tiny_training_argv(tmp_path, "0.6")
+    argv, out = tiny_training_run(tmp_path, "0.6")
     assert main([*argv, "--device", "cuda", "--eval-every", "5"]) == 0
     log = json.loads((out / "training_log.json").read_text())
     assert log["steps"] and log["precision"]["chosen"] in ("float32", "bfloat16")

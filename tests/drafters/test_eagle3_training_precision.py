@@ -7,14 +7,13 @@ import json
 
 import pytest
 import torch
+from eagle3_heads import dense_causal_attention, make_features, make_head_dir
 from specexec.drafters.eagle3.head import load_head
 from specexec.drafters.eagle3.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from specexec.drafters.eagle3.training.train_loop import make_batch
 from specexec.drafters.eagle3.training.ttt import ttt_loss
 from specexec.drafters.training import precision as training_precision
 from specexec.drafters.training.precision import TRIAL_STEPS, TrainingPrecision
-from test_eagle3 import dense_causal_attention, make_head_dir
-from test_eagle3_training import make_features
 from tiny_models import save_tiny_model_dir
 
 
@@ -61,7 +60,7 @@ def test_a_bfloat16_autocast_step_computes_nearly_the_float32_loss(tmp_path):
     assert all(p.grad is not None for p in head.parameters() if p.requires_grad)
 
 
-def tiny_training_argv(model_dir, out) -> list[str]:
+def tiny_precision_training_argv(model_dir, out) -> list[str]:
     argv = ["train-eagle3", "--output", str(out), "--model", model_dir, "--max-minutes", "0.6"]
     argv += ["--corpus-minutes", "0.15", "--num-prompts", "6", "--max-new-tokens", "8"]
     return argv + ["--self-instruct", "3", "--ttt-steps", "2", "--max-len", "48", "--batch-tokens", "96"]
@@ -72,9 +71,15 @@ def test_init_from_trains_an_existing_head_further_with_its_vocabulary(tmp_path)
 
     model_dir = save_tiny_model_dir(tmp_path / "tiny")
     first = tmp_path / "first"
-    assert main([*tiny_training_argv(model_dir, first), "--draft-vocab-size", "64"]) == 0
+    assert main([*tiny_precision_training_argv(model_dir, first), "--draft-vocab-size", "64"]) == 0
     second = tmp_path / "second"
-    argv = [*tiny_training_argv(model_dir, second), "--draft-vocab-size", "32", "--init-from", str(first)]
+    argv = [
+        *tiny_precision_training_argv(model_dir, second),
+        "--draft-vocab-size",
+        "32",
+        "--init-from",
+        str(first),
+    ]
     assert main(argv) == 0
     start = load_head(first, torch.nn.Embedding(256, 32), torch.float32, "cpu")
     checkpoint = load_checkpoint(second / CHECKPOINT_NAME)
@@ -90,7 +95,9 @@ def test_init_from_refuses_a_head_of_another_shape(tmp_path, capsys):
 
     model_dir = save_tiny_model_dir(tmp_path / "tiny")
     head_dir = make_head_dir(tmp_path / "other", aux_layers=(0, 0, 0))
-    assert main([*tiny_training_argv(model_dir, tmp_path / "out"), "--init-from", str(head_dir)]) == 2
+    assert (
+        main([*tiny_precision_training_argv(model_dir, tmp_path / "out"), "--init-from", str(head_dir)]) == 2
+    )
     assert "does not fit the target: aux_layer_ids (0, 0, 0)" in capsys.readouterr().err
 
 
@@ -102,7 +109,7 @@ def test_a_sliding_window_past_the_trained_positions_or_within_the_unrolled_step
     positions than a sequence is trained on."""
     from specexec.cli import main
 
-    argv = tiny_training_argv(str(tmp_path / "no-model"), tmp_path / "out")
+    argv = tiny_precision_training_argv(str(tmp_path / "no-model"), tmp_path / "out")
     assert main([*argv, "--sliding-window", window]) == 2
     assert "--sliding-window 0 or in --ttt-steps + 1..--max-len" in capsys.readouterr().err
     assert not (tmp_path / "out").exists(), "refused before any work"
@@ -139,9 +146,15 @@ def test_fresh_vocab_trains_a_head_further_over_the_corpus_vocabulary(tmp_path, 
 
     model_dir = save_tiny_model_dir(tmp_path / "tiny")
     first = tmp_path / "first"
-    assert main([*tiny_training_argv(model_dir, first), "--draft-vocab-size", "64"]) == 0
+    assert main([*tiny_precision_training_argv(model_dir, first), "--draft-vocab-size", "64"]) == 0
     second = tmp_path / "second"
-    argv = [*tiny_training_argv(model_dir, second), "--draft-vocab-size", "48", "--init-from", str(first)]
+    argv = [
+        *tiny_precision_training_argv(model_dir, second),
+        "--draft-vocab-size",
+        "48",
+        "--init-from",
+        str(first),
+    ]
     assert main([*argv, "--fresh-vocab"]) == 0
     assert json.loads((second / "config.json").read_text())["draft_vocab_size"] == 48
     start = load_head(first, torch.nn.Embedding(256, 32), torch.float32, "cpu")
@@ -149,7 +162,7 @@ def test_fresh_vocab_trains_a_head_further_over_the_corpus_vocabulary(tmp_path, 
     assert len(draft_ids) == 48 and not torch.equal(draft_ids, start.t2d.nonzero()[:, 0][:48])
     assert main([*argv, "--fresh-vocab"]) == 0, "a rerun does not continue its checkpoint"
     assert torch.equal(load_checkpoint(second / CHECKPOINT_NAME)["draft_ids"], draft_ids)
-    assert main([*tiny_training_argv(model_dir, tmp_path / "third"), "--fresh-vocab"]) == 2
+    assert main([*tiny_precision_training_argv(model_dir, tmp_path / "third"), "--fresh-vocab"]) == 2
     assert "--fresh-vocab only with --init-from" in capsys.readouterr().err
 
 
@@ -178,10 +191,10 @@ def test_mlp_width_trains_a_wider_head_further_and_a_rerun_must_name_it(tmp_path
 
     model_dir = save_tiny_model_dir(tmp_path / "tiny")
     first = tmp_path / "first"
-    assert main([*tiny_training_argv(model_dir, first), "--draft-vocab-size", "64"]) == 0
+    assert main([*tiny_precision_training_argv(model_dir, first), "--draft-vocab-size", "64"]) == 0
     width = json.loads((first / "config.json").read_text())["intermediate_size"]
     second = tmp_path / "second"
-    argv = [*tiny_training_argv(model_dir, second), "--init-from", str(first)]
+    argv = [*tiny_precision_training_argv(model_dir, second), "--init-from", str(first)]
     assert main([*argv, "--mlp-width", str(2 * width)]) == 0
     assert json.loads((second / "config.json").read_text())["intermediate_size"] == 2 * width
     start = load_head(first, torch.nn.Embedding(256, 32), torch.float32, "cpu")

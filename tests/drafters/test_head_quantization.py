@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from factories import assert_all_pages_free
+from eagle3_heads import eagle_spec, make_head_dir
+from factories import assert_all_pages_free, drafting_config, greedy_requests
 from specexec.drafters.eagle3.head import load_head
 from specexec.executor.executor import Executor
 from specexec.executor.kernel_plan import head_quantization
@@ -16,8 +17,7 @@ from specexec.executor.kernel_plan.head_quantization import (
     choose_head_quantization,
 )
 from specexec.executor.layers.quantized.quantized_linear import Int8WeightOnlyLinear
-from test_eagle3 import eagle_spec, make_head_dir
-from test_speculative_identity import BATCHES, make_config, make_requests, num_drafted
+from speculative_runs import BATCHES, MAX_TOKENS, num_drafted
 from tiny_models import make_tiny_model
 
 CPU = torch.device("cpu")
@@ -107,7 +107,7 @@ def test_a_bad_setting_is_refused(tmp_path):
     _, model = make_tiny_model("llama", dtype=torch.float32)
     spec = {**eagle_spec(tmp_path), "head_quantization": "int3"}
     with pytest.raises(ValueError, match="head_quantization"):
-        Executor(model, make_config(dtype="float32", speculative_config=spec))
+        Executor(model, drafting_config(dtype="float32", speculative_config=spec))
 
 
 @pytest.mark.parametrize("batch", ["batch1", "batch8"])
@@ -115,17 +115,17 @@ def test_an_executor_drafting_with_an_int8_head_outputs_what_it_outputs_without_
     """A float32 target, its head int8 in bfloat16: the drafts change, the greedy output does not."""
     make_head_dir(tmp_path)
     _, model = make_tiny_model("llama", dtype=torch.float32)
-    with Executor(model, make_config(dtype="float32", cpu_linear="blas")) as plain:
-        expected = [o.token_ids for o in plain.run(make_requests(BATCHES[batch]))]
+    with Executor(model, drafting_config(dtype="float32", cpu_linear="blas")) as plain:
+        expected = [o.token_ids for o in plain.run(greedy_requests(BATCHES[batch], MAX_TOKENS))]
     spec = {**eagle_spec(tmp_path), "head_quantization": "int8"}
     with Executor(
-        model, make_config(dtype="float32", cpu_linear="blas", speculative_config=spec)
+        model, drafting_config(dtype="float32", cpu_linear="blas", speculative_config=spec)
     ) as executor:
         drafter = executor.speculation.drafter
         assert drafter.head_quantization.scheme == "int8"
         assert isinstance(drafter.head.lm_head, Int8WeightOnlyLinear)
         assert drafter.inputs.kv_cache.spec.dtype == drafter.head.dtype
-        outputs = executor.run(make_requests(BATCHES[batch]))
+        outputs = executor.run(greedy_requests(BATCHES[batch], MAX_TOKENS))
         assert [o.token_ids for o in outputs] == expected
         assert num_drafted(outputs) > 0
         assert_all_pages_free(executor)

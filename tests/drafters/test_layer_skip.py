@@ -10,7 +10,7 @@ import pytest
 from specexec.drafters.layer_skip.choice import candidate_sets, expected_speedup
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
-from test_speculative_identity import BATCHES, num_accepted, num_drafted, run_speculative
+from speculative_runs import BATCHES, num_accepted, num_drafted, run_speculative
 from tiny_models import make_tiny_model
 
 SPEC = {"decoding_type": "LayerSkip", "max_draft_len": 3, "skip_layers": [2]}
@@ -75,7 +75,7 @@ def test_skip_layers_beyond_the_model_are_refused():
 
 def test_the_skipped_layers_are_chosen_at_start_up_on_the_targets_own_continuation():
     """No skip_layers: one of the candidate sets, scored on calibration text the target continued."""
-    from test_grammar_support import smollm2_tokenizer
+    from grammar_support import smollm2_tokenizer
 
     _, model = make_tiny_model("llama", vocab_size=49152, num_hidden_layers=6)
     spec = {"decoding_type": "LayerSkip", "calibration_tokens": 4}

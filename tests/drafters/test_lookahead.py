@@ -9,7 +9,7 @@ import pytest
 from specexec.drafters.lookahead.jacobi import JacobiState, NGramPool
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
-from test_speculative_identity import BATCHES, num_accepted, num_drafted, run_speculative
+from speculative_runs import BATCHES, num_accepted, num_drafted, run_speculative
 from tiny_models import make_tiny_model
 
 

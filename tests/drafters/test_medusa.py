@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from factories import tiny_executor
 from medusa_heads import make_medusa_dir
 from specexec.drafters.medusa.heads import load_heads
 from specexec.drafters.medusa.training.data import IGNORE, draft_index, load_rows
@@ -22,8 +23,8 @@ from specexec.executor.engine.speculation.confidence_stop import ConfidenceStop
 from specexec.executor.engine.speculation.draft_length import ForwardCostModel
 from specexec.executor.executor import Executor
 from specexec.sampling.tree_shape import depths, first_branch, is_tree
-from test_speculative_identity import BATCHES, num_accepted, num_drafted, run_speculative
-from tiny_models import make_tiny_model, save_tiny_model_dir
+from speculative_runs import BATCHES, num_accepted, num_drafted, run_speculative
+from tiny_models import save_tiny_model_dir
 
 
 def medusa_spec(path, **extra) -> dict:
@@ -128,23 +129,16 @@ def test_heads_round_trip_their_layout(tmp_path):
     assert heads(torch.zeros(3, 32, dtype=torch.float64)).shape == (3, 2, 4)
 
 
-def make_executor(spec: dict) -> Executor:
-    _, model = make_tiny_model("llama")
-    return Executor(
-        model, ExecutorConfig(dtype="float64", device="cpu", num_kv_blocks=64, speculative_config=spec)
-    )
-
-
 def test_more_drafts_than_heads_are_refused(tmp_path):
     spec = medusa_spec(make_medusa_dir(tmp_path, num_heads=2))
     with pytest.raises(ValueError, match="more than the heads' number"):
-        make_executor(spec)
+        tiny_executor(speculative_config=spec)
 
 
 def test_heads_of_another_width_are_refused(tmp_path):
     spec = medusa_spec(make_medusa_dir(tmp_path, hidden_size=48))
     with pytest.raises(ValueError, match="hidden states of width 48"):
-        make_executor(spec)
+        tiny_executor(speculative_config=spec)
 
 
 @pytest.mark.parametrize(
@@ -153,7 +147,7 @@ def test_heads_of_another_width_are_refused(tmp_path):
 )
 def test_bad_options_are_refused_before_loading(options, message):
     with pytest.raises(ValueError, match=message):
-        make_executor({"decoding_type": "Medusa", **options})
+        tiny_executor(speculative_config={"decoding_type": "Medusa", **options})
 
 
 def test_a_custom_target_without_heads_is_refused(tmp_path):

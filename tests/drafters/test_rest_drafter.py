@@ -7,6 +7,8 @@ import json
 
 import numpy as np
 import pytest
+from fake_requests import FakeRequest
+from grammar_support import smollm2_tokenizer
 from rest_stores import token_store
 from specexec.cli import main
 from specexec.drafters.retrieval.datastore import (
@@ -17,9 +19,7 @@ from specexec.drafters.retrieval.datastore import (
     tokenizer_fingerprint,
 )
 from specexec.drafters.retrieval.rest import RestDrafter, RestOptions
-from test_grammar_support import smollm2_tokenizer
-from test_ngram_drafter import FakeRequest
-from test_speculative_identity import BATCHES, num_accepted, reference, run_speculative
+from speculative_runs import BATCHES, num_accepted, reference, run_speculative
 
 DOCUMENTS = [
     "def add(a, b):\n    return a + b\n",

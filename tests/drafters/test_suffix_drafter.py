@@ -11,18 +11,18 @@ from __future__ import annotations
 import random
 
 import pytest
+from fake_requests import FakeRequest, fake_request
 from specexec.drafters.retrieval.suffix import SuffixDrafter
 from specexec.drafters.retrieval.suffix_index import SpeculationLimits, SuffixIndex
 from specexec.executor.config import ExecutorConfig
 from specexec.executor.executor import Executor
-from test_ngram_drafter import FakeRequest, make_request
 from tiny_models import make_tiny_model
 
 #: vLLM's default limits: a draft per matched token (the tests below count drafts by them)
 PER_MATCHED_TOKEN = {"max_spec_factor": 1.0, "max_spec_offset": 0.0}
 
 
-def drafts(drafter: SuffixDrafter, request: FakeRequest) -> list[int]:
+def suffix_drafts(drafter: SuffixDrafter, request: FakeRequest) -> list[int]:
     slots = drafter.num_draft_slots(request)
     proposal = drafter.propose(request, slots)
     assert len(proposal.token_ids) == slots, "the slots reserved are the drafts proposed"
@@ -140,85 +140,85 @@ def test_removed_sequences_stop_matching_and_the_index_shrinks_back():
 
 def test_drafts_from_the_requests_own_prompt_and_output():
     drafter = SuffixDrafter(max_draft_len=8, max_cached_requests=0, **PER_MATCHED_TOKEN)
-    request = make_request([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3])
-    assert drafts(drafter, request) == [4, 5, 6]  # a 3-token match earns 3 drafts
+    request = fake_request([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3])
+    assert suffix_drafts(drafter, request) == [4, 5, 6]  # a 3-token match earns 3 suffix_drafts
     request.token_ids += [4, 5, 6, 7]
-    assert drafts(drafter, request) == [8, 9, 1, 2, 3, 4, 5]  # 7 matched: 7 more
+    assert suffix_drafts(drafter, request) == [8, 9, 1, 2, 3, 4, 5]  # 7 matched: 7 more
     assert drafter.num_cached_requests() == 0 and len(drafter.shared) == 0
 
 
 def test_a_finished_requests_output_drafts_for_later_requests():
     drafter = SuffixDrafter(max_draft_len=8, **PER_MATCHED_TOKEN)
-    first = make_request([1, 2])
-    drafts(drafter, first)
+    first = fake_request([1, 2])
+    suffix_drafts(drafter, first)
     first.token_ids += [30, 31, 32, 33, 34, 35, 36, 37]  # its output
     first.finish_reason = "stop"
     drafter.release(first)
-    second = make_request([9, 30, 31, 32])
-    assert drafts(drafter, second) == [33, 34, 35]
+    second = fake_request([9, 30, 31, 32])
+    assert suffix_drafts(drafter, second) == [33, 34, 35]
     assert drafter.num_cached_requests() == 1
 
 
 def test_running_requests_draft_from_each_others_outputs():
     drafter = SuffixDrafter(max_draft_len=8)
-    a, b = make_request([1]), make_request([2])
-    drafts(drafter, a), drafts(drafter, b)
+    a, b = fake_request([1]), fake_request([2])
+    suffix_drafts(drafter, a), suffix_drafts(drafter, b)
     a.token_ids += [40, 41, 42, 43, 44, 45]
-    drafts(drafter, a)
+    suffix_drafts(drafter, a)
     b.token_ids += [40, 41, 42]
-    assert drafts(drafter, b) == [43, 44, 45]
+    assert suffix_drafts(drafter, b) == [43, 44, 45]
 
 
 def test_failed_or_preempted_requests_leave_nothing_and_the_store_keeps_its_bound():
     drafter = SuffixDrafter(max_draft_len=8, max_cached_requests=3)
     for i in range(6):
-        request = make_request([1, 100 + i, 101 + i, 102 + i])
-        drafts(drafter, request)
+        request = fake_request([1, 100 + i, 101 + i, 102 + i])
+        suffix_drafts(drafter, request)
         request.token_ids += [200 + i, 201 + i]
         request.finish_reason = "stop"
         drafter.release(request)
     assert drafter.num_cached_requests() == 3 and len(drafter.shared) == 3
     for reason in ("error", None):  # failed, or preempted (released before it finished)
-        request = make_request([5, 6])
-        drafts(drafter, request)
+        request = fake_request([5, 6])
+        suffix_drafts(drafter, request)
         request.token_ids += [7, 8]
         request.finish_reason = reason
         drafter.release(request)
     assert drafter.num_cached_requests() == 3 and len(drafter.shared) == 3
     assert not drafter._local and not drafter._outputs
-    assert drafts(drafter, make_request([9, 200 + 5])) == [201 + 5]  # the newest are kept
-    assert drafts(drafter, make_request([9, 200 + 0])) == []  # the oldest evicted
+    assert suffix_drafts(drafter, fake_request([9, 200 + 5])) == [201 + 5]  # the newest are kept
+    assert suffix_drafts(drafter, fake_request([9, 200 + 0])) == []  # the oldest evicted
 
 
 def test_forgetting_finished_requests_keeps_the_running_ones():
     """What a benchmark's run asks before it starts (the same prompts' outputs of an earlier pass)."""
     drafter = SuffixDrafter(max_draft_len=8)
-    finished = make_request([1, 100, 101, 102])
-    drafts(drafter, finished)
+    finished = fake_request([1, 100, 101, 102])
+    suffix_drafts(drafter, finished)
     finished.token_ids += [200, 201]
     finished.finish_reason = "stop"
     drafter.release(finished)
-    running = make_request([3, 300, 301])
-    drafts(drafter, running)
+    running = fake_request([3, 300, 301])
+    suffix_drafts(drafter, running)
     drafter.forget_finished_requests()
     assert drafter.num_cached_requests() == 0 and len(drafter.shared) == 1
-    assert drafts(drafter, make_request([9, 200])) == []
+    assert suffix_drafts(drafter, fake_request([9, 200])) == []
 
 
 def test_a_sequence_that_got_shorter_is_indexed_again():
     drafter = SuffixDrafter(max_draft_len=8, max_cached_requests=0, **PER_MATCHED_TOKEN)
-    request = make_request([1, 2, 3, 1, 2, 3, 1, 2])
-    assert drafts(drafter, request) == [3, 1, 2]  # 5 matched; the text ends 3 tokens on
+    request = fake_request([1, 2, 3, 1, 2, 3, 1, 2])
+    assert suffix_drafts(drafter, request) == [3, 1, 2]  # 5 matched; the text ends 3 tokens on
     request.token_ids = [7, 8, 9, 7, 8]
-    assert drafts(drafter, request) == [9, 7]
+    assert suffix_drafts(drafter, request) == [9, 7]
 
 
 def test_a_new_token_list_is_indexed_again():
     drafter = SuffixDrafter(max_draft_len=8, max_cached_requests=0, **PER_MATCHED_TOKEN)
-    request = make_request([1, 2, 3, 4, 1, 2])
-    assert drafts(drafter, request) == [3, 4]
+    request = fake_request([1, 2, 3, 4, 1, 2])
+    assert suffix_drafts(drafter, request) == [3, 4]
     request.token_ids = [5, 6, 7, 8, 5, 6, 7]  # another list, longer: the old one's index must go
-    assert drafts(drafter, request) == [8, 5, 6]
+    assert suffix_drafts(drafter, request) == [8, 5, 6]
 
 
 class PrefixGrammar:
@@ -239,11 +239,11 @@ class PrefixGrammar:
 
 def test_a_guided_requests_chain_is_cut_at_its_first_refused_token():
     drafter = SuffixDrafter(max_draft_len=8, max_cached_requests=0, **PER_MATCHED_TOKEN)
-    request = make_request([1, 2, 3, 4, 50, 6, 7, 1, 2, 3, 4])
+    request = fake_request([1, 2, 3, 4, 50, 6, 7, 1, 2, 3, 4])
     request.drafting_grammar = PrefixGrammar(limit=40)
-    assert drafts(drafter, request) == []  # the first draft, 50, is refused
+    assert suffix_drafts(drafter, request) == []  # the first draft, 50, is refused
     request.drafting_grammar = PrefixGrammar(limit=60)
-    assert drafts(drafter, request) == [50, 6, 7, 1]
+    assert suffix_drafts(drafter, request) == [50, 6, 7, 1]
 
 
 @pytest.mark.parametrize(

@@ -11,63 +11,24 @@ ones seed for seed and pass the chi-square test.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import specexec.executor.engine.engine_core as engine_core
-from specexec.drafters.base import Drafter, DraftProposal
-from specexec.executor.config import ExecutorConfig
-from specexec.executor.engine.speculation.tree_config import TreeShape
-from specexec.executor.executor import Executor
-from test_speculative_distribution import (
+from oracle_tree_drafter import OracleTreeDrafter
+from sampled_distribution import (
     P_VALUE_THRESHOLD,
     chi_square_p_value,
     exact_distribution,
     plain_samples,
     sample_sequences,
 )
-from test_speculative_identity import BATCHES, num_accepted, reference, run_speculative
+from specexec.drafters.base import Drafter, DraftProposal
+from specexec.executor.config import ExecutorConfig
+from specexec.executor.engine.speculation.tree_config import TreeShape
+from specexec.executor.executor import Executor
+from speculative_runs import BATCHES, num_accepted, reference, run_speculative
 from tiny_models import make_tiny_model
 
 TREE_SPEC = {"decoding_type": "Oracle", "draft_tree": True, "draft_len_policy": "fixed"}
-
-
-class OracleTreeDrafter(Drafter):
-    """Per level: a garbage node (the first branch), the true token, and a node that is right once then
-    garbage; laid out level by level, so the true branch's nodes are never at the chain's slots."""
-
-    runs_on_loop_thread = True
-    default_tree = TreeShape(max_nodes=12, branching=3)
-
-    def __init__(self, expected: dict[str, list[int]], vocab: int, max_draft_len: int = 4) -> None:
-        super().__init__(max_draft_len)
-        self.expected = expected
-        self.vocab = vocab
-        self.rng = random.Random(0)
-        self.num_trees = 0
-
-    def prepare_draft_tokens(self, scheduled_requests, resources):
-        return {s.request.request_id: self._tree(s) for s in scheduled_requests}
-
-    def _garbage(self, avoid: int) -> int:
-        return self.rng.choice([t for t in range(self.vocab) if t != avoid])
-
-    def _tree(self, s) -> DraftProposal:
-        r = s.request
-        truth = self.expected[r.request_id][r.num_output_tokens :]
-        depth = min(s.max_draft_depth or s.num_draft_slots, len(truth))
-        tokens, parents = [], []
-        ends = {"garbage": -1, "true": -1, "half": -1}  # each branch's last node
-        for level in range(depth):
-            for branch in ("garbage", "true", "half"):
-                if len(tokens) >= s.num_draft_slots:
-                    break
-                right = branch == "true" or (branch == "half" and level == 0)
-                tokens.append(truth[level] if right else self._garbage(truth[level]))
-                parents.append(ends[branch])
-                ends[branch] = len(tokens) - 1
-        self.num_trees += 1
-        return DraftProposal(tokens, parents=parents)
 
 
 def oracle(arch: str, prompts, max_tokens: int = 16) -> OracleTreeDrafter:
@@ -217,8 +178,8 @@ def test_tree_sampling_reproduces_the_plain_samples_seed_for_seed(tree_samples):
 @pytest.mark.parametrize("growth", ["dynamic", "siblings"])
 @pytest.mark.parametrize("batch", BATCHES)
 def test_eagle_trees_keep_greedy_output_identical(tmp_path, batch, kv_moves, growth, monkeypatch):
+    from eagle3_heads import eagle_spec, make_head_dir
     from specexec.drafters.eagle3 import tree_growth
-    from test_eagle3 import eagle_spec, make_head_dir
 
     make_head_dir(tmp_path)
     spec = {

@@ -9,14 +9,14 @@ every KV page, of the target and of a draft model, must be back in its pool afte
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 
 import numpy as np
 import pytest
 import torch
-from factories import assert_all_pages_free, tiny_config
+from capture_checks import graph_stats, replay_captured_forwards
+from factories import assert_all_pages_free, drafting_config, greedy_requests
 from rest_stores import token_datastore_file
 from specexec.drafters.base import Drafter, DraftProposal
 from specexec.drafters.draft_target import DraftTargetDrafter
@@ -24,111 +24,22 @@ from specexec.drafters.draft_target.quantized_copy import quantized_copy
 from specexec.drafters.ngram import NGramDrafter
 from specexec.drafters.retrieval.rest import RestDrafter, RestOptions
 from specexec.drafters.retrieval.suffix import SuffixDrafter
-from specexec.executor.config import ExecutorConfig
-from specexec.executor.engine.request import FinishReason, Request
+from specexec.executor.engine.request import FinishReason
 from specexec.executor.executor import Executor
-from specexec.sampling import SamplingParams
-from tiny_models import make_prompts, make_tiny_model
+from speculative_runs import (
+    BATCHES,
+    MAX_TOKENS,
+    SELF_DRAFT_SPEC,
+    make_independent_draft_model,
+    num_accepted,
+    num_drafted,
+    reference,
+    run_speculative,
+)
+from tiny_models import make_tiny_model
 
 ARCHS = ("llama", "gemma3")
-#: the int8 quantized copy of the target drafts
-SELF_DRAFT_SPEC = {"decoding_type": "DraftTarget", "max_draft_len": 4}
 VOCAB = 256
-MAX_TOKENS = 16
-#: one repetitive prompt: the NGram drafter matches it and both archs accept some of its drafts
-SINGLE_PROMPT = [9, 10, 11] * 6
-
-
-def make_batch_prompts() -> list[list[int]]:
-    """8 prompts, 1..30 tokens (96 in all, so one step admits them all), three of them repetitive."""
-    prompts = make_prompts(8, [1, 30, 5, 17, 2, 12, 9, 20], seed=3)
-    prompts[1] = [5, 6, 7, 8] * 7 + [5, 6]
-    prompts[3] = [9, 10, 11] * 5 + [9, 10]
-    prompts[7] = prompts[7][:5] * 4
-    return prompts
-
-
-BATCHES = {"batch1": [SINGLE_PROMPT], "batch8": make_batch_prompts()}
-
-
-def make_config(**overrides) -> ExecutorConfig:
-    spec = drafting_every_step(overrides.pop("speculative_config", None))
-    return tiny_config(**overrides, speculative_config=spec)
-
-
-def drafting_every_step(spec):
-    """``spec`` with ``draft_len_policy: fixed`` where it names no policy. These tests check what
-    verification makes of drafts: every step drafts, as the "auto" policy (the default) would not where
-    a drafter costs about what the tiny target does, or where timing it on a busy machine says so."""
-    if isinstance(spec, dict) and "draft_len_policy" not in spec:
-        return {**spec, "draft_len_policy": "fixed"}
-    return spec
-
-
-def make_requests(prompts: list[list[int]], max_tokens=MAX_TOKENS) -> list[Request]:
-    """Greedy requests; ``max_tokens`` is one number or one per prompt."""
-    if isinstance(max_tokens, int):
-        max_tokens = [max_tokens] * len(prompts)
-    return [
-        Request(p, SamplingParams(max_tokens=m, ignore_eos=True), request_id=f"r{i}")
-        for i, (p, m) in enumerate(zip(prompts, max_tokens))
-    ]
-
-
-@functools.cache
-def _reference(arch: str, prompts: tuple[tuple[int, ...], ...], max_tokens: tuple[int, ...]):
-    _, model = make_tiny_model(arch)
-    executor = Executor(model, make_config())
-    outputs = executor.run(make_requests([list(p) for p in prompts], list(max_tokens)))
-    return [o.token_ids for o in outputs]
-
-
-def reference(arch: str, prompts: list[list[int]], max_tokens=MAX_TOKENS) -> list[list[int]]:
-    """Greedy output without speculation (computed once per arch, prompts and lengths)."""
-    if isinstance(max_tokens, int):
-        max_tokens = [max_tokens] * len(prompts)
-    return _reference(arch, tuple(map(tuple, prompts)), tuple(max_tokens))
-
-
-def run_speculative(
-    arch: str,
-    prompts: list[list[int]],
-    *,
-    drafter: Drafter | None = None,
-    max_tokens=MAX_TOKENS,
-    expect_drafter_errors: bool = False,
-    before_run=None,
-    **config_overrides,
-):
-    """Run with speculation, check identity with the reference and that every page is free again."""
-    _, model = make_tiny_model(arch)
-    executor = Executor(model, make_config(**config_overrides), drafter=drafter)
-    assert executor.speculation.drafter is not None
-    if before_run is not None:
-        before_run(executor)
-    outputs = executor.run(make_requests(prompts, max_tokens))
-    expected = reference(arch, prompts, max_tokens)
-    for i, (out, want) in enumerate(zip(outputs, expected)):
-        assert out.finish_reason is FinishReason.LENGTH, (i, out.error)
-        assert out.token_ids == want, f"request {i} ({len(prompts[i])}-token prompt) differs without drafts"
-    assert_all_pages_free(executor)
-    if not expect_drafter_errors:
-        assert executor.speculation.stats.num_drafter_errors == 0, "the drafter raised"
-    return executor, outputs
-
-
-def num_accepted(outputs) -> int:
-    return sum(o.metrics.num_accepted_tokens for o in outputs)
-
-
-def num_drafted(outputs) -> int:
-    return sum(o.metrics.num_draft_tokens for o in outputs)
-
-
-def make_independent_draft_model():
-    """A tiny model of the target's vocabulary with other weights, another arch and fewer layers."""
-    _, draft = make_tiny_model("qwen3", seed=7, num_hidden_layers=2)
-    return draft
 
 
 # ---- test drafters ---------------------------------------------------------------------------------------
@@ -256,25 +167,6 @@ def test_ngram_drafts_keep_greedy_output_identical(arch, max_draft_len, public_p
     assert executor.speculation.stats.num_draft_tokens >= num_drafted(outputs)
 
 
-def replay_captured_forwards(executor) -> None:
-    """Capture every model's decode/verify forward with the eager-replay backend (CUDA graphs' fixed
-    shapes, padding and buffers, launched eagerly): later steps run through the captured path."""
-    from specexec.executor.engine_setup import capture_cuda_graphs
-    from specexec.executor.model.cuda_graphs import EagerReplay
-
-    core = executor.core
-    reports = capture_cuda_graphs(
-        executor.config, core.runner, executor.speculation.drafter, core.max_model_len, EagerReplay()
-    )
-    assert reports and all(r.error is None and r.num_graphs > 0 for r in reports), reports
-
-
-def graph_stats(executor) -> list:
-    drafter = executor.speculation.drafter
-    inputs = getattr(drafter, "runner", None) or getattr(drafter, "inputs", None)
-    return [g.stats for g in (executor.core.runner.graphs, getattr(inputs, "graphs", None)) if g is not None]
-
-
 @pytest.mark.parametrize("path", ["sdpa", "matmul"])
 @pytest.mark.parametrize("drafter", ["ngram", "self-int8", "eagle3"])
 @pytest.mark.parametrize("batch", BATCHES)
@@ -283,8 +175,8 @@ def test_captured_forwards_keep_greedy_output_identical(arch, batch, drafter, pa
     """Decode/verify steps of the target and of the drafter's models replayed through the captured
     path (batch buckets, 1 + max drafts, key pages padded), with either attention kernel: the same tokens
     as the plain run without drafts, and most forwards replayed."""
+    from eagle3_heads import eagle_spec, make_head_dir
     from specexec.executor.model.attention_paths import AttentionPaths
-    from test_eagle3 import eagle_spec, make_head_dir
 
     make_head_dir(tmp_path)
     spec = {
@@ -328,8 +220,8 @@ def test_sampled_drafts_option_still_drafts_greedily_for_greedy_requests(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cancelled_stream_frees_the_pages_of_target_and_draft_model(arch):
     _, model = make_tiny_model(arch)
-    executor = Executor(model, make_config(speculative_config=SELF_DRAFT_SPEC))
-    stream = executor.stream(make_requests(BATCHES["batch8"]))
+    executor = Executor(model, drafting_config(speculative_config=SELF_DRAFT_SPEC))
+    stream = executor.stream(greedy_requests(BATCHES["batch8"], MAX_TOKENS))
     events = [next(stream) for _ in range(20)]
     assert not any(e.finished for e in events)
     assert executor.speculation.stats.num_draft_tokens > 0
@@ -514,9 +406,9 @@ def test_draft_len_schedule_turns_drafting_off_for_big_batches(arch):
     # batch of 8 that all finish together: never fewer than 4 running, so never a draft
     drafter = BatchSpyNGramDrafter(3)
     _, model = make_tiny_model(arch)
-    executor = Executor(model, make_config(speculative_config=spec), drafter=drafter)
+    executor = Executor(model, drafting_config(speculative_config=spec), drafter=drafter)
     drafter.executor = executor
-    outputs = executor.run(make_requests(BATCHES["batch8"]))
+    outputs = executor.run(greedy_requests(BATCHES["batch8"], MAX_TOKENS))
     assert [o.token_ids for o in outputs] == reference(arch, BATCHES["batch8"])
     assert drafter.calls == [] and num_drafted(outputs) == 0
     assert_all_pages_free(executor)
@@ -525,9 +417,9 @@ def test_draft_len_schedule_turns_drafting_off_for_big_batches(arch):
     max_tokens = [4, 6, 8, 10, 12, 14, 16, 24]
     drafter = BatchSpyNGramDrafter(3)
     _, model = make_tiny_model(arch)
-    executor = Executor(model, make_config(speculative_config=spec), drafter=drafter)
+    executor = Executor(model, drafting_config(speculative_config=spec), drafter=drafter)
     drafter.executor = executor
-    outputs = executor.run(make_requests(BATCHES["batch8"], max_tokens))
+    outputs = executor.run(greedy_requests(BATCHES["batch8"], max_tokens))
     assert [o.token_ids for o in outputs] == reference(arch, BATCHES["batch8"], max_tokens)
     assert_all_pages_free(executor)
     assert drafter.calls, "with fewer than 4 requests running, drafting should resume"
@@ -561,9 +453,9 @@ def test_draft_slots_never_refuse_a_prompt_near_the_kv_cap():
 
     drafter = RepeatLastDrafter(4)
     _, model = make_tiny_model("llama")
-    executor = Executor(model, make_config(num_kv_blocks=8), drafter=drafter)
+    executor = Executor(model, drafting_config(num_kv_blocks=8), drafter=drafter)
     assert executor.core.max_model_len == 32
-    (out,) = executor.run(make_requests([prompt], 4))
+    (out,) = executor.run(greedy_requests([prompt], 4))
     assert out.finish_reason is FinishReason.LENGTH, out.error
     assert [out.token_ids] == reference("llama", [prompt], 4)
     assert out.metrics.num_draft_tokens > 0
