@@ -19,11 +19,19 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+def cores_per_worker() -> int:
+    """This machine's cores shared among pytest-xdist's workers (the suite runs ``-n auto``: one worker a
+    core): a worker's test that took every core would make each core run two busy threads, and torch's
+    threads, waiting at every op for the slowest, ran the real model 10x slower so (597 s, not 51)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
 @pytest.fixture
 def all_threads():
-    """The real model wants every core (the tiny models above run on one)."""
+    """The real model wants every core this worker has (the tiny models above run on one)."""
     before = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(cores_per_worker())
     yield
     torch.set_num_threads(before)
 
