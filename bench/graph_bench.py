@@ -33,7 +33,6 @@ import torch
 
 from ..executor.config import ExecutorConfig
 from ..executor.engine.request import Request
-from ..executor.engine_setup import capture_cuda_graphs
 from ..executor.executor import Executor
 from ..executor.layers.cpu_info import describe_cpu
 from ..executor.model.cuda_graphs import EagerReplay
@@ -185,12 +184,8 @@ class Setting:
         # each executor its own module, unless it is the only one (a 15 GB model is not copied)
         module = model if model is None or share else copy.deepcopy(model)
         self.executor = Executor(module, config, tokenizer=tokenizer if module is not None else None)
-        core = self.executor.core
         if graphs and args.device == "cpu":
-            drafter_obj = self.executor.speculation.drafter
-            self.executor.setup.cuda_graphs = capture_cuda_graphs(
-                config, core.runner, drafter_obj, core.max_model_len, EagerReplay()
-            )
+            self.executor.capture_forwards(EagerReplay())
         self.graphs = graphs
         self.tokens: dict[str, list[int]] = {}
 
@@ -198,10 +193,10 @@ class Setting:
         """Serve ``requests`` ``batch`` at a time; wall time and counters of the pass."""
         ex = self.executor
         stats, guided = ex.speculation.stats, ex.guided.stats
-        graphs = ex.core.runner.graphs
+        graphs = ex.model_runner.graphs
         before = (stats.num_target_forwards, guided.mask_wait_ms, guided.num_steps)
         replays_before = (graphs.stats.num_replays, graphs.stats.num_eager) if graphs else (0, 0)
-        if ex.core.runner.device.type == "cuda":
+        if ex.model_runner.device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
         outputs = []

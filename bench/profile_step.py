@@ -121,12 +121,12 @@ def label_the_model(executor: Executor) -> Iterator[None]:
     from ..executor.model.decoder import forward as own_forward
     from ..executor.model.decoder import layers as own_layers
 
-    runner = executor.core.runner
+    runner = executor.model_runner
     layer = runner.model.model.layers[0]
-    run_model, own_attention, layer_forward = runner._run_model, own_layers.paged_attention, layer.forward
+    own_attention, layer_forward = own_layers.paged_attention, layer.forward
     run_fused = own_forward.run_fused  # the own decoder's layer as one C++ op (`decoder/fused_layer.py`)
     # registered once a model runs on transformers' modules (absent where only the own decoder ran)
-    hf_attention = ALL_ATTENTION_FUNCTIONS._global_mapping.get(paged.PAGED_ATTENTION)
+    hf_attention = ALL_ATTENTION_FUNCTIONS.get(paged.PAGED_ATTENTION)
 
     def labelled(label, fn):
         def call(*args, **kwargs):
@@ -141,16 +141,16 @@ def label_the_model(executor: Executor) -> Iterator[None]:
         with torch.profiler.record_function(LAYER):
             return run_fused(fused_layer, *args, **kwargs)
 
-    runner._run_model = labelled(MODEL, run_model)
     layer.forward = labelled(LAYER, layer_forward)
     own_forward.run_fused = fused
     if hf_attention is not None:
         ALL_ATTENTION_FUNCTIONS[paged.PAGED_ATTENTION] = labelled(ATTENTION, hf_attention)
     own_layers.paged_attention = labelled(ATTENTION, own_attention)
     try:
-        yield
+        with runner.wrapped_forward(lambda forward: labelled(MODEL, forward)):
+            yield
     finally:
-        del runner._run_model, layer.forward
+        del layer.forward
         own_forward.run_fused = run_fused
         if hf_attention is not None:
             ALL_ATTENTION_FUNCTIONS[paged.PAGED_ATTENTION] = hf_attention

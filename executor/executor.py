@@ -31,6 +31,7 @@ from .engine_setup import build_engine_core, check_before_loading, resolve_dtype
 from .kernel_plan.measurement.budget import measuring_budget
 from .kernel_plan.measurement.journal import MeasurementNote, measurement_notes
 from .layers.quantized.release_memory import trim_freed_heap
+from .model.model_runner import ModelRunner
 from .warmup import warm_up
 
 logger = logging.getLogger("specexec")
@@ -278,6 +279,24 @@ class Executor:
         """With tensor parallelism, the seconds rank 0 spent sending steps to the other ranks (0.0 on
         one process)."""
         return float(getattr(self.core.runner, "broadcast_seconds", 0.0))
+
+    # ---- what tools that time or capture the forward use (bench/profile_step.py, graph_bench.py) -----
+    @property
+    def model_runner(self) -> ModelRunner:
+        """The target's runner: its model, device and captured graphs, and `ModelRunner.wrapped_forward`
+        for a tool that times the model call."""
+        return self.core.runner
+
+    def capture_forwards(self, backend) -> list:
+        """Capture every model's decode/verify forward (the target's and a draft model's) with the capture
+        ``backend`` (`executor/model/cuda_graphs.py`: CUDA graphs, or `EagerReplay`, their CPU stand-in),
+        so later steps run through the captured path; the reports, also in ``setup.cuda_graphs``."""
+        from .engine_setup import capture_cuda_graphs
+
+        self.setup.cuda_graphs = capture_cuda_graphs(
+            self.config, self.core.runner, self.speculation.drafter, self.core.max_model_len, backend
+        )
+        return self.setup.cuda_graphs
 
     def queue_sizes(self) -> tuple[int, int]:
         """(waiting, running) requests, a snapshot."""

@@ -44,13 +44,9 @@ class CapturabilityCheck:
 def replay_captured_forwards(executor) -> None:
     """Capture every model's decode/verify forward with the eager-replay backend (CUDA graphs' fixed
     shapes, padding and buffers, launched eagerly): later steps run through the captured path."""
-    from specexec.executor.engine_setup import capture_cuda_graphs
     from specexec.executor.model.cuda_graphs import EagerReplay
 
-    core = executor.core
-    reports = capture_cuda_graphs(
-        executor.config, core.runner, executor.speculation.drafter, core.max_model_len, EagerReplay()
-    )
+    reports = executor.capture_forwards(EagerReplay())
     assert reports and all(r.error is None and r.num_graphs > 0 for r in reports), reports
 
 

@@ -8,6 +8,8 @@ every shape run eagerly.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -187,6 +189,16 @@ class ModelRunner(PagedInputs):
         (the step's rows are gathered after the replay)."""
         logits, hidden = self._run_model(views.input_ids, views.positions, meta, None)
         return {"logits": logits}, {str(layer): h for layer, h in hidden.items()}  # [B * Q, ...] each
+
+    @contextlib.contextmanager
+    def wrapped_forward(self, wrap: Callable[[Callable], Callable]) -> Iterator[None]:
+        """Every model call goes through ``wrap(forward)`` inside the block (a profiler's labels, a
+        timer), then through the forward again."""
+        self._run_model = wrap(type(self)._run_model.__get__(self))
+        try:
+            yield
+        finally:
+            del self._run_model
 
     def _run_model(
         self,
