@@ -22,7 +22,7 @@ from ..executor.layers.quantized.auto_scheme import QUANTIZATION_SETTINGS
 from .machine import describe_machine, torch_threads
 
 logger = logging.getLogger("specexec")
-BASELINES = ("none", "hf", "llamacpp")
+BASELINES = ("none", "hf", "llamacpp", "llama-server")
 
 
 @dataclass(slots=True)
@@ -122,7 +122,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--baseline",
         default=None,
         help="comma-separated: none (specexec without drafts), hf, llamacpp (the same GGUF through "
-        "llama-cpp-python, at concurrency 1); default none, or nothing with --server alone",
+        "llama-cpp-python, at concurrency 1), llama-server (llama.cpp's server on the same GGUF and threads, "
+        "started and stopped by the bench, at every concurrency); default none, or nothing with --server alone",
+    )
+    parser.add_argument(
+        "--llama-server",
+        help="with --baseline llama-server: its binary (default: $LLAMA_SERVER, else llama-server on the PATH)",
+    )
+    parser.add_argument(
+        "--llama-server-args",
+        action="append",
+        help="with --baseline llama-server: more arguments for one server, e.g. '--spec-type ngram-mod' "
+        "(llama.cpp's speculation); repeatable, one server and one row each (give '' for the plain one too); "
+        "default: the plain server alone",
     )
     parser.add_argument(
         "--server",
@@ -192,6 +204,14 @@ def load_configs(args) -> list[NamedConfig]:
 
         import_llama_cpp()
         gguf_file(args.model or (configs[0].config.model if configs else None))
+    if "llama-server" in baselines:  # before any model loads: the binary and a GGUF file
+        from .engines.llama_server import find_llama_server
+        from .engines.llamacpp import gguf_file
+
+        find_llama_server(args.llama_server)
+        gguf_file(args.model or (configs[0].config.model if configs else None))
+    elif args.llama_server or args.llama_server_args:
+        raise ValueError("--llama-server and --llama-server-args go with --baseline llama-server")
     if "none" in baselines or not (configs or args.server):
         base = copy.deepcopy(configs[0].config) if configs else ExecutorConfig()
         base.speculative_config = None

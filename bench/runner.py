@@ -99,6 +99,8 @@ class BenchRunner:
             hf = (single if 1 in self.concurrencies else 0) + sum(c > 1 for c in self.concurrencies)
         llamacpp = int("llamacpp" in self.baselines and 1 in self.concurrencies)
         server = len(self.concurrencies) if self.args.server else 0
+        if "llama-server" in self.baselines:
+            server += len(self.concurrencies) * len(self._llama_server_args())
         if self.multiturn:  # (specexec configurations only)
             per_pass = len(self.configs) * len(self.concurrencies) * num_turns(self.prompts)
         else:
@@ -141,6 +143,9 @@ class BenchRunner:
                     self._run_hf(bar)
                 if "llamacpp" in self.baselines:
                     self._run_llamacpp(bar)
+                if "llama-server" in self.baselines:
+                    for extra_args in self._llama_server_args():
+                        self._run_llama_server(extra_args, bar)
                 if self.args.server:
                     self._run_server(bar)
 
@@ -301,6 +306,48 @@ class BenchRunner:
                 "acceptance_rate": accepted / drafted if drafted else None,
             }
             self._summarize("server", c, records, wall, extra, "server")
+
+    def _llama_server_args(self) -> list[str]:
+        return self.args.llama_server_args or [""]
+
+    def _run_llama_server(self, extra_args: str, bar) -> None:
+        """llama.cpp's server on the same GGUF and threads, started for this pass and stopped after it,
+        driven like --server at every concurrency (`engines/llama_server.py`)."""
+        from .engines.llama_server import LlamaServer, find_llama_server, row_name
+        from .engines.llamacpp import gguf_file
+        from .engines.server import ServerTarget, check_server, run_server
+        from .machine import torch_threads
+
+        if self._tokenizer is None:
+            self._load(self.configs[0].config.model, self.configs[0].config.dtype)
+        work = self._workload()
+        name = row_name(extra_args)
+        slot_context = max(len(ids) for ids in work.token_ids) + work.max_tokens
+        server = LlamaServer(
+            find_llama_server(self.args.llama_server),
+            gguf_file(self.args.model or self.configs[0].config.model),
+            threads=torch_threads(),
+            slots=max(self.concurrencies),
+            slot_context=slot_context,
+            extra_args=extra_args,
+        )
+        with server:
+            served = check_server(server.url)
+            target = ServerTarget(server.url, served, dialect="llama-server")
+            self._warm_up(lambda w: run_server(target, w, 1))
+            for c in self.concurrencies:
+                bar.set_postfix_str(f"{name} c={c}{self._pass_label()}")
+                records, wall, counters = run_server(target, work, c, bar.update)
+                drafted, accepted = (
+                    counters.get("num_draft_tokens", 0),
+                    counters.get("num_accepted_tokens", 0),
+                )
+                extra = {
+                    "engine": f"llama-server ({' '.join(server.argv[1:])})",
+                    "guided": self.args.guided,
+                    "acceptance_rate": accepted / drafted if drafted else None,
+                }
+                self._summarize(name, c, records, wall, extra, "llama-server")
 
     def _self_draft_dtype(self, model) -> torch.dtype:
         from ..drafters.base import DrafterContext

@@ -28,7 +28,12 @@ from .specexec_hf import Workload, _failed_record
 _SPEC_COUNTERS = {
     "specexec:spec_decode_num_draft_tokens_total": "num_draft_tokens",
     "specexec:spec_decode_num_accepted_tokens_total": "num_accepted_tokens",
+    # llama-server's, under --metrics
+    "llamacpp:spec_decode_num_draft_tokens_total": "num_draft_tokens",
+    "llamacpp:spec_decode_num_accepted_tokens_total": "num_accepted_tokens",
 }
+#: the request fields a server takes: vLLM's extensions, or llama-server's (`llama_server.py`)
+DIALECTS = ("openai", "llama-server")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +45,9 @@ class ServerTarget:
     api_key: str | None = None
     #: each prompt's rendered text (its ids decoded), sent instead of the ids; None: the ids
     prompt_texts: list[str] | None = None
+    #: "openai" (with vLLM's stop_token_ids and min_tokens) or "llama-server" (its ignore_eos; it stops at
+    #: the GGUF's end-of-generation tokens by itself and names no tokens in its stream's log-probabilities)
+    dialect: str = "openai"
 
 
 def run_server(
@@ -95,7 +103,8 @@ async def _run(
 
 
 def request_body(work: Workload, i: int, target: ServerTarget | None = None) -> dict:
-    """Request i's body: the stop set as stop tokens, with ``ignore_eos`` banned until max_tokens."""
+    """Request i's body: the stop set as stop tokens, with ``ignore_eos`` banned until max_tokens (for
+    llama-server: its own ignore_eos, which bans its end-of-generation tokens)."""
     texts = target.prompt_texts if target is not None else None
     body = {
         "prompt": texts[i] if texts is not None else work.token_ids[i],
@@ -108,6 +117,11 @@ def request_body(work: Workload, i: int, target: ServerTarget | None = None) -> 
     }
     if target is not None and target.model is not None:  # (a router in front fills in "unknown")
         body["model"] = target.model
+    if target is not None and target.dialect == "llama-server":
+        del body["logprobs"]  # (its stream names no tokens there; n_probs would only cost it time)
+        if work.ignore_eos:
+            body["ignore_eos"] = True
+        return body
     if work.stop_token_ids:
         body["stop_token_ids"] = list(work.stop_token_ids)
     if work.ignore_eos:

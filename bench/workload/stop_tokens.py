@@ -25,6 +25,7 @@ FORBIDDEN_BY = {
     "transformers": "suppress_tokens (logits -inf)",
     "llama.cpp": "logits processor (logits -inf)",
     "server": "min_tokens = max_tokens and the stop set as stop_token_ids in the request (vLLM's)",
+    "llama-server": "ignore_eos in the request (llama.cpp: its end-of-generation tokens' logits -inf)",
 }
 #: GGUF metadata keys whose token ids end generation in llama.cpp (its EOS, end-of-turn, end-of-message)
 GGUF_STOP_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
