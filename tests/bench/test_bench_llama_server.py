@@ -106,7 +106,9 @@ def test_each_llama_server_gets_the_gguf_the_threads_its_args_and_the_same_promp
         "--llama-server-args", "", "--llama-server-args", "--spec-type ngram-mod --draft-max 4",
     )  # fmt: skip
     assert main(argv) == 0
-    rows = {(r["name"], r["concurrency"]): r for r in json.loads((tmp_path / "r.json").read_text())["results"]}
+    rows = {
+        (r["name"], r["concurrency"]): r for r in json.loads((tmp_path / "r.json").read_text())["results"]
+    }
     assert {("llama-server", 1), ("llama-server", 2), ("none", 1), ("none", 2)} <= set(rows)
     spec = rows[("llama-server --spec-type ngram-mod --draft-max 4", 2)]
     assert spec["acceptance_rate"] == pytest.approx(0.5)
