@@ -296,16 +296,22 @@ class BenchRunner:
         self._warm_up(
             lambda w: run_server(ServerTarget(url, served, key, texts and texts[: len(w.prompts)]), w, 1)
         )
+        self._drive_server("server", target, work, f"server {url} ({served})", "server", bar, stop_texts)
+
+    def _drive_server(self, name, target, work, engine: str, forbidden_by: str, bar, stop_texts=frozenset()):
+        """A served engine's rows, one a concurrency, its acceptance rate from the server's counters."""
+        from .engines.server import run_server
+
         for c in self.concurrencies:
-            bar.set_postfix_str(f"server c={c}{self._pass_label()}")
+            bar.set_postfix_str(f"{name} c={c}{self._pass_label()}")
             records, wall, counters = run_server(target, work, c, bar.update, stop_texts=stop_texts)
             drafted, accepted = counters.get("num_draft_tokens", 0), counters.get("num_accepted_tokens", 0)
             extra = {
-                "engine": f"server {url} ({served})",
+                "engine": engine,
                 "guided": self.args.guided,
                 "acceptance_rate": accepted / drafted if drafted else None,
             }
-            self._summarize("server", c, records, wall, extra, "server")
+            self._summarize(name, c, records, wall, extra, forbidden_by)
 
     def _llama_server_args(self) -> list[str]:
         return self.args.llama_server_args or [""]
@@ -335,19 +341,8 @@ class BenchRunner:
             served = check_server(server.url)
             target = ServerTarget(server.url, served, dialect="llama-server")
             self._warm_up(lambda w: run_server(target, w, 1))
-            for c in self.concurrencies:
-                bar.set_postfix_str(f"{name} c={c}{self._pass_label()}")
-                records, wall, counters = run_server(target, work, c, bar.update)
-                drafted, accepted = (
-                    counters.get("num_draft_tokens", 0),
-                    counters.get("num_accepted_tokens", 0),
-                )
-                extra = {
-                    "engine": f"llama-server ({' '.join(server.argv[1:])})",
-                    "guided": self.args.guided,
-                    "acceptance_rate": accepted / drafted if drafted else None,
-                }
-                self._summarize(name, c, records, wall, extra, "llama-server")
+            engine = f"llama-server ({' '.join(server.argv[1:])})"
+            self._drive_server(name, target, work, engine, "llama-server", bar)
 
     def _self_draft_dtype(self, model) -> torch.dtype:
         from ..drafters.base import DrafterContext

@@ -32,8 +32,6 @@ _SPEC_COUNTERS = {
     "llamacpp:spec_decode_num_draft_tokens_total": "num_draft_tokens",
     "llamacpp:spec_decode_num_accepted_tokens_total": "num_accepted_tokens",
 }
-#: the request fields a server takes: vLLM's extensions, or llama-server's (`llama_server.py`)
-DIALECTS = ("openai", "llama-server")
 
 
 @dataclass(frozen=True, slots=True)
