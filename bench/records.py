@@ -68,6 +68,7 @@ def summarize(
         "name": name,
         "concurrency": concurrency,
         "num_requests": len(records),
+        "num_failed": sum(r.error is not None for r in records),  #: each one's error is in ``requests``
         "wall_s": wall_s,
         "output_tokens": out_tokens,
         "output_tokens_per_s": out_tokens / wall_s if wall_s > 0 else None,

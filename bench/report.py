@@ -49,7 +49,7 @@ def format_table(rows: list[dict], guided: bool = False) -> str:
         [
             row["name"],
             str(row["concurrency"]),
-            str(row["num_requests"]),
+            str(row["num_requests"]) + (f" ({row['num_failed']} failed)" if row.get("num_failed") else ""),
             _measured(row, "output_tokens_per_s"),
             _measured(row, "per_user_tokens_per_s"),
             _measured(row, "ttft_ms_p50", ".0f"),
@@ -76,6 +76,8 @@ def format_table(rows: list[dict], guided: bool = False) -> str:
 
 
 LEGEND = (
+    "n           requests a pass; (k failed): requests that ended in an error, over all passes (each one's\n"
+    "            error is in the JSON's requests); the row's figures count what the others made\n"
     "tok/s       all requests' output tokens / wall time, first sent to last done (prefill and gaps included)\n"
     "tok/s/user  mean over requests of 1 / TPOT: decoding only, no prefill, so at c=1 it is above tok/s\n"
     "ttft p50    median time from a request's sending to its first output token (queueing, prefill); every\n"

@@ -298,13 +298,22 @@ class BenchRunner:
         )
         self._drive_server("server", target, work, f"server {url} ({served})", "server", bar, stop_texts)
 
-    def _drive_server(self, name, target, work, engine: str, forbidden_by: str, bar, stop_texts=frozenset()):
-        """A served engine's rows, one a concurrency, its acceptance rate from the server's counters."""
+    def _drive_server(
+        self, name, target, work, engine: str, forbidden_by: str, bar, stop_texts=frozenset(), exit_note=None
+    ):
+        """A served engine's rows, one a concurrency, its acceptance rate from the server's counters.
+        ``exit_note``: for a server the bench started, what it left if it died (its requests then fail,
+        each with the error the client saw, and so do the rows after; the bench goes on)."""
         from .engines.server import run_server
 
+        died = None
         for c in self.concurrencies:
             bar.set_postfix_str(f"{name} c={c}{self._pass_label()}")
             records, wall, counters = run_server(target, work, c, bar.update, stop_texts=stop_texts)
+            if died is None and exit_note is not None and (died := exit_note()) is not None:
+                logger.error(
+                    "%s died at c=%d%s; its requests from then on fail: %s", name, c, self._pass_label(), died
+                )
             drafted, accepted = counters.get("num_draft_tokens", 0), counters.get("num_accepted_tokens", 0)
             extra = {
                 "engine": engine,
@@ -342,7 +351,7 @@ class BenchRunner:
             target = ServerTarget(server.url, served, dialect="llama-server")
             self._warm_up(lambda w: run_server(target, w, 1))
             engine = f"llama-server ({' '.join(server.argv[1:])})"
-            self._drive_server(name, target, work, engine, "llama-server", bar)
+            self._drive_server(name, target, work, engine, "llama-server", bar, exit_note=server.exit_note)
 
     def _self_draft_dtype(self, model) -> torch.dtype:
         from ..drafters.base import DrafterContext

@@ -114,6 +114,12 @@ class LlamaServer:
             f"llama-server did not answer /health within {START_TIMEOUT_S:.0f} s:\n{self.log_tail()}"
         )
 
+    def exit_note(self) -> str | None:
+        """None while the server runs; once it has exited, its code and its log's end."""
+        if self._process is None or self._process.poll() is None:
+            return None
+        return f"llama-server exited with code {self._process.returncode}:\n{self.log_tail()}"
+
     def log_tail(self, lines: int = 20) -> str:
         self._log.flush()
         self._log.seek(0)

@@ -88,7 +88,12 @@ async def _run(
 ):
     limit = asyncio.Semaphore(concurrency)
     start = time.perf_counter()
-    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=None) as client:
+    # llama-server (cpp-httplib) drops some kept-alive connections as a request goes out on them
+    # ("Server disconnected without sending a response": 1-3 requests of 16 a row): there a fresh
+    # connection a request (on loopback a fraction of a millisecond, inside the measured TTFT)
+    keep_alive = 0 if target.dialect == "llama-server" else 20  # (20: httpx's default)
+    limits = httpx.Limits(max_connections=100, max_keepalive_connections=keep_alive)
+    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=None, limits=limits) as client:
 
         async def one(i: int) -> RequestRecord:
             async with limit:
@@ -128,6 +133,20 @@ def request_body(work: Workload, i: int, target: ServerTarget | None = None) -> 
 
 
 async def _request(client, work: Workload, i: int, stop_texts: frozenset[str], target) -> RequestRecord:
+    """One request's record; a failed one where the server answers with an error, or closes the
+    connection or cannot be reached (a server that died fails the requests left, not the bench)."""
+    import httpx
+
+    try:
+        return await _stream_request(client, work, i, stop_texts, target)
+    except httpx.TransportError as exc:
+        prompt, ids = work.prompts[i], work.token_ids[i]
+        return _failed_record(prompt, ids, f"{type(exc).__name__}: {exc}")
+
+
+async def _stream_request(
+    client, work: Workload, i: int, stop_texts: frozenset[str], target
+) -> RequestRecord:
     prompt, ids = work.prompts[i], work.token_ids[i]
     body = request_body(work, i, target)
     if work.guided and prompt.schema:
@@ -139,12 +158,15 @@ async def _request(client, work: Workload, i: int, stop_texts: frozenset[str], t
     first = last = None
     texts, finish, usage, error = [], "length", None, None
     num_stops: int | None = 0  #: None once a chunk comes without its tokens
+    done_sent = False  #: an OpenAI stream's last line; a stream that ends without it was cut off
     async with client.stream("POST", "/v1/completions", json=body) as response:
         if response.status_code != 200:
             return _failed_record(
                 prompt, ids, f"HTTP {response.status_code}: {_message(await response.aread())}"
             )
         async for line in response.aiter_lines():
+            if line.strip() == "data: [DONE]":
+                done_sent = True
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
@@ -164,6 +186,10 @@ async def _request(client, work: Workload, i: int, stop_texts: frozenset[str], t
                     texts.append(choice["text"])
                 finish = choice.get("finish_reason") or finish
     done = time.perf_counter()
+    if error is None and not done_sent:
+        error = (
+            f"the stream ended after {len(texts)} chunks without its 'data: [DONE]' (the server closed it)"
+        )
     if error is not None:
         return _failed_record(prompt, ids, error)
     num_output = usage["completion_tokens"] if usage else 0

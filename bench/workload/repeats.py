@@ -15,7 +15,7 @@ from numbers import Real
 #: figures that name the row rather than measure it: taken from the first pass
 FIXED_KEYS = frozenset({"name", "concurrency", "num_requests", "pass"})
 #: counts whose total over the passes is what matters (one stop token in one pass must show)
-SUMMED_KEYS = frozenset({"num_stop_tokens"})
+SUMMED_KEYS = frozenset({"num_stop_tokens", "num_failed"})
 
 
 def _is_number(value) -> bool:

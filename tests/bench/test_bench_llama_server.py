@@ -18,7 +18,8 @@ from specexec.cli import main
 
 #: a stand-in for llama-server: /health, /v1/models, streamed /v1/completions ("x" a token, max_tokens of
 #: them with ignore_eos, else 2) and /metrics with llama-server's speculation counters; it appends its
-#: argv and pid, then each request's body, to $FAKE_LLAMA_SERVER_LOG
+#: argv and pid, then each request's body, to $FAKE_LLAMA_SERVER_LOG; with $FAKE_LLAMA_SERVER_DIE_AT=k it
+#: exits in the middle of its k-th response
 FAKE_SERVER = textwrap.dedent(
     """
     import json, os, sys
@@ -61,6 +62,10 @@ FAKE_SERVER = textwrap.dedent(
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
+            if drafted[0] // 4 == int(os.environ.get("FAKE_LLAMA_SERVER_DIE_AT", 0)):
+                self.wfile.write(b'data: {"choices": [{"text": "x", "index": 0}]}\\n\\n')
+                self.wfile.flush()
+                os._exit(3)  # (a crash mid-stream)
             for i in range(n):
                 last = i == n - 1
                 choice = {"text": "x", "index": 0, "finish_reason": ("length" if n == body["max_tokens"]
@@ -167,3 +172,27 @@ def test_a_server_that_exits_at_start_fails_the_bench_with_its_log(tmp_path, cap
     assert main([*argv, "--llama-server-args", "--spec-type nope"]) == 2
     err = capsys.readouterr().err
     assert "exited with code 1" in err and "unknown argument: --spec-type" in err
+
+
+def test_a_llama_server_that_dies_fails_its_requests_from_then_on_and_the_bench_goes_on(
+    tmp_path, fake_llama_server, monkeypatch, capsys, caplog
+):
+    monkeypatch.setenv("FAKE_LLAMA_SERVER_DIE_AT", "2")
+    argv = bench_on_a_gguf(
+        tmp_path, "--ignore-eos", "--concurrency", "1,2", "--baseline", "none,llama-server"
+    )
+    assert main(argv) == 0
+    rows = {
+        (r["name"], r["concurrency"]): r for r in json.loads((tmp_path / "r.json").read_text())["results"]
+    }
+    first = rows[("llama-server", 1)]["requests"]
+    assert first[0]["num_output_tokens"] == 5 and first[0]["error"] is None
+    assert all(r["error"] for r in first[1:])  # the one it died in, and those that found no server
+    assert rows[("llama-server", 1)]["num_failed"] == 2
+    assert rows[("llama-server", 2)]["num_failed"] == 3
+    assert all(r["error"] is None for c in (1, 2) for r in rows[("none", c)]["requests"])
+    assert "3 (2 failed)" in capsys.readouterr().out
+    assert (
+        "llama-server died at c=1; its requests from then on fail: llama-server exited with code 3"
+        in caplog.text
+    )
