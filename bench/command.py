@@ -290,10 +290,11 @@ def run(args) -> int:
 
     prompts = load_dataset(args.dataset, args.num_requests)
     others = [b for b in chosen_baselines(args) if b != "none"] + (["--server"] if args.server else [])
-    if any(p.follow_ups for p in prompts) and others:
+    in_process = [b for b in others if b in ("hf", "llamacpp")]
+    if any(p.follow_ups for p in prompts) and in_process:
         raise ValueError(
-            f"--dataset {args.dataset} holds conversations, which only specexec's configurations "
-            f"run; drop {', '.join(others)}"
+            f"--dataset {args.dataset} holds conversations, which specexec's configurations and servers "
+            f"(--server, llama-server) run; drop {', '.join(in_process)}"
         )
     if args.tool_choice:
         if others:

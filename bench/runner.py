@@ -8,6 +8,7 @@ import logging
 import torch
 from tqdm import tqdm
 
+from ..prompt_sets.datasets import BenchPrompt
 from .engines.conversations import num_turns, run_conversations
 from .engines.hf_batch import run_hf_generate_batch
 from .engines.specexec_hf import (
@@ -25,6 +26,7 @@ from .workload.stop_tokens import FORBIDDEN_BY, StopTokens, find_stop_tokens
 
 logger = logging.getLogger("specexec")
 FORWARD_COST_REPEATS = 3  #: timed forwards per size (after one untimed); the median is kept
+RETOKENIZE_SLACK = 16  #: tokens a conversation's turn may grow by when its answer's text is tokenized again
 
 
 class BenchRunner:
@@ -101,8 +103,8 @@ class BenchRunner:
         server = len(self.concurrencies) if self.args.server else 0
         if "llama-server" in self.baselines:
             server += len(self.concurrencies) * len(self._llama_server_args())
-        if self.multiturn:  # (specexec configurations only)
-            per_pass = len(self.configs) * len(self.concurrencies) * num_turns(self.prompts)
+        if self.multiturn:  # (specexec's configurations and servers)
+            per_pass = (len(self.configs) * len(self.concurrencies) + server) * num_turns(self.prompts)
         else:
             per_pass = (len(self.configs) * len(self.concurrencies) + hf + llamacpp + server) * len(
                 self.prompts
@@ -305,11 +307,18 @@ class BenchRunner:
         ``exit_note``: for a server the bench started, what it left if it died (its requests then fail,
         each with the error the client saw, and so do the rows after; the bench goes on)."""
         from .engines.server import run_server
+        from .engines.server_conversations import run_server_conversations
 
+        decode = self._tokenizer.decode if target.prompt_texts is not None else None
         died = None
         for c in self.concurrencies:
             bar.set_postfix_str(f"{name} c={c}{self._pass_label()}")
-            records, wall, counters = run_server(target, work, c, bar.update, stop_texts=stop_texts)
+            if self.multiturn:
+                records, wall, counters = run_server_conversations(
+                    target, work, c, self._render, decode, bar.update, stop_texts
+                )
+            else:
+                records, wall, counters = run_server(target, work, c, bar.update, stop_texts=stop_texts)
             if died is None and exit_note is not None and (died := exit_note()) is not None:
                 logger.error(
                     "%s died at c=%d%s; its requests from then on fail: %s", name, c, self._pass_label(), died
@@ -321,6 +330,24 @@ class BenchRunner:
                 "acceptance_rate": accepted / drafted if drafted else None,
             }
             self._summarize(name, c, records, wall, extra, forbidden_by)
+
+    def _render(self, messages: list[dict]) -> list[int]:
+        """A conversation so far as the chat template's token ids, ready for generation."""
+        return chat_token_ids(self._tokenizer, [BenchPrompt("", messages)])[0]
+
+    def _longest_request(self, work) -> int:
+        """Tokens the longest request holds, prompt and output: in conversations the last turn's, its
+        prompt every turn before it with an answer of max tokens each (re-tokenized: a slack a turn)."""
+        if not self.multiturn:
+            return max(len(ids) for ids in work.token_ids) + work.max_tokens
+        longest = 0
+        for prompt in work.prompts:
+            history = list(prompt.messages)
+            for follow_up in prompt.follow_ups:
+                history += [{"role": "assistant", "content": ""}, {"role": "user", "content": follow_up}]
+            turns = 1 + len(prompt.follow_ups)
+            longest = max(longest, len(self._render(history)) + turns * (work.max_tokens + RETOKENIZE_SLACK))
+        return longest
 
     def _llama_server_args(self) -> list[str]:
         return self.args.llama_server_args or [""]
@@ -337,7 +364,7 @@ class BenchRunner:
             self._load(self.configs[0].config.model, self.configs[0].config.dtype)
         work = self._workload()
         name = row_name(extra_args)
-        slot_context = max(len(ids) for ids in work.token_ids) + work.max_tokens
+        slot_context = self._longest_request(work)
         server = LlamaServer(
             find_llama_server(self.args.llama_server),
             gguf_file(self.args.model or self.configs[0].config.model),

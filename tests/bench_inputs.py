@@ -21,6 +21,16 @@ def write_dataset(path, n: int = 3) -> str:
     return str(path)
 
 
+def write_conversations(path, n: int = 2) -> str:
+    """n conversations of three user turns in the tiny tokenizer's words."""
+    lines = [
+        {"id": f"c{i}", "turns": [" ".join(f"w{(i + t + j) % 5}" for j in range(12)) for t in range(3)]}
+        for i in range(n)
+    ]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return str(path)
+
+
 def bench_argv(tiny_dir, tmp_path, *extra: str) -> list[str]:
     return [
         "bench",

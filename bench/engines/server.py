@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ...prompt_sets.datasets import BenchPrompt
 from ..records import RequestRecord, schema_valid
 from .specexec_hf import Workload, _failed_record
 
@@ -47,6 +48,14 @@ class ServerTarget:
     #: the GGUF's end-of-generation tokens by itself and names no tokens in its stream's log-probabilities)
     dialect: str = "openai"
 
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+def server_base(target: ServerTarget) -> str:
+    """The server's root (``/v1`` and a trailing slash taken off the URL given)."""
+    return target.url.rstrip("/").removesuffix("/v1")
+
 
 def run_server(
     target: ServerTarget | str,
@@ -63,11 +72,10 @@ def run_server(
 
     if isinstance(target, str):
         target = ServerTarget(target, api_key=api_key)
-    base = target.url.rstrip("/").removesuffix("/v1")
-    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
-    before = _spec_counters(httpx, base)
+    base, headers = server_base(target), target.headers()
+    before = spec_counters(httpx, base)
     records, wall = asyncio.run(_run(httpx, base, headers, work, concurrency, on_done, stop_texts, target))
-    after = _spec_counters(httpx, base)
+    after = spec_counters(httpx, base)
     return records, wall, {k: after.get(k, 0) - before.get(k, 0) for k in after}
 
 
@@ -83,21 +91,38 @@ def check_server(url: str) -> str:
     return models[0]["id"]
 
 
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One request to send: its prompt (for its id and schema), its token ids and seed; ``text``: the
+    ids' decoding, sent instead of them to a target that takes text."""
+
+    prompt: BenchPrompt
+    ids: list[int]
+    seed: int
+    text: str | None = None
+
+
+def client_for(httpx, base: str, headers: dict, target: ServerTarget):
+    """The run's HTTP client. llama-server (cpp-httplib) drops some kept-alive connections as a request
+    goes out on them ("Server disconnected without sending a response": 1-3 requests of 16 a row): there
+    a fresh connection a request (on loopback a fraction of a millisecond, inside the measured TTFT)."""
+    keep_alive = 0 if target.dialect == "llama-server" else 20  # (20: httpx's default)
+    limits = httpx.Limits(max_connections=100, max_keepalive_connections=keep_alive)
+    return httpx.AsyncClient(base_url=base, headers=headers, timeout=None, limits=limits)
+
+
 async def _run(
     httpx, base: str, headers: dict, work: Workload, concurrency: int, on_done, stop_texts, target
 ):
     limit = asyncio.Semaphore(concurrency)
     start = time.perf_counter()
-    # llama-server (cpp-httplib) drops some kept-alive connections as a request goes out on them
-    # ("Server disconnected without sending a response": 1-3 requests of 16 a row): there a fresh
-    # connection a request (on loopback a fraction of a millisecond, inside the measured TTFT)
-    keep_alive = 0 if target.dialect == "llama-server" else 20  # (20: httpx's default)
-    limits = httpx.Limits(max_connections=100, max_keepalive_connections=keep_alive)
-    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=None, limits=limits) as client:
+    texts = target.prompt_texts
+    async with client_for(httpx, base, headers, target) as client:
 
         async def one(i: int) -> RequestRecord:
+            outgoing = Outgoing(work.prompts[i], work.token_ids[i], i, texts[i] if texts else None)
             async with limit:
-                record = await _request(client, work, i, stop_texts, target)
+                record = await request_record(client, work, outgoing, stop_texts, target)
             on_done()
             return record
 
@@ -105,15 +130,14 @@ async def _run(
     return list(records), time.perf_counter() - start
 
 
-def request_body(work: Workload, i: int, target: ServerTarget | None = None) -> dict:
-    """Request i's body: the stop set as stop tokens, with ``ignore_eos`` banned until max_tokens (for
+def request_body(work: Workload, outgoing: Outgoing, target: ServerTarget | None = None) -> dict:
+    """The request's body: the stop set as stop tokens, with ``ignore_eos`` banned until max_tokens (for
     llama-server: its own ignore_eos, which bans its end-of-generation tokens)."""
-    texts = target.prompt_texts if target is not None else None
     body = {
-        "prompt": texts[i] if texts is not None else work.token_ids[i],
+        "prompt": outgoing.text if outgoing.text is not None else outgoing.ids,
         "max_tokens": work.max_tokens,
         "temperature": work.temperature,
-        "seed": i,
+        "seed": outgoing.seed,
         "logprobs": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -132,23 +156,24 @@ def request_body(work: Workload, i: int, target: ServerTarget | None = None) -> 
     return body
 
 
-async def _request(client, work: Workload, i: int, stop_texts: frozenset[str], target) -> RequestRecord:
+async def request_record(
+    client, work: Workload, outgoing: Outgoing, stop_texts: frozenset[str], target: ServerTarget
+) -> RequestRecord:
     """One request's record; a failed one where the server answers with an error, or closes the
     connection or cannot be reached (a server that died fails the requests left, not the bench)."""
     import httpx
 
     try:
-        return await _stream_request(client, work, i, stop_texts, target)
+        return await _stream_request(client, work, outgoing, stop_texts, target)
     except httpx.TransportError as exc:
-        prompt, ids = work.prompts[i], work.token_ids[i]
-        return _failed_record(prompt, ids, f"{type(exc).__name__}: {exc}")
+        return _failed_record(outgoing.prompt, outgoing.ids, f"{type(exc).__name__}: {exc}")
 
 
 async def _stream_request(
-    client, work: Workload, i: int, stop_texts: frozenset[str], target
+    client, work: Workload, outgoing: Outgoing, stop_texts: frozenset[str], target
 ) -> RequestRecord:
-    prompt, ids = work.prompts[i], work.token_ids[i]
-    body = request_body(work, i, target)
+    prompt, ids = outgoing.prompt, outgoing.ids
+    body = request_body(work, outgoing, target)
     if work.guided and prompt.schema:
         body["response_format"] = {
             "type": "json_schema",
@@ -216,7 +241,7 @@ def _message(body: bytes) -> str:
         return body.decode(errors="replace")[:300]
 
 
-def _spec_counters(httpx, base: str) -> dict[str, float]:
+def spec_counters(httpx, base: str) -> dict[str, float]:
     """The server's speculation counters (empty when it has no /metrics)."""
     try:
         text = httpx.get(f"{base}/metrics", timeout=10).text

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from bench_inputs import bench_argv
+from bench_inputs import bench_argv, write_conversations
 from specexec.bench import runner as bench_runner
 from specexec.bench.report import LEGEND
 from specexec.cli import main
@@ -200,15 +200,6 @@ def test_graph_bench_rows_per_forward_with_graphs_on_only(tmp_path, capsys):
     assert exit_info.value.code == 2 and "--graphs: on, off or on,off" in capsys.readouterr().err
 
 
-def write_conversations(path, n: int = 2) -> str:
-    lines = [
-        {"id": f"c{i}", "turns": [" ".join(f"w{(i + t + j) % 5}" for j in range(12)) for t in range(3)]}
-        for i in range(n)
-    ]
-    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
-    return str(path)
-
-
 def test_conversations_with_and_without_prefix_caching(tiny_dir, tmp_path, capsys):
     config = tmp_path / "pages.yaml"
     config.write_text("name: small-pages\nblock_size: 4\n")
@@ -240,7 +231,10 @@ def test_conversations_refuse_the_single_prompt_baselines(tiny_dir, tmp_path, ca
     argv = bench_argv(tiny_dir, tmp_path, "--baseline", "none,hf")
     argv[argv.index("--dataset") + 1] = write_conversations(tmp_path / "conversations.jsonl")
     assert main(argv) == 2
-    assert "only specexec's configurations" in capsys.readouterr().err
+    assert (
+        "specexec's configurations and servers (--server, llama-server) run; drop hf"
+        in capsys.readouterr().err
+    )
 
 
 def test_tool_calls_are_sent_with_their_tools_and_held_to_the_calls_schema(tiny_dir, tmp_path):

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 import torch
-from bench_inputs import write_dataset
+from bench_inputs import write_conversations, write_dataset
 from gguf_files import write_gguf
 from specexec.cli import main
 
@@ -196,3 +196,30 @@ def test_a_llama_server_that_dies_fails_its_requests_from_then_on_and_the_bench_
         "llama-server died at c=1; its requests from then on fail: llama-server exited with code 3"
         in caplog.text
     )
+
+
+def test_conversations_go_to_llama_server_turn_by_turn_with_its_answers_in_the_next_prompt(
+    tmp_path, fake_llama_server
+):
+    argv = bench_on_a_gguf(tmp_path, "--ignore-eos", "--concurrency", "2", "--baseline", "none,llama-server")
+    argv[argv.index("--dataset") + 1] = write_conversations(tmp_path / "conversations.jsonl")
+    argv[argv.index("--num-requests") + 1] = "2"
+    assert main(argv) == 0
+    rows = {r["name"]: r for r in json.loads((tmp_path / "r.json").read_text())["results"]}
+    served = rows["llama-server"]["requests"]
+    assert [(r["id"], r["turn"]) for r in served] == [(f"c{i}/turn{t}", t) for i in (0, 1) for t in (1, 2, 3)]
+    assert all(r["num_output_tokens"] == 5 and r["error"] is None for r in served)
+    assert rows["llama-server"]["ttft_later_turns_ms_p50"] is not None
+    # each turn's prompt: the conversation so far, the server's answer ("xxxxx") and the next question in it
+    bodies = {b["seed"]: b["prompt"] for b in (e["body"] for e in fake_llama_server() if "body" in e)}
+    for i in (0, 1):
+        lengths = [len(bodies[i * 1000 + t]) for t in (1, 2, 3)]
+        assert (
+            lengths[0]
+            == served[3 * i]["num_prompt_tokens"]
+            == rows["none"]["requests"][3 * i]["num_prompt_tokens"]
+        )
+        assert lengths[0] + 5 < lengths[1] and lengths[1] + 5 < lengths[2]
+    starts = [e["argv"] for e in fake_llama_server() if "argv" in e]
+    slot = int(starts[0][starts[0].index("-c") + 1]) // 2  # (its context, split among 2 slots)
+    assert slot > max(len(p) for p in bodies.values()) + 5  # room for the last turn's prompt and answer
