@@ -6,9 +6,26 @@ Heavy imports (torch, transformers) happen on first use of an attribute, so `spe
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import TYPE_CHECKING
 
-from .plugins import hookimpl
+
+def _leave_the_checkout_off_sys_path() -> None:
+    """Run from a checkout (`python -m pytest`, `python -m specexec` in the repo), Python puts the checkout's
+    root first on sys.path. That root is this package, so its folders would import as top-level modules
+    too, and `kernels/` (specexec.kernels) shadows the `kernels` distribution transformers imports (an
+    ImportError from transformers). specexec itself comes through its install, never through that entry."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != root]
+    shadow = sys.modules.get("kernels")
+    if shadow is not None and os.path.dirname(os.path.dirname(getattr(shadow, "__file__", "") or "")) == root:
+        del sys.modules["kernels"]
+
+
+_leave_the_checkout_off_sys_path()
+
+from .plugins import hookimpl  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -12,6 +12,9 @@ if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))
 
 import pytest  # noqa: E402
+
+# imported before any test module: it takes the checkout's root (where `python -m pytest` runs) off sys.path
+import specexec  # noqa: E402,F401
 import torch  # noqa: E402
 
 # The tiny test models are far faster on one thread; several threads on a busy 2-core machine
