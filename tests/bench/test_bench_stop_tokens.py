@@ -10,7 +10,7 @@ import types
 
 import pytest
 from bench_inputs import CONFIG_EOS, TOKENIZER_EOS, save_tiny_dir_with_two_stop_ids, write_dataset
-from specexec.bench.engines.server import request_body
+from specexec.bench.engines.server import Outgoing, request_body
 from specexec.bench.engines.specexec_hf import Workload
 from specexec.bench.report import COLUMNS
 from specexec.bench.workload.stop_tokens import find_stop_tokens, num_stop_tokens
@@ -135,9 +135,13 @@ def test_specexec_gets_the_stop_set_as_stop_tokens_banned_until_max_tokens_with_
 
 
 def test_a_server_gets_the_stop_set_as_stop_token_ids_banned_until_max_tokens_with_ignore_eos():
-    stopping = request_body(stop_set_workload(False), 0)
+    def first(work: Workload) -> Outgoing:
+        return Outgoing(work.prompts[0], work.token_ids[0], seed=0)
+
+    stopping_work, ignoring_work = stop_set_workload(False), stop_set_workload(True)
+    stopping = request_body(stopping_work, first(stopping_work))
     assert stopping["stop_token_ids"] == [CONFIG_EOS, TOKENIZER_EOS] and "min_tokens" not in stopping
-    ignoring = request_body(stop_set_workload(True), 0)
+    ignoring = request_body(ignoring_work, first(ignoring_work))
     assert ignoring["stop_token_ids"] == [CONFIG_EOS, TOKENIZER_EOS] and ignoring["min_tokens"] == 4
     assert "logit_bias" not in ignoring and "ignore_eos" not in ignoring
     assert ignoring["logprobs"] == 0, "each chunk names its tokens, so the stop tokens can be counted"
