@@ -3,7 +3,7 @@
     python -m specexec.bench.profile_step [--dtype float32,bfloat16] [--cpu-linear blas,onednn] [--steps 16]
         [--model-impl transformers,specexec] [--output table.txt]
 
-Four scenarios on the embedded SmolLM2 and extraction prompts (~1.3k tokens each): batch 1 and batch 8
+Five scenarios on the embedded SmolLM2 and extraction prompts (~1.3k tokens each): batch 1, 4 and 8
 without drafts, and with exactly 3 drafts per request (a drafter that always proposes 3 tokens, so every
 step verifies 4 tokens per request). After the prompts are prefilled and two warm-up steps, each
 scenario times ``--steps`` executor steps without the profiler (the wall time per step), then runs them
@@ -70,6 +70,7 @@ class Scenario:
 SCENARIOS = (
     Scenario("batch 1, no drafts", 1, 0),
     Scenario("batch 1, k=3 drafts", 1, 3),
+    Scenario("batch 4, no drafts", 4, 0),
     Scenario("batch 8, no drafts", 8, 0),
     Scenario("batch 8, k=3 drafts", 8, 3),
 )
